@@ -1,0 +1,48 @@
+"""Every default in one place. Modules take explicit arguments; the CLI and server fill
+them from here, so a default is changed once, not hunted down."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    temperature: float = 0.0      # greedy unless asked
+    top_k: int = 0                # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    ctx_size: int = 4096          # capped by the model's own context length
+    prefill_chunk: int = 512      # rows per prefill forward pass
+    device: str = "auto"          # cpu | cuda | auto
+
+
+@dataclass(frozen=True)
+class SpecDefaults:
+    spec_type: str = "none"
+    draft_max: int = 16
+    ngram_min: int = 2
+    fast: bool = False
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    queue_size: int = 16
+
+
+@dataclass(frozen=True)
+class Defaults:
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    engine: EngineDefaults = field(default_factory=EngineDefaults)
+    spec: SpecDefaults = field(default_factory=SpecDefaults)
+    server: ServerDefaults = field(default_factory=ServerDefaults)
+
+
+DEFAULTS = Defaults()
