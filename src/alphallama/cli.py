@@ -1,0 +1,54 @@
+"""`alphallama run | inspect | serve | bench | synth`.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and
+`run(args) -> int`; this file only registers them, importing each lazily so `inspect`
+does not pay for the server's imports.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .gguf.reader import GGUFError
+
+# name -> (module, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("alphallama.cli_run", "generate a continuation of a prompt"),
+    "inspect": ("alphallama.cli_inspect", "print a GGUF model's architecture, sizes, tokenizer and template"),
+    "serve": ("alphallama.server.cli", "serve an OpenAI-compatible HTTP API"),
+    "bench": ("alphallama.bench.arena", "run the arena benchmark against OpenAI-compatible servers"),
+    "synth": ("alphallama.gguf.writer", "write a synthetic model with random weights"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alphallama", description="Fast single-user LLM inference for GGUF models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if name == wanted:   # only the chosen command's module is imported
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return module.run(args) or 0
+    except GGUFError as e:   # a broken or unsupported model file: one clear line, no traceback
+        print(f"alphallama: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def serve_main() -> int:
+    return main(["serve", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""`alphallama inspect`: what a GGUF file holds, read from its header only."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", required=True, help="GGUF file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def tensor_groups(tensors) -> dict[str, dict]:
+    """Tensors grouped by name with the layer index removed: count, bytes, params, quant types."""
+    groups: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0, "params": 0, "types": set()})
+    for t in tensors.values():
+        g = groups[re.sub(r"^blk\.\d+\.", "blk.*.", t.name)]
+        g["count"] += 1
+        g["bytes"] += t.nbytes
+        n = 1
+        for d in t.shape:
+            n *= d
+        g["params"] += n
+        g["types"].add(t.qtype.name)
+    return {k: {**v, "types": sorted(v["types"])} for k, v in sorted(groups.items())}
+
+
+def describe(path: str) -> dict:
+    from dataclasses import asdict
+
+    from .gguf.arch import load_config
+    from .gguf.reader import GGUFFile
+    f = GGUFFile(path)
+    cfg = load_config(f)
+    md = f.metadata
+    groups = tensor_groups(f.tensors)
+    total = sum(g["bytes"] for g in groups.values())
+    template = md.get("tokenizer.chat_template")
+    return {
+        "path": path, "file_bytes": f.file_size, "name": md.get("general.name"),
+        "config": asdict(cfg),
+        "params": sum(g["params"] for g in groups.values()), "tensor_bytes": total,
+        "groups": groups,
+        "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
+                      "tokens": len(md.get("tokenizer.ggml.tokens") or []),
+                      "merges": len(md.get("tokenizer.ggml.merges") or []),
+                      "bos": md.get("tokenizer.ggml.bos_token_id"), "eos": md.get("tokenizer.ggml.eos_token_id"),
+                      "add_bos": md.get("tokenizer.ggml.add_bos_token")},
+        "chat_template": template,
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def run(args) -> int:
+    d = describe(args.model)
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    c = d["config"]
+    print(f"{d['path']}: {d['name']}  ({_mib(d['file_bytes'])})")
+    print(f"architecture {c['arch']}: {c['n_layers']} layers, d_model {c['d_model']}, "
+          f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_dim']}, ffn {c['d_ff']}, "
+          f"vocab {c['vocab_size']}, context {c['ctx_len']}")
+    if c["n_experts"]:
+        print(f"experts: {c['n_experts']} ({c['n_experts_used']} used per token), expert ffn {c['d_ff_expert']}")
+    print(f"rope: base {c['rope_base']:g}, {c['rope_dim']} dims, {'neox halves' if c['rope_neox'] else 'adjacent pairs'}")
+    print(f"parameters {d['params']:,} in {_mib(d['tensor_bytes'])}")
+    print(f"{'tensor group':28} {'n':>4} {'size':>14} {'types'}")
+    for name, g in d["groups"].items():
+        print(f"{name:28} {g['count']:>4} {_mib(g['bytes']):>14} {','.join(g['types'])}")
+    t = d["tokenizer"]
+    print(f"tokenizer: {t['model']} (pre {t['pre']}), {t['tokens']} tokens, {t['merges']} merges, "
+          f"bos {t['bos']} eos {t['eos']} add_bos {t['add_bos']}")
+    tmpl = d["chat_template"]
+    print(f"chat template: {len(tmpl)} chars" if tmpl else "chat template: none")
+    return 0

@@ -1,0 +1,188 @@
+"""Engine: the single-user scheduler behind the CLI and the server.
+
+It owns one model, one KV cache and the tokens whose rows that cache holds, so a new
+request that shares a prefix with the previous conversation re-uses those rows instead
+of prefilling them again.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .config import DEFAULTS
+from .gguf.arch import ModelConfig
+from .gguf.reader import GGUFFile
+from .model.loader import load_model
+from .sampling import Sampler, SamplingParams
+from .spec.config import SpecConfig
+from .spec.drafter import NO_DRAFT
+from .spec.stats import SpecStats
+from .spec.verify import greedy_accept, speculative_sample
+
+
+class ContextOverflow(ValueError):
+    """A prompt that does not fit the context; the message says by how much."""
+
+
+@dataclass
+class GenStats:
+    prompt_n: int = 0          # prompt rows actually computed (after prefix re-use)
+    prompt_reused: int = 0     # prompt rows taken from the cache
+    prompt_ms: float = 0.0
+    predicted_n: int = 0       # generated tokens
+    predicted_ms: float = 0.0  # decode time, from the end of prefill to the last token
+    rounds: int = 0            # forward passes after prefill that committed tokens
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    def timings(self) -> dict:
+        """llama-server's `timings` object, plus rounds."""
+        return {
+            "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
+            "prompt_per_second": 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0,
+            "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+            "predicted_per_second": self.predicted_per_second,
+            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
+            "rounds": self.rounds, "cache_n": self.prompt_reused,
+        }
+
+
+@dataclass
+class Generation:
+    """One request's output; iterate it for token ids as they are committed."""
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None   # "stop" (end-of-generation token) | "length"
+    stats: GenStats = field(default_factory=GenStats)
+    spec: SpecStats = field(default_factory=SpecStats)
+
+
+class Engine:
+    def __init__(self, gguf: GGUFFile, model, tokenizer, chat_template, ctx_size: int):
+        self.gguf = gguf
+        self.model = model
+        self.cfg: ModelConfig = model.cfg
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.ctx_size = ctx_size
+        self.cache = model.new_cache(ctx_size)
+        self.cached: list[int] = []    # tokens whose K/V rows are committed in self.cache
+
+    @classmethod
+    def load(cls, path: str, ctx_size: int | None = None,
+             progress: Callable[[str, int], None] | None = None) -> "Engine":
+        from .chat import ChatTemplate
+        from .gguf.arch import load_config
+        from .tokenizer import Tokenizer
+        f = GGUFFile(path)
+        cfg = load_config(f)
+        ctx = min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len)
+        tok = Tokenizer.from_metadata(f.metadata)
+        tmpl = ChatTemplate.from_gguf_metadata(f.metadata)
+        model = load_model(f, ctx, progress)
+        return cls(f, model, tok, tmpl, ctx)
+
+    # -- prompts ----------------------------------------------------------------------
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special=True, parse_special=False)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kw)
+        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if len(ids) > 1 and ids[0] == bos and ids[1] == bos:   # template wrote BOS itself
+            ids = ids[1:]
+        return ids
+
+    def check_fits(self, n_prompt: int) -> None:
+        if n_prompt >= self.ctx_size:
+            raise ContextOverflow(f"the prompt has {n_prompt} tokens but the context holds "
+                                  f"{self.ctx_size} (at least one more is needed to generate)")
+        if n_prompt == 0:
+            raise ValueError("the prompt is empty")
+
+    # -- generation -------------------------------------------------------------------
+    def prefill(self, ids: list[int], stats: GenStats) -> torch.Tensor:
+        """Make the cache hold `ids`, re-using the longest common prefix; logits of the last row."""
+        t0 = time.perf_counter()
+        common = 0
+        for a, b in zip(self.cached, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)   # the last prompt row is always recomputed for its logits
+        self.cache.truncate(min(common, self.cache.length))
+        self.cached = ids[:common]
+        chunk = DEFAULTS.engine.prefill_chunk
+        logits = None
+        for s in range(common, len(ids), chunk):
+            part = ids[s:s + chunk]
+            logits, _ = self.model.forward(torch.tensor(part), s, self.cache)
+            self.cached = ids[:s + len(part)]
+        stats.prompt_reused = common
+        stats.prompt_n = len(ids) - common
+        stats.prompt_ms = 1000 * (time.perf_counter() - t0)
+        return logits[-1]
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
+                 stop_ids: set[int] | None = None, gen: Generation | None = None,
+                 spec: SpecConfig = SpecConfig()) -> Iterator[int]:
+        """Yield generated token ids as decode rounds commit them; `gen` (if given)
+        receives tokens, stats and finish_reason. Stops at an end-of-generation token
+        (not yielded), at max_tokens, or when the context is full.
+
+        Each round forwards the last committed token plus the drafts (W rows), accepts
+        the longest agreeing prefix plus a bonus token, and rolls the cache back past it.
+        With no drafter every round has W = 1: plain decoding is the same loop."""
+        self.check_fits(len(prompt_ids))
+        gen = gen if gen is not None else Generation()
+        stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
+        sampler = Sampler(sampling)
+        drafter = spec.make_drafter()
+        prompt = list(prompt_ids)
+        logits = self.prefill(prompt, gen.stats)
+        t0 = time.perf_counter()
+        try:
+            to_emit = [sampler.sample(logits)]
+            if drafter is not None:
+                drafter.begin(prompt + to_emit)
+            while True:
+                for t in to_emit:
+                    if t in stop:
+                        gen.finish_reason = "stop"
+                        return
+                    gen.tokens.append(t)
+                    gen.stats.predicted_n += 1
+                    yield t
+                    if len(gen.tokens) >= max_tokens:
+                        gen.finish_reason = "length"
+                        return
+                pos = len(self.cached)
+                if pos + 1 >= self.ctx_size:
+                    gen.finish_reason = "length"
+                    return
+                room = min(max_tokens - len(gen.tokens) - 1, self.ctx_size - pos - 1)
+                draft = drafter.propose(room) if drafter is not None and room > 0 else NO_DRAFT
+                rows = [to_emit[-1], *draft.tokens]
+                logits, _ = self.model.verify(torch.tensor(rows), pos, self.cache, exact=not spec.fast)
+                if sampling.greedy:
+                    to_emit = greedy_accept(draft.tokens, logits)
+                else:
+                    to_emit = speculative_sample(draft.tokens, logits, sampler)
+                n_acc = len(to_emit) - 1
+                self.cache.truncate(pos + 1 + n_acc)
+                self.cached.extend(rows[:1 + n_acc])
+                if drafter is not None:
+                    drafter.accept(to_emit)
+                gen.spec.record(draft.source, len(draft), n_acc, len(to_emit))
+                gen.stats.rounds += 1
+                gen.stats.draft_n += len(draft)
+                gen.stats.draft_n_accepted += n_acc
+        finally:
+            gen.stats.predicted_ms = 1000 * (time.perf_counter() - t0)

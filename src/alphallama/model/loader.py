@@ -1,0 +1,25 @@
+"""Turning a GGUF file into a reference model: check the tensors, dequantize to float32."""
+from __future__ import annotations
+
+import torch
+
+from ..gguf.arch import ModelConfig, expected_tensors, load_config
+from ..gguf.quants import dequantize
+from ..gguf.reader import GGUFFile
+from .transformer import Transformer
+
+
+def load_weights(f: GGUFFile, cfg: ModelConfig, progress=None) -> dict[str, torch.Tensor]:
+    names = list(expected_tensors(cfg))
+    out = {}
+    for name in names:
+        t = f.tensors[name]
+        out[name] = dequantize(t.data, t.qtype, t.shape)
+        if progress is not None:
+            progress(name, t.nbytes)
+    return out
+
+
+def load_model(f: GGUFFile, max_len: int, progress=None) -> Transformer:
+    cfg = load_config(f)
+    return Transformer(cfg, load_weights(f, cfg, progress), max_len)

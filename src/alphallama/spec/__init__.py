@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters propose, one verify pass over W rows decides."""
