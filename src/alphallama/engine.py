@@ -61,6 +61,14 @@ class Generation:
     finish_reason: str | None = None   # "stop" (end-of-generation token) | "length"
     stats: GenStats = field(default_factory=GenStats)
     spec: SpecStats = field(default_factory=SpecStats)
+    # with logprobs=k: per generated token (its log-prob, [(id, log-prob)] of the k most likely)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+
+
+def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    lp = torch.log_softmax(logits.float(), -1)     # [V]
+    top = lp.topk(k) if k > 0 else None
+    return float(lp[token]), ([] if top is None else list(zip(top.indices.tolist(), top.values.tolist())))
 
 
 class Engine:
@@ -109,22 +117,28 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------
     def prefill(self, ids: list[int], stats: GenStats) -> torch.Tensor:
-        """Make the cache hold `ids`, re-using the longest common prefix; logits of the last row."""
+        """Make the cache hold `ids`, re-using the longest common prefix; logits of the last row.
+
+        The last prompt row always goes through the W = 1 decode path, alone: the
+        logits that choose the first token then come from the same arithmetic as every
+        later token, and a repeated request (which re-uses all rows but that one)
+        computes it exactly as the first time did, so it gets the same output."""
         t0 = time.perf_counter()
         common = 0
         for a, b in zip(self.cached, ids):
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)   # the last prompt row is always recomputed for its logits
+        common = min(common, len(ids) - 1)
         self.cache.truncate(min(common, self.cache.length))
         self.cached = ids[:common]
         chunk = DEFAULTS.engine.prefill_chunk
-        logits = None
-        for s in range(common, len(ids), chunk):
-            part = ids[s:s + chunk]
-            logits, _ = self.model.forward(torch.tensor(part), s, self.cache)
+        for s in range(common, len(ids) - 1, chunk):
+            part = ids[s:min(s + chunk, len(ids) - 1)]
+            self.model.forward(torch.tensor(part), s, self.cache)
             self.cached = ids[:s + len(part)]
+        logits, _ = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
+        self.cached = list(ids)
         stats.prompt_reused = common
         stats.prompt_n = len(ids) - common
         stats.prompt_ms = 1000 * (time.perf_counter() - t0)
@@ -132,14 +146,15 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
                  stop_ids: set[int] | None = None, gen: Generation | None = None,
-                 spec: SpecConfig = SpecConfig()) -> Iterator[int]:
+                 spec: SpecConfig = SpecConfig(), logprobs: int | None = None) -> Iterator[int]:
         """Yield generated token ids as decode rounds commit them; `gen` (if given)
         receives tokens, stats and finish_reason. Stops at an end-of-generation token
         (not yielded), at max_tokens, or when the context is full.
 
         Each round forwards the last committed token plus the drafts (W rows), accepts
         the longest agreeing prefix plus a bonus token, and rolls the cache back past it.
-        With no drafter every round has W = 1: plain decoding is the same loop."""
+        With no drafter every round has W = 1: plain decoding is the same loop.
+        logprobs=k records each token's log-probability and the top k (0: just its own)."""
         self.check_fits(len(prompt_ids))
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
@@ -150,13 +165,16 @@ class Engine:
         t0 = time.perf_counter()
         try:
             to_emit = [sampler.sample(logits)]
+            rows_logits = logits[None]                 # [n_emit, V]: the row that predicted each token
             if drafter is not None:
                 drafter.begin(prompt + to_emit)
             while True:
-                for t in to_emit:
+                for j, t in enumerate(to_emit):
                     if t in stop:
                         gen.finish_reason = "stop"
                         return
+                    if logprobs is not None:
+                        gen.logprobs.append(_logprobs(rows_logits[j], t, logprobs))
                     gen.tokens.append(t)
                     gen.stats.predicted_n += 1
                     yield t
@@ -176,6 +194,7 @@ class Engine:
                 else:
                     to_emit = speculative_sample(draft.tokens, logits, sampler)
                 n_acc = len(to_emit) - 1
+                rows_logits = logits
                 self.cache.truncate(pos + 1 + n_acc)
                 self.cached.extend(rows[:1 + n_acc])
                 if drafter is not None:
