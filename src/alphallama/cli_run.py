@@ -29,10 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_model(path: str | None) -> str:
+    """The model to load: the given path, else the one embedded in the package."""
     if path:
         return path
-    from .gguf.reader import GGUFError
-    raise GGUFError("no model given (-m MODEL.gguf); the embedded default model is not built yet")
+    from importlib.resources import files
+    return str(files("alphallama") / "data" / DEFAULTS.engine.default_model)
 
 
 def sampling_from_args(args):
