@@ -63,7 +63,7 @@ def run(args) -> int:
         return 2
     tail = stream.flush()
     if args.json:
-        print(json.dumps({"prompt_ids": ids, "gen_ids": gen.tokens, "text": tok.decode(gen.tokens),
+        print(json.dumps({"prompt_ids": ids, "gen_ids": gen.tokens, "text": tok.decode(gen.tokens, continuation=True),
                           "finish_reason": gen.finish_reason, "timings": gen.stats.timings()}))
     else:
         sys.stdout.write(tail + "\n")

@@ -101,12 +101,8 @@ class Engine:
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> list[int]:
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kw)
-        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) > 1 and ids[0] == bos and ids[1] == bos:   # template wrote BOS itself
-            ids = ids[1:]
-        return ids
+        from .chat import chat_prompt_ids
+        return chat_prompt_ids(self.chat_template, self.tokenizer, messages, add_generation_prompt, **kw)
 
     def check_fits(self, n_prompt: int) -> None:
         if n_prompt >= self.ctx_size:
