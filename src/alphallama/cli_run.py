@@ -21,7 +21,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .spec.config import add_spec_arguments
     add_model_arguments(p)
+    add_spec_arguments(p)
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULTS.sampling.max_tokens)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -44,7 +46,13 @@ def sampling_from_args(args):
 
 def run(args) -> int:
     from .engine import Engine, Generation
-    engine = Engine.load(resolve_model(args.model), ctx_size=args.ctx_size)
+    from .spec.config import spec_from_args
+    try:
+        spec = spec_from_args(args)
+    except ValueError as e:
+        print(f"alphallama: error: {e}", file=sys.stderr)
+        return 2
+    engine = Engine.load(resolve_model(args.model), ctx_size=args.ctx_size, device=args.device)
     tok = engine.tokenizer
     if args.chat:
         ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
@@ -53,7 +61,7 @@ def run(args) -> int:
     gen = Generation()
     stream = tok.stream()
     try:
-        for t in engine.generate(ids, args.n_predict, sampling_from_args(args), gen=gen):
+        for t in engine.generate(ids, args.n_predict, sampling_from_args(args), gen=gen, spec=spec):
             piece = stream.feed(t)
             if piece and not args.json:
                 sys.stdout.write(piece)
@@ -64,10 +72,12 @@ def run(args) -> int:
     tail = stream.flush()
     if args.json:
         print(json.dumps({"prompt_ids": ids, "gen_ids": gen.tokens, "text": tok.decode(gen.tokens, continuation=True),
-                          "finish_reason": gen.finish_reason, "timings": gen.stats.timings()}))
+                          "finish_reason": gen.finish_reason, "timings": gen.stats.timings(),
+                          "mode": spec.mode, "spec": gen.spec.to_dict()}))
     else:
         sys.stdout.write(tail + "\n")
         s = gen.stats
         print(f"[{s.prompt_n} prompt tokens in {s.prompt_ms:.0f} ms, {s.predicted_n} generated at "
-              f"{s.predicted_per_second:.1f} tok/s, finish: {gen.finish_reason}]", file=sys.stderr)
+              f"{s.predicted_per_second:.1f} tok/s, {gen.spec.tokens_per_round:.2f} tokens/round, "
+              f"{spec.mode} mode, finish: {gen.finish_reason}]", file=sys.stderr)
     return 0

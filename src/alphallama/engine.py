@@ -23,6 +23,15 @@ from .spec.stats import SpecStats
 from .spec.verify import greedy_accept, speculative_sample
 
 
+def resolve_device(device: str) -> str:
+    """auto -> cuda when a GPU is present, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA GPU is available")
+    return device
+
+
 class ContextOverflow(ValueError):
     """A prompt that does not fit the context; the message says by how much."""
 
@@ -83,7 +92,7 @@ class Engine:
         self.cached: list[int] = []    # tokens whose K/V rows are committed in self.cache
 
     @classmethod
-    def load(cls, path: str, ctx_size: int | None = None,
+    def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
              progress: Callable[[str, int], None] | None = None) -> "Engine":
         from .chat import ChatTemplate
         from .gguf.arch import load_config
@@ -92,8 +101,12 @@ class Engine:
         cfg = load_config(f)
         ctx = min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len)
         tok = Tokenizer.from_metadata(f.metadata)
-        tmpl = ChatTemplate.from_gguf_metadata(f.metadata)
-        model = load_model(f, ctx, progress)
+        tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
+        if resolve_device(device) == "cuda":
+            from .runtime.gpu_model import GPUModel
+            model = GPUModel(f, ctx, "cuda", progress=progress)
+        else:
+            model = load_model(f, ctx, progress)
         return cls(f, model, tok, tmpl, ctx)
 
     # -- prompts ----------------------------------------------------------------------
@@ -101,7 +114,9 @@ class Engine:
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> list[int]:
-        from .chat import chat_prompt_ids
+        from .chat import ChatTemplate, chat_prompt_ids
+        if self.chat_template is None:
+            self.chat_template = ChatTemplate.from_gguf_metadata(self.gguf.metadata)
         return chat_prompt_ids(self.chat_template, self.tokenizer, messages, add_generation_prompt, **kw)
 
     def check_fits(self, n_prompt: int) -> None:
