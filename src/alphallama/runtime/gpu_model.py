@@ -1,0 +1,219 @@
+"""The GPU model: quantized weights in VRAM, Triton kernels, one CUDA graph per width.
+
+Weights stay in their GGUF block formats (re-laid as `QuantWeight` planes, ~the file's
+size); nothing is dequantized to bf16 ahead of time. A round of W rows is
+
+    embed -> per layer: [add+RMSNorm] -> qkv qmatmul -> bias/qk-norm/RoPE/KV write
+          -> split-KV attention -> o qmatmul -> [add+RMSNorm] -> gate|up qmatmul
+          -> SiLU*up -> down qmatmul -> ... -> [add+RMSNorm] -> output qmatmul
+
+and every kernel gives a row the same bits whatever W and its column, so verify,
+plain decode and prefill (chunks of up to 64 rows through the same graphs) agree
+bit for bit: exact mode needs no per-row loop here, and KV rows re-used across
+requests are the ones a fresh prefill would compute.
+
+On the GPU the round is one captured CUDA graph per width bucket (static token and
+position buffers copied into before replay, captured once at load). Without CUDA
+(tests under TRITON_INTERPRET=1) the same code runs eagerly.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..gguf.arch import ModelConfig, load_config
+from ..gguf.quants import dequantize
+from ..gguf.reader import GGUFFile, TensorInfo
+from ..kernels.attention import decode_attention
+from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
+from ..kernels.qmatmul import qmatmul
+from ..kernels.qweight import QuantWeight
+from ..model.layers import rope_tables
+from .kv_cache import KVCache
+
+BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+MAX_W = BUCKETS[-1]
+
+
+def bucket_of(w: int) -> int:
+    return next(b for b in BUCKETS if b >= w)
+
+
+def _concat_rows(parts: list[TensorInfo]) -> tuple[torch.Tensor, tuple[int, int]]:
+    """GGUF rows are independent runs of blocks: stacking the bytes stacks the matrices."""
+    raw = torch.cat([torch.from_numpy(p.data.reshape(p.shape[0], -1).view("uint8").copy()) for p in parts])
+    return raw, (sum(p.shape[0] for p in parts), parts[0].shape[1])
+
+
+class Linear:
+    """One or more GGUF matrices applied to the same input; outputs concatenated.
+    Matrices of the same type are fused into one weight (one launch)."""
+
+    def __init__(self, parts: list[TensorInfo], device):
+        groups: list[list[TensorInfo]] = []
+        for p in parts:
+            if groups and groups[-1][0].qtype == p.qtype:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
+        self.weights = []
+        for g in groups:
+            raw, shape = _concat_rows(g)
+            self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
+        self.nbytes = sum(w.nbytes for w in self.weights)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [qmatmul(x, w) for w in self.weights]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+@dataclass
+class GPULayer:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+class GPUModel:
+    """Same interface as the reference Transformer: new_cache, forward, verify."""
+
+    def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
+                 progress=None):
+        cfg = load_config(f)
+        if cfg.is_moe:
+            raise NotImplementedError("the GPU runtime does not run MoE models yet; use --device cpu")
+        if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
+            raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
+        self.cfg: ModelConfig = cfg
+        self.device = torch.device(device)
+        self.max_len = max_len
+        t = f.tensors
+        vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
+        self.layers = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            bias = None
+            if cfg.qkv_bias:
+                bias = torch.cat([vec(p + f"attn_{n}.bias") for n in "qkv"])
+            self.layers.append(GPULayer(
+                attn_norm=vec(p + "attn_norm.weight"),
+                qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device),
+                qkv_bias=bias,
+                q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
+                k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
+                o=Linear([t[p + "attn_output.weight"]], self.device),
+                ffn_norm=vec(p + "ffn_norm.weight"),
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device),
+                down=Linear([t[p + "ffn_down.weight"]], self.device),
+            ))
+            if progress is not None:
+                progress(f"layer {i}", 0)
+        self.output_norm = vec("output_norm.weight")
+        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device)
+        emb = t["token_embd.weight"]
+        self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
+        self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)  # [V, row_bytes]
+        cos, sin = rope_tables(max_len + MAX_W, cfg.rope_dim, cfg.rope_base)
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
+        self.weight_bytes = sum(l.qkv.nbytes + l.o.nbytes + l.gate_up.nbytes + l.down.nbytes for l in self.layers) \
+            + self.output.nbytes
+        self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
+        self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.cache: KVCache | None = None
+        self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.capture_s = 0.0
+
+    # -- the round ---------------------------------------------------------------------
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        c = self.cfg
+        # room for a full padded bucket past the last position: padding rows write there
+        cache = KVCache(c.n_layers, c.n_kv_heads, (max_len or self.max_len) + MAX_W, c.head_dim,
+                        dtype=torch.float16, device=self.device)
+        cache.max_len -= MAX_W
+        self.cache = cache
+        self.graphs.clear()
+        if self.use_graphs:
+            self.capture()
+        return cache
+
+    def _rows(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
+        c = self.cfg
+        W = tokens.shape[0]
+        x = dequantize(self.embd[tokens], self.embd_qtype, (W, c.d_model))        # [W, D]
+        kv_len = cache.k.shape[2]
+        h = add_rmsnorm(x, None, self.layers[0].attn_norm, c.norm_eps)
+        for i, L in enumerate(self.layers):
+            qkv = L.qkv(h)                                                          # [W, (H + 2 n_kv) hd]
+            q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
+                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)   # [W, H, hd]
+            a = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len)           # [W, H*hd]
+            h = add_rmsnorm(x, L.o(a), L.ffn_norm, c.norm_eps)                     # x += o(a)
+            d = L.down(silu_mul(L.gate_up(h)))                                     # [W, D]
+            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
+            h = add_rmsnorm(x, d, nxt, c.norm_eps)
+        return self.output(h), x
+
+    def capture(self) -> None:
+        """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
+        t0 = time.perf_counter()
+        cache = self.cache
+        pool = torch.cuda.graph_pool_handle()
+        self._pos.zero_()
+        self._tokens.zero_()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for b in BUCKETS:                 # compile every kernel at every width first
+                self._rows(self._tokens[:b], self._pos, cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        for b in reversed(BUCKETS):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                logits, hidden = self._rows(self._tokens[:b], self._pos, cache)
+            self.graphs[b] = (g, logits, hidden)
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows at pos..pos+T-1 in chunks of up to 64 (each through its bucket's graph).
+        Returns (logits [T, V], hidden [T, D]) on the device."""
+        T = tokens.shape[0]
+        if pos > cache.length or pos + T > cache.max_len:
+            raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
+        tokens = tokens.to(self.device)
+        outs = []
+        for s in range(0, T, MAX_W):
+            part = tokens[s:s + MAX_W]
+            W = part.shape[0]
+            self._pos.fill_(pos + s)
+            if self.use_graphs and cache is self.cache:
+                b = bucket_of(W)
+                self._tokens[:W].copy_(part)
+                if b > W:   # padding rows: any token; their K/V land past the real rows and are overwritten later
+                    self._tokens[W:b].fill_(0)
+                g, logits, hidden = self.graphs[b]
+                g.replay()
+                # the graph's outputs are static buffers: later chunks would overwrite them
+                outs.append((logits[:W], hidden[:W]) if T <= MAX_W else (logits[:W].clone(), hidden[:W].clone()))
+            else:
+                outs.append(self._rows(part, self._pos, cache))
+        cache.length = pos + T
+        if len(outs) == 1:
+            return outs[0]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    def verify(self, tokens: torch.Tensor, pos: int, cache: KVCache, exact: bool = True):
+        """Every kernel is row-invariant, so exact and fast verify are the same batched pass."""
+        return self.forward(tokens, pos, cache)
