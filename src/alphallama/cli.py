@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("alphallama.server.cli", "serve an OpenAI-compatible HTTP API"),
     "bench": ("alphallama.bench.arena", "run the arena benchmark against OpenAI-compatible servers"),
     "synth": ("alphallama.gguf.writer", "write a synthetic model with random weights"),
+    "bench-engine": ("alphallama.bench.engine_bench", "time decode rounds and prefill on the GPU"),
 }
 
 

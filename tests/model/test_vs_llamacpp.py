@@ -65,14 +65,22 @@ def test_cli_run_json(stories_path):
     assert out["gen_ids"] == case["gen_ids"][:24]
 
 
+# llama.cpp's own numeric noise on this model: teacher-forcing its tokens, its top-2
+# log-probabilities differ from exact float32 math (ours, and tests/reference_f64.py,
+# which agree to 2e-5) by 0.056 on average, up to 0.2; it rounds activations to 8 bits
+# before every quantized product. One reference prompt diverges at a near-tie of
+# 0.063 (our token is llama.cpp's second, and exact math's first); see NOTES.md.
+NEAR_TIE = 0.1
+
+
 def _first_divergence_is_near_tie(ours, case):
     """Where our greedy token first differs, it must be one of llama.cpp's top two and
-    those two must lie within 0.05 in log-probability."""
+    those two must lie within NEAR_TIE in log-probability."""
     for i, (a, b) in enumerate(zip(ours, case["gen_ids"])):
         if a != b:
             (t1, lp1), (t2, lp2) = case["top5"][i][:2]
-            assert a in (t1, t2) and abs(lp1 - lp2) <= 0.05, (i, a, case["top5"][i][:2])
-            return i
+            assert a in (t1, t2) and abs(lp1 - lp2) <= NEAR_TIE, (i, a, case["top5"][i][:2])
+            return i, abs(lp1 - lp2)
     return None
 
 

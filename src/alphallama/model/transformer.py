@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
 from ..runtime.kv_cache import KVCache
-from .layers import apply_rope, attention, moe, rms_norm, rope_tables, swiglu
+from .layers import apply_rope, attention, fake_f16, moe, rms_norm, rope_tables, swiglu
 
 
 class Transformer:
@@ -25,13 +25,16 @@ class Transformer:
         c = self.cfg
         return KVCache(c.n_layers, c.n_kv_heads, max_len or self.max_len, c.head_dim)
 
+    def _linear(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        return F.linear(x, self.w[prefix + ".weight"], self.w.get(prefix + ".bias"))
+
     def _layer(self, i: int, x: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
         c, w, p = self.cfg, self.w, f"blk.{i}."
         T = x.shape[0]
         h = rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps)                   # [T, D]
-        q = F.linear(h, w[p + "attn_q.weight"], w.get(p + "attn_q.bias"))        # [T, H*hd]
-        k = F.linear(h, w[p + "attn_k.weight"], w.get(p + "attn_k.bias"))        # [T, n_kv*hd]
-        v = F.linear(h, w[p + "attn_v.weight"], w.get(p + "attn_v.bias"))        # [T, n_kv*hd]
+        q = self._linear(h, p + "attn_q")                                        # [T, H*hd]
+        k = self._linear(h, p + "attn_k")                                        # [T, n_kv*hd]
+        v = self._linear(h, p + "attn_v")                                        # [T, n_kv*hd]
         q = q.view(T, c.n_heads, c.head_dim)
         k = k.view(T, c.n_kv_heads, c.head_dim)
         v = v.view(T, c.n_kv_heads, c.head_dim)
@@ -39,12 +42,15 @@ class Transformer:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
         cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
-        q = apply_rope(q, cos, sin, c.rope_neox)
-        k = apply_rope(k, cos, sin, c.rope_neox)
+        # K/V are kept at f16 precision, as llama.cpp's default cache (and our GPU cache)
+        # does; q meets them in f16 there too
+        q = fake_f16(apply_rope(q, cos, sin, c.rope_neox))
+        k = fake_f16(apply_rope(k, cos, sin, c.rope_neox))
+        v = fake_f16(v)
         cache.k[i, :, pos:pos + T] = k.transpose(0, 1)                           # [n_kv, T, hd]
         cache.v[i, :, pos:pos + T] = v.transpose(0, 1)
         a = attention(q, cache.k[i, :, :pos + T], cache.v[i, :, :pos + T], pos)  # [T, H*hd]
-        x = x + F.linear(a, w[p + "attn_output.weight"])
+        x = x + self._linear(a, p + "attn_output")
         h = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)
         if c.is_moe:
             f = moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"],
