@@ -35,7 +35,12 @@ class SpecDefaults:
 class ServerDefaults:
     host: str = "127.0.0.1"
     port: int = 8080
-    queue_size: int = 16
+    queue_size: int = 16          # requests waiting behind the one generating; more get 429
+    n_predict: int = -1           # max tokens when a request gives none; -1: until EOS or the context is full
+    retry_after_s: int = 1        # Retry-After sent with a 429
+    max_body_bytes: int = 32 << 20   # larger request bodies get 413
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1024    # per stop string (each generated token is checked against it)
 
 
 @dataclass(frozen=True)

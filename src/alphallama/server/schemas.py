@@ -1,0 +1,179 @@
+"""Request bodies of the OpenAI endpoints, validated by pydantic (they also make the
+OpenAPI schema).
+
+Validation is strict (a string where a number belongs is an error, not a guess), and
+fields this server does not know are ignored, as clients send many (`user`,
+`presence_penalty`, ...). Fields it knows but cannot honour are refused with a clear
+message in `check_supported`, never silently dropped when they would change the output.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from ..config import DEFAULTS
+from .errors import APIError
+
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+MAX_TOP_LOGPROBS = 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(text: str) -> str:
+    # JSON may carry a lone surrogate ("\ud800", half an emoji cut by a client). It is no
+    # character, the tokenizer cannot take it, and it could not be encoded back: U+FFFD.
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _stop_text(text: str) -> str:
+    # Checked here, not with Field(max_length): pydantic's constrained str rejects the
+    # surrogates before _scrub could replace them.
+    limit = DEFAULTS.server.max_stop_chars
+    if len(text) > limit:
+        raise ValueError(f"a stop string may have at most {limit} characters, this one has {len(text)}")
+    return _scrub(text)
+
+
+Text = Annotated[str, AfterValidator(_scrub)]
+StopText = Annotated[str, AfterValidator(_stop_text)]
+
+
+class _Body(BaseModel):
+    model_config = _STRICT
+
+
+class ContentPart(_Body):
+    """A content part: {"type": "text", "text": ...} is understood, others are refused
+    (in ChatMessage.text) with a message saying so."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[Text, list[ContentPart], None] = None
+    name: Text | None = None
+
+    def text(self, index: int) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        out = []
+        for part in self.content:
+            if part.type != "text" or not isinstance(getattr(part, "text", None), str):
+                raise APIError("invalid_request", f"content parts of type {part.type!r} are not supported "
+                               "(this model reads text only)", param=f"messages[{index}].content")
+            out.append(_scrub(part.text))
+        return "".join(out)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Body):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+
+class _Common(_Body):
+    """Parameters shared by both endpoints."""
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)   # what torch's generator takes
+    stop: Union[StopText, list[StopText], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1)
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        limit = DEFAULTS.server.max_stop_strings
+        if len(stops) > limit:
+            raise APIError("invalid_request", f"at most {limit} stop strings are allowed, got {len(stops)}",
+                           param="stop")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check_common(self) -> None:
+        if self.n != 1:
+            raise APIError("invalid_request", f"n={self.n} is not supported: this server generates one "
+                           "choice per request (n must be 1)", param="n")
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[dict] | None = None
+
+    def check_supported(self) -> None:
+        self.check_common()
+        if self.response_format is not None and self.response_format.type != "text":
+            raise APIError("invalid_request", f"response_format {self.response_format.type!r} is not "
+                           "supported yet (only {\"type\": \"text\"})", param="response_format")
+        if self.tools:
+            raise APIError("invalid_request", "tool calling is not supported yet", param="tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("invalid_request", "top_logprobs needs logprobs: true", param="top_logprobs")
+
+    @property
+    def token_limit(self) -> int | None:
+        # max_completion_tokens is the newer name; it wins when both are sent.
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def conversation(self) -> list[dict]:
+        """The messages as the chat template takes them (plain dicts, text content)."""
+        out = []
+        for i, m in enumerate(self.messages):
+            msg = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            if m.name is not None:
+                msg["name"] = m.name
+            out.append(msg)
+        return out
+
+
+class CompletionRequest(_Common):
+    prompt: Union[Text, list[Text], list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        self.check_common()
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            if len(self.prompt) != 1:
+                raise APIError("invalid_request", f"{len(self.prompt)} prompts were sent; this server "
+                               "completes one prompt per request", param="prompt")
+        if self.best_of not in (None, 1):
+            raise APIError("invalid_request", "best_of > 1 is not supported", param="best_of")
+        if self.echo:
+            raise APIError("invalid_request", "echo is not supported", param="echo")
+        if self.suffix:
+            raise APIError("invalid_request", "suffix (fill-in-the-middle) is not supported yet",
+                           param="suffix")
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs

@@ -1,0 +1,234 @@
+"""The one thread that owns the engine, and the bounded FIFO queue in front of it.
+
+Generation is long, synchronous CPU/GPU work, so it never runs on the event loop: a
+single worker thread loads the model and then takes jobs one at a time, in arrival
+order (one engine, one user). Its results go back to the request's coroutine through
+an asyncio.Queue fed with call_soon_threadsafe.
+
+Cancelling (client gone) sets a flag the worker checks after every token; it then
+closes the engine's generator, which is how the engine stops, and takes the next job.
+A job cancelled while still waiting simply leaves the queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..engine import Engine, Generation
+from ..sampling import SamplingParams
+from ..spec.config import SpecConfig
+from .errors import APIError
+from .metrics import Metrics
+from .textstream import TextStream
+
+log = logging.getLogger("alphallama.server")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    endpoint: str                 # "chat" | "completions" (for metrics)
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stops: list[str] = field(default_factory=list)
+    n_logprobs: int | None = None   # None: no logprobs; k: each token's and the top k
+
+
+# -- what the worker sends back ---------------------------------------------------------
+
+@dataclass
+class Delta:
+    text: str
+    # (token id, its log-prob, [(id, log-prob)] top k) for the tokens behind this text
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]]
+
+
+@dataclass
+class Done:
+    finish_reason: str            # "stop" | "length"
+    completion_tokens: int
+    timings: dict
+
+
+@dataclass
+class Cancelled:
+    pass
+
+
+@dataclass
+class Failed:
+    error: APIError
+
+
+Event = Delta | Done | Cancelled | Failed
+
+
+class Job:
+    """One request's passage through the worker; iterate `events()` on the event loop."""
+
+    def __init__(self, request: GenRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.cancelled = threading.Event()
+        self._loop = loop
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self.finished = False     # a terminal event has been sent
+
+    def emit(self, event: Event) -> None:
+        """Called from the worker thread."""
+        if isinstance(event, (Done, Cancelled, Failed)):
+            self.finished = True
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:   # the event loop is gone (shutdown): nobody is listening
+            self.cancelled.set()
+
+    async def next(self) -> Event:
+        return await self._events.get()
+
+
+class EngineWorker:
+    def __init__(self, load: Callable[[], Engine], spec: SpecConfig, queue_size: int, metrics: Metrics,
+                 retry_after_s: int = 1, on_load_failed: Callable[[BaseException], None] | None = None):
+        self._load = load
+        self.spec = spec
+        self.queue_size = queue_size
+        self.retry_after_s = retry_after_s
+        self.metrics = metrics
+        self._on_load_failed = on_load_failed
+        self.engine: Engine | None = None
+        self.state = "loading"    # loading | ready | failed | stopped
+        self.load_error: str | None = None
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._current: Job | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._main, name="alphallama-engine", daemon=True)
+
+    # -- called from the event loop ---------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self.state != "ready":
+                raise APIError("unavailable", self.unavailable_reason())
+            if len(self._waiting) >= self.queue_size:
+                raise APIError("rate_limit", f"the server is busy: {len(self._waiting)} requests are "
+                               "already waiting for the engine; retry later",
+                               headers={"Retry-After": str(self.retry_after_s)})
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled.set()
+        with self._cond:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                return   # running (the worker sees the flag at the next token) or finished
+        self.metrics.request(job.request.endpoint, "cancelled")
+        job.emit(Cancelled())
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self.state = "stopped"
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            if self._current is not None:
+                self._current.cancelled.set()
+            self._cond.notify_all()
+        for job in waiting:
+            job.emit(Failed(APIError("unavailable", "the server is shutting down")))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def unavailable_reason(self) -> str:
+        return {"loading": "the model is still loading; retry shortly",
+                "failed": f"the model failed to load: {self.load_error}",
+                "stopped": "the server is shutting down"}.get(self.state, "unavailable")
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def processing(self) -> int:
+        return int(self._current is not None)
+
+    # -- the worker thread ------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            engine = self._load()
+        except BaseException as e:   # a broken file, out of memory: report, keep the server answering
+            log.error("loading the model failed: %s", e)
+            with self._cond:
+                if self.state == "loading":
+                    self.state, self.load_error = "failed", str(e)
+            if self._on_load_failed is not None:
+                self._on_load_failed(e)
+            return
+        with self._cond:
+            self.engine = engine
+            if self.state == "loading":
+                self.state = "ready"
+        while True:
+            with self._cond:
+                while not self._waiting and self.state == "ready":
+                    self._cond.wait()
+                if self.state != "ready":
+                    return
+                job = self._current = self._waiting.popleft()
+            try:
+                self._run(engine, job)
+            except Exception as e:   # the worker must survive anything one request does
+                log.exception("generation failed")
+                engine.cached = []   # the cache's contents are unknown now: the next prompt is prefilled whole
+                self.metrics.request(job.request.endpoint, "error")
+                job.emit(Failed(APIError("server", f"generation failed: {type(e).__name__}: {e}")))
+            finally:
+                with self._cond:
+                    self._current = None
+
+    def _run(self, engine: Engine, job: Job) -> None:
+        r = job.request
+        if job.cancelled.is_set():   # the client left just as its turn came
+            self.metrics.request(r.endpoint, "cancelled")
+            job.emit(Cancelled())
+            return
+        gen = Generation()
+        text = TextStream(engine.tokenizer.stream(), r.stops)
+        pending: list[tuple[int, float, list[tuple[int, float]]]] = []
+        finish: str | None = None
+        tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=gen, spec=self.spec,
+                                 logprobs=r.n_logprobs)
+        try:
+            for tid in tokens:
+                if r.n_logprobs is not None:
+                    lp, top = gen.logprobs[-1]
+                    pending.append((tid, lp, top))
+                piece = text.feed(tid)
+                if piece:
+                    job.emit(Delta(piece, pending))
+                    pending = []
+                if text.stopped:
+                    finish = "stop"
+                    break
+                if job.cancelled.is_set():
+                    break
+        finally:
+            tokens.close()   # stops the engine mid-generation; its timings are final after this
+        timings = gen.stats.timings()
+        self.metrics.generation(len(r.prompt_ids), timings)
+        if job.cancelled.is_set() and finish is None:
+            self.metrics.request(r.endpoint, "cancelled")
+            job.emit(Cancelled())
+            return
+        if finish is None:
+            tail = text.finish()
+            if tail or pending:
+                job.emit(Delta(tail, pending))
+            finish = "stop" if text.stopped else (gen.finish_reason or "length")
+        self.metrics.request(r.endpoint, "ok")
+        job.emit(Done(finish, len(gen.tokens), timings))
