@@ -60,8 +60,8 @@ def main() -> int:
                      for k, v in per_set.items()},
             "per_prompt": per_prompt,
         }
-    prefix.with_suffix(".json").write_text(json.dumps(out, indent=1))
-    plot(out, prefix.with_suffix(".png"))
+    Path(f"{prefix}.json").write_text(json.dumps(out, indent=1))
+    plot(out, Path(f"{prefix}.png"))
     for name, s in out["settings"].items():
         print(name, {k: round(v["simulated"]["tokens_per_round"], 2) for k, v in s["sets"].items()})
     return 0
