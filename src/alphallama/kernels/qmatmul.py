@@ -1,0 +1,156 @@
+"""qmatmul: x [W, K] @ w[N, K]^T -> [W, N] float32, reading GGUF blocks directly.
+
+Decode is bandwidth bound: the kernel streams each weight once, dequantizes it in
+registers and does the products in fp32 on the CUDA cores (GEMV style). One program
+owns BN output rows and walks all of K, NT slots (formats.py) per step, one slot per
+thread; up to 8 rows of x share each dequantized tile, more rows take more programs.
+
+Exact mode. A row of x must give the same bits whatever its position among the W
+rows and whatever W is (speculative verify vs plain decode). So every x row runs the
+same code on tensors of the same shapes and layouts: per step its products are
+summed in-thread over the slot (fixed order), added into that row's own [BN, NT]
+accumulator, and the NT partial sums are reduced once at the end. W only changes how
+many rows a program unrolls (BW) and the grid; the tile (BN, NT, warps) depends on
+the weight's (type, N, K) alone. No tl.dot: its internal order is not ours to fix.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .qweight import QuantWeight
+
+MAX_BW = 8              # x rows per program: one named accumulator each below
+THREADS = 128           # 4 warps; a thread holds one slot of ROWS_PER_THREAD rows
+ROWS_PER_THREAD = 2     # weight rows per thread: they share each x vector load
+
+
+@triton.jit
+def _row_dot(acc, w, x_row, xoff, xmask, EVEN: tl.constexpr):
+    """acc [NT, BN] + per-slot dot products of dequantized w [NT, BN, V, P] with one x row."""
+    if EVEN:
+        xv = tl.load(x_row + xoff).to(tl.float32)  # [NT, 1, V, P]
+    else:
+        xv = tl.load(x_row + xoff, mask=xmask, other=0.0).to(tl.float32)
+    return acc + tl.sum(tl.sum(w * xv, axis=3), axis=2)  # [NT, BN]
+
+
+@triton.jit
+def _store_row(out, acc, m, W, N, n_out):
+    tl.store(out + m * N + n_out, tl.sum(acc, axis=0), mask=(n_out < N) & (m < W))  # [BN]
+
+
+@triton.jit(do_not_specialize=["one"])
+def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.constexpr,
+                    DEQUANT: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
+                    NT: tl.constexpr, BW: tl.constexpr):
+    # n_slots is a compile-time constant: a model has a handful of distinct K, the
+    # compiler folds the strides, and the interpreter (numpy >= 2.4) cannot loop to a
+    # run-time bound. `one` is a run-time 1 (formats.slot_field says why).
+    EVEN: tl.constexpr = n_slots % NT == 0
+    n_wt = tl.cdiv(W, BW)
+    pid_n = tl.program_id(0) // n_wt   # the x-row tiles of one weight block run side by side
+    m0 = (tl.program_id(0) % n_wt) * BW
+    n_out = pid_n * BN + tl.arange(0, BN)  # [BN]
+    row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]  # [1, BN]; past N: recompute N-1, not stored
+    vp = (tl.arange(0, V)[:, None] * P + tl.arange(0, P)[None, :])[None, None, :, :]  # [1, 1, V, P]
+    # rows past W recompute row W-1 and are not stored
+    x0 = x + tl.minimum(m0 + 0, W - 1).to(tl.int64) * stride_xw
+    x1 = x + tl.minimum(m0 + 1, W - 1).to(tl.int64) * stride_xw
+    x2 = x + tl.minimum(m0 + 2, W - 1).to(tl.int64) * stride_xw
+    x3 = x + tl.minimum(m0 + 3, W - 1).to(tl.int64) * stride_xw
+    x4 = x + tl.minimum(m0 + 4, W - 1).to(tl.int64) * stride_xw
+    x5 = x + tl.minimum(m0 + 5, W - 1).to(tl.int64) * stride_xw
+    x6 = x + tl.minimum(m0 + 6, W - 1).to(tl.int64) * stride_xw
+    x7 = x + tl.minimum(m0 + 7, W - 1).to(tl.int64) * stride_xw
+    acc0 = tl.zeros([NT, BN], tl.float32)
+    acc1 = tl.zeros([NT, BN], tl.float32)
+    acc2 = tl.zeros([NT, BN], tl.float32)
+    acc3 = tl.zeros([NT, BN], tl.float32)
+    acc4 = tl.zeros([NT, BN], tl.float32)
+    acc5 = tl.zeros([NT, BN], tl.float32)
+    acc6 = tl.zeros([NT, BN], tl.float32)
+    acc7 = tl.zeros([NT, BN], tl.float32)
+    for s0 in range(0, n_slots, NT):
+        w = DEQUANT(qs, qh, sc, sd, row, s0, one, n_slots, NT, V, P)  # [NT, BN, V, P] float32
+        u = (s0 + tl.arange(0, NT))[:, None, None, None]  # [NT, 1, 1, 1]
+        xoff = u * (V * P) + vp  # [NT, 1, V, P]
+        xmask = u < n_slots  # [NT, 1, 1, 1]
+        acc0 = _row_dot(acc0, w, x0, xoff, xmask, EVEN)
+        if BW > 1:
+            acc1 = _row_dot(acc1, w, x1, xoff, xmask, EVEN)
+        if BW > 2:
+            acc2 = _row_dot(acc2, w, x2, xoff, xmask, EVEN)
+            acc3 = _row_dot(acc3, w, x3, xoff, xmask, EVEN)
+        if BW > 4:
+            acc4 = _row_dot(acc4, w, x4, xoff, xmask, EVEN)
+            acc5 = _row_dot(acc5, w, x5, xoff, xmask, EVEN)
+            acc6 = _row_dot(acc6, w, x6, xoff, xmask, EVEN)
+            acc7 = _row_dot(acc7, w, x7, xoff, xmask, EVEN)
+    _store_row(out, acc0, m0 + 0, W, N, n_out)
+    if BW > 1:
+        _store_row(out, acc1, m0 + 1, W, N, n_out)
+    if BW > 2:
+        _store_row(out, acc2, m0 + 2, W, N, n_out)
+        _store_row(out, acc3, m0 + 3, W, N, n_out)
+    if BW > 4:
+        _store_row(out, acc4, m0 + 4, W, N, n_out)
+        _store_row(out, acc5, m0 + 5, W, N, n_out)
+        _store_row(out, acc6, m0 + 6, W, N, n_out)
+        _store_row(out, acc7, m0 + 7, W, N, n_out)
+
+
+def tile(w: QuantWeight, rows_per_thread: int = ROWS_PER_THREAD) -> tuple[int, int, int]:
+    """(BN, NT, num_warps) for a weight: a function of its type and shape only, never of
+    W, so that a row's summation order is the same in every call (exact mode)."""
+    fmt = w.fmt
+    threads_per_slot = max(1, fmt.V * torch.empty((), dtype=fmt.qs_dtype).element_size() // 16)
+    NT = min(THREADS // threads_per_slot, triton.next_power_of_2(w.n_slots))
+    BN = rows_per_thread * max(1, THREADS // (NT * threads_per_slot))
+    return BN, NT, THREADS // 32
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
+            rows_per_thread: int = ROWS_PER_THREAD) -> torch.Tensor:
+    """x [W, K] (bf16/fp16/fp32) @ w^T -> [W, N] float32 (into `out` if given, a
+    contiguous [W, N] float32). A row's result is bit-identical for every W and
+    position (Triton path); `rows_per_thread` is a tuning knob that changes the bits,
+    so a weight must always be used with the same value. Without CUDA or the Triton
+    interpreter, falls back to `qmatmul_torch` (not position-invariant)."""
+    if len(w.shape) != 2:
+        raise ValueError(f"qmatmul takes a 2-D weight; use w.expert(e) for {w.shape}")
+    if x.dim() != 2 or x.shape[1] != w.K:
+        raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape}")
+    W, N = x.shape[0], w.N
+    if out is None:
+        out = torch.empty((W, N), dtype=torch.float32, device=x.device)  # [W, N]
+    elif out.shape != (W, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 [{W}, {N}], got {out.dtype} {tuple(out.shape)}")
+    if not _use_triton(x):
+        return out.copy_(qmatmul_torch(x, w))
+    x = x if x.stride(1) == 1 else x.contiguous()
+    BN, NT, num_warps = tile(w, rows_per_thread)
+    BW = min(MAX_BW, triton.next_power_of_2(W))
+    grid = (triton.cdiv(N, BN) * triton.cdiv(W, BW),)
+    fmt = w.fmt
+    _qmatmul_kernel[grid](x, out, *w.plane_args(), W, N, x.stride(0), 1, n_slots=w.n_slots,
+                          DEQUANT=fmt.triton_dequant, V=fmt.V, P=fmt.P, BN=BN, NT=NT, BW=BW,
+                          num_warps=num_warps)
+    return out
+
+
+def qmatmul_torch(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """Plain-torch fallback: dequantize the planes, fp32 matmul. [W, N] float32."""
+    return x.float() @ w.dequantize().T  # [W, N]
+
+
+def qmatmul_ref(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """Reference of the same function in float64 (x as given, weights from the planes): [W, N]."""
+    return x.double() @ w.dequantize().double().T  # [W, N]

@@ -1,0 +1,123 @@
+"""QuantWeight: a GGUF tensor's bits on the device, re-laid for coalesced loads.
+
+Weights never become a dequantized bf16 copy: decode reads every weight once per
+token, so the bytes read per token are the GGUF size (formats.py says how the bits
+are arranged). 2-D weights are [N, K] (torch order: N outputs, K inputs); 3-D
+expert tensors [E, N, K] hold one such weight per expert (`expert(e)`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from .fmt_float import BF16, F16, F32
+from .fmt_kquant import Q4_K, Q5_K, Q6_K
+from .fmt_legacy import Q4_0, Q5_0, Q8_0
+from .formats import PLANES, Format
+
+FORMATS: dict[GGMLQuantizationType, Format] = {
+    f.qtype: f for f in (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)}
+
+# Rows re-laid per step at load time: bounds the temporaries (~40 bytes per value)
+LOAD_CHUNK_VALUES = 1 << 25
+
+
+def format_of(qtype: GGMLQuantizationType | int) -> Format:
+    fmt = FORMATS.get(GGMLQuantizationType(qtype))
+    if fmt is None:
+        raise ValueError(f"no GPU kernel for {GGMLQuantizationType(qtype).name} "
+                         f"(supported: {', '.join(t.name for t in FORMATS)})")
+    return fmt
+
+
+def _flat_bytes(raw: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """Any array's bytes as a flat uint8 tensor (a copy for read-only numpy arrays)."""
+    if isinstance(raw, np.ndarray):
+        raw = np.ascontiguousarray(raw) if raw.flags.writeable else np.array(raw, order="C")
+        raw = torch.from_numpy(raw.reshape(-1).view(np.uint8))
+    return raw.contiguous().reshape(-1).view(torch.uint8)  # [n_bytes]
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]            # (N, K) or (E, N, K)
+    planes: dict[str, torch.Tensor]   # name -> [*shape[:-1], per_row], contiguous
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor | np.ndarray, qtype: GGMLQuantizationType | int,
+                 shape: tuple[int, ...], device: torch.device | str = "cpu") -> "QuantWeight":
+        """Re-lay a tensor's GGUF bytes (any array whose bytes are the tensor data, e.g.
+        the reader's mmap'd view) onto `device`. The work is done on `device` in row chunks."""
+        fmt = format_of(qtype)
+        shape = tuple(int(s) for s in shape)
+        if len(shape) not in (2, 3):
+            raise ValueError(f"QuantWeight takes [N, K] or [E, N, K], got {shape}")
+        K = shape[-1]
+        if K % fmt.block_size or K % fmt.slot:
+            raise ValueError(f"{fmt.qtype.name}: K={K} is not a multiple of the block size {fmt.block_size}")
+        rows = math.prod(shape[:-1])
+        nb = K // fmt.block_size
+        data = _flat_bytes(raw)
+        if data.numel() != rows * nb * fmt.type_size:
+            raise ValueError(f"{fmt.qtype.name} {shape} needs {rows * nb * fmt.type_size} bytes, got {data.numel()}")
+        data = data.reshape(rows, nb, fmt.type_size)  # [R, nb, type_size]
+
+        step = max(1, LOAD_CHUNK_VALUES // K)
+        planes: dict[str, torch.Tensor] = {}
+        for r0 in range(0, rows, step):
+            part = fmt.pack(data[r0:r0 + step].to(device))  # name -> [rows_in_chunk, per_row]
+            for name, p in part.items():
+                if name not in planes:
+                    planes[name] = torch.empty((rows, p.shape[1]), dtype=p.dtype, device=device)
+                planes[name][r0:r0 + p.shape[0]] = p
+        planes = {n: p.reshape(*shape[:-1], p.shape[1]) for n, p in planes.items()}
+        return cls(fmt.qtype, shape, planes)
+
+    @property
+    def fmt(self) -> Format:
+        return FORMATS[self.qtype]
+
+    @property
+    def N(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def K(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def n_slots(self) -> int:
+        return self.K // self.fmt.slot
+
+    @property
+    def device(self) -> torch.device:
+        return self.planes["qs"].device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a full read of the weight moves (planes as stored)."""
+        return sum(p.numel() * p.element_size() for p in self.planes.values())
+
+    @property
+    def gguf_nbytes(self) -> int:
+        return math.prod(self.shape) // self.fmt.block_size * self.fmt.type_size
+
+    def plane_args(self) -> tuple[torch.Tensor, ...]:
+        """The four planes in kernel order; an absent plane is stood in for by qs."""
+        return tuple(self.planes.get(n, self.planes["qs"]) for n in PLANES)
+
+    def expert(self, e: int) -> "QuantWeight":
+        """The [N, K] weight of expert e of an [E, N, K] tensor (views, no copy)."""
+        if len(self.shape) != 3:
+            raise ValueError(f"expert() needs an [E, N, K] weight, this one is {self.shape}")
+        return QuantWeight(self.qtype, self.shape[1:], {n: p[e] for n, p in self.planes.items()})
+
+    def dequantize(self) -> torch.Tensor:
+        """Plain-torch float32 values [*shape], from the planes (the kernels' reference)."""
+        flat = {n: p.reshape(-1, p.shape[-1]) for n, p in self.planes.items()}
+        return self.fmt.dequantize(flat, self.K).reshape(self.shape)
