@@ -189,6 +189,12 @@ def main() -> None:
                 out = qmatmul(xs[idx], w)
                 if not torch.equal(out.view(torch.int32), alone[idx].view(torch.int32)):
                     bad.append((W, shift))
+        xs32 = torch.randn(pool, k, generator=g, device=DEV)  # fp32 activations, a few widths
+        alone32 = torch.cat([qmatmul(xs32[i:i + 1], w) for i in range(pool)])
+        for W in (2, 3, 8, 17, pool):
+            idx = [(pool - 1 + j) % pool for j in range(W)]
+            if not torch.equal(qmatmul(xs32[idx], w).view(torch.int32), alone32[idx].view(torch.int32)):
+                bad.append((W, "fp32"))
         res["rotation"].append({"qtype": qt.name, "N": n, "K": k, "widths": f"1..{pool}", "rotations": 3,
                                 "mismatches": bad, "ok": not bad})
         print(f"rotation {qt.name:5s} {n}x{k} W=1..{pool}: {'bit-identical' if not bad else f'MISMATCH {bad[:5]}'}",
@@ -197,10 +203,12 @@ def main() -> None:
 
     # 3. speed
     widths = (1, 2, 4, 8) if args.quick else (1, 2, 4, 8, 16, 32, 64)
-    plan = [(qt, SPEED, widths, (2, 4)) for qt in qtypes]
-    plan += [(T.Q4_K, SPEED[::-1], (1, 8), (2, 4)), (T.Q4_K, SHAPES[0], (1, 8), (2, 4)),
-             (T.Q6_K, HEAD, (1, 8), (2,)), (T.F16, SHAPES[0], (1, 8), (2,))]
-    for qt, (n, k), ws, rpts in plan:
+    # variants: (rows_per_thread, x dtype); the first runs every width, the others W=1, 8
+    variants = [(2, torch.bfloat16), (4, torch.bfloat16), (2, torch.float32), (4, torch.float32)]
+    plan = [(qt, SPEED, widths, variants) for qt in qtypes]
+    plan += [(T.Q4_K, SPEED[::-1], (1, 8), variants), (T.Q4_K, SHAPES[0], (1, 8), variants),
+             (T.Q6_K, HEAD, (1, 8), variants[:3]), (T.F16, SHAPES[0], (1, 8), variants[:1])]
+    for qt, (n, k), ws, vars_ in plan:
         if time.time() - t0 > args.budget:
             print("time budget reached: speed runs cut short", flush=True)
             res["cut_short"] = True
@@ -209,22 +217,23 @@ def main() -> None:
         w = QuantWeight.from_raw(raw, qt, (n, k), DEV)
         del raw
         ws_copies = copies_for(w)
-        for rpt in rpts:
+        for vi, (rpt, xdt) in enumerate(vars_):
             t1 = None
             for W in ws:
-                if rpt != 2 and W not in (1, 8):
+                if vi and W not in (1, 8):
                     continue
-                x = torch.randn(W, k, generator=g, device=DEV).to(torch.bfloat16)
+                x = torch.randn(W, k, generator=g, device=DEV).to(xdt)
                 calls = [lambda wc=wc: qmatmul(x, wc, rows_per_thread=rpt) for wc in ws_copies]
                 sec = time_graph(calls)
                 t1 = sec if W == 1 else t1
                 gbps = w.nbytes / sec / 1e9
                 row = {"qtype": qt.name, "N": n, "K": k, "W": W, "rows_per_thread": rpt, "tile": tile(w, rpt),
+                       "x_dtype": str(xdt).replace("torch.", ""),
                        "us": sec * 1e6, "weight_bytes": w.nbytes, "gguf_bytes": w.gguf_nbytes,
                        "GBps": gbps, "frac_of_copy_bw": gbps * 1e9 / copy_bw,
                        "vs_W1": sec / t1 if t1 else None, "copies": len(ws_copies)}
                 res["timing"].append(row)
-                print(f"time {qt.name:5s} {n:6d}x{k:<5d} W={W:2d} rpt={rpt}: {sec * 1e6:8.1f} us "
+                print(f"time {qt.name:5s} {n:6d}x{k:<5d} W={W:2d} rpt={rpt} x={row['x_dtype']:8s}: {sec * 1e6:8.1f} us "
                       f"{gbps:7.0f} GB/s ({row['frac_of_copy_bw']:.0%} of copy)  x{sec / t1:.2f} of W=1", flush=True)
         del ws_copies, w
         torch.cuda.empty_cache()
@@ -234,13 +243,13 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gpu_kernels.json").write_text(json.dumps(res, indent=1))
 
-    print("\nqtype  NxK            rpt  W=1 us  GB/s   W=8 us  GB/s  W8/W1   (copy bw %.0f GB/s)" % (copy_bw / 1e9))
+    print("\nqtype  NxK           rpt x         W=1 us  GB/s   W=8 us  GB/s  W8/W1   (copy bw %.0f GB/s)" % (copy_bw / 1e9))
+    key = ("qtype", "N", "K", "rows_per_thread", "x_dtype")
     for r1 in (r for r in res["timing"] if r["W"] == 1):
-        r8 = next((r for r in res["timing"] if r["W"] == 8 and r["qtype"] == r1["qtype"] and r["N"] == r1["N"]
-                   and r["K"] == r1["K"] and r["rows_per_thread"] == r1["rows_per_thread"]), None)
+        r8 = next((r for r in res["timing"] if r["W"] == 8 and all(r[k] == r1[k] for k in key)), None)
         if r8:
-            print(f"{r1['qtype']:5s}  {r1['N']:6d}x{r1['K']:<6d} {r1['rows_per_thread']:3d} {r1['us']:7.1f} {r1['GBps']:5.0f}"
-                  f"  {r8['us']:7.1f} {r8['GBps']:5.0f}  {r8['us'] / r1['us']:5.2f}")
+            print(f"{r1['qtype']:5s}  {r1['N']:6d}x{r1['K']:<6d} {r1['rows_per_thread']:2d}  {r1['x_dtype']:8s} "
+                  f"{r1['us']:7.1f} {r1['GBps']:5.0f}  {r8['us']:7.1f} {r8['GBps']:5.0f}  {r8['us'] / r1['us']:5.2f}")
     ok = all(e["ok"] for e in res["correctness"]) and all(e["ok"] for e in res["rotation"])
     print(f"correctness and rotation: {'all ok' if ok else 'FAILURES'}; {res['elapsed_s']:.0f} s")
 

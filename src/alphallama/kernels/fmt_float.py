@@ -20,14 +20,19 @@ def _torch_float(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
 
 
 @triton.jit
-def _triton_float(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
-                 V: tl.constexpr, P: tl.constexpr):
-    return slot_words(qs, row, s0, n_slots, NT, V).to(tl.float32)[:, :, :, None]  # [NT, BN, V, 1]
+def _load_float(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    w = slot_words(qs, row, s0, n_slots, NT, V)  # [NT, BN, V] in the weight's dtype
+    return w, w, w, w
+
+
+@triton.jit
+def _field_float(w, h, s1, s2, I: tl.constexpr, one):
+    return w.to(tl.float32)  # [NT, BN, V]
 
 
 F32 = Format(T.F32, slot=4, V=4, P=1, pack=_packer(torch.float32), dequantize=_torch_float,
-             triton_dequant=_triton_float, qs_dtype=torch.float32)
+             triton_load=_load_float, triton_field=_field_float, qs_dtype=torch.float32)
 F16 = Format(T.F16, slot=8, V=8, P=1, pack=_packer(torch.float16), dequantize=_torch_float,
-             triton_dequant=_triton_float, qs_dtype=torch.float16)
+             triton_load=_load_float, triton_field=_field_float, qs_dtype=torch.float16)
 BF16 = Format(T.BF16, slot=8, V=8, P=1, pack=_packer(torch.bfloat16), dequantize=_torch_float,
-              triton_dequant=_triton_float, qs_dtype=torch.bfloat16)
+              triton_load=_load_float, triton_field=_field_float, qs_dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ Q4_K/Q5_K: 8 slots of 32, value = (d * sc) * q - (dmin * m) with 6-bit sc, m (pa
 Q6_K: 16 slots of 16, value = (d * sc) * (q - 32) with int8 sc and 6-bit q.
 d * sc and the products with q are exact in fp32, so the only rounding is the last
 subtraction (or the one product for Q6_K): the same as gguf's numpy dequantizers,
-and a fused multiply-add rounds it the same way.
+and the kernel's explicit fused multiply-add rounds it the same way.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import (Format, f16_field, pack_high, pack_words, packed_f32, packed_hi_f32, packed_scale, slot_field,
-                      slot_words, small_int_to_f32, torch_fields, torch_high, unpack_fields)
+from .formats import (Format, codes_f32, f16_field, field_scale, pack_slots, pack_words, slot_field,
+                      slot_words, torch_fields, torch_high, unpack_fields)
 
 
 def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +30,7 @@ def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _sub_block_nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """Q4_K/Q5_K's 128 code bytes -> 256 low nibbles in row order: [R, nb, 256].
+    """Q4_K/Q5_K's 128 code bytes -> 256 low nibbles in k order: [R, nb, 256].
     Bytes come in 4 runs of 32; a run's low nibbles are sub-block 2c, high 2c+1."""
     return unpack_fields(qs.reshape(*qs.shape[:-1], 4, 32), 4).flatten(-3)  # [R, nb, 4, 2, 32] -> 256
 
@@ -40,38 +40,38 @@ def _pack_k_with_min(blocks: torch.Tensor, high: torch.Tensor | None) -> dict[st
     low = _sub_block_nibbles(blocks[..., -128:]).reshape(R, nb * 8, 32)  # [R, ns, 32]
     sc, mn = _k_scales(blocks[..., 4:16])  # [R, nb, 8] each
     planes = {
-        "qs": pack_words(low, 4).flatten(1),  # [R, ns * 4]
+        "qs": pack_slots(low, 4, 4),  # [R, ns * 4]
         "sc": torch.stack([sc, mn], dim=-1).reshape(R, nb * 8, 2).contiguous().view(torch.int16)[..., 0],  # [R, ns]
         "sd": torch.stack([f16_field(blocks, 0), f16_field(blocks, 2)], dim=-1).flatten(1),  # [R, nb * 2]
     }
     if high is not None:
-        planes["qh"] = pack_high(high.reshape(R, nb * 8, 32), 1, 4, 8)  # [R, ns]
+        planes["qh"] = pack_words(high.reshape(R, nb * 8, 32), 1)[..., 0]  # [R, ns]
     return planes
 
 
 def _torch_k_with_min(p: dict[str, torch.Tensor], K: int, has_high: bool) -> torch.Tensor:
     R = p["qs"].shape[0]
-    q = torch_fields(p["qs"].reshape(R, -1, 4), 4, 8)  # [R, ns, 4, 8]
+    q = torch_fields(p["qs"], 4, 4)  # [R, ns, 32]
     if has_high:
-        q = q | (torch_high(p["qh"], 1, 4, 8) << 4)
+        q = q | (torch_high(p["qh"], 1, 32) << 4)
     s = p["sc"].to(torch.int32)  # [R, ns]
     sd = p["sd"].float().reshape(R, -1, 2).repeat_interleave(8, dim=1)  # [R, ns, (d, dmin)]
     d, dmin = sd.unbind(-1)  # [R, ns] each
-    ds = (d * (s & 0xFF).float())[..., None, None]  # [R, ns, 1, 1]
-    dm = (dmin * ((s >> 8) & 0xFF).float())[..., None, None]
+    ds = (d * (s & 0xFF).float())[..., None]  # [R, ns, 1]
+    dm = (dmin * ((s >> 8) & 0xFF).float())[..., None]
     return (ds * q.float() - dm).reshape(R, K)
 
 
 @triton.jit
-def _k_with_min(q, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, P: tl.constexpr):
-    """(d * sc) * q - dmin * m for codes q [NT, BN, V, P] given as floats q * 2**pos
-    (packed_f32 / packed_hi_f32)."""
+def _load_k_with_min(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words, qh words, d * sc and dmin * m per slot."""
     s = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32)  # [NT, BN]: sc | m << 8
     d = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 0).to(tl.float32)  # [NT, BN]
     dmin = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 1).to(tl.float32)  # [NT, BN]
-    ds = d * small_int_to_f32(s & 0xFF, 0, one)  # [NT, BN]
-    dm = dmin * small_int_to_f32((s >> 8) & 0xFF, 0, one)  # [NT, BN]
-    return q * (ds[:, :, None, None] * packed_scale(4, P)[None, None, None, :]) - dm[:, :, None, None]
+    # the 6-bit sc and m as floats: OR-ed into 2**23's mantissa (see codes_f32)
+    sc_f = ((s & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    m_f = (((s >> 8) & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d * sc_f, dmin * m_f
 
 
 # --- Q4_K ----------------------------------------------------------------------------
@@ -85,14 +85,14 @@ def _torch_q4_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
 
 
 @triton.jit
-def _triton_q4_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
-                 V: tl.constexpr, P: tl.constexpr):
-    q = packed_f32(slot_words(qs, row, s0, n_slots, NT, V), 4, P, 0, one)  # [NT, BN, V, P]
-    return _k_with_min(q, sc, sd, row, s0, one, n_slots, NT, P)
+def _field_q4_k(words, h, ds, dm, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 0, 0, one)  # [NT, BN, V]: q * 2**pos
+    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
 
 
+# Q4_K has no qh plane: its load passes qs in its place (the kernel gets qs for absent planes)
 Q4_K = Format(T.Q4_K, slot=32, V=4, P=8, pack=_pack_q4_k, dequantize=_torch_q4_k,
-              triton_dequant=_triton_q4_k)
+              triton_load=_load_k_with_min, triton_field=_field_q4_k)
 
 
 # --- Q5_K: Q4_K plus a fifth bit; bit s of qh byte l belongs to value l of sub-block s --
@@ -107,15 +107,13 @@ def _torch_q5_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
 
 
 @triton.jit
-def _triton_q5_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
-                 V: tl.constexpr, P: tl.constexpr):
-    words = slot_words(qs, row, s0, n_slots, NT, V)  # [NT, BN, V]
-    q = packed_hi_f32(words, slot_field(qh, row, s0, one, n_slots, NT), 1, P, 0, one)  # [NT, BN, V, P]
-    return _k_with_min(q, sc, sd, row, s0, one, n_slots, NT, P)
+def _field_q5_k(words, h, ds, dm, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 1, 0, one)  # [NT, BN, V]: q * 2**pos
+    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
 
 
 Q5_K = Format(T.Q5_K, slot=32, V=4, P=8, pack=_pack_q5_k, dequantize=_torch_q5_k,
-              triton_dequant=_triton_q5_k)
+              triton_load=_load_k_with_min, triton_field=_field_q5_k)
 
 
 # --- Q6_K ----------------------------------------------------------------------------
@@ -127,29 +125,32 @@ def _pack_q6_k(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, n
     R, nb = blocks.shape[:2]
     low = unpack_fields(blocks[..., :128].reshape(R, nb, 2, 64), 4).reshape(R, nb * 16, 16)  # [R, ns, 16]
     high = unpack_fields(blocks[..., 128:192].reshape(R, nb, 2, 32), 2).reshape(R, nb * 16, 16)
-    return {"qs": pack_words(low, 4).flatten(1),  # [R, ns * 2]
-            "qh": pack_high(high, 2, 2, 8),  # [R, ns]
+    return {"qs": pack_slots(low, 4, 2),  # [R, ns * 2]
+            "qh": pack_words(high, 2)[..., 0],  # [R, ns]
             "sc": blocks[..., 192:208].contiguous().view(torch.int8).reshape(R, nb * 16),  # [R, ns]
             "sd": f16_field(blocks, 208)}  # [R, nb]
 
 
 def _torch_q6_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     R = p["qs"].shape[0]
-    q = torch_fields(p["qs"].reshape(R, -1, 2), 4, 8) | (torch_high(p["qh"], 2, 2, 8) << 4)  # [R, ns, 2, 8]
+    q = torch_fields(p["qs"], 4, 2) | (torch_high(p["qh"], 2, 16) << 4)  # [R, ns, 16]
     d = p["sd"].float().repeat_interleave(16, dim=1)  # [R, ns]
-    ds = (d * p["sc"].float())[..., None, None]  # [R, ns, 1, 1]
+    ds = (d * p["sc"].float())[..., None]  # [R, ns, 1]
     return (ds * (q.float() - 32)).reshape(R, K)
 
 
 @triton.jit
-def _triton_q6_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
-                 V: tl.constexpr, P: tl.constexpr):
-    words = slot_words(qs, row, s0, n_slots, NT, V)  # [NT, BN, V]
-    q = packed_hi_f32(words, slot_field(qh, row, s0, one, n_slots, NT), 2, P, 32, one)  # (q - 32) * 2**pos
+def _load_q6_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
     d = slot_field(sd, row, s0, one, n_slots, NT, 16).to(tl.float32)  # [NT, BN]
     ds = d * slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
-    return q * (ds[:, :, None, None] * packed_scale(4, P)[None, None, None, :])
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), ds, ds
+
+
+@triton.jit
+def _field_q6_k(words, h, ds, s2, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 2, 32, one)  # [NT, BN, V]: (q - 32) * 2**pos
+    return q * (ds * field_scale(I, 4))[:, :, None]
 
 
 Q6_K = Format(T.Q6_K, slot=16, V=2, P=8, pack=_pack_q6_k, dequantize=_torch_q6_k,
-              triton_dequant=_triton_q6_k)
+              triton_load=_load_q6_k, triton_field=_field_q6_k)

@@ -1,23 +1,25 @@
 """The GPU arrangement of GGUF weight bits, shared by every quant format.
 
 A GGUF row is a run of blocks. At load time each row is cut into *slots*: the
-values that share one scale (32 values; 16 for Q6_K). A slot's bits are spread over
-up to four *planes*, each a contiguous tensor with one row per output feature:
+values that share one scale (32 values; 16 for Q6_K and Q8_0). A slot's bits are
+spread over up to four *planes*, each a contiguous tensor with one row per output:
 
     qs  int32 [N, n_slots * V]   the low 4 (or 8) bits of every value, V words per slot
     qh  int32 [N, n_slots]       the top bits (Q5_0, Q5_K, Q6_K), one word per slot
     sc        [N, n_slots]       the per-slot scale field(s)
     sd        [N, n_slots // S]  the per-super-block fp16 fields (K-quants)
 
-Inside a slot, value `v * P + i` is field i (lowest bits first) of qs word v, and its
-top bits (if any) are nibble i of the qh word (packed_hi_f32 says why). A thread that
-loads a slot's V words (one 8- or 16-byte load) holds a whole scale group at
-consecutive k, so its activations come in with vector loads too. These are the same
+Value j = i * V + v of a slot is field i (lowest bits first) of qs word v, and its
+top bits are bits HBITS * j of the qh word. Field-major order: one thread loads a
+slot's V words with one 8- or 16-byte load, and field i of its V words are V
+consecutive k, whose activations come in as one vector load. These are the same
 bits as the file, re-ordered (K-quants' 6-bit scales and mins are widened to a byte
 each: +4 bytes per 144-byte Q4_K block), so a token reads about the GGUF size.
 
-The Triton kernels dequantize a tile of [NT slots, BN rows, V words, P fields]; the
-plain-torch `dequantize` of each format computes the same values from the same planes.
+The Triton side of a format is two functions: `load` reads NT slots of BN rows
+(words [NT, BN, V] and per-slot scale tensors [NT, BN]), `field` dequantizes field i
+of those words to float32 [NT, BN, V]. The plain-torch `dequantize` computes the same
+values from the same planes.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ class Format:
     P: int               # values per qs word (32 // bits, or 1 for floats)
     pack: Callable[[torch.Tensor], dict[str, torch.Tensor]]   # blocks [R, nb, type_size] -> planes
     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor]  # planes, K -> f32 [R, K]
-    triton_dequant: object   # @triton.jit (qs, qh, sc, sd, row, u, n_slots, V, P) -> [BN, NT, V, P]
+    triton_load: object    # @triton.jit (qs, qh, sc, sd, row, s0, one, n_slots, NT, V) -> (words, h, s1, s2)
+    triton_field: object   # @triton.jit (words, h, s1, s2, I, one) -> float32 [NT, BN, V]
     qs_dtype: torch.dtype = torch.int32
 
     @property
@@ -76,15 +79,41 @@ def pack_words(vals: torch.Tensor, bits: int) -> torch.Tensor:
     return packed.contiguous().view(torch.int32)  # [..., n * bits / 32]
 
 
+def word_order(vals: torch.Tensor, V: int, P: int) -> torch.Tensor:
+    """Slot values in k order [R, ns, P * V] -> in word order [R, ns, V * P]
+    (value i * V + v goes to word v, field i)."""
+    return vals.reshape(*vals.shape[:-1], P, V).transpose(-1, -2).flatten(-2)
+
+
+def pack_slots(vals: torch.Tensor, bits: int, V: int) -> torch.Tensor:
+    """Low-bit codes of each slot in k order, uint8 [R, ns, slot] -> the qs plane [R, ns * V]."""
+    return pack_words(word_order(vals, V, 32 // bits), bits).flatten(1)
+
+
+def torch_fields(qs: torch.Tensor, bits: int, V: int) -> torch.Tensor:
+    """The inverse of pack_slots: int32 [R, ns * V] -> codes in k order [R, ns, P * V] (int32)."""
+    P = 32 // bits
+    words = qs.reshape(qs.shape[0], -1, V)  # [R, ns, V]
+    shift = torch.arange(P, dtype=torch.int32, device=qs.device) * bits  # [P]
+    f = (words.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, V, P]
+    return f.transpose(-1, -2).flatten(-2)  # [R, ns, P * V]
+
+
+def torch_high(qh: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """The qh word of each slot -> the top bits of its n values in k order: [R, ns, n] (int32)."""
+    shift = torch.arange(n, dtype=torch.int32, device=qh.device) * bits  # [n]
+    return (qh.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, n]
+
+
 # --- device-side helpers (Triton) ----------------------------------------------------
-# Tiles are [NT slots, BN rows, ...]: slots first, so that where the compiler has no
-# reason to prefer a dimension it spreads slots over the threads, one slot per
+# Tiles are [NT slots, BN rows, V words]: slots first, so that where the compiler has
+# no reason to prefer a dimension it spreads slots over the threads, one slot per
 # thread with all its rows in registers: the layout the x loads get too, so no tile
-# has to move between threads through shared memory.
+# moves between threads through shared memory.
 
 @triton.jit
 def slot_words(qs, row, s0, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """The qs words of slots s0 .. s0+NT-1 of rows `row` [1, BN] (int64): [NT, BN, V] int32.
+    """The qs words of slots s0 .. s0+NT-1 of rows `row` [1, BN] (int64): [NT, BN, V].
     The V words of a slot are contiguous: one vector load per thread."""
     u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
     offs = row[:, :, None] * (n_slots * V) + u * V + tl.arange(0, V)[None, None, :]  # [NT, BN, V]
@@ -108,96 +137,52 @@ def slot_field(plane, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
     return tl.load(plane + offs, mask=u < n_slots, other=0)
 
 
-@triton.jit
-def small_int_to_f32(q, BIAS: tl.constexpr, one):
-    """Exact float of (q - BIAS) for 0 <= q < 2**23, without an int->float convert:
-    OR-ing q into the mantissa of 2**23 gives the float 2**23 + q, and the subtraction
-    is exact. The CUDA guide lists conversions at 16/clk/SM on sm_90 against 128 for
-    FADD; this is one LOP3 and one FADD. The exponent bits are a run-time value
-    (`one` is a run-time 1) so that they sit in a register: a LOP3 takes one immediate,
-    and the field's mask is the other constant of the same LOP3."""
-    return (q | (one * 0x4B000000)).to(tl.float32, bitcast=True) - (8388608.0 + BIAS)
+@triton.constexpr_function
+def field_pos(I, BITS):
+    """Bit offset of field I (BITS wide) as `codes_f32` uses it: fields inside mantissa
+    bits 0..19 stay where they are, the rest are shifted down together."""
+    low = 20 // BITS
+    return BITS * I if I < low else BITS * I - (32 - low * BITS)
+
+
+@triton.constexpr_function
+def field_scale(I, BITS):
+    """2**-field_pos: what turns codes_f32's values into q - BIAS."""
+    return 1.0 / (1 << field_pos(I, BITS))
 
 
 @triton.jit
-def _field_pos(BITS: tl.constexpr, P: tl.constexpr):
-    """Where field i sits for `packed_f32`: words are used as they are for the fields
-    within the low 20 bits and shifted down by SHIFT for the rest; pos = the field's
-    bit offset after that. Returns (from_shifted [P] bool, pos [P] int32, SHIFT)."""
-    i = tl.arange(0, P)  # [P]
-    LOW: tl.constexpr = 20 // BITS  # fields wholly inside mantissa bits 0..19
-    SHIFT: tl.constexpr = (P - LOW) * BITS if P > LOW else 0
-    hi = i >= LOW
-    pos = tl.where(hi, i * BITS - SHIFT, i * BITS)  # [P]
-    return hi, pos, SHIFT
+def codes_f32(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr,
+              BIAS: tl.constexpr, one):
+    """Field I of words [NT, BN, V] (BITS bits) plus, if HBITS, its top bits from the
+    slot's qh word h [NT, BN], as the exact float (q - BIAS) * 2**field_pos(I, BITS):
+    [NT, BN, V]. The caller folds the power of two into its per-slot scale.
 
-
-@triton.jit
-def packed_f32(words, BITS: tl.constexpr, P: tl.constexpr, BIAS: tl.constexpr, one):
-    """The P BITS-bit fields of int32 words [NT, BN, V] as exact floats
-    (q_i - BIAS) * 2**pos_i: [NT, BN, V, P]; multiply by `packed_scale` to get q - BIAS.
-
-    Why not shift each field down: a field that already lies in mantissa bits 0..19
-    becomes the float 2**23 + q * 2**pos with one LOP3 ((w & mask) | exponent of 2**23)
-    and one exact FADD; the higher fields take one shift per word for all of them.
-    The 2**-pos goes into the per-slot scale, which is computed once per slot."""
-    hi, pos, SHIFT = _field_pos(BITS, P)
-    w = words[:, :, :, None]  # [NT, BN, V, 1]
-    src = tl.where(hi[None, None, None, :], w >> SHIFT, w)  # [NT, BN, V, P]
-    mask = ((1 << BITS) - 1) << pos  # [P]
-    f = ((src & mask[None, None, None, :]) | (one * 0x4B000000)).to(tl.float32, bitcast=True)
-    return f - (8388608.0 + BIAS * (1 << pos).to(tl.float32))[None, None, None, :]
-
-
-@triton.jit
-def packed_hi_f32(words, h, HBITS: tl.constexpr, P: tl.constexpr, BIAS: tl.constexpr, one):
-    """5- and 6-bit codes: low nibbles in words [NT, BN, V] (as packed_f32, BITS=4) and
-    the top HBITS bits of value (v, i) at bits 4i + HBITS*v of the slot's word h [NT, BN]
-    (HBITS * V = 4: nibble i of h holds field i's top bits for every word).
-    Returns (q - BIAS) * 2**pos_i as exact floats [NT, BN, V, P].
-
-    The top bits are shifted to sit just above their nibble (one shift per word for
-    the low fields, one for the high ones), made into 2**23 + hi * 2**(pos + 4) by one
-    LOP3 each, and added in float: two exact FADDs instead of integer merging."""
-    hi_sel, pos, SHIFT = _field_pos(4, P)
-    V: tl.constexpr = words.shape[2]
+    No int->float convert (the CUDA guide lists conversions at 16/clk/SM on sm_90
+    against 128 for FADD) and no shift per field: a field that lies in mantissa bits
+    0..19 becomes the float 2**23 + q * 2**pos with one LOP3 ((w & mask) | exponent of
+    2**23) and the exact FADD takes 2**23 + BIAS * 2**pos off; the higher fields share
+    one shift per word. Top bits are moved to just above their field (one shift per
+    word for all fields) and added as a second such float. The exponent bits are a
+    run-time value (`one` is a run-time 1) so that they sit in a register: a LOP3
+    takes one immediate, the field's mask."""
+    LOW: tl.constexpr = 20 // BITS
+    POS: tl.constexpr = field_pos(I, BITS)
     exp23 = one * 0x4B000000
-    w = words[:, :, :, None]  # [NT, BN, V, 1]
-    lo = tl.where(hi_sel[None, None, None, :], w >> SHIFT, w)  # [NT, BN, V, P]
-    f_lo = ((lo & (15 << pos)[None, None, None, :]) | exp23).to(tl.float32, bitcast=True)
-    hv = h[:, :, None, None]  # [NT, BN, 1, 1]
-    v = tl.arange(0, V)[None, None, :, None] * HBITS  # [1, 1, V, 1]
-    top = tl.where(hi_sel[None, None, None, :], hv >> (8 + v), hv << (4 - v))  # [NT, BN, V, P]
-    top_mask = (((1 << HBITS) - 1) << (pos + 4))[None, None, None, :]
-    f_hi = ((top & top_mask) | exp23).to(tl.float32, bitcast=True)  # 2**23 + hi * 2**(pos+4)
-    bias = (16777216.0 + BIAS * (1 << pos).to(tl.float32))[None, None, None, :]
-    return (f_lo - bias) + f_hi
-
-
-@triton.jit
-def packed_scale(BITS: tl.constexpr, P: tl.constexpr):
-    """2**-pos_i of `packed_f32`: [P] float32."""
-    hi, pos, SHIFT = _field_pos(BITS, P)
-    return 1.0 / (1 << pos).to(tl.float32)
-
-
-# --- the same in plain torch, for the references ------------------------------------
-
-def torch_fields(words: torch.Tensor, bits: int, P: int) -> torch.Tensor:
-    """int32 [..., V] -> unsigned fields [..., V, P] (int32), lowest first."""
-    shift = torch.arange(P, dtype=torch.int32, device=words.device) * bits  # [P]
-    return (words.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [..., V, P]
-
-
-def pack_high(high: torch.Tensor, bits: int, V: int, P: int) -> torch.Tensor:
-    """Top bits of each value of a slot, uint8 [R, ns, V * P] in slot order, into the
-    slot's qh word: value (v, i) at bits bits*(i*V + v) (see packed_hi_f32): int32 [R, ns]."""
-    by_field = high.reshape(*high.shape[:-1], V, P).transpose(-1, -2)  # [R, ns, P, V]
-    return pack_words(by_field.flatten(-2), bits)[..., 0]  # [R, ns]
-
-
-def torch_high(qh: torch.Tensor, bits: int, V: int, P: int) -> torch.Tensor:
-    """The inverse of pack_high: int32 [R, ns] -> [R, ns, V, P] (int32)."""
-    shift = (torch.arange(P, dtype=torch.int32, device=qh.device)[None, :] * V
-             + torch.arange(V, dtype=torch.int32, device=qh.device)[:, None]) * bits  # [V, P]
-    return (qh[..., None, None] >> shift) & ((1 << bits) - 1)  # [R, ns, V, P]
+    if I < LOW:
+        src = words
+    else:
+        src = words >> (32 - LOW * BITS)
+    f = ((src & (((1 << BITS) - 1) << POS)) | exp23).to(tl.float32, bitcast=True)
+    if HBITS == 0:
+        out = f - (8388608.0 + BIAS * (1 << POS))
+    else:
+        # top bits of value j = I * V + v sit at bit HBITS * j = 4 * I + HBITS * v of h
+        v = tl.arange(0, words.shape[2])[None, None, :] * HBITS  # [1, 1, V]
+        if I < LOW:
+            top = h[:, :, None] << (4 - v)  # to bit POS + 4 = 4 * I + 4
+        else:
+            top = h[:, :, None] >> (8 + v)  # to bit POS + 4 = 4 * I - 8
+        f_hi = ((top & (((1 << HBITS) - 1) << (POS + 4))) | exp23).to(tl.float32, bitcast=True)
+        out = (f - (16777216.0 + BIAS * (1 << POS))) + f_hi
+    return out

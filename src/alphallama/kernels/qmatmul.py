@@ -7,11 +7,12 @@ thread; up to 8 rows of x share each dequantized tile, more rows take more progr
 
 Exact mode. A row of x must give the same bits whatever its position among the W
 rows and whatever W is (speculative verify vs plain decode). So every x row runs the
-same code on tensors of the same shapes and layouts: per step its products are
-summed in-thread over the slot (fixed order), added into that row's own [BN, NT]
-accumulator, and the NT partial sums are reduced once at the end. W only changes how
-many rows a program unrolls (BW) and the grid; the tile (BN, NT, warps) depends on
-the weight's (type, N, K) alone. No tl.dot: its internal order is not ours to fix.
+same code on tensors of the same shapes and layouts: its products go into that row's
+own [NT, BN, V] accumulator by explicit fused multiply-adds in k order, and the lanes
+are summed once at the end. W only changes how many rows a program unrolls (BW) and
+the grid; the tile (BN, NT, warps) depends on the weight's (type, N, K) alone. No
+implicit mul+add fusion (it depends on the surrounding code) and no tl.dot (its
+internal order is not ours to fix).
 """
 from __future__ import annotations
 
@@ -24,29 +25,30 @@ import triton.language as tl
 from .qweight import QuantWeight
 
 MAX_BW = 8              # x rows per program: one named accumulator each below
-THREADS = 128           # 4 warps; a thread holds one slot of ROWS_PER_THREAD rows
+NUM_WARPS = 4
+SLOTS_PER_STEP = 128    # NT: one slot per thread with 4 warps
 ROWS_PER_THREAD = 2     # weight rows per thread: they share each x vector load
 
 
 @triton.jit
-def _row_dot(acc, w, x_row, xoff, xmask, EVEN: tl.constexpr):
-    """acc [NT, BN] + per-slot dot products of dequantized w [NT, BN, V, P] with one x row."""
+def _row_fma(acc, w, x_row, xoff, xmask, EVEN: tl.constexpr):
+    """acc [NT, BN, V] + w [NT, BN, V] * one x row at xoff [NT, 1, V], fused."""
     if EVEN:
-        xv = tl.load(x_row + xoff).to(tl.float32)  # [NT, 1, V, P]
+        xv = tl.load(x_row + xoff)  # [NT, 1, V]
     else:
-        xv = tl.load(x_row + xoff, mask=xmask, other=0.0).to(tl.float32)
-    return acc + tl.sum(tl.sum(w * xv, axis=3), axis=2)  # [NT, BN]
+        xv = tl.load(x_row + xoff, mask=xmask, other=0.0)
+    return tl.fma(w, xv.to(tl.float32), acc)
 
 
 @triton.jit
 def _store_row(out, acc, m, W, N, n_out):
-    tl.store(out + m * N + n_out, tl.sum(acc, axis=0), mask=(n_out < N) & (m < W))  # [BN]
+    tl.store(out + m * N + n_out, tl.sum(tl.sum(acc, axis=2), axis=0), mask=(n_out < N) & (m < W))  # [BN]
 
 
 @triton.jit(do_not_specialize=["one"])
 def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.constexpr,
-                    DEQUANT: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
-                    NT: tl.constexpr, BW: tl.constexpr):
+                    LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
+                    BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr):
     # n_slots is a compile-time constant: a model has a handful of distinct K, the
     # compiler folds the strides, and the interpreter (numpy >= 2.4) cannot loop to a
     # run-time bound. `one` is a run-time 1 (formats.slot_field says why).
@@ -56,7 +58,6 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
     m0 = (tl.program_id(0) % n_wt) * BW
     n_out = pid_n * BN + tl.arange(0, BN)  # [BN]
     row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]  # [1, BN]; past N: recompute N-1, not stored
-    vp = (tl.arange(0, V)[:, None] * P + tl.arange(0, P)[None, :])[None, None, :, :]  # [1, 1, V, P]
     # rows past W recompute row W-1 and are not stored
     x0 = x + tl.minimum(m0 + 0, W - 1).to(tl.int64) * stride_xw
     x1 = x + tl.minimum(m0 + 1, W - 1).to(tl.int64) * stride_xw
@@ -66,30 +67,35 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
     x5 = x + tl.minimum(m0 + 5, W - 1).to(tl.int64) * stride_xw
     x6 = x + tl.minimum(m0 + 6, W - 1).to(tl.int64) * stride_xw
     x7 = x + tl.minimum(m0 + 7, W - 1).to(tl.int64) * stride_xw
-    acc0 = tl.zeros([NT, BN], tl.float32)
-    acc1 = tl.zeros([NT, BN], tl.float32)
-    acc2 = tl.zeros([NT, BN], tl.float32)
-    acc3 = tl.zeros([NT, BN], tl.float32)
-    acc4 = tl.zeros([NT, BN], tl.float32)
-    acc5 = tl.zeros([NT, BN], tl.float32)
-    acc6 = tl.zeros([NT, BN], tl.float32)
-    acc7 = tl.zeros([NT, BN], tl.float32)
+    # one accumulator per x row, [NT, BN, V]: every (slot lane, row, word) sums its
+    # products in k order with fused multiply-adds; lanes are added up once at the end
+    acc0 = tl.zeros([NT, BN, V], tl.float32)
+    acc1 = tl.zeros([NT, BN, V], tl.float32)
+    acc2 = tl.zeros([NT, BN, V], tl.float32)
+    acc3 = tl.zeros([NT, BN, V], tl.float32)
+    acc4 = tl.zeros([NT, BN, V], tl.float32)
+    acc5 = tl.zeros([NT, BN, V], tl.float32)
+    acc6 = tl.zeros([NT, BN, V], tl.float32)
+    acc7 = tl.zeros([NT, BN, V], tl.float32)
+    vv = tl.arange(0, V)[None, None, :]  # [1, 1, V]
     for s0 in range(0, n_slots, NT):
-        w = DEQUANT(qs, qh, sc, sd, row, s0, one, n_slots, NT, V, P)  # [NT, BN, V, P] float32
-        u = (s0 + tl.arange(0, NT))[:, None, None, None]  # [NT, 1, 1, 1]
-        xoff = u * (V * P) + vp  # [NT, 1, V, P]
-        xmask = u < n_slots  # [NT, 1, 1, 1]
-        acc0 = _row_dot(acc0, w, x0, xoff, xmask, EVEN)
-        if BW > 1:
-            acc1 = _row_dot(acc1, w, x1, xoff, xmask, EVEN)
-        if BW > 2:
-            acc2 = _row_dot(acc2, w, x2, xoff, xmask, EVEN)
-            acc3 = _row_dot(acc3, w, x3, xoff, xmask, EVEN)
-        if BW > 4:
-            acc4 = _row_dot(acc4, w, x4, xoff, xmask, EVEN)
-            acc5 = _row_dot(acc5, w, x5, xoff, xmask, EVEN)
-            acc6 = _row_dot(acc6, w, x6, xoff, xmask, EVEN)
-            acc7 = _row_dot(acc7, w, x7, xoff, xmask, EVEN)
+        words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
+        u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
+        xmask = u < n_slots
+        for i in tl.static_range(P):
+            w = FIELD(words, h, s1, s2, i, one)  # [NT, BN, V] float32: field i of each word
+            xoff = u * (V * P) + i * V + vv  # [NT, 1, V]: value i * V + v of the slot
+            acc0 = _row_fma(acc0, w, x0, xoff, xmask, EVEN)
+            if BW > 1:
+                acc1 = _row_fma(acc1, w, x1, xoff, xmask, EVEN)
+            if BW > 2:
+                acc2 = _row_fma(acc2, w, x2, xoff, xmask, EVEN)
+                acc3 = _row_fma(acc3, w, x3, xoff, xmask, EVEN)
+            if BW > 4:
+                acc4 = _row_fma(acc4, w, x4, xoff, xmask, EVEN)
+                acc5 = _row_fma(acc5, w, x5, xoff, xmask, EVEN)
+                acc6 = _row_fma(acc6, w, x6, xoff, xmask, EVEN)
+                acc7 = _row_fma(acc7, w, x7, xoff, xmask, EVEN)
     _store_row(out, acc0, m0 + 0, W, N, n_out)
     if BW > 1:
         _store_row(out, acc1, m0 + 1, W, N, n_out)
@@ -103,14 +109,14 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
         _store_row(out, acc7, m0 + 7, W, N, n_out)
 
 
-def tile(w: QuantWeight, rows_per_thread: int = ROWS_PER_THREAD) -> tuple[int, int, int]:
+def tile(w: QuantWeight, rows_per_thread: int = ROWS_PER_THREAD, slots_per_step: int = SLOTS_PER_STEP,
+         num_warps: int = NUM_WARPS) -> tuple[int, int, int]:
     """(BN, NT, num_warps) for a weight: a function of its type and shape only, never of
-    W, so that a row's summation order is the same in every call (exact mode)."""
-    fmt = w.fmt
-    threads_per_slot = max(1, fmt.V * torch.empty((), dtype=fmt.qs_dtype).element_size() // 16)
-    NT = min(THREADS // threads_per_slot, triton.next_power_of_2(w.n_slots))
-    BN = rows_per_thread * max(1, THREADS // (NT * threads_per_slot))
-    return BN, NT, THREADS // 32
+    W, so that a row's summation order is the same in every call (exact mode). Short
+    rows take fewer slots per step and spread the rows over the idle threads."""
+    NT = min(slots_per_step, triton.next_power_of_2(w.n_slots))
+    BN = rows_per_thread * max(1, 32 * num_warps // NT)
+    return BN, NT, num_warps
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -118,12 +124,18 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
-            rows_per_thread: int = ROWS_PER_THREAD) -> torch.Tensor:
+            rows_per_thread: int = ROWS_PER_THREAD, slots_per_step: int = SLOTS_PER_STEP,
+            num_warps: int = NUM_WARPS) -> torch.Tensor:
     """x [W, K] (bf16/fp16/fp32) @ w^T -> [W, N] float32 (into `out` if given, a
     contiguous [W, N] float32). A row's result is bit-identical for every W and
-    position (Triton path); `rows_per_thread` is a tuning knob that changes the bits,
-    so a weight must always be used with the same value. Without CUDA or the Triton
-    interpreter, falls back to `qmatmul_torch` (not position-invariant)."""
+    position (Triton path). The last three are tuning knobs that change the bits: a
+    weight must always be used with the same values. Without CUDA or the Triton
+    interpreter, falls back to `qmatmul_torch` (not position-invariant).
+
+    Compiled with enable_fp_fusion=False: every multiply-add that should be fused is
+    written as tl.fma, and nothing else is left for LLVM or ptxas to contract. Their
+    implicit fusion depends on the surrounding code (seen on an H200: rows of Q8_0
+    and Q6_K, whose tiles loop over K, changed bits between W=1 and W>=3)."""
     if len(w.shape) != 2:
         raise ValueError(f"qmatmul takes a 2-D weight; use w.expert(e) for {w.shape}")
     if x.dim() != 2 or x.shape[1] != w.K:
@@ -136,13 +148,13 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if not _use_triton(x):
         return out.copy_(qmatmul_torch(x, w))
     x = x if x.stride(1) == 1 else x.contiguous()
-    BN, NT, num_warps = tile(w, rows_per_thread)
+    BN, NT, num_warps = tile(w, rows_per_thread, slots_per_step, num_warps)
     BW = min(MAX_BW, triton.next_power_of_2(W))
     grid = (triton.cdiv(N, BN) * triton.cdiv(W, BW),)
     fmt = w.fmt
     _qmatmul_kernel[grid](x, out, *w.plane_args(), W, N, x.stride(0), 1, n_slots=w.n_slots,
-                          DEQUANT=fmt.triton_dequant, V=fmt.V, P=fmt.P, BN=BN, NT=NT, BW=BW,
-                          num_warps=num_warps)
+                          LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, BW=BW,
+                          num_warps=num_warps, enable_fp_fusion=False)
     return out
 
 
