@@ -103,15 +103,15 @@ def test_ragged_shapes(qtype, k):
     check_close(qmatmul(x, w), x.cpu(), gguf_dequant(raw, qtype))
 
 
-def rotation_check(w: QuantWeight, widths, pool: int, dtype=torch.bfloat16, seed=0):
+def rotation_check(w: QuantWeight, widths, pool: int, dtype=torch.bfloat16, seed=0, **knobs):
     """Exact mode: every row of every width, at every column a rotation puts it in,
     equals bit for bit that row computed alone (W=1)."""
     xs = torch.randn(pool, w.K, generator=torch.Generator().manual_seed(seed)).to(DEV, dtype)  # [pool, K]
-    alone = torch.cat([qmatmul(xs[i:i + 1], w) for i in range(pool)])  # [pool, N]
+    alone = torch.cat([qmatmul(xs[i:i + 1], w, **knobs) for i in range(pool)])  # [pool, N]
     for W in widths:
         for shift in sorted({0, W // 2, pool - 1}):
             idx = [(shift + j) % pool for j in range(W)]
-            out = qmatmul(xs[idx], w)  # [W, N]
+            out = qmatmul(xs[idx], w, **knobs)  # [W, N]
             same = out.view(torch.int32) == alone[idx].view(torch.int32)
             assert same.all(), f"W={W} shift={shift}: rows {sorted(set(same.all(1).logical_not().nonzero()[:, 0].tolist()))} differ"
 
@@ -121,6 +121,12 @@ def test_rotation_exact_cpu_widths(qtype):
     _, w = _weight(qtype, 16, 256, seed=7)
     widths = range(1, 17) if qtype == T.Q4_K else (1, 2, 5, 9)
     rotation_check(w, widths, pool=16)
+
+
+def test_rotation_exact_four_rows_per_thread():
+    """rows_per_thread=4 caps a program at 4 x rows: W=5..8 take two programs."""
+    _, w = _weight(T.Q4_K, 16, 512, seed=8)
+    rotation_check(w, (1, 3, 6, 8), pool=8, dtype=torch.float32, rows_per_thread=4)
 
 
 @gpu_only

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import (Format, codes_f32, f16_field, field_scale, pack_slots, pack_words, slot_field,
+from .formats import (Format, codes_f32, f16_field, field_scale, pack_high, pack_slots, slot_field,
                       slot_words, torch_fields, torch_high, unpack_fields)
 
 
@@ -45,7 +45,7 @@ def _pack_k_with_min(blocks: torch.Tensor, high: torch.Tensor | None) -> dict[st
         "sd": torch.stack([f16_field(blocks, 0), f16_field(blocks, 2)], dim=-1).flatten(1),  # [R, nb * 2]
     }
     if high is not None:
-        planes["qh"] = pack_words(high.reshape(R, nb * 8, 32), 1)[..., 0]  # [R, ns]
+        planes["qh"] = pack_high(high.reshape(R, nb * 8, 32), 1, 4)  # [R, ns]
     return planes
 
 
@@ -53,7 +53,7 @@ def _torch_k_with_min(p: dict[str, torch.Tensor], K: int, has_high: bool) -> tor
     R = p["qs"].shape[0]
     q = torch_fields(p["qs"], 4, 4)  # [R, ns, 32]
     if has_high:
-        q = q | (torch_high(p["qh"], 1, 32) << 4)
+        q = q | (torch_high(p["qh"], 1, 4, 8) << 4)
     s = p["sc"].to(torch.int32)  # [R, ns]
     sd = p["sd"].float().reshape(R, -1, 2).repeat_interleave(8, dim=1)  # [R, ns, (d, dmin)]
     d, dmin = sd.unbind(-1)  # [R, ns] each
@@ -126,14 +126,14 @@ def _pack_q6_k(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, n
     low = unpack_fields(blocks[..., :128].reshape(R, nb, 2, 64), 4).reshape(R, nb * 16, 16)  # [R, ns, 16]
     high = unpack_fields(blocks[..., 128:192].reshape(R, nb, 2, 32), 2).reshape(R, nb * 16, 16)
     return {"qs": pack_slots(low, 4, 2),  # [R, ns * 2]
-            "qh": pack_words(high, 2)[..., 0],  # [R, ns]
+            "qh": pack_high(high, 2, 2),  # [R, ns]
             "sc": blocks[..., 192:208].contiguous().view(torch.int8).reshape(R, nb * 16),  # [R, ns]
             "sd": f16_field(blocks, 208)}  # [R, nb]
 
 
 def _torch_q6_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     R = p["qs"].shape[0]
-    q = torch_fields(p["qs"], 4, 2) | (torch_high(p["qh"], 2, 16) << 4)  # [R, ns, 16]
+    q = torch_fields(p["qs"], 4, 2) | (torch_high(p["qh"], 2, 2, 8) << 4)  # [R, ns, 16]
     d = p["sd"].float().repeat_interleave(16, dim=1)  # [R, ns]
     ds = (d * p["sc"].float())[..., None]  # [R, ns, 1]
     return (ds * (q.float() - 32)).reshape(R, K)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import (Format, codes_f32, f16_field, field_scale, pack_slots, pack_words, slot_field,
+from .formats import (Format, codes_f32, f16_field, field_scale, pack_high, pack_slots, slot_field,
                       slot_words, torch_fields, torch_high, unpack_fields, word_order)
 
 
@@ -59,12 +59,12 @@ Q4_0 = Format(T.Q4_0, slot=32, V=4, P=8, pack=_pack_q4_0, dequantize=_torch_q4_0
 
 def _pack_q5_0(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, nb, 22]
     return {"qs": pack_slots(_nibble_codes(blocks[..., 6:]), 4, 4),  # [R, nb * 4]
-            "qh": pack_words(_high_bits(blocks[..., 2:6]), 1)[..., 0],  # [R, nb]
+            "qh": pack_high(_high_bits(blocks[..., 2:6]), 1, 4),  # [R, nb]
             "sc": f16_field(blocks, 0)}  # [R, nb]
 
 
 def _torch_q5_0(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
-    q = (torch_fields(p["qs"], 4, 4) | (torch_high(p["qh"], 1, 32) << 4)).float() - 16  # [R, ns, 32]
+    q = (torch_fields(p["qs"], 4, 4) | (torch_high(p["qh"], 1, 4, 8) << 4)).float() - 16  # [R, ns, 32]
     return (q * p["sc"].float()[..., None]).reshape(-1, K)
 
 

@@ -9,10 +9,11 @@ spread over up to four *planes*, each a contiguous tensor with one row per outpu
     sc        [N, n_slots]       the per-slot scale field(s)
     sd        [N, n_slots // S]  the per-super-block fp16 fields (K-quants)
 
-Value j = i * V + v of a slot is field i (lowest bits first) of qs word v, and its
-top bits are bits HBITS * j of the qh word. Field-major order: one thread loads a
-slot's V words with one 8- or 16-byte load, and field i of its V words are V
-consecutive k, whose activations come in as one vector load. These are the same
+Field i (lowest bits first) of qs word v holds the value at k position
+slot_positions(V, P)[v, i] of the slot, and its top bits (if any) sit at bit
+4 i + HBITS v of the slot's qh word. One thread loads a slot's V words with one 8- or
+16-byte load; fields 2m and 2m+1 of its V words are 2V consecutive k, whose
+activations come in as one vector load and are split in registers. These are the same
 bits as the file, re-ordered (K-quants' 6-bit scales and mins are widened to a byte
 each: +4 bytes per 144-byte Q4_K block), so a token reads about the GGUF size.
 
@@ -79,10 +80,21 @@ def pack_words(vals: torch.Tensor, bits: int) -> torch.Tensor:
     return packed.contiguous().view(torch.int32)  # [..., n * bits / 32]
 
 
+def slot_positions(V: int, P: int, device=None) -> torch.Tensor:
+    """k position inside the slot of field i of word v: int64 [V, P]. Fields come in
+    pairs (2m, 2m+1) whose V words' values are 2V consecutive k, interleaved
+    (word v's field 2m at 2v, field 2m+1 at 2v+1): one 16-byte load of bf16
+    activations per pair, split in registers."""
+    v = torch.arange(V, device=device)[:, None]  # [V, 1]
+    i = torch.arange(P, device=device)[None, :]  # [1, P]
+    if P == 1:
+        return v
+    return (i // 2) * (2 * V) + 2 * v + (i % 2)  # [V, P]
+
+
 def word_order(vals: torch.Tensor, V: int, P: int) -> torch.Tensor:
-    """Slot values in k order [R, ns, P * V] -> in word order [R, ns, V * P]
-    (value i * V + v goes to word v, field i)."""
-    return vals.reshape(*vals.shape[:-1], P, V).transpose(-1, -2).flatten(-2)
+    """Slot values in k order [..., V * P] -> word order (word v, field i) [..., V * P]."""
+    return vals[..., slot_positions(V, P, vals.device).flatten()]
 
 
 def pack_slots(vals: torch.Tensor, bits: int, V: int) -> torch.Tensor:
@@ -90,19 +102,32 @@ def pack_slots(vals: torch.Tensor, bits: int, V: int) -> torch.Tensor:
     return pack_words(word_order(vals, V, 32 // bits), bits).flatten(1)
 
 
+def pack_high(high: torch.Tensor, bits: int, V: int) -> torch.Tensor:
+    """Top bits of each slot's values in k order, uint8 [R, ns, slot] -> the qh word
+    [R, ns]: field i of word v at bit bits * (i * V + v) = 4 i + bits * v."""
+    P = high.shape[-1] // V
+    by_field = high[..., slot_positions(V, P, high.device).T.flatten()]  # [R, ns, P * V]
+    return pack_words(by_field, bits)[..., 0]
+
+
 def torch_fields(qs: torch.Tensor, bits: int, V: int) -> torch.Tensor:
-    """The inverse of pack_slots: int32 [R, ns * V] -> codes in k order [R, ns, P * V] (int32)."""
+    """The inverse of pack_slots: int32 [R, ns * V] -> codes in k order [R, ns, V * P] (int32)."""
     P = 32 // bits
     words = qs.reshape(qs.shape[0], -1, V)  # [R, ns, V]
     shift = torch.arange(P, dtype=torch.int32, device=qs.device) * bits  # [P]
     f = (words.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, V, P]
-    return f.transpose(-1, -2).flatten(-2)  # [R, ns, P * V]
+    out = torch.empty_like(f.flatten(-2))  # [R, ns, V * P]
+    out[..., slot_positions(V, P, qs.device).flatten()] = f.flatten(-2)
+    return out
 
 
-def torch_high(qh: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """The qh word of each slot -> the top bits of its n values in k order: [R, ns, n] (int32)."""
-    shift = torch.arange(n, dtype=torch.int32, device=qh.device) * bits  # [n]
-    return (qh.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, n]
+def torch_high(qh: torch.Tensor, bits: int, V: int, P: int) -> torch.Tensor:
+    """The inverse of pack_high: int32 [R, ns] -> top bits in k order [R, ns, V * P] (int32)."""
+    shift = torch.arange(V * P, dtype=torch.int32, device=qh.device) * bits  # [P * V], field-major
+    h = (qh.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, P * V]
+    out = torch.empty_like(h)
+    out[..., slot_positions(V, P, qh.device).T.flatten()] = h
+    return out
 
 
 # --- device-side helpers (Triton) ----------------------------------------------------
@@ -177,7 +202,7 @@ def codes_f32(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr
     if HBITS == 0:
         out = f - (8388608.0 + BIAS * (1 << POS))
     else:
-        # top bits of value j = I * V + v sit at bit HBITS * j = 4 * I + HBITS * v of h
+        # the top bits of field I of word v sit at bit 4 * I + HBITS * v of h
         v = tl.arange(0, words.shape[2])[None, None, :] * HBITS  # [1, 1, V]
         if I < LOW:
             top = h[:, :, None] << (4 - v)  # to bit POS + 4 = 4 * I + 4

@@ -24,20 +24,29 @@ import triton.language as tl
 
 from .qweight import QuantWeight
 
-MAX_BW = 8              # x rows per program: one named accumulator each below
+MAX_BW = 8              # x rows per program: one named accumulator each below (fewer
+                        # with more weight rows per thread, to stay within 255 registers)
 NUM_WARPS = 4
 SLOTS_PER_STEP = 128    # NT: one slot per thread with 4 warps
 ROWS_PER_THREAD = 2     # weight rows per thread: they share each x vector load
 
 
 @triton.jit
-def _row_fma(acc, w, x_row, xoff, xmask, EVEN: tl.constexpr):
-    """acc [NT, BN, V] + w [NT, BN, V] * one x row at xoff [NT, 1, V], fused."""
+def _row_fma(acc, w_a, w_b, x_row, xoff, xmask, PAIR: tl.constexpr, EVEN: tl.constexpr):
+    """acc [NT, BN, V] + the products of one x row with the dequantized fields w_a (and
+    w_b, if PAIR) [NT, BN, V], as fused multiply-adds in that order. The activations
+    of a field pair are one load [NT, 1, V, 2], split in registers."""
     if EVEN:
-        xv = tl.load(x_row + xoff)  # [NT, 1, V]
+        xv = tl.load(x_row + xoff).to(tl.float32)  # [NT, 1, 2V] or [NT, 1, V]
     else:
-        xv = tl.load(x_row + xoff, mask=xmask, other=0.0)
-    return tl.fma(w, xv.to(tl.float32), acc)
+        xv = tl.load(x_row + xoff, mask=xmask, other=0.0).to(tl.float32)
+    if PAIR:
+        # loaded flat so that the compiler sees 2V contiguous values (one vector load)
+        x_a, x_b = tl.split(tl.reshape(xv, (xv.shape[0], 1, xv.shape[2] // 2, 2)))  # [NT, 1, V] each
+        out = tl.fma(w_b, x_b, tl.fma(w_a, x_a, acc))
+    else:
+        out = tl.fma(w_a, xv, acc)
+    return out
 
 
 @triton.jit
@@ -77,25 +86,31 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
     acc5 = tl.zeros([NT, BN, V], tl.float32)
     acc6 = tl.zeros([NT, BN, V], tl.float32)
     acc7 = tl.zeros([NT, BN, V], tl.float32)
-    vv = tl.arange(0, V)[None, None, :]  # [1, 1, V]
+    PAIR: tl.constexpr = P > 1
+    # k offsets of a field pair (2m, 2m+1) of the V words: 2v and 2v+1, so 2V in a row
+    koff = tl.arange(0, 2 * V if PAIR else V)[None, None, :]  # [1, 1, 2V]
     for s0 in range(0, n_slots, NT):
         words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
         u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
         xmask = u < n_slots
-        for i in tl.static_range(P):
-            w = FIELD(words, h, s1, s2, i, one)  # [NT, BN, V] float32: field i of each word
-            xoff = u * (V * P) + i * V + vv  # [NT, 1, V]: value i * V + v of the slot
-            acc0 = _row_fma(acc0, w, x0, xoff, xmask, EVEN)
+        for i in tl.static_range(0, P, 2 if PAIR else 1):
+            w_a = FIELD(words, h, s1, s2, i, one)  # [NT, BN, V] float32: field i of each word
+            if PAIR:
+                w_b = FIELD(words, h, s1, s2, i + 1, one)
+            else:
+                w_b = w_a
+            xoff = u * (V * P) + i * V + koff  # [NT, 1, 2V]: the pair's 2V consecutive k
+            acc0 = _row_fma(acc0, w_a, w_b, x0, xoff, xmask, PAIR, EVEN)
             if BW > 1:
-                acc1 = _row_fma(acc1, w, x1, xoff, xmask, EVEN)
+                acc1 = _row_fma(acc1, w_a, w_b, x1, xoff, xmask, PAIR, EVEN)
             if BW > 2:
-                acc2 = _row_fma(acc2, w, x2, xoff, xmask, EVEN)
-                acc3 = _row_fma(acc3, w, x3, xoff, xmask, EVEN)
+                acc2 = _row_fma(acc2, w_a, w_b, x2, xoff, xmask, PAIR, EVEN)
+                acc3 = _row_fma(acc3, w_a, w_b, x3, xoff, xmask, PAIR, EVEN)
             if BW > 4:
-                acc4 = _row_fma(acc4, w, x4, xoff, xmask, EVEN)
-                acc5 = _row_fma(acc5, w, x5, xoff, xmask, EVEN)
-                acc6 = _row_fma(acc6, w, x6, xoff, xmask, EVEN)
-                acc7 = _row_fma(acc7, w, x7, xoff, xmask, EVEN)
+                acc4 = _row_fma(acc4, w_a, w_b, x4, xoff, xmask, PAIR, EVEN)
+                acc5 = _row_fma(acc5, w_a, w_b, x5, xoff, xmask, PAIR, EVEN)
+                acc6 = _row_fma(acc6, w_a, w_b, x6, xoff, xmask, PAIR, EVEN)
+                acc7 = _row_fma(acc7, w_a, w_b, x7, xoff, xmask, PAIR, EVEN)
     _store_row(out, acc0, m0 + 0, W, N, n_out)
     if BW > 1:
         _store_row(out, acc1, m0 + 1, W, N, n_out)
@@ -149,7 +164,7 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
         return out.copy_(qmatmul_torch(x, w))
     x = x if x.stride(1) == 1 else x.contiguous()
     BN, NT, num_warps = tile(w, rows_per_thread, slots_per_step, num_warps)
-    BW = min(MAX_BW, triton.next_power_of_2(W))
+    BW = min(MAX_BW, 16 // rows_per_thread, triton.next_power_of_2(W))
     grid = (triton.cdiv(N, BN) * triton.cdiv(W, BW),)
     fmt = w.fmt
     _qmatmul_kernel[grid](x, out, *w.plane_args(), W, N, x.stride(0), 1, n_slots=w.n_slots,
