@@ -109,6 +109,11 @@ class Engine:
             model = load_model(f, ctx, progress)
         return cls(f, model, tok, tmpl, ctx)
 
+    def reset(self) -> None:
+        """Forget the cached conversation: the next prompt is prefilled whole."""
+        self.cache.truncate(0)
+        self.cached = []
+
     # -- prompts ----------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
@@ -127,13 +132,16 @@ class Engine:
             raise ValueError("the prompt is empty")
 
     # -- generation -------------------------------------------------------------------
-    def prefill(self, ids: list[int], stats: GenStats) -> torch.Tensor:
+    def prefill(self, ids: list[int], stats: GenStats,
+                cancel: Callable[[], bool] | None = None) -> torch.Tensor | None:
         """Make the cache hold `ids`, re-using the longest common prefix; logits of the last row.
 
         The last prompt row always goes through the W = 1 decode path, alone: the
         logits that choose the first token then come from the same arithmetic as every
         later token, and a repeated request (which re-uses all rows but that one)
-        computes it exactly as the first time did, so it gets the same output."""
+        computes it exactly as the first time did, so it gets the same output.
+        `cancel()` is asked before each chunk; if it says so, prefill stops (the cache
+        keeps the rows done so far) and None is returned."""
         t0 = time.perf_counter()
         common = 0
         for a, b in zip(self.cached, ids):
@@ -145,8 +153,10 @@ class Engine:
         self.cached = ids[:common]
         chunk = DEFAULTS.engine.prefill_chunk
         for s in range(common, len(ids) - 1, chunk):
+            if cancel is not None and cancel():
+                return None
             part = ids[s:min(s + chunk, len(ids) - 1)]
-            self.model.forward(torch.tensor(part), s, self.cache)
+            self.model.forward(torch.tensor(part), s, self.cache, logits=False)
             self.cached = ids[:s + len(part)]
         logits, _ = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
         self.cached = list(ids)
@@ -157,7 +167,8 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
                  stop_ids: set[int] | None = None, gen: Generation | None = None,
-                 spec: SpecConfig = SpecConfig(), logprobs: int | None = None) -> Iterator[int]:
+                 spec: SpecConfig = SpecConfig(), logprobs: int | None = None,
+                 cancel: Callable[[], bool] | None = None) -> Iterator[int]:
         """Yield generated token ids as decode rounds commit them; `gen` (if given)
         receives tokens, stats and finish_reason. Stops at an end-of-generation token
         (not yielded), at max_tokens, or when the context is full.
@@ -165,14 +176,19 @@ class Engine:
         Each round forwards the last committed token plus the drafts (W rows), accepts
         the longest agreeing prefix plus a bonus token, and rolls the cache back past it.
         With no drafter every round has W = 1: plain decoding is the same loop.
-        logprobs=k records each token's log-probability and the top k (0: just its own)."""
+        logprobs=k records each token's log-probability and the top k (0: just its own).
+        cancel() is polled between prefill chunks (a long prompt can be abandoned);
+        during decoding, closing the generator is the way to stop."""
         self.check_fits(len(prompt_ids))
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
         sampler = Sampler(sampling)
         drafter = spec.make_drafter()
         prompt = list(prompt_ids)
-        logits = self.prefill(prompt, gen.stats)
+        logits = self.prefill(prompt, gen.stats, cancel)
+        if logits is None:
+            gen.finish_reason = "cancelled"
+            return
         t0 = time.perf_counter()
         try:
             to_emit = [sampler.sample(logits)]

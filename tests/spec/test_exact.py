@@ -10,7 +10,8 @@ import torch
 from alphallama.engine import Engine, Generation
 from alphallama.spec.config import SpecConfig
 from alphallama.spec.replay import replay
-from conftest import SHARED
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from conftest import SHARED, VOCAB
 
 SUITE = [json.loads(line) for line in (SHARED / "bench" / "arena-public.jsonl").read_text().splitlines() if line.strip()]
 NGRAM = SpecConfig("ngram", draft_max=16, ngram_min=2)
@@ -88,6 +89,25 @@ def test_fast_mode_runs_and_is_labelled(stories):
     g = Generation()
     out = list(stories.generate(ids, 300, gen=g, spec=fast))
     assert len(out) == 300 and g.stats.rounds < 299 and g.stats.draft_n_accepted > 0
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-qwen3moe"])
+def synthetic(request, tmp_path_factory):
+    """A random-weight model with the real Qwen2 tokenizer and ChatML template; its
+    greedy output repeats itself, so the copy drafter gets long accepted runs."""
+    path = tmp_path_factory.mktemp("syn") / f"{request.param}.gguf"
+    write_synthetic(PRESETS[request.param](n_layers=2, quant="Q8_0", seed=4, ctx_len=4096,
+                                           vocab_from=str(VOCAB / "ggml-vocab-qwen2.gguf")), path)
+    return Engine.load(str(path), ctx_size=4096)
+
+
+def test_column_rotation_synthetic(synthetic):
+    column_rotation(synthetic.model, synthetic.cfg.vocab_size, widths=[1, 2, 3, 5, 8, 16])
+
+
+def test_spec_equals_plain_synthetic_suite(synthetic):
+    total = assert_spec_equals_plain(synthetic, raw=False, budget=40)
+    assert total.accepted > 0
 
 
 @pytest.mark.slow

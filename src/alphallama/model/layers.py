@@ -78,8 +78,3 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Ten
         y = swiglu(x[rows], gate[e], up[e], down[e])           # [n_e, D]
         out.index_add_(0, rows, y * weights[rows, slot, None])
     return out
-
-
-def fake_f16(x: torch.Tensor) -> torch.Tensor:
-    """Round to f16 precision, keep the f32 dtype: what an f16 KV cache stores."""
-    return x.half().float()

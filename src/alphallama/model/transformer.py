@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
 from ..runtime.kv_cache import KVCache
-from .layers import apply_rope, attention, fake_f16, moe, rms_norm, rope_tables, swiglu
+from .layers import apply_rope, attention, moe, rms_norm, rope_tables, swiglu
 
 
 class Transformer:
@@ -42,11 +42,8 @@ class Transformer:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
         cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
-        # K/V are kept at f16 precision, as llama.cpp's default cache (and our GPU cache)
-        # does; q meets them in f16 there too
-        q = fake_f16(apply_rope(q, cos, sin, c.rope_neox))
-        k = fake_f16(apply_rope(k, cos, sin, c.rope_neox))
-        v = fake_f16(v)
+        q = apply_rope(q, cos, sin, c.rope_neox)
+        k = apply_rope(k, cos, sin, c.rope_neox)
         cache.k[i, :, pos:pos + T] = k.transpose(0, 1)                           # [n_kv, T, hd]
         cache.v[i, :, pos:pos + T] = v.transpose(0, 1)
         a = attention(q, cache.k[i, :, :pos + T], cache.v[i, :, :pos + T], pos)  # [T, H*hd]
@@ -61,11 +58,14 @@ class Transformer:
         return x + f
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache,
+                logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Run T rows at positions pos..pos+T-1, writing their K/V into the cache.
 
         tokens: [T] int64 -> (logits [T, V] float32, final hidden state [T, D]).
-        The cache's committed length becomes pos+T.
+        The cache's committed length becomes pos+T. logits=False skips the output head
+        (prefill chunks whose logits nobody reads: on a 150k vocabulary the head costs
+        more than the layers of a small model).
         """
         T = tokens.shape[0]
         if pos > cache.length or pos + T > cache.max_len:
@@ -74,6 +74,8 @@ class Transformer:
         for i in range(self.cfg.n_layers):
             x = self._layer(i, x, pos, cache)
         cache.length = pos + T
+        if not logits:
+            return None, x
         h = rms_norm(x, self.w["output_norm.weight"], self.cfg.norm_eps)
         return F.linear(h, self.output), x
 

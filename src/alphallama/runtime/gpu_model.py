@@ -186,9 +186,12 @@ class GPUModel:
         self.capture_s = time.perf_counter() - t0
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache,
+                logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Rows at pos..pos+T-1 in chunks of up to 64 (each through its bucket's graph).
-        Returns (logits [T, V], hidden [T, D]) on the device."""
+        Returns (logits [T, V], hidden [T, D]) on the device; the graph's outputs are
+        static buffers, valid until the next call. logits=False returns None for them
+        (the graphs compute the head anyway)."""
         T = tokens.shape[0]
         if pos > cache.length or pos + T > cache.max_len:
             raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
@@ -211,8 +214,10 @@ class GPUModel:
                 outs.append(self._rows(part, self._pos, cache))
         cache.length = pos + T
         if len(outs) == 1:
-            return outs[0]
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            out = outs[0]
+        else:
+            out = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        return (out if logits else (None, out[1]))
 
     def verify(self, tokens: torch.Tensor, pos: int, cache: KVCache, exact: bool = True):
         """Every kernel is row-invariant, so exact and fast verify are the same batched pass."""

@@ -184,7 +184,7 @@ class EngineWorker:
                 self._run(engine, job)
             except Exception as e:   # the worker must survive anything one request does
                 log.exception("generation failed")
-                engine.cached = []   # the cache's contents are unknown now: the next prompt is prefilled whole
+                engine.reset()   # the cache's contents are unknown now: the next prompt is prefilled whole
                 self.metrics.request(job.request.endpoint, "error")
                 job.emit(Failed(APIError("server", f"generation failed: {type(e).__name__}: {e}")))
             finally:
@@ -202,7 +202,7 @@ class EngineWorker:
         pending: list[tuple[int, float, list[tuple[int, float]]]] = []
         finish: str | None = None
         tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=gen, spec=self.spec,
-                                 logprobs=r.n_logprobs)
+                                 logprobs=r.n_logprobs, cancel=job.cancelled.is_set)
         try:
             for tid in tokens:
                 if r.n_logprobs is not None:
