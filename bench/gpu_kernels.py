@@ -144,7 +144,7 @@ def main() -> None:
                             "power.draw,temperature.gpu,pcie.link.gen.current", "--format=csv"]),
         "torch": torch.__version__, "triton": __import__("triton").__version__,
         "python": sys.version.split()[0],
-        "commit": _run(["git", "rev-parse", "HEAD"]) or os.environ.get("GIT_COMMIT", "?"),
+        "commit": os.environ.get("GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"]),
         "command": " ".join(sys.argv),
         "correctness": [], "rotation": [], "timing": [],
     }
