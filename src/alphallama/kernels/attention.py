@@ -80,14 +80,14 @@ def _attn_combine_kernel(O, M, L, OUT, n_splits: tl.constexpr, stride_ow, stride
         w = tl.exp(tl.load(M + base + s) - m)
         l_sum += tl.load(L + base + s) * w
         acc += tl.load(O + row * stride_ow + h * stride_oh + s * stride_os + d) * w
-    tl.store(OUT + row * stride_outw + h * HD + d, acc / l_sum)
+    tl.store(OUT + row * stride_outw + h * HD + d, (acc / l_sum).to(OUT.dtype.element_ty))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                     max_len: int, scratch: dict | None = None) -> torch.Tensor:
+                     max_len: int, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
-    -> [W, n_heads * hd] float32. The grid covers max_len, so it is the same for every
+    -> [W, n_heads * hd] in out_dtype. The grid covers max_len, so it is the same for every
     position (capturable); splits past a row's length exit at once."""
     W, n_heads, hd = q.shape
     n_kv = k_cache.shape[0]
@@ -96,7 +96,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     o = torch.empty(W, n_heads, n_splits, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
     m = torch.empty(W, n_heads, n_splits, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
-    out = torch.empty(W, n_heads * hd, device=q.device, dtype=torch.float32)
+    out = torch.empty(W, n_heads * hd, device=q.device, dtype=out_dtype)
     _attn_split_kernel[(W, n_kv, n_splits)](
         q, k_cache, v_cache, o, m, l, pos, hd ** -0.5,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),

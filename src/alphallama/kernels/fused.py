@@ -21,14 +21,15 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
         x += tl.load(Y + row * D + d, mask=mask, other=0.0)
         tl.store(X + row * D + d, x, mask=mask)
     r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
-    tl.store(H + row * D + d, x * r * tl.load(Wt + d, mask=mask, other=0.0), mask=mask)
+    tl.store(H + row * D + d, (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty), mask=mask)
 
 
 def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """x += y (in place, when y is given); returns rmsnorm(x) * w. x, y: [W, D] fp32."""
+                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x += y (in place, when y is given); returns rmsnorm(x) * w in out_dtype (bf16 on
+    the GPU: the quantized GEMV reads half the activation bytes). x, y: [W, D] fp32."""
     W, D = x.shape
-    out = torch.empty_like(x) if out is None else out
+    out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
                               HAS_Y=y is not None)
     return out
@@ -48,14 +49,14 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr):
     mask = f < F
     g = tl.load(GU + row * 2 * F + f, mask=mask, other=0.0)
     u = tl.load(GU + row * 2 * F + F + f, mask=mask, other=0.0)
-    tl.store(OUT + row * F + f, g / (1.0 + tl.exp(-g)) * u, mask=mask)
+    tl.store(OUT + row * F + f, (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F]."""
+def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F] in out_dtype."""
     W, F2 = gu.shape
     F = F2 // 2
-    out = torch.empty(W, F, device=gu.device, dtype=torch.float32)
+    out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
     BLOCK = 1024
     _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK)
     return out

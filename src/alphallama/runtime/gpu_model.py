@@ -34,6 +34,9 @@ from ..model.layers import rope_tables
 from .kv_cache import KVCache
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+# weight rows per GEMV thread: 4 beats 2 at W=1 and W=8 on the H200 (kernels/NOTES.md);
+# it is part of a weight's summation order, so one model always uses one value
+ROWS_PER_THREAD = 4
 MAX_W = BUCKETS[-1]
 
 
@@ -65,7 +68,7 @@ class Linear:
         self.nbytes = sum(w.nbytes for w in self.weights)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [qmatmul(x, w) for w in self.weights]
+        outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
@@ -130,6 +133,10 @@ class GPUModel:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.cache: KVCache | None = None
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        # activations into the quantized GEMV: bf16 on the GPU (half the bytes it re-reads
+        # per weight tile; 2.4x faster at W=1 than fp32, kernels/NOTES.md); the residual
+        # stream stays fp32. The CPU interpreter (tests) keeps fp32.
+        self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.capture_s = 0.0
 
     # -- the round ---------------------------------------------------------------------
@@ -151,16 +158,17 @@ class GPUModel:
         W = tokens.shape[0]
         x = dequantize(self.embd[tokens], self.embd_qtype, (W, c.d_model))        # [W, D]
         kv_len = cache.k.shape[2]
-        h = add_rmsnorm(x, None, self.layers[0].attn_norm, c.norm_eps)
+        act = self.act_dtype
+        h = add_rmsnorm(x, None, self.layers[0].attn_norm, c.norm_eps, act)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(h)                                                          # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)   # [W, H, hd]
-            a = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len)           # [W, H*hd]
-            h = add_rmsnorm(x, L.o(a), L.ffn_norm, c.norm_eps)                     # x += o(a)
-            d = L.down(silu_mul(L.gate_up(h)))                                     # [W, D]
+            a = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act)      # [W, H*hd]
+            h = add_rmsnorm(x, L.o(a), L.ffn_norm, c.norm_eps, act)                # x += o(a)
+            d = L.down(silu_mul(L.gate_up(h), act))                                # [W, D]
             nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
-            h = add_rmsnorm(x, d, nxt, c.norm_eps)
+            h = add_rmsnorm(x, d, nxt, c.norm_eps, act)
         return self.output(h), x
 
     def capture(self) -> None:
@@ -206,10 +214,10 @@ class GPUModel:
                 self._tokens[:W].copy_(part)
                 if b > W:   # padding rows: any token; their K/V land past the real rows and are overwritten later
                     self._tokens[W:b].fill_(0)
-                g, logits, hidden = self.graphs[b]
+                g, g_logits, g_hidden = self.graphs[b]
                 g.replay()
                 # the graph's outputs are static buffers: later chunks would overwrite them
-                outs.append((logits[:W], hidden[:W]) if T <= MAX_W else (logits[:W].clone(), hidden[:W].clone()))
+                outs.append((g_logits[:W], g_hidden[:W]) if T <= MAX_W else (g_logits[:W].clone(), g_hidden[:W].clone()))
             else:
                 outs.append(self._rows(part, self._pos, cache))
         cache.length = pos + T
