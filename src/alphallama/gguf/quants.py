@@ -307,7 +307,7 @@ def quant_type(qtype: T | int) -> type[QuantType]:
     return q
 
 
-def _as_bytes(raw: torch.Tensor | np.ndarray) -> torch.Tensor:
+def as_bytes(raw: torch.Tensor | np.ndarray) -> torch.Tensor:
     """Any array or tensor, reinterpreted as its flat bytes (uint8 [n_bytes])."""
     if isinstance(raw, np.ndarray):
         # torch cannot wrap a read-only array (an mmap'd file) without a warning and
@@ -329,7 +329,7 @@ def dequantize(raw: torch.Tensor | np.ndarray, qtype: T | int, shape: tuple[int,
     if not shape or shape[-1] % q.block_size:
         raise ValueError(f"{q.qtype.name}: row length of shape {shape} is not a multiple "
                          f"of the block size {q.block_size}")
-    data = _as_bytes(raw)  # [n_bytes]
+    data = as_bytes(raw)  # [n_bytes]
     n_bytes = n_values // q.block_size * q.type_size
     if data.numel() != n_bytes:
         raise ValueError(f"{q.qtype.name} tensor of shape {shape} needs {n_bytes} bytes, got {data.numel()}")

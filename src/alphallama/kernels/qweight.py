@@ -17,6 +17,7 @@ from gguf.constants import GGMLQuantizationType
 from .fmt_float import BF16, F16, F32
 from .fmt_kquant import Q4_K, Q5_K, Q6_K
 from .fmt_legacy import Q4_0, Q5_0, Q8_0
+from ..gguf.quants import as_bytes
 from .formats import PLANES, Format
 
 FORMATS: dict[GGMLQuantizationType, Format] = {
@@ -32,14 +33,6 @@ def format_of(qtype: GGMLQuantizationType | int) -> Format:
         raise ValueError(f"no GPU kernel for {GGMLQuantizationType(qtype).name} "
                          f"(supported: {', '.join(t.name for t in FORMATS)})")
     return fmt
-
-
-def _flat_bytes(raw: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Any array's bytes as a flat uint8 tensor (a copy for read-only numpy arrays)."""
-    if isinstance(raw, np.ndarray):
-        raw = np.ascontiguousarray(raw) if raw.flags.writeable else np.array(raw, order="C")
-        raw = torch.from_numpy(raw.reshape(-1).view(np.uint8))
-    return raw.contiguous().reshape(-1).view(torch.uint8)  # [n_bytes]
 
 
 @dataclass(frozen=True)
@@ -62,7 +55,7 @@ class QuantWeight:
             raise ValueError(f"{fmt.qtype.name}: K={K} is not a multiple of the block size {fmt.block_size}")
         rows = math.prod(shape[:-1])
         nb = K // fmt.block_size
-        data = _flat_bytes(raw)
+        data = as_bytes(raw)
         if data.numel() != rows * nb * fmt.type_size:
             raise ValueError(f"{fmt.qtype.name} {shape} needs {rows * nb * fmt.type_size} bytes, got {data.numel()}")
         data = data.reshape(rows, nb, fmt.type_size)  # [R, nb, type_size]
