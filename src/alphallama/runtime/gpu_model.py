@@ -7,6 +7,9 @@ size); nothing is dequantized to bf16 ahead of time. A round of W rows is
           -> split-KV attention -> o qmatmul -> [add+RMSNorm] -> gate|up qmatmul
           -> SiLU*up -> down qmatmul -> ... -> [add+RMSNorm] -> output qmatmul
 
+(an MoE layer's FFN is: router qmatmul -> softmax/top-k -> gate|up+SiLU of its k
+experts -> down + weighted sum, kernels/moe.py, the expert ids never leaving the device)
+
 and every kernel gives a row the same bits whatever W and its column, so verify,
 plain decode and prefill (chunks of up to 64 rows through the same graphs) agree
 bit for bit: exact mode needs no per-row loop here, and KV rows re-used across
@@ -28,6 +31,7 @@ from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention
 from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
+from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
@@ -72,6 +76,40 @@ class Linear:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
+def _expert_rows(p: TensorInfo) -> torch.Tensor:
+    """An [E, N, K] tensor's bytes as uint8 [E, N, row_bytes]."""
+    E, N, _ = p.shape
+    return torch.from_numpy(p.data.reshape(E, N, -1).view("uint8").copy())
+
+
+class MoE:
+    """Routed experts: router [E, D] (F32 in GGUF files, through qmatmul: row-invariant,
+    unlike a cuBLAS GEMM whose kernel may change with W), gate|up fused along N per
+    expert [E, 2F, D], down [E, D, F]."""
+
+    def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
+                 norm: bool, device):
+        if gate.qtype != up.qtype:
+            raise NotImplementedError(f"experts' gate and up of different types ({gate.qtype.name}, "
+                                      f"{up.qtype.name}) are not supported on the GPU")
+        E, F, D = gate.shape
+        self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
+        # gate rows then up rows of each expert: GGUF rows are independent runs of blocks
+        raw = torch.cat([_expert_rows(gate), _expert_rows(up)], dim=1)           # [E, 2F, row_bytes]
+        self.gate_up = QuantWeight.from_raw(raw, gate.qtype, (E, 2 * F, D), device)
+        self.down = QuantWeight.from_raw(down.data, down.qtype, tuple(down.shape), device)
+        self.top_k, self.norm = top_k, norm
+        # what one row reads: the router and k of the E experts
+        self.nbytes = self.router.nbytes + (self.gate_up.nbytes + self.down.nbytes) * top_k // E
+
+    def __call__(self, h: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor:
+        """h [W, D] -> [W, D] fp32."""
+        weights, experts = moe_route(qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD),
+                                     self.top_k, self.norm)                       # [W, k] each
+        act = moe_gate_up(h, self.gate_up, experts, act_dtype, rows_per_thread=ROWS_PER_THREAD)  # [W, k, F]
+        return moe_down(act, self.down, experts, weights, rows_per_thread=ROWS_PER_THREAD)
+
+
 @dataclass
 class GPULayer:
     attn_norm: torch.Tensor
@@ -81,8 +119,14 @@ class GPULayer:
     k_norm: torch.Tensor | None
     o: Linear
     ffn_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None       # dense FFN
+    down: Linear | None
+    moe: MoE | None = None       # routed experts instead
+
+    @property
+    def nbytes(self) -> int:
+        ffn = self.moe.nbytes if self.moe is not None else self.gate_up.nbytes + self.down.nbytes
+        return self.qkv.nbytes + self.o.nbytes + ffn
 
 
 class GPUModel:
@@ -91,8 +135,6 @@ class GPUModel:
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None):
         cfg = load_config(f)
-        if cfg.is_moe:
-            raise NotImplementedError("the GPU runtime does not run MoE models yet; use --device cpu")
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
         self.cfg: ModelConfig = cfg
@@ -106,6 +148,10 @@ class GPUModel:
             bias = None
             if cfg.qkv_bias:
                 bias = torch.cat([vec(p + f"attn_{n}.bias") for n in "qkv"])
+            moe, dense = None, not cfg.is_moe
+            if cfg.is_moe:
+                moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
+                          t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device),
@@ -114,8 +160,9 @@ class GPUModel:
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
                 o=Linear([t[p + "attn_output.weight"]], self.device),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device),
-                down=Linear([t[p + "ffn_down.weight"]], self.device),
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device) if dense else None,
+                down=Linear([t[p + "ffn_down.weight"]], self.device) if dense else None,
+                moe=moe,
             ))
             if progress is not None:
                 progress(f"layer {i}", 0)
@@ -126,8 +173,8 @@ class GPUModel:
         self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)  # [V, row_bytes]
         cos, sin = rope_tables(max_len + MAX_W, cfg.rope_dim, cfg.rope_base)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
-        self.weight_bytes = sum(l.qkv.nbytes + l.o.nbytes + l.gate_up.nbytes + l.down.nbytes for l in self.layers) \
-            + self.output.nbytes
+        # bytes one row reads (MoE: k of the E experts), the floor's numerator
+        self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -166,7 +213,10 @@ class GPUModel:
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)   # [W, H, hd]
             a = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act)      # [W, H*hd]
             h = add_rmsnorm(x, L.o(a), L.ffn_norm, c.norm_eps, act)                # x += o(a)
-            d = L.down(silu_mul(L.gate_up(h), act))                                # [W, D]
+            if L.moe is not None:
+                d = L.moe(h, act)                                                  # [W, D]
+            else:
+                d = L.down(silu_mul(L.gate_up(h), act))                            # [W, D]
             nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
             h = add_rmsnorm(x, d, nxt, c.norm_eps, act)
         return self.output(h), x

@@ -1,0 +1,202 @@
+"""Routed experts (MoE FFN) on the device, in three launches after the router GEMV:
+
+    route:   router logits [W, E] -> softmax, top-k, renormalise -> weights, expert ids [W, k]
+    gate_up: for every (row, rank): silu(x @ gate[e]^T) * (x @ up[e]^T)   -> act [W, k, F]
+    down:    for every row: sum over ranks j of weight_j * (act_j @ down[e_j]^T) -> [W, D]
+
+Nothing leaves the device (expert ids are read by the kernels from a device tensor),
+so the layer is captured in the round's CUDA graph like the dense FFN.
+
+The GEMVs are qmatmul's (qmatmul.py): the same per-format load/field functions, the
+same tile per weight (qmatmul.tile), explicit FMAs in k order into a [NT, BN, V]
+accumulator, compiled with enable_fp_fusion=False. Each program serves one x row
+(gate_up: one (row, rank) pair; down: one row, its k experts in ascending rank),
+so a row's bits depend only on that row: the same whatever W and its column. There
+is no weight-tile sharing between rows (rows mostly pick different experts anyway).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .qmatmul import ROWS_PER_THREAD, _row_fma, _use_triton, tile
+from .qweight import QuantWeight
+
+NUM_WARPS = 4
+
+
+# -- router: softmax, top-k, renormalise ----------------------------------------------------
+@triton.jit
+def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """One program per row: softmax over the E logits, then TOP_K rounds of argmax (ties
+    go to the lower expert id), the chosen weights renormalised to sum to 1 if NORM."""
+    m = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"))  # [BLOCK_E]
+    p = tl.exp(l - tl.max(l, 0))
+    p = p / tl.sum(p, 0)
+    p = tl.where(e < E, p, -1.0)        # padding lanes are never chosen
+    j = tl.arange(0, BLOCK_K)
+    w = tl.zeros([BLOCK_K], tl.float32)
+    ids = tl.zeros([BLOCK_K], tl.int32)
+    for r in tl.static_range(TOP_K):
+        best = tl.argmax(p, 0)
+        w = tl.where(j == r, tl.max(p, 0), w)
+        ids = tl.where(j == r, best, ids)
+        p = tl.where(e == best, -1.0, p)
+    if NORM:
+        w = w / tl.sum(w, 0)
+    tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
+    tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [W, E] fp32 -> (weights [W, k] fp32, expert ids [W, k] int32), by rank."""
+    if not _use_triton(logits):
+        return moe_route_ref(logits, top_k, norm)
+    W, E = logits.shape
+    logits = logits.contiguous()
+    weights = torch.empty((W, top_k), dtype=torch.float32, device=logits.device)   # [W, k]
+    experts = torch.empty((W, top_k), dtype=torch.int32, device=logits.device)     # [W, k]
+    _route_kernel[(W,)](logits, weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
+                        BLOCK_K=triton.next_power_of_2(top_k), NORM=norm)
+    return weights, experts
+
+
+def moe_route_ref(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """layers.moe's routing in plain torch: (weights [W, k], expert ids [W, k] int32)."""
+    w, ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # [W, k] each
+    if norm:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids.to(torch.int32)
+
+
+# -- the GEMV of one x row against BN rows of one expert ------------------------------------
+@triton.jit
+def _acc_row(acc, x_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+             FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, NT: tl.constexpr):
+    """acc [NT, BN, V] + the products of x_row [K] with weight rows `row` [1, BN] (int64,
+    rows of the flattened [E * N, K] planes), walking K in qmatmul's order."""
+    EVEN: tl.constexpr = n_slots % NT == 0
+    PAIR: tl.constexpr = P > 1
+    koff = tl.arange(0, 2 * V if PAIR else V)[None, None, :]  # [1, 1, 2V]
+    for s0 in range(0, n_slots, NT):
+        words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
+        u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
+        xmask = u < n_slots
+        for i in tl.static_range(0, P, 2 if PAIR else 1):
+            w_a = FIELD(words, h, s1, s2, i, one)  # [NT, BN, V] float32
+            if PAIR:
+                w_b = FIELD(words, h, s1, s2, i + 1, one)
+            else:
+                w_b = w_a
+            xoff = u * (V * P) + i * V + koff  # [NT, 1, 2V]
+            acc = _row_fma(acc, w_a, w_b, x_row, xoff, xmask, PAIR, EVEN)
+    return acc
+
+
+# -- gate + up + SiLU for every selected expert ---------------------------------------------
+@triton.jit(do_not_specialize=["one"])
+def _gate_up_kernel(x, out, experts, qs, qh, sc, sd, F, stride_xw, one, TOP_K: tl.constexpr,
+                    n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr,
+                    P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+    """Program (pair, n block): pair = row * TOP_K + rank. The weight is gate|up fused
+    along N, [E, 2F, K]: gate rows e * 2F + n, up rows e * 2F + F + n."""
+    n_fb = tl.cdiv(F, BN)
+    pair = tl.program_id(0) // n_fb
+    n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)  # [BN]
+    e = tl.load(experts + pair).to(tl.int64)
+    x_row = x + (pair // TOP_K).to(tl.int64) * stride_xw
+    row_g = (e * 2 * F + tl.minimum(n_out, F - 1))[None, :]  # [1, BN]; past F: recompute F-1, not stored
+    g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g, one, n_slots,
+                 LOAD, FIELD, V, P, NT)
+    u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g + F, one, n_slots,
+                 LOAD, FIELD, V, P, NT)
+    g = tl.sum(tl.sum(g, axis=2), axis=0)  # [BN]
+    u = tl.sum(tl.sum(u, axis=2), axis=0)
+    y = g / (1.0 + tl.exp(-g)) * u         # silu(gate) * up, as fused.silu_mul
+    tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
+
+
+def moe_gate_up(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
+                out_dtype: torch.dtype = torch.float32, rows_per_thread: int = ROWS_PER_THREAD) -> torch.Tensor:
+    """x [W, K] (bf16/fp32), gate_up [E, 2F, K] (gate rows then up rows per expert),
+    experts [W, k] int32 -> silu(x @ gate[e]^T) * (x @ up[e]^T) [W, k, F] in out_dtype.
+    rows_per_thread is part of the summation order (qmatmul.tile)."""
+    if len(gate_up.shape) != 3 or gate_up.N % 2 or x.shape[1] != gate_up.K:
+        raise ValueError(f"x {tuple(x.shape)} does not match a fused gate|up weight {gate_up.shape}")
+    W, k = experts.shape
+    F = gate_up.N // 2
+    if not _use_triton(x):
+        return moe_gate_up_ref(x, gate_up, experts).to(out_dtype)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    experts = experts.contiguous()
+    out = torch.empty((W, k, F), dtype=out_dtype, device=x.device)  # [W, k, F]
+    BN, NT, num_warps = tile(gate_up, rows_per_thread, num_warps=NUM_WARPS)
+    fmt = gate_up.fmt
+    _gate_up_kernel[(W * k * triton.cdiv(F, BN),)](
+        x, out, experts, *gate_up.plane_args(), F, x.stride(0), 1, TOP_K=k, n_slots=gate_up.n_slots,
+        LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT,
+        num_warps=num_warps, enable_fp_fusion=False)
+    return out
+
+
+def moe_gate_up_ref(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor) -> torch.Tensor:
+    """Plain torch, fp32 from the planes: [W, k, F]."""
+    gu = gate_up.dequantize()                                # [E, 2F, K]
+    F = gu.shape[1] // 2
+    w = gu[experts.long()]                                   # [W, k, 2F, K]
+    y = torch.einsum("wk,wjnk->wjn", x.float(), w)           # [W, k, 2F]
+    return torch.nn.functional.silu(y[..., :F]) * y[..., F:]
+
+
+# -- down projection + weighted sum over the selected experts -------------------------------
+@triton.jit(do_not_specialize=["one"])
+def _down_kernel(act, out, weights, experts, qs, qh, sc, sd, N, one, TOP_K: tl.constexpr,
+                 n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr,
+                 P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+    """Program (row, n block): its TOP_K experts in ascending rank, each reduced to [BN]
+    and added as weight * value with one FMA, so the sum's order is fixed."""
+    n_nb = tl.cdiv(N, BN)
+    m = (tl.program_id(0) // n_nb).to(tl.int64)
+    n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)  # [BN]
+    nn = tl.minimum(n_out, N - 1)   # past N: recompute N-1, not stored
+    K: tl.constexpr = n_slots * V * P
+    y = tl.zeros([BN], tl.float32)
+    for r in tl.static_range(TOP_K):
+        e = tl.load(experts + m * TOP_K + r).to(tl.int64)
+        wr = tl.load(weights + m * TOP_K + r)
+        acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), act + (m * TOP_K + r) * K, qs, qh, sc, sd,
+                       (e * N + nn)[None, :], one, n_slots, LOAD, FIELD, V, P, NT)
+        y = tl.fma(tl.sum(tl.sum(acc, axis=2), axis=0), wr, y)
+    tl.store(out + m * N + n_out, y, mask=n_out < N)
+
+
+def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
+             rows_per_thread: int = ROWS_PER_THREAD) -> torch.Tensor:
+    """act [W, k, F] (bf16/fp32), down [E, D, F], experts [W, k] int32, weights [W, k]
+    fp32 -> sum_j weights[:, j] * (act[:, j] @ down[experts[:, j]]^T): [W, D] fp32."""
+    W, k, F = act.shape
+    if len(down.shape) != 3 or down.K != F or experts.shape != (W, k) or weights.shape != (W, k):
+        raise ValueError(f"act {tuple(act.shape)}, experts {tuple(experts.shape)}, weights "
+                         f"{tuple(weights.shape)} do not match the down weight {down.shape}")
+    if not _use_triton(act):
+        return moe_down_ref(act, down, experts, weights)
+    D = down.N
+    out = torch.empty((W, D), dtype=torch.float32, device=act.device)  # [W, D]
+    BN, NT, num_warps = tile(down, rows_per_thread, num_warps=NUM_WARPS)
+    fmt = down.fmt
+    _down_kernel[(W * triton.cdiv(D, BN),)](
+        act.contiguous(), out, weights.float().contiguous(), experts.contiguous(), *down.plane_args(), D, 1,
+        TOP_K=k, n_slots=down.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P,
+        BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
+    return out
+
+
+def moe_down_ref(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Plain torch, fp32 from the planes: [W, D]."""
+    w = down.dequantize()[experts.long()]                    # [W, k, D, F]
+    y = torch.einsum("wjf,wjdf->wjd", act.float(), w)        # [W, k, D]
+    return (y * weights.float()[..., None]).sum(1)
