@@ -42,6 +42,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--preset", default="qwen3-8b")
+    ap.add_argument("--small", default="tiny-qwen3", help="preset of the small model for the spec==plain check")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[512, 4096])
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
     path = "/tmp/synth.gguf"
@@ -51,14 +53,14 @@ def main() -> int:
     write_s = time.perf_counter() - t0
     print(f"wrote {path} in {write_s:.1f} s", flush=True)
     res = {"host": host_state(sys.argv), "preset": args.preset, "overrides": overrides, "write_s": write_s}
-    res["engine"] = bench(path, 8192, 512, 50, [512, 4096], [1, 2, 3, 5, 8, 13, 16, 33, 64])
+    res["engine"] = bench(path, 8192, 512, 50, args.prefill, [1, 2, 3, 5, 8, 13, 16, 33, 64])
     e = res["engine"]
     print(json.dumps({k: e[k] for k in ("ms_per_round", "tok_s_plain", "floor_tok_s", "share_of_floor_plain",
                                         "w8_over_w1", "graph_speedup", "prefill", "rotation_bitwise_equal",
                                         "graph_capture_s", "load_s")}, default=str), flush=True)
     small = "/tmp/small.gguf"
-    write_synthetic(PRESETS["tiny-qwen3"](n_layers=4, d_model=1024, n_heads=8, n_kv_heads=4, head_dim=128,
-                                          d_ff=2048, vocab_size=4096, quant="Q4_K_M"), small)
+    write_synthetic(PRESETS[args.small](n_layers=4, d_model=1024, n_heads=8, n_kv_heads=4, head_dim=128,
+                                        d_ff=2048, vocab_size=4096, quant="Q4_K_M"), small)
     res["spec_exactness"] = spec_exactness(small)
     print(json.dumps(res["spec_exactness"]), flush=True)
     name = f"gpu_engine-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
