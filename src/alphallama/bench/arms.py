@@ -155,6 +155,14 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def wait_exit(self, timeout: float) -> None:
+        """Give a process that is going down up to `timeout` s to finish exiting."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+
     def exit_note(self) -> str:
         rc = self.proc.poll() if self.proc else None
         return f"server exited with code {rc}; log: {self.log_path}"

@@ -148,9 +148,12 @@ class Runner:
 
     def _check(self, arm: str, live: _Live, m: Measurement) -> None:
         """After a failure: is the server still there?"""
+        up = reachable(self.http, live.root)
+        if live.process is not None and not up:
+            live.process.wait_exit(2.0)   # a crashing server drops its sockets before it is reaped
         if live.process is not None and not live.process.alive():
             live.dead = live.process.exit_note()
-        elif not reachable(self.http, live.root):
+        elif not up:
             live.dead = f"server stopped answering ({m.error})"
             if live.process is None:
                 self._gone[arm] = live.dead
