@@ -17,7 +17,8 @@ from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="module", params=[("tiny-qwen3", "Q4_K"), ("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q6_K")],
+@pytest.fixture(scope="module", params=[("tiny-qwen3", "Q4_K"), ("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q6_K"),
+                                        ("tiny-qwen3moe", "Q4_K")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def models(request, tmp_path_factory):
     preset, quant = request.param

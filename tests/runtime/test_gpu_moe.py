@@ -12,13 +12,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' imp
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.quants import QUANTS  # noqa: E402
-from alphallama.gguf.reader import GGUFFile  # noqa: E402
-from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
 from alphallama.kernels.moe import (moe_down, moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_route,  # noqa: E402
                                     moe_route_ref)
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
-from alphallama.model.loader import load_model  # noqa: E402
-from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 QTYPES = [T.Q4_K, T.Q6_K, T.Q8_0]
@@ -90,34 +86,4 @@ def test_kernels_are_row_invariant():
         assert torch.equal(moe_gate_up(x[i:i + 1], gu, experts[i:i + 1]), a[i:i + 1])
         assert torch.equal(moe_down(act[i:i + 1], down, experts[i:i + 1], weights[i:i + 1]), d[i:i + 1])
 
-
-# -- the GPU runtime on a tiny qwen3moe --------------------------------------------------------
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "tiny-qwen3moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=3), path)
-    f = GGUFFile(path)
-    return load_model(f, 128), GPUModel(f, 128, device=DEV)
-
-
-def test_moe_logits_match_reference(models):
-    ref, gpu = models
-    toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
-    lg, _ = gpu.forward(toks, 0, gpu.new_cache(128))
-    # fp16 K/V and fp16 attention inputs against an fp32 reference (as the dense test)
-    torch.testing.assert_close(lg.cpu(), lr, atol=2e-2 * lr.abs().max().item(), rtol=0)
-    assert torch.equal(lg.argmax(-1).cpu(), lr.argmax(-1))
-
-
-def test_moe_round_equals_single_rows(models):
-    _, gpu = models
-    cache = gpu.new_cache(128)
-    gpu.forward(torch.tensor([1, 2, 3, 4]), 0, cache)
-    rows = torch.tensor([7, 8, 9])
-    a, ha = gpu.verify(rows, 4, cache)
-    a, ha = a.clone(), ha.clone()
-    cache.truncate(4)
-    singles = [tuple(t.clone() for t in gpu.forward(rows[i:i + 1], 4 + i, cache)) for i in range(3)]   # graph outputs are static buffers
-    assert torch.equal(a, torch.cat([s[0] for s in singles]))
-    assert torch.equal(ha, torch.cat([s[1] for s in singles]))
+# The whole GPU runtime on a tiny qwen3moe: tests/runtime/test_gpu_model.py (shared with the dense models).

@@ -6,8 +6,8 @@ the flags of `ModelConfig`, never the architecture name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .reader import GGUFError, GGUFFile
 
