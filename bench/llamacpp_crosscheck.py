@@ -66,7 +66,8 @@ S = lambda name, weights, threads=2, fa=-1, kv="f16", n_batch=512: dict(
 SETTINGS = [
     S("repack_t2_faauto_f16_b512", "repack"),          # llama-server defaults on a non-AMX x86 CPU
     S("repack_t2_faoff_f16_b512", "repack", fa=0),
-    S("repack_t2_faauto_f32_b512", "repack", kv="f32"),
+    S("repack_t2_faauto_f32_b512", "repack", kv="f32"),  # identical to f16 cache under FA
+    S("repack_t2_faoff_f32_b512", "repack", fa=0, kv="f32"),
     S("repack_t2_faauto_f16_b1", "repack", n_batch=1),
     S("repack_t1_faauto_f16_b512", "repack", threads=1),
     S("plain_t2_faauto_f16_b512", "plain"),
@@ -281,8 +282,9 @@ def main() -> None:
     ref = json.load(open(args.reference))
 
     results = []
-    if args.resume and os.path.exists(out):   # keep settings already finished by an earlier run
-        results = [r for r in json.load(open(out))["settings"] if r["status"] == "ok"]
+    if args.resume and os.path.exists(out):   # keep settings already run; re-run selected failed ones
+        to_run = {s["name"] for s in settings}
+        results = [r for r in json.load(open(out))["settings"] if r["status"] == "ok" or r["name"] not in to_run]
     done = {r["name"] for r in results}
     for s in settings:
         if s["name"] in done:
@@ -358,6 +360,9 @@ def write_doc(out, args, model_path, sha256, ref, results, today) -> None:
             "top2_abs_logprob_diff": "for each of the 64 positions, the reference's top-2 ids: "
                                      "|llama.cpp logprob - reference logprob|, mean/max over 128 values",
             "flash_attn": "-1 auto (llama-server default; resolves to enabled on CPU), 0 off, 1 on",
+            "kv_f32_with_flash_attn": "with flash attention on, an f32 K/V cache gave results identical to an f16 "
+                                      "cache here (consistent with llama.cpp casting K/V to f16 for the "
+                                      "flash-attention op); f32 vs f16 only differs with flash_attn off",
             "checks": "during development, for repack_t2_faauto_f16_b512: two runs gave identical numbers, and "
                       "the seq_rm continuation gave the same greedy gen_ids as a from-scratch greedy run",
             "cpu_contention": "the 2 cores were shared with other jobs (load average 4-6), so seconds_* are "
