@@ -183,7 +183,7 @@ class Engine:
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
         sampler = Sampler(sampling)
-        drafter = spec.make_drafter()
+        drafter = spec.make_drafter(self)
         prompt = list(prompt_ids)
         logits = self.prefill(prompt, gen.stats, cancel)
         if logits is None:

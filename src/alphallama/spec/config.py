@@ -24,7 +24,9 @@ class SpecConfig:
         if self.ngram_min < 1:
             raise ValueError(f"--spec-ngram-min must be >= 1, got {self.ngram_min}")
 
-    def make_drafter(self) -> Drafter | None:
+    def make_drafter(self, engine=None) -> Drafter | None:
+        """A drafter for one request; `engine` gives drafters that need the model (MTP)
+        its head and state."""
         self.validate()
         factory = DRAFTERS[self.spec_type]
         return factory(self) if factory else None

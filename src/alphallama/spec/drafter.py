@@ -17,6 +17,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     source: str = "none"          # which drafter made it
     match_len: int = 0            # copy drafter: length of the suffix match behind it
+    probs: tuple[float, ...] = ()  # MTP drafter: the head's probability of each draft token
 
     def __len__(self) -> int:
         return len(self.tokens)
