@@ -44,11 +44,42 @@ class ServerDefaults:
 
 
 @dataclass(frozen=True)
+class TrainDefaults:
+    """`python -m alphallama.train`: the embedded model's corpus, shape and schedule."""
+    exclude_packages: tuple[str, ...] = ("docker", "jedi", "jmespath", "itsdangerous", "moto", "boto3")
+    held_out_fraction: float = 0.02   # of corpus files, chosen by content hash, never trained on
+    corpus_mb: int = 160              # Python source taken (the stdlib whole, then site-packages)
+    tokenizer_sample_mb: int = 24     # text the BPE is trained on
+    instruct_examples: int = 24000    # generated ChatML examples (edits + code-writing requests)
+    vocab_size: int = 12288
+    ctx_len: int = 1024
+    d_model: int = 512
+    n_layers: int = 6
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    head_dim: int = 64
+    n_experts: int = 8
+    n_experts_used: int = 2
+    d_ff_expert: int = 256
+    mtp_d_ff: int = 1024              # the MTP block's dense FFN
+    mtp_depths: int = 3
+    mtp_weight: float = 0.3           # loss = main + mtp_weight * mean(depth losses) + aux
+    aux_weight: float = 0.01          # MoE load balancing
+    batch_size: int = 32              # sequences of ctx_len tokens per step
+    lr: float = 2e-3
+    warmup_steps: int = 150
+    time_budget_s: float = 330.0      # training seconds (total over resumed calls)
+    checkpoint_every_s: float = 60.0
+    work_dir: str = "/tmp/alpha-train"
+
+
+@dataclass(frozen=True)
 class Defaults:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     engine: EngineDefaults = field(default_factory=EngineDefaults)
     spec: SpecDefaults = field(default_factory=SpecDefaults)
     server: ServerDefaults = field(default_factory=ServerDefaults)
+    train: TrainDefaults = field(default_factory=TrainDefaults)
 
 
 DEFAULTS = Defaults()
