@@ -74,11 +74,20 @@ class TrainDefaults:
 
 
 @dataclass(frozen=True)
+class MTPDefaults:
+    """The MTP head at run time (model/mtp.py, runtime/gpu_mtp.py, spec/mtp.py, spec/draft_vocab.py)."""
+    max_depth: int = 5            # the most drafts one MTP chain may make
+    draft_vocab: int = 32768      # output rows the MTP head scores (the whole vocabulary when smaller)
+    script_min_chars: int = 2     # letters of a script a prompt needs to put it in the draft vocabulary
+
+
+@dataclass(frozen=True)
 class Defaults:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     engine: EngineDefaults = field(default_factory=EngineDefaults)
     spec: SpecDefaults = field(default_factory=SpecDefaults)
     server: ServerDefaults = field(default_factory=ServerDefaults)
+    mtp: MTPDefaults = field(default_factory=MTPDefaults)
     train: TrainDefaults = field(default_factory=TrainDefaults)
 
 

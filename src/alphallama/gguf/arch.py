@@ -6,6 +6,7 @@ the flags of `ModelConfig`, never the architecture name.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ class ModelConfig:
     d_ff_expert: int = 0
     norm_topk_prob: bool = True    # renormalise the top-k router weights to sum to 1
     tied_embeddings: bool = False  # no output.weight: the output head is token_embd
+    n_nextn: int = 0               # MTP blocks in the file after the main layers (nextn_predict_layers)
 
     @property
     def is_moe(self) -> bool:
@@ -85,6 +87,11 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
     n_heads = int(g("attention.head_count"))
     n_kv = int(g("attention.head_count_kv", n_heads))
     head_dim = int(g("attention.key_length", d_model // n_heads))
+    # llama.cpp counts MTP ("nextn") blocks in block_count, after the main layers
+    n_nextn = int(g("nextn_predict_layers", 0))
+    n_blocks = int(g("block_count"))
+    if not 0 <= n_nextn < n_blocks:
+        raise GGUFError(f"{path}: {arch}.nextn_predict_layers = {n_nextn} but block_count = {n_blocks}")
     vocab = md.get("tokenizer.ggml.tokens")
     if tensors is not None and "token_embd.weight" in tensors:
         n_vocab = tensors["token_embd.weight"].shape[0]
@@ -94,7 +101,7 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
         n_vocab = int(g("vocab_size"))
     cfg = ModelConfig(
         arch=arch,
-        n_layers=int(g("block_count")),
+        n_layers=n_blocks - n_nextn,
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -113,6 +120,7 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
         d_ff_expert=int(g("expert_feed_forward_length", 0)) if spec.moe else 0,
         norm_topk_prob=bool(g("expert_weights_norm", True)),
         tied_embeddings=tensors is not None and "output.weight" not in tensors,
+        n_nextn=n_nextn,
     )
     if spec.moe and not (cfg.n_experts > 0 and 0 < cfg.n_experts_used <= cfg.n_experts
                          and cfg.d_ff_expert > 0):
@@ -124,41 +132,47 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
     return cfg
 
 
+def layer_tensors(cfg: ModelConfig, i: int, moe: bool, d_ff: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of block i: attention as the architecture has it, then a dense
+    SwiGLU FFN of width d_ff or (moe) the model's routed experts."""
+    D, Q, KV, H = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    p = f"blk.{i}."
+    out: dict[str, tuple[int, ...]] = {
+        p + "attn_norm.weight": (D,),
+        p + "attn_q.weight": (Q, D),
+        p + "attn_k.weight": (KV, D),
+        p + "attn_v.weight": (KV, D),
+        p + "attn_output.weight": (D, Q),
+        p + "ffn_norm.weight": (D,),
+    }
+    if cfg.qkv_bias:
+        out |= {p + "attn_q.bias": (Q,), p + "attn_k.bias": (KV,), p + "attn_v.bias": (KV,)}
+    if cfg.qk_norm:
+        out |= {p + "attn_q_norm.weight": (H,), p + "attn_k_norm.weight": (H,)}
+    if moe:
+        E, F = cfg.n_experts, cfg.d_ff_expert
+        out |= {
+            p + "ffn_gate_inp.weight": (E, D),
+            p + "ffn_gate_exps.weight": (E, F, D),
+            p + "ffn_up_exps.weight": (E, F, D),
+            p + "ffn_down_exps.weight": (E, D, F),
+        }
+    else:
+        out |= {p + "ffn_gate.weight": (d_ff, D), p + "ffn_up.weight": (d_ff, D),
+                p + "ffn_down.weight": (D, d_ff)}
+    return out
+
+
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model needs, name -> torch-order shape ([out, in] for matrices)."""
-    D, Q, KV, H = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.head_dim
     out: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (cfg.vocab_size, D),
-        "output_norm.weight": (D,),
+        "token_embd.weight": (cfg.vocab_size, cfg.d_model),
+        "output_norm.weight": (cfg.d_model,),
     }
     if not cfg.tied_embeddings:
-        out["output.weight"] = (cfg.vocab_size, D)
+        out["output.weight"] = (cfg.vocab_size, cfg.d_model)
     for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        out |= {
-            p + "attn_norm.weight": (D,),
-            p + "attn_q.weight": (Q, D),
-            p + "attn_k.weight": (KV, D),
-            p + "attn_v.weight": (KV, D),
-            p + "attn_output.weight": (D, Q),
-            p + "ffn_norm.weight": (D,),
-        }
-        if cfg.qkv_bias:
-            out |= {p + "attn_q.bias": (Q,), p + "attn_k.bias": (KV,), p + "attn_v.bias": (KV,)}
-        if cfg.qk_norm:
-            out |= {p + "attn_q_norm.weight": (H,), p + "attn_k_norm.weight": (H,)}
-        if cfg.is_moe:
-            E, F = cfg.n_experts, cfg.d_ff_expert
-            out |= {
-                p + "ffn_gate_inp.weight": (E, D),
-                p + "ffn_gate_exps.weight": (E, F, D),
-                p + "ffn_up_exps.weight": (E, F, D),
-                p + "ffn_down_exps.weight": (E, D, F),
-            }
-        else:
-            F = cfg.d_ff
-            out |= {p + "ffn_gate.weight": (F, D), p + "ffn_up.weight": (F, D),
-                    p + "ffn_down.weight": (D, F)}
+        out |= layer_tensors(cfg, i, cfg.is_moe, cfg.d_ff)
     return out
 
 
@@ -176,3 +190,100 @@ def load_config(f: GGUFFile) -> ModelConfig:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise GGUFError(f"{f.path}: {cfg.arch} model is malformed: " + "; ".join(problems[:3]) + more)
     return cfg
+
+
+# --- the MTP head (docs/MTP.md) ------------------------------------------------------
+
+MTP_OWN = ("nextn.enorm.weight", "nextn.hnorm.weight", "nextn.eh_proj.weight", "nextn.shared_head_norm.weight")
+SIDECAR_SUFFIX = ".mtp.gguf"
+# hyperparameters a sidecar must share with its model: (metadata key, ModelConfig field)
+_SHARED_KEYS = (("embedding_length", "d_model"), ("attention.head_count", "n_heads"),
+                ("attention.head_count_kv", "n_kv_heads"), ("attention.key_length", "head_dim"),
+                ("rope.freq_base", "rope_base"), ("attention.layer_norm_rms_epsilon", "norm_eps"))
+
+
+@dataclass(frozen=True)
+class MTPHeadConfig:
+    """Where a model's MTP block is and what its FFN is; the rest is the model's."""
+    layer: int          # block index L = the main model's n_layers
+    moe: bool           # routed experts (the model's) instead of a dense FFN
+    d_ff: int           # dense FFN width (0 with moe)
+    path: str           # the file holding the block's tensors
+    sidecar: bool       # a separate GGUF (else the model file itself)
+
+    @property
+    def prefix(self) -> str:
+        return f"blk.{self.layer}."
+
+
+def mtp_tensors(cfg: ModelConfig, layer: int, moe: bool, d_ff: int) -> dict[str, tuple[int, ...]]:
+    """The MTP block's tensors, name -> torch-order shape."""
+    D, p = cfg.d_model, f"blk.{layer}."
+    own = {p + MTP_OWN[0]: (D,), p + MTP_OWN[1]: (D,), p + MTP_OWN[2]: (D, 2 * D), p + MTP_OWN[3]: (D,)}
+    return own | layer_tensors(cfg, layer, moe, d_ff)
+
+
+def sidecar_path(model_path: str) -> str:
+    """`<model stem>.mtp.gguf` next to the model."""
+    stem = model_path[:-5] if model_path.lower().endswith(".gguf") else model_path
+    return stem + SIDECAR_SUFFIX
+
+
+def _check_sidecar(head: GGUFFile, cfg: ModelConfig) -> None:
+    md, path = head.metadata, head.path
+    arch = md.get("general.architecture")
+    if arch != cfg.arch:
+        raise GGUFError(f"{path}: MTP head is for architecture {arch!r}, the model is {cfg.arch!r}")
+    n_next = md.get(f"{arch}.nextn_predict_layers", 0)
+    blocks = md.get(f"{arch}.block_count")
+    if n_next < 1 or blocks != cfg.n_layers + n_next:
+        raise GGUFError(f"{path}: not an MTP head for this model: nextn_predict_layers = {n_next} and "
+                        f"block_count = {blocks}, expected >= 1 and {cfg.n_layers} + nextn_predict_layers")
+    for key, field_ in _SHARED_KEYS:
+        have = md.get(f"{arch}.{key}")
+        want = getattr(cfg, field_)
+        if have is not None and abs(float(have) - float(want)) > 1e-6 * max(1.0, abs(float(want))):
+            raise GGUFError(f"{path}: MTP head does not match the model: {arch}.{key} is {have}, "
+                            f"the model has {want}")
+
+
+def mtp_head_config(head: GGUFFile, cfg: ModelConfig, sidecar: bool) -> MTPHeadConfig:
+    """Check the MTP block in `head` against the model and describe it; GGUFError if wrong."""
+    if sidecar:
+        _check_sidecar(head, cfg)
+    L, t = cfg.n_layers, head.tensors
+    p = f"blk.{L}."
+    moe = p + "ffn_gate_inp.weight" in t
+    if moe and not cfg.is_moe:
+        raise GGUFError(f"{head.path}: the MTP block has routed experts but the model has none")
+    gate = t.get(p + "ffn_gate.weight")
+    d_ff = 0 if moe else (int(gate.shape[0]) if gate is not None else 0)
+    problems = []
+    for name, shape in mtp_tensors(cfg, L, moe, d_ff).items():
+        have = t.get(name)
+        if have is None:
+            problems.append(f"missing tensor {name!r} (expected shape {list(shape)})")
+        elif tuple(have.shape) != shape:
+            problems.append(f"tensor {name!r} has shape {list(have.shape)}, expected {list(shape)}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise GGUFError(f"{head.path}: MTP head is malformed: " + "; ".join(problems[:3]) + more)
+    return MTPHeadConfig(L, moe, d_ff, head.path, sidecar)
+
+
+def find_mtp_head(f: GGUFFile, cfg: ModelConfig,
+                  draft_head: str | None = None) -> tuple[GGUFFile, MTPHeadConfig] | None:
+    """The model's MTP head: `draft_head` if given, else the block inside the model file
+    (nextn_predict_layers > 0), else `<stem>.mtp.gguf` next to the model; None if none."""
+    if draft_head is not None:
+        if not os.path.isfile(draft_head):
+            raise GGUFError(f"{draft_head}: --draft-head file not found")
+        head = GGUFFile(draft_head)
+        return head, mtp_head_config(head, cfg, sidecar=True)
+    if cfg.n_nextn > 0:
+        return f, mtp_head_config(f, cfg, sidecar=False)
+    side = sidecar_path(f.path)
+    if os.path.isfile(side):
+        head = GGUFFile(side)
+        return head, mtp_head_config(head, cfg, sidecar=True)
+    return None

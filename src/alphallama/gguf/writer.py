@@ -31,7 +31,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 from tqdm import tqdm
 
-from .arch import ARCHS, ModelConfig, expected_tensors
+from .arch import ARCHS, ModelConfig, expected_tensors, mtp_tensors
 from .quants import dequantize, quant_type, random_blocks
 from .reader import GGUFFile
 
@@ -67,6 +67,8 @@ class SyntheticSpec:
     seed: int = 0
     name: str = "synthetic"
     file_type: int | None = None   # general.file_type; None: from the type holding most weights
+    mtp: str | None = None         # an MTP head (docs/MTP.md) with a "dense" or "moe" FFN; None: none
+    mtp_d_ff: int = 0              # its dense FFN width; 0: d_ff
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,14 @@ def model_config(spec: SyntheticSpec, n_vocab: int) -> ModelConfig:
         ctx_len=spec.ctx_len, norm_eps=_as_f32(spec.norm_eps), rope_base=_as_f32(spec.rope_base),
         rope_dim=spec.head_dim, rope_neox=a.rope_neox, qkv_bias=a.qkv_bias, qk_norm=a.qk_norm,
         n_experts=spec.n_experts if a.moe else 0, n_experts_used=spec.n_experts_used if a.moe else 0,
-        d_ff_expert=spec.d_ff_expert if a.moe else 0, tied_embeddings=spec.tied_embeddings)
+        d_ff_expert=spec.d_ff_expert if a.moe else 0, tied_embeddings=spec.tied_embeddings,
+        n_nextn=1 if spec.mtp else 0)
+
+
+def _mtp_shapes(spec: SyntheticSpec, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    if spec.mtp not in ("dense", "moe"):
+        raise ValueError(f"mtp must be None, 'dense' or 'moe', not {spec.mtp!r}")
+    return mtp_tensors(cfg, spec.n_layers, spec.mtp == "moe", spec.mtp_d_ff or spec.d_ff)
 
 
 def _as_f32(x: float) -> float:
@@ -319,15 +328,19 @@ def _check_quant_keys(spec: SyntheticSpec) -> None:
                              f"(groups: {', '.join(QUANT_GROUPS)}, or blk.N.<group>)")
 
 
-def plan_tensors(spec: SyntheticSpec, n_vocab: int) -> list[PlannedTensor]:
+def plan_tensors(spec: SyntheticSpec, n_vocab: int, sidecar: bool = False) -> list[PlannedTensor]:
     """Every tensor of the file in writing order, with its final type (after llama.cpp's
-    fallback for rows a block size does not divide)."""
+    fallback for rows a block size does not divide). sidecar: only the MTP head's."""
     _check_quant_keys(spec)
-    shapes = expected_tensors(model_config(spec, n_vocab))
+    cfg = model_config(spec, n_vocab)
+    shapes = {} if sidecar else expected_tensors(cfg)
+    if spec.mtp or sidecar:   # after the main blocks, as llama.cpp numbers it
+        shapes |= _mtp_shapes(spec, cfg)
     # convert_hf_to_gguf order: embedding, the blocks, then the output norm and head
     first = ["token_embd.weight"]
     blocks = [n for n in shapes if n.startswith("blk.")]   # already in layer order
-    names = first + blocks + [n for n in shapes if n not in first and not n.startswith("blk.")]
+    names = [n for n in first if n in shapes] + blocks
+    names += [n for n in shapes if n not in first and not n.startswith("blk.")]
     plan = []
     for name in names:
         shape = shapes[name]
@@ -396,14 +409,18 @@ def _file_type(spec: SyntheticSpec, plan: list[PlannedTensor]) -> int:
 _WRITES_VOCAB_SIZE_AND_ROPE_DIMS = frozenset({"llama"})
 
 
-def _add_model_metadata(w: GGUFWriter, spec: SyntheticSpec, n_vocab: int, file_type: int) -> None:
-    """The keys convert_hf_to_gguf writes for these architectures."""
+def _add_model_metadata(w: GGUFWriter, spec: SyntheticSpec, n_vocab: int, file_type: int,
+                        sidecar: bool = False) -> None:
+    """The keys convert_hf_to_gguf writes for these architectures (a sidecar's
+    feed_forward_length is its MTP block's dense width, docs/MTP.md)."""
     w.add_type("model")
     w.add_name(spec.name)
-    w.add_block_count(spec.n_layers)
+    w.add_block_count(spec.n_layers + (1 if spec.mtp or sidecar else 0))
+    if spec.mtp or sidecar:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(spec.ctx_len)
     w.add_embedding_length(spec.d_model)
-    w.add_feed_forward_length(spec.d_ff)
+    w.add_feed_forward_length((spec.mtp_d_ff or spec.d_ff) if sidecar else spec.d_ff)
     w.add_head_count(spec.n_heads)
     w.add_head_count_kv(spec.n_kv_heads)
     w.add_rope_freq_base(spec.rope_base)
@@ -422,18 +439,20 @@ def _add_model_metadata(w: GGUFWriter, spec: SyntheticSpec, n_vocab: int, file_t
 
 
 def write_synthetic(spec: SyntheticSpec, path: str | Path,
-                    progress: Callable[[PlannedTensor], None] | None = None) -> None:
+                    progress: Callable[[PlannedTensor], None] | None = None, sidecar: bool = False) -> None:
     """Write the model of `spec` to `path`, one tensor at a time; `progress` is called
     after each tensor is written. The file appears under `path` only once complete (an
-    interrupted 18 GB write leaves no truncated model behind)."""
+    interrupted 18 GB write leaves no truncated model behind). sidecar: write only the
+    MTP head of `spec` (no vocabulary), as `write_mtp_sidecar` does."""
     vocab, n_vocab = _vocab(spec)
-    plan = plan_tensors(spec, n_vocab)
+    plan = plan_tensors(spec, n_vocab, sidecar)
+    vocab = [] if sidecar else vocab
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     w = GGUFWriter(str(partial), spec.arch)
     done = False
     try:
-        _add_model_metadata(w, spec, n_vocab, _file_type(spec, plan))
+        _add_model_metadata(w, spec, n_vocab, _file_type(spec, plan), sidecar)
         for kv in vocab:
             w.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
         for t in plan:   # a uint8 byte shape plus raw_dtype: the writer derives the element shape
@@ -454,6 +473,13 @@ def write_synthetic(spec: SyntheticSpec, path: str | Path,
             os.replace(partial, path)
         else:
             partial.unlink(missing_ok=True)
+
+
+def write_mtp_sidecar(spec: SyntheticSpec, path: str | Path) -> None:
+    """The MTP head of `spec` (its `mtp` FFN kind, "dense" if unset) as a sidecar GGUF
+    (docs/MTP.md). Tensors are seeded by name, so with the same spec the head equals the
+    in-file head that `write_synthetic` writes when `spec.mtp` is set."""
+    write_synthetic(replace(spec, mtp=spec.mtp or "dense"), path, sidecar=True)
 
 
 # --- command line (wired into cli.py as `alphallama synth`) ----------------------
