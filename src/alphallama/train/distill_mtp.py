@@ -1,0 +1,331 @@
+"""An MTP sidecar for a frozen GGUF model, by self-distillation on the GPU.
+
+    python -m alphallama.train.distill_mtp -m MODEL.gguf --out DIR [--time-budget-s 240]
+
+The teacher (the model, frozen, bf16) reads Python source and chat requests that it
+answers itself (greedy); the MTP head (train/mtp.py, docs/MTP.md semantics, depths
+1..K with hidden states fed back) learns, at every position p and depth k, the
+teacher's own distribution at p (distill_loss.py). Writes to --out: the sidecar
+`<stem>.mtp.gguf` split into parts with a .sha256 list (join with
+`python -m alphallama.train.distill_parts join`), the training curves and held-out
+evaluation as JSON; bench/gpu_distill_mtp.sh runs it on the device.
+
+Init (`init_from_teacher`): the block is a copy of the model's last layer (attention,
+FFN, their norms), shared_head_norm is the model's output norm, enorm and hnorm are
+ones, and eh_proj = [small random | s*I] with s the median RMS of h_p, so the block
+starts by reading h_{p-1} at the scale the last layer sees and the token embedding
+enters through a small random map that training grows.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..bench.hostinfo import host_state
+from ..config import DEFAULTS
+from . import corpus
+from .distill_data import ChatEncoder, RowSampler, encode_parallel, pack, tokenize_texts
+from .distill_eval import evaluate
+from .distill_generate import generate_all
+from .distill_loss import distill_kl
+from .distill_parts import split_file
+from .distill_requests import make_requests
+from .distill_teacher import Teacher
+from .mtp import MTPConfig, MTPHead, write_sidecar
+
+D = DEFAULTS.distill
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@torch.no_grad()
+def init_from_teacher(head: MTPHead, teacher: Teacher, h_scale: float, seed: int) -> None:
+    """See the module docstring. A MoE teacher's last layer has no dense FFN: the
+    block's FFN then keeps its random init."""
+    w, p = teacher.w, f"blk.{teacher.cfg.n_layers - 1}."
+    copies = {head.attn_norm: "attn_norm.weight", head.ffn_norm: "ffn_norm.weight",
+              head.wq.weight: "attn_q.weight", head.wk.weight: "attn_k.weight",
+              head.wv.weight: "attn_v.weight", head.wo.weight: "attn_output.weight",
+              head.gate.weight: "ffn_gate.weight", head.up.weight: "ffn_up.weight",
+              head.down.weight: "ffn_down.weight"}
+    if head.cfg.qkv_bias:
+        copies |= {head.wq.bias: "attn_q.bias", head.wk.bias: "attn_k.bias", head.wv.bias: "attn_v.bias"}
+    if head.cfg.qk_norm:
+        copies |= {head.q_norm: "attn_q_norm.weight", head.k_norm: "attn_k_norm.weight"}
+    for param, name in copies.items():
+        if p + name in w and tuple(w[p + name].shape) == tuple(param.shape):
+            param.copy_(w[p + name].float())
+    head.shared_head_norm.copy_(teacher.output_norm.float())
+    head.enorm.fill_(1.0)
+    head.hnorm.fill_(1.0)
+    Dm = head.cfg.d_model
+    g = torch.Generator().manual_seed(seed)
+    eh = torch.zeros(Dm, 2 * Dm)                                               # [D, 2D]: [embedding | hidden]
+    eh[:, :Dm] = torch.randn(Dm, Dm, generator=g) * (0.1 * h_scale / math.sqrt(Dm))
+    eh[:, Dm:] = torch.eye(Dm) * h_scale
+    head.eh_proj.weight.copy_(eh)
+
+
+def valid_mask(K: int, B: int, T: int, device) -> torch.Tensor:
+    """[K, B*T]: the depth-k entry at p exists for p >= k (its chain reaches h_{p-k})."""
+    pos = torch.arange(T, device=device)
+    return torch.stack([(pos >= k).expand(B, T).reshape(-1) for k in range(1, K + 1)])
+
+
+def prepare_data(args, enc: ChatEncoder) -> dict:
+    """The CPU half of the data (worker processes; run before CUDA is initialised, so
+    the forked tokenizer workers never inherit a CUDA context): the corpus, its tokens,
+    and the chat requests with their prompts encoded."""
+    roots = ([(f"root{i}", Path(r)) for i, r in enumerate(args.corpus_root)] if args.corpus_root
+             else corpus.default_roots())
+    files = corpus.collect(roots, max_bytes=args.corpus_mb << 20, held_out_fraction=args.held_out_frac)
+    train = [f.text for f in files if not f.held_out]
+    held = [f.text for f in files if f.held_out]
+    random.Random(args.seed).shuffle(train)
+    log(f"corpus: {len(files)} files ({len(held)} held out), {sum(f.size for f in files) >> 20} MiB")
+    code = tokenize_texts(args.model, train, args.code_tokens, args.workers)
+    code_eval = tokenize_texts(args.model, held, args.eval_code_rows * args.seq_len, args.workers)
+    answered_only = args.gen_budget_s <= 0
+    reqs = [(False, r) for r in make_requests(train, args.requests, args.seed, answered_only)]
+    reqs += [(True, r) for r in make_requests(held, args.eval_requests, args.seed + 1, answered_only)]
+    encoded = encode_parallel(args.model, [("chat", r.user, r.answer) for _, r in reqs], args.workers)
+    chats = [(is_eval, p, a) for (is_eval, _), (p, a) in zip(reqs, encoded) if len(p) <= args.max_prompt]
+    log(f"tokens: {sum(map(len, code))} corpus, {sum(map(len, code_eval))} held-out corpus, "
+        f"{len(chats)} chat requests")
+    return {"files": len(files), "held": len(held), "code": code, "code_eval": code_eval, "chats": chats,
+            "kinds": {k: sum(r.kind == k for _, r in reqs) for k in sorted({r.kind for _, r in reqs})}}
+
+
+def finish_data(args, teacher: Teacher, enc: ChatEncoder, prep: dict) -> tuple[dict, dict, dict]:
+    """The teacher answers the requests (held-out ones first, so the evaluation set is
+    complete whatever the deadline); everything is packed into rows. Returns
+    (training sources, evaluation sets, data statistics)."""
+    T, sep, chats = args.seq_len, enc.sep_id, prep["chats"]
+    if args.gen_budget_s > 0:
+        deadline = time.monotonic() + args.gen_budget_s
+        stops = sorted(teacher_stops(enc))
+        answers: list = [None] * len(chats)
+        for want_eval in (True, False):
+            idx = [i for i, c in enumerate(chats) if c[0] == want_eval]
+            got = generate_all(teacher, [chats[i][1] for i in idx], args.max_new, stops, deadline,
+                               seed=args.seed, log=log)
+            for i, a in zip(idx, got):
+                answers[i] = a
+    else:
+        answers = [a or None for _, _, a in chats]
+    eval_chats = [(p, a) for (e, p, _), a in zip(chats, answers) if e and a]
+    train_chats = [(p, a) for (e, p, _), a in zip(chats, answers) if not e and a]
+    sources = {"code": pack(prep["code"], T, sep, args.seed)}
+    if train_chats:
+        sources["chat"] = pack([p + a for p, a in train_chats], T, sep, args.seed)
+    evals = {}
+    if sum(map(len, prep["code_eval"])) >= T:
+        evals["code"] = (pack(prep["code_eval"], T, sep, args.seed)[:args.eval_code_rows], None)
+    if eval_chats:
+        evals["chat"] = pack_answers(eval_chats, T, sep)
+    stats = {"corpus_files": prep["files"], "held_out_files": prep["held"],
+             "code_tokens": sum(map(len, prep["code"])), "chat_sequences": len(train_chats),
+             "chat_tokens": sum(len(p) + len(a) for p, a in train_chats),
+             "generated_tokens": sum(len(a) for a in answers if a) if args.gen_budget_s > 0 else 0,
+             "eval_chat_sequences": len(eval_chats), "request_kinds": prep["kinds"]}
+    return sources, evals, stats
+
+
+def teacher_stops(enc: ChatEncoder) -> set[int]:
+    return set(enc.tok.stop_ids) | {enc.end_id}
+
+
+def pack_answers(chats: list[tuple[list[int], list[int]]], T: int, sep: int):
+    """Chat sequences packed into rows [N, T] with a mask of the entries that draft the
+    answer: position p counts when x_p and x_{p+1} are both answer tokens (the first
+    answer token comes from the main model, not from a draft)."""
+    flat, mask = [], []
+    for p, a in chats:
+        flat += p + a + [sep]
+        mask += [False] * len(p) + [True] * (len(a) - 1) + [False, False]
+    n = len(flat) // T
+    if n == 0:
+        return None
+    rows = torch.tensor(flat[:n * T]).view(n, T)
+    return rows, torch.tensor(mask[:n * T]).view(n, T)
+
+
+def lr_at(args, step: int, frac: float) -> float:
+    """Linear warmup over steps, then cosine over the time budget to min_lr_frac."""
+    warm = min(1.0, (step + 1) / max(1, args.warmup_steps))
+    cos = args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return args.lr * warm * cos
+
+
+def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler) -> list[dict]:
+    K, dev = args.depths, teacher.device
+    decay = [p for p in head.parameters() if p.dim() == 2]
+    rest = [p for p in head.parameters() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
+                            **({"fused": True} if dev.type == "cuda" else {}))
+    curve, step, tokens = [], 0, 0
+    acc = torch.zeros(3, K, device=dev)                                        # kl, agree, count
+    t0 = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - t0
+        if elapsed >= args.time_budget_s or (args.max_steps and step >= args.max_steps):
+            break
+        lr = lr_at(args, step, elapsed / args.time_budget_s)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        toks = sampler.batch(args.batch_size).to(dev, non_blocking=True)       # [B, T]
+        B, T = toks.shape
+        h = teacher.forward(toks)                                              # [B, T, D] float32
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            states = head(h, toks, teacher.embedding, depths=K)
+        student = torch.stack(states).reshape(K, B * T, -1)                    # [K, B*T, D]
+        valid = valid_mask(K, B, T, dev)
+        loss, st = distill_kl(student, teacher.normed(h).reshape(B * T, -1), teacher.output, valid,
+                              chunk=args.loss_chunk)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), args.grad_clip)
+        opt.step()
+        acc += torch.stack([(st.kl * valid).sum(-1), (st.agree & valid).sum(-1), valid.sum(-1)])
+        step += 1
+        tokens += B * T
+        if step % args.log_every == 0 or step == 1:
+            a = acc.cpu()
+            row = {"step": step, "time_s": round(time.monotonic() - t0, 2), "tokens": tokens, "lr": lr,
+                   "grad_norm": float(gnorm), "kl": (a[0] / a[2]).tolist(), "top1_agree": (a[1] / a[2]).tolist(),
+                   "tok_s": tokens / max(1e-9, time.monotonic() - t0), "epochs": dict(sampler.epochs)}
+            curve.append(row)
+            acc.zero_()
+            log(f"step {step:5d}  {row['time_s']:6.1f}s  lr {lr:.2e}  " + "  ".join(
+                f"d{k + 1} kl {row['kl'][k]:.3f} agree {row['top1_agree'][k]:.3f}" for k in range(K))
+                + f"  {row['tok_s']:.0f} tok/s")
+    return curve
+
+
+def run_evals(args, teacher: Teacher, head: MTPHead, evals: dict) -> dict:
+    head.eval()
+    out = {}
+    for name, data in evals.items():
+        if data is None:
+            continue
+        rows, counted = data
+        out[name] = evaluate(head, teacher, rows, args.depths, args.eval_batch, counted, args.min_p)
+        d = out[name]["depths"]
+        log(f"eval {name}: " + "  ".join(f"d{x['depth']} agree {x['top1_agree']:.3f} hit {x['conditional_hit']:.3f}"
+                                         for x in d)
+            + f"  tokens/round {out[name]['tokens_per_round_ungated']:.2f} (gated {out[name]['gated_tokens_per_round']:.2f})")
+    head.train()
+    return out
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m alphallama.train.distill_mtp", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", required=True, help="the frozen model (GGUF)")
+    ap.add_argument("--out", required=True, help="folder for the sidecar parts, curves JSON")
+    ap.add_argument("--sidecar-name", default=None, help="default: <model stem>.mtp.gguf")
+    ap.add_argument("--work-dir", default=D.work_dir, help="where the whole sidecar is written")
+    ap.add_argument("--corpus-root", action="append", default=[],
+                    help="a folder of Python files (repeatable; default: this interpreter's stdlib and site-packages)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="tokenizer processes")
+    for name in ("time_budget_s", "gen_budget_s", "lr", "min_lr_frac", "weight_decay", "grad_clip",
+                 "chat_share", "held_out_frac", "min_p"):
+        ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(D, name))
+    for name in ("depths", "seq_len", "batch_size", "warmup_steps", "max_steps", "corpus_mb", "code_tokens",
+                 "requests", "eval_requests", "eval_code_rows", "eval_batch", "max_new", "max_prompt",
+                 "log_every", "loss_chunk", "part_mib", "seed"):
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(D, name))
+    ap.add_argument("--qtype", default=D.qtype, choices=["Q8_0", "F16", "F32"], help="the sidecar's matrices")
+    args = ap.parse_args(argv)
+    if not Path(args.model).is_file():
+        ap.error(f"{args.model}: no such file")
+    if not 1 <= args.depths <= 5 or args.seq_len < args.depths + 2 or args.batch_size < 1:
+        ap.error("need 1 <= --depths <= 5, --seq-len > depths + 1 and --batch-size >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from gguf import GGMLQuantizationType
+    t_start = time.monotonic()
+    dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if args.device == "auto" else args.device))
+    torch.manual_seed(args.seed)
+    out, work = Path(args.out), Path(args.work_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    enc = ChatEncoder(args.model)
+    prep = prepare_data(args, enc)
+    teacher = Teacher.from_gguf(args.model, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32,
+                                max_len=max(args.seq_len, args.max_prompt + args.max_new))
+    cfg = teacher.cfg
+    log(f"teacher: {cfg.arch}, {cfg.n_layers} layers, D={cfg.d_model}, vocab {cfg.vocab_size}, on {dev}")
+    sources, evals, stats = finish_data(args, teacher, enc, prep)
+    del prep
+    log(f"data: {json.dumps(stats)}")
+    sampler = RowSampler(sources, {"code": 1 - args.chat_share, "chat": args.chat_share}, args.seed)
+    head = MTPHead(MTPConfig.from_model(cfg, cfg.d_ff or cfg.d_ff_expert)).to(dev)
+    first = next(iter(sources.values()))[:min(4, args.batch_size)].to(dev)
+    h = teacher.forward(first)[:, 1:]                                          # [b, T-1, D] (not position 0)
+    h_scale = float(h.float().pow(2).mean(-1).sqrt().median())
+    init_from_teacher(head, teacher, h_scale, args.seed)
+    log(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, init from layer "
+        f"{cfg.n_layers - 1}, h scale {h_scale:.3f}")
+    eval_init = run_evals(args, teacher, head, evals)
+    t_train = time.monotonic()
+    curve = train(args, teacher, head, sampler)
+    train_s = time.monotonic() - t_train
+    eval_final = run_evals(args, teacher, head, evals)
+    name = args.sidecar_name or f"{Path(args.model).stem}.mtp.gguf"
+    steps, tokens = (curve[-1]["step"], curve[-1]["tokens"]) if curve else (0, 0)
+    meta = {
+        "alphallama.training.command": shlex.join(["python", "-m", "alphallama.train.distill_mtp", *sys.argv[1:]]),
+        "alphallama.training.date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "alphallama.training.kind": "self-distillation (frozen teacher, KL to its own distribution per depth)",
+        "alphallama.training.teacher_sha256": file_sha256(args.model),
+        "alphallama.training.steps": steps,
+        "alphallama.training.tokens": tokens,
+        "alphallama.training.depths": args.depths,
+        "alphallama.training.commit": os.environ.get("GIT_COMMIT", "unknown"),
+    }
+    path = work / name
+    write_sidecar(path, head, arch=cfg.arch, n_layers=cfg.n_layers, ctx_len=cfg.ctx_len, metadata=meta,
+                  qtype=GGMLQuantizationType[args.qtype])
+    sums = split_file(path, out, args.part_mib << 20)
+    result = {"sidecar": name, "sidecar_bytes": path.stat().st_size, "sidecar_sha256": file_sha256(str(path)),
+              "sha256_file": sums.name, "metadata": meta, "args": vars(args), "device": str(dev),
+              "commit": meta["alphallama.training.commit"], "host": host_state(),
+              "data": stats, "h_scale": h_scale,
+              "train_s": train_s, "total_s": time.monotonic() - t_start,
+              "defaults": asdict(D), "curve": curve, "eval_init": eval_init, "eval_final": eval_final}
+    (out / "distill_curves.json").write_text(json.dumps(result, indent=1))
+    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) as parts in {out}; {steps} steps, "
+        f"{tokens / 1e6:.1f}M tokens in {train_s:.0f}s; total {result['total_s']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Writing the trained model: the main GGUF (only the tensors llama.cpp loads for
+`qwen3moe`), the MTP sidecar `<stem>.mtp.gguf` beside it, provenance metadata in both,
+and splitting files into parts with checksums (files come back from the device at most
+16 MiB each) and joining them again.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..gguf.arch import expected_tensors
+from .model import MoEModel
+from .mtp import MTPHead, add_gguf_tensor, add_metadata, write_sidecar
+
+PROVENANCE = "alphallama.training."   # .command .date .corpus_manifest_sha256 .steps .tokens ...
+
+
+def sidecar_path(model_path: str | Path) -> Path:
+    p = Path(model_path)
+    return p.with_name(p.stem + ".mtp.gguf")
+
+
+def write_model(path: str | Path, model: MoEModel, tokenizer_kv: list[tuple],
+                metadata: Mapping[str, Any], qtype=None, name: str = "alphallama-embedded") -> None:
+    """The main model GGUF; matrices in qtype (default Q8_0), norms and router F32."""
+    from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType
+    from gguf import GGMLQuantizationType as QT
+    qtype = QT.Q8_0 if qtype is None else qtype
+    c = model.cfg
+    tensors = model.gguf_tensors()
+    want = expected_tensors(c.model_config())
+    if set(tensors) != set(want) or any(tuple(tensors[k].shape) != s for k, s in want.items()):
+        raise ValueError("the training model's tensors do not match what qwen3moe expects")
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    w = GGUFWriter(str(partial), "qwen3moe")
+    w.add_type("model")
+    w.add_name(name)
+    w.add_block_count(c.n_layers)
+    w.add_context_length(c.ctx_len)
+    w.add_embedding_length(c.d_model)
+    w.add_feed_forward_length(c.d_ff_expert)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_base)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_expert_count(c.n_experts)
+    w.add_expert_used_count(c.n_experts_used)
+    w.add_expert_feed_forward_length(c.d_ff_expert)
+    ftype = {QT.F32: LlamaFileType.ALL_F32, QT.F16: LlamaFileType.MOSTLY_F16}.get(qtype, LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(int(ftype))
+    w.add_quantization_version(GGML_QUANT_VERSION)
+    for key, value, vtype, sub in tokenizer_kv:
+        w.add_key_value(key, value, vtype, sub)
+    add_metadata(w, metadata)
+    for name_ in want:   # expected_tensors' order: embedding, blocks, output norm
+        t = tensors[name_]
+        # the router stays F32 as llama.cpp's converters keep it
+        add_gguf_tensor(w, name_, t, QT.F32 if name_.endswith("ffn_gate_inp.weight") else qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    partial.replace(path)
+
+
+def export(out_dir: str | Path, stem: str, model: MoEModel, head: MTPHead, tokenizer_kv: list[tuple],
+           metadata: Mapping[str, Any], qtype=None) -> tuple[Path, Path]:
+    """Write `<stem>.gguf` and `<stem>.mtp.gguf` into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    main = out_dir / f"{stem}.gguf"
+    write_model(main, model, tokenizer_kv, metadata, qtype)
+    side = sidecar_path(main)
+    write_sidecar(side, head, arch="qwen3moe", n_layers=model.cfg.n_layers, ctx_len=model.cfg.ctx_len,
+                  metadata=metadata, qtype=qtype)
+    return main, side
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def split_file(path: str | Path, part_bytes: int) -> list[Path]:
+    """`path` -> path.part0, .part1, ... of at most part_bytes each (the original is kept)."""
+    path = Path(path)
+    parts = []
+    with open(path, "rb") as f:
+        for i, block in enumerate(iter(lambda: f.read(part_bytes), b"")):
+            p = path.with_name(f"{path.name}.part{i}")
+            p.write_bytes(block)
+            parts.append(p)
+    return parts
+
+
+def join_parts(first_part: str | Path, out: str | Path, sha256: str) -> Path:
+    """Join name.part0, name.part1, ... into `out` and check the whole file's sha256."""
+    first_part = Path(first_part)
+    base = first_part.name[:first_part.name.rindex(".part")]
+    out = Path(out)
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "wb") as f:
+        i = 0
+        while (p := first_part.with_name(f"{base}.part{i}")).exists():
+            f.write(p.read_bytes())
+            i += 1
+    if i == 0:
+        raise FileNotFoundError(f"no parts {base}.part0 ... next to {first_part}")
+    got = sha256_file(tmp)
+    if got != sha256:
+        tmp.unlink()
+        raise ValueError(f"joined {i} parts of {base}: sha256 {got} != expected {sha256}")
+    tmp.replace(out)
+    return out

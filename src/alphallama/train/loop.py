@@ -1,0 +1,175 @@
+"""The time-budgeted training loop: the main model and its MTP head trained jointly
+(the head reads the main model's hidden state detached, so the MTP loss shapes the head,
+the shared embedding and output head, but not the trunk), bf16 autocast on CUDA,
+AdamW with warmup and a cosine decay over the time budget, checkpoints to a work folder
+so that a later call resumes, and the loss curves.
+
+    state = train(model, head, train_tokens, val_tokens, hp, device, ckpt_path, deadline)
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .data import get_batch, val_batch
+from .model import MoEModel
+from .mtp import MTPHead, mtp_losses
+
+
+@dataclass
+class Hyper:
+    batch_size: int
+    ctx_len: int
+    lr: float
+    warmup_steps: int
+    time_budget_s: float
+    mtp_depths: int
+    mtp_weight: float
+    aux_weight: float
+    checkpoint_every_s: float = 60.0
+    log_every: int = 20
+    val_every_s: float = 45.0
+    val_windows: int = 16
+    seed: int = 0
+    weight_decay: float = 0.1
+    max_steps: int | None = None     # tests: stop after this many steps whatever the time
+
+
+@dataclass
+class State:
+    step: int = 0
+    trained_s: float = 0.0
+    tokens: int = 0
+    curves: dict = field(default_factory=lambda: {"train": [], "val": []})
+
+
+def lr_at(hp: Hyper, st: State) -> float:
+    """Linear warmup over steps, then cosine to 10% over the fraction of the time budget used."""
+    if st.step < hp.warmup_steps:
+        return hp.lr * (st.step + 1) / hp.warmup_steps
+    frac = min(1.0, st.trained_s / hp.time_budget_s)
+    return hp.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _autocast(device: str):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+
+
+def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device: str, with_acc: bool = False):
+    """(main CE, [MTP CE per depth], aux, [MTP top-1 accuracy per depth] if with_acc) on
+    windows x [B, T+1]."""
+    inp, tgt = x[:, :-1], x[:, 1:]                                            # [B, T]
+    with _autocast(device):
+        hidden, aux = model(inp)                                              # [B, T, D]
+        logits = model.logits(hidden)                                         # [B, T, V]
+        main = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
+        states = head(hidden.detach(), inp, model.embed, depths)
+        mtp = mtp_losses(states, model.embed, inp)
+    if not with_acc:
+        return main, mtp, aux, []
+    with torch.no_grad():
+        T = inp.shape[1]
+        acc = [(F.linear(s[:, k:T - 1], model.embed).argmax(-1) == inp[:, k + 1:]).float().mean()
+               for k, s in enumerate(states, start=1)]
+    return main, mtp, aux, acc
+
+
+def _optimizer(model, head, hp: Hyper, device: str) -> torch.optim.Optimizer:
+    params = [p for m in (model, head) for p in m.parameters()]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    kw = {"fused": True} if device.startswith("cuda") else {}
+    return torch.optim.AdamW(groups, lr=hp.lr, betas=(0.9, 0.95), **kw)
+
+
+def save(path: Path, model, head, opt, st: State) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    torch.save({"model": model.state_dict(), "head": head.state_dict(), "opt": opt.state_dict(),
+                "state": asdict(st)}, tmp)
+    tmp.replace(path)
+
+
+def load(path: Path, model, head, opt) -> State | None:
+    """Resume from a checkpoint of the same shapes; None if there is none (or it does not fit)."""
+    if not path.exists():
+        return None
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        model.load_state_dict(ck["model"])
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+    except (RuntimeError, ValueError, KeyError):
+        return None
+    return State(**ck["state"])
+
+
+@torch.no_grad()
+def evaluate(model, head, val: torch.Tensor, hp: Hyper, device: str) -> dict:
+    model.eval()
+    head.eval()
+    main, mtp, _, acc = losses(model, head, val, hp.mtp_depths, device, with_acc=True)
+    model.train()
+    head.train()
+    return {"loss": main.item(), "mtp": [m.item() for m in mtp], "mtp_top1": [a.item() for a in acc]}
+
+
+def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens: torch.Tensor,
+          hp: Hyper, device: str, ckpt: Path | None, deadline: float | None = None,
+          log=print) -> State:
+    """Train until the state's trained seconds reach hp.time_budget_s, the wall clock
+    reaches `deadline` (time.time()), or hp.max_steps; checkpoint along the way."""
+    model.to(device).train()
+    head.to(device).train()
+    opt = _optimizer(model, head, hp, device)
+    st = (load(ckpt, model, head, opt) if ckpt else None) or State()
+    if st.step:
+        log(f"resumed at step {st.step} ({st.trained_s:.0f} s, {st.tokens / 1e6:.1f}M tokens)")
+    val = val_batch(val_tokens, hp.val_windows, hp.ctx_len, device)
+    last_ck = last_val = time.time()
+    t_log, tok_log = time.time(), st.tokens
+
+    def done() -> bool:
+        return (st.trained_s >= hp.time_budget_s or (deadline is not None and time.time() >= deadline)
+                or (hp.max_steps is not None and st.step >= hp.max_steps))
+
+    while not done():
+        t0 = time.time()
+        for g in opt.param_groups:
+            g["lr"] = lr = lr_at(hp, st)
+        x = get_batch(train_tokens, hp.batch_size, hp.ctx_len, hp.seed, st.step, device)
+        main, mtp, aux, _ = losses(model, head, x, hp.mtp_depths, device)
+        loss = main + hp.mtp_weight * sum(mtp) / len(mtp) + hp.aux_weight * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_([p for m in (model, head) for p in m.parameters()], 1.0)
+        opt.step()
+        st.step += 1
+        st.tokens += x.shape[0] * hp.ctx_len
+        if st.step % hp.log_every == 0 or st.step == 1:
+            row = {"step": st.step, "s": round(st.trained_s, 1), "tokens": st.tokens, "lr": lr,
+                   "loss": main.item(), "mtp": [m.item() for m in mtp], "aux": aux.item(),
+                   "gnorm": gnorm.item(), "tok_s": (st.tokens - tok_log) / max(time.time() - t_log, 1e-9)}
+            t_log, tok_log = time.time(), st.tokens
+            st.curves["train"].append(row)
+            log(f"step {st.step:5d} {st.trained_s:6.0f}s lr {lr:.2e} loss {row['loss']:.3f} mtp "
+                + " ".join(f"{m:.3f}" for m in row["mtp"]) + f" aux {row['aux']:.3f} {row['tok_s'] / 1e3:.0f}k tok/s")
+        st.trained_s += time.time() - t0
+        if time.time() - last_val >= hp.val_every_s:
+            st.curves["val"].append({"step": st.step, "s": round(st.trained_s, 1), "tokens": st.tokens,
+                                     **evaluate(model, head, val, hp, device)})
+            last_val = time.time()
+        if ckpt and time.time() - last_ck >= hp.checkpoint_every_s:
+            save(ckpt, model, head, opt, st)
+            last_ck = time.time()
+    st.curves["val"].append({"step": st.step, "s": round(st.trained_s, 1), "tokens": st.tokens,
+                             **evaluate(model, head, val, hp, device)})
+    if ckpt:
+        save(ckpt, model, head, opt, st)
+    return st

@@ -1,0 +1,213 @@
+"""The whole run: corpus -> instruction examples -> tokenizer -> token streams -> training
+-> export (+ parts and checksums) -> train.json. Each stage's output is kept in the work
+folder, so a second call on the same machine skips to training and resumes it.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bpe import gguf_tokenizer_kv, train_bpe
+from .corpus import collect, default_roots, write_manifest
+from .data import rendered_examples, tokenize_docs
+from .export import export, sha256_file, split_file
+from .instruct import chat_template_text
+from .loop import Hyper, train
+from .model import MoEConfig, MoEModel
+from .mtp import MTPConfig, MTPHead
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _roots(args) -> list[tuple[str, Path]]:
+    if not args.root:
+        return default_roots()
+    out = []
+    for r in args.root:
+        label, _, path = r.partition("=")
+        out.append((label, Path(path)))
+    return out
+
+
+def build_data(args, work: Path, timings: dict) -> dict:
+    """Corpus, examples, tokenizer and token streams; cached in work/data.pt."""
+    key = {k: getattr(args, k) for k in ("corpus_mb", "instruct_examples", "vocab_size", "seed", "root",
+                                          "tokenizer_sample_mb")}
+    cache = work / "data.pt"
+    if cache.exists():
+        d = torch.load(cache, weights_only=False)
+        if d.get("key") == key:
+            _log("data: reusing the work folder's corpus, tokenizer and token streams")
+            return d
+    t = time.time()
+    files = collect(_roots(args), max_bytes=args.corpus_mb << 20)
+    train_f = [f for f in files if not f.held_out]
+    held = [f for f in files if f.held_out]
+    manifest_sha = write_manifest(files, work / "manifest.tsv.gz")
+    with gzip.open(work / "heldout.jsonl.gz", "wt") as fh:
+        for f in held:
+            fh.write(json.dumps({"path": f.path, "sha256": f.sha256, "text": f.text}) + "\n")
+    timings["corpus_s"] = time.time() - t
+    _log(f"corpus: {len(files)} files ({sum(f.size for f in files) / 2**20:.0f} MiB), "
+         f"{len(held)} held out; manifest {manifest_sha[:12]}")
+    t = time.time()
+    texts = [f.text for f in train_f]
+    # examples come from files of modest size: each one parses its file, and big
+    # files would make that the slow part of the run
+    small = [x for x in texts if len(x) <= 32_000] or texts
+    examples = rendered_examples(small, args.instruct_examples, args.seed, workers=args.workers)
+    timings["examples_s"] = time.time() - t
+    _log(f"examples: {len(examples)} ({dict(Counter(k for k, _ in examples))})")
+    t = time.time()
+    rng = random.Random(args.seed)
+    sample, size = [], 0
+    for x in rng.sample(texts, len(texts)):
+        if size > args.tokenizer_sample_mb << 20:
+            break
+        sample.append(x)
+        size += len(x)
+    sample += [e for _, e in examples[:3000]]
+    hf = train_bpe(sample, args.vocab_size)
+    timings["bpe_s"] = time.time() - t
+    _log(f"tokenizer: {hf.get_vocab_size()} tokens from {size / 2**20:.0f} MiB")
+    t = time.time()
+    docs = texts + [e for _, e in examples]
+    rng.shuffle(docs)
+    eot = hf.token_to_id("<|endoftext|>")
+    train_ids = tokenize_docs(hf, docs, eot)
+    val_ids = tokenize_docs(hf, [f.text for f in held], eot)
+    timings["tokenize_s"] = time.time() - t
+    n_code = int(sum(len(x) for x in texts))
+    _log(f"tokens: {len(train_ids) / 1e6:.1f}M train, {len(val_ids) / 1e6:.2f}M held out "
+         f"({n_code / max(1, len(train_ids)):.2f} chars/token overall)")
+    d = {"key": key, "train": train_ids, "val": val_ids, "tokenizer": hf.to_str(), "manifest_sha": manifest_sha,
+         "corpus": {"files": len(files), "bytes": sum(f.size for f in files), "held_out_files": len(held),
+                    "held_out_bytes": sum(f.size for f in held), "manifest_sha256": manifest_sha,
+                    "examples": dict(Counter(k for k, _ in examples)),
+                    "tokens_train": int(len(train_ids)), "tokens_val": int(len(val_ids))}}
+    torch.save(d, cache)
+    return d
+
+
+def run(args) -> int:
+    t_start = time.time()
+    deadline = t_start + args.deadline_s - args.export_reserve_s if args.deadline_s else None
+    work, out = Path(args.work_dir), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    timings: dict = {}
+    d = build_data(args, work, timings)
+    from tokenizers import Tokenizer as HFTokenizer
+    hf = HFTokenizer.from_str(d["tokenizer"])
+    torch.manual_seed(args.seed)
+    cfg = MoEConfig(vocab_size=hf.get_vocab_size(), d_model=args.d_model, n_layers=args.layers,
+                    n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                    n_experts=args.experts, n_experts_used=args.experts_used, d_ff_expert=args.expert_ffn,
+                    ctx_len=args.ctx)
+    model = MoEModel(cfg)
+    head = MTPHead(MTPConfig.from_model(cfg.model_config(), args.mtp_ffn))
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(f"model: {n_params / 1e6:.1f}M params (+{sum(p.numel() for p in head.parameters()) / 1e6:.1f}M MTP) "
+         f"on {device}")
+    hp = Hyper(batch_size=args.batch_size, ctx_len=args.ctx, lr=args.lr, warmup_steps=args.warmup_steps,
+               time_budget_s=args.time_budget_s, mtp_depths=args.mtp_depths, mtp_weight=args.mtp_weight,
+               aux_weight=args.aux_weight, checkpoint_every_s=args.checkpoint_every_s, seed=args.seed,
+               max_steps=args.max_steps, log_every=args.log_every)
+    t = time.time()
+    try:
+        st = train(model, head, torch.from_numpy(d["train"].astype(np.int32)),
+                   torch.from_numpy(d["val"].astype(np.int32)), hp, device, work / "ckpt.pt", deadline, _log)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:   # export what the checkpoint holds
+        _log(f"training failed: {type(e).__name__}: {e}")
+        from .loop import State, load
+        st = load(work / "ckpt.pt", model, head, torch.optim.AdamW(
+            [p for m in (model, head) for p in m.parameters()])) or State()
+    timings["train_wall_s"] = time.time() - t
+    t = time.time()
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    command = args.command or "python -m alphallama.train " + shlex.join(sys.argv[1:])
+    meta = {"alphallama.training.command": command, "alphallama.training.date": date,
+            "alphallama.training.corpus_manifest_sha256": d["manifest_sha"],
+            "alphallama.training.steps": st.step, "alphallama.training.tokens": st.tokens,
+            "alphallama.training.seconds": round(st.trained_s, 1), "alphallama.training.device": gpu,
+            "alphallama.training.commit": args.commit or "unknown"}
+    from gguf import GGMLQuantizationType as QT
+    main, side = export(out, args.stem, model.cpu().float(), head.cpu().float(),
+                        gguf_tokenizer_kv(hf, chat_template_text()), meta, QT[args.quant])
+    for name in ("manifest.tsv.gz", "heldout.jsonl.gz"):
+        (out / name).write_bytes((work / name).read_bytes())
+    sums = {p.name: sha256_file(p) for p in (main, side)}
+    if args.split_mib and main.stat().st_size > args.split_mib << 20:
+        split_file(main, args.split_mib << 20)
+        main.unlink()
+    (out / "SHA256SUMS").write_text("".join(f"{h}  {n}\n" for n, h in sums.items()))
+    timings["export_s"] = time.time() - t
+    report = {"date": date, "command": command, "commit": args.commit, "device": gpu,
+              "torch": torch.__version__, "config": asdict(cfg), "mtp_d_ff": args.mtp_ffn,
+              "params": n_params, "hyper": asdict(hp), "corpus": d["corpus"], "timings": timings,
+              "state": {"step": st.step, "trained_s": st.trained_s, "tokens": st.tokens},
+              "curves": st.curves, "files": sums}
+    (out / "train.json").write_text(json.dumps(report, indent=1))
+    last = st.curves["val"][-1] if st.curves["val"] else {}
+    _log(f"done: {st.step} steps, {st.tokens / 1e6:.1f}M tokens, {st.trained_s:.0f} s; held-out loss "
+         f"{last.get('loss', float('nan')):.3f}, MTP " + " ".join(f"{x:.3f}" for x in last.get("mtp", []))
+         + " top1 " + " ".join(f"{x:.2f}" for x in last.get("mtp_top1", [])))
+    _log(f"files: {', '.join(sorted(p.name for p in out.iterdir()))}; total {time.time() - t_start:.0f} s")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser, T) -> None:
+    a = p.add_argument
+    a("--out", required=True, help="folder for the GGUF files, train.json, manifest, held-out files")
+    a("--work-dir", default=T.work_dir, help="corpus/token cache and checkpoint (a second call resumes)")
+    a("--stem", default="alphallama-embedded", help="model file name without .gguf")
+    a("--root", action="append", help="LABEL=PATH source roots (default: this interpreter's site-packages and stdlib)")
+    a("--corpus-mb", type=int, default=T.corpus_mb)
+    a("--tokenizer-sample-mb", type=int, default=T.tokenizer_sample_mb)
+    a("--instruct-examples", type=int, default=T.instruct_examples)
+    a("--vocab-size", type=int, default=T.vocab_size)
+    a("--ctx", type=int, default=T.ctx_len)
+    a("--d-model", type=int, default=T.d_model)
+    a("--layers", type=int, default=T.n_layers)
+    a("--heads", type=int, default=T.n_heads)
+    a("--kv-heads", type=int, default=T.n_kv_heads)
+    a("--head-dim", type=int, default=T.head_dim)
+    a("--experts", type=int, default=T.n_experts)
+    a("--experts-used", type=int, default=T.n_experts_used)
+    a("--expert-ffn", type=int, default=T.d_ff_expert)
+    a("--mtp-ffn", type=int, default=T.mtp_d_ff)
+    a("--mtp-depths", type=int, default=T.mtp_depths)
+    a("--mtp-weight", type=float, default=T.mtp_weight)
+    a("--aux-weight", type=float, default=T.aux_weight)
+    a("--batch-size", type=int, default=T.batch_size)
+    a("--lr", type=float, default=T.lr)
+    a("--warmup-steps", type=int, default=T.warmup_steps)
+    a("--time-budget-s", type=float, default=T.time_budget_s, help="training seconds, summed over resumed calls")
+    a("--deadline-s", type=float, default=None, help="wall seconds for this whole call: training stops in time to export")
+    a("--export-reserve-s", type=float, default=45.0)
+    a("--checkpoint-every-s", type=float, default=T.checkpoint_every_s)
+    a("--max-steps", type=int, default=None)
+    a("--log-every", type=int, default=20)
+    a("--quant", default="Q8_0", choices=["Q8_0", "F16", "F32"])
+    a("--split-mib", type=int, default=15, help="split the model GGUF into parts of this size (0: never)")
+    a("--device", default="auto")
+    a("--workers", type=int, default=16, help="processes making instruction examples")
+    a("--seed", type=int, default=0)
+    a("--commit", default=None, help="the git commit to record (the device copy is no checkout)")
+    a("--command", default=None, help="the command to record as provenance (default: this one)")
