@@ -74,6 +74,39 @@ class TrainDefaults:
 
 
 @dataclass(frozen=True)
+class DistillDefaults:
+    """`python -m alphallama.train.distill_mtp`: an MTP sidecar distilled from a frozen model."""
+    time_budget_s: float = 240.0      # training seconds
+    gen_budget_s: float = 60.0        # the teacher answering chat requests (its own outputs: the data)
+    depths: int = 3
+    seq_len: int = 1024
+    batch_size: int = 16              # rows of seq_len tokens per step
+    lr: float = 5e-4
+    min_lr_frac: float = 0.1          # cosine over the time budget down to lr * this
+    warmup_steps: int = 50
+    max_steps: int = 0                # 0: until the time budget
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    corpus_mb: int = 120              # Python source read (the stdlib whole, then site-packages)
+    code_tokens: int = 24_000_000     # corpus tokens tokenized for training (epochs cycle over them)
+    held_out_frac: float = 0.02       # corpus files held out by content hash (evaluation only)
+    requests: int = 6000              # chat requests for the teacher to answer
+    eval_requests: int = 128          # ... from held-out files
+    max_new: int = 384                # tokens per answer
+    max_prompt: int = 2048            # longer request prompts are dropped
+    chat_share: float = 0.4           # of training rows
+    eval_code_rows: int = 64
+    eval_batch: int = 16
+    loss_chunk: int = 2048            # rows per output-head chunk in the loss ([rows, vocab] float32)
+    min_p: float = 0.5                # the drafter's stop rule, for the gated evaluation
+    log_every: int = 10
+    qtype: str = "Q8_0"               # the sidecar's matrices
+    part_mib: int = 15                # the sidecar comes back in parts of at most this size
+    work_dir: str = "/tmp/alpha-distill"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class MTPDefaults:
     """The MTP head at run time (model/mtp.py, runtime/gpu_mtp.py, spec/mtp.py, spec/draft_vocab.py)."""
     max_depth: int = 5            # the most drafts one MTP chain may make
@@ -89,6 +122,7 @@ class Defaults:
     server: ServerDefaults = field(default_factory=ServerDefaults)
     mtp: MTPDefaults = field(default_factory=MTPDefaults)
     train: TrainDefaults = field(default_factory=TrainDefaults)
+    distill: DistillDefaults = field(default_factory=DistillDefaults)
 
 
 DEFAULTS = Defaults()
