@@ -115,11 +115,25 @@ class MTPDefaults:
 
 
 @dataclass(frozen=True)
+class OffloadDefaults:
+    """The expert store and the automatic plan (offload/)."""
+    reserve_bytes: int = 1 << 30          # device memory kept for graphs, workspace, the CUDA context's growth
+    headroom_bytes: int = 256 << 20       # taken off the free memory a GPU reports before planning
+    admit_bytes_per_round: int = 8 << 20  # admission copies queued per round (paced, after its launch)
+    admit_chunk_bytes: int = 1 << 20      # one queued host->VRAM copy
+    score_half_life: float = 32.0         # rounds: usage counts decay so the bank follows the context
+    admit_margin: float = 0.25            # a candidate must beat the weakest resident by this fraction
+    max_cpu_threads: int = 8              # host workers: a few saturate host memory bandwidth
+    auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
+
+
+@dataclass(frozen=True)
 class Defaults:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     engine: EngineDefaults = field(default_factory=EngineDefaults)
     spec: SpecDefaults = field(default_factory=SpecDefaults)
     server: ServerDefaults = field(default_factory=ServerDefaults)
+    offload: OffloadDefaults = field(default_factory=OffloadDefaults)
     mtp: MTPDefaults = field(default_factory=MTPDefaults)
     train: TrainDefaults = field(default_factory=TrainDefaults)
     distill: DistillDefaults = field(default_factory=DistillDefaults)
