@@ -1,4 +1,4 @@
-"""`alphallama run | inspect | serve | bench | synth`.
+"""`alphallama run | inspect | plan | serve | bench | synth`.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `run(args) -> int`; this file only registers them, importing each lazily so `inspect`
@@ -16,6 +16,7 @@ from .gguf.reader import GGUFError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("alphallama.cli_run", "generate a continuation of a prompt"),
     "inspect": ("alphallama.cli_inspect", "print a GGUF model's architecture, sizes, tokenizer and template"),
+    "plan": ("alphallama.cli_plan", "print the layout serve/run would choose for a model on this device"),
     "serve": ("alphallama.server.cli", "serve an OpenAI-compatible HTTP API"),
     "bench": ("alphallama.bench.arena", "run the arena benchmark against OpenAI-compatible servers"),
     "synth": ("alphallama.gguf.writer", "write a synthetic model with random weights"),

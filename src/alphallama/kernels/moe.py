@@ -7,6 +7,13 @@
 Nothing leaves the device (expert ids are read by the kernels from a device tensor),
 so the layer is captured in the round's CUDA graph like the dense FFN.
 
+Expert store (offload/store.py): with a `table` [E] int32, expert e's weights are read
+from slot table[e] of a VRAM bank shared by the layers, or, where table[e] < 0, from
+the layer's host tier (pinned RAM, read in place over PCIe). Both branches run the same
+code on tiles of the same shape, so an expert's contribution has the same bits
+whichever tier it lives in; the table is a device tensor, so residency changes need
+no new graph.
+
 The GEMVs are qmatmul's (qmatmul.py): the same per-format load/field functions, the
 same tile per weight (qmatmul.tile), explicit FMAs in k order into a [NT, BN, V]
 accumulator, compiled with enable_fp_fusion=False. Each program serves one x row
@@ -52,14 +59,19 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
     tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
 
 
-def moe_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [W, E] fp32 -> (weights [W, k] fp32, expert ids [W, k] int32), by rank."""
+def moe_route(logits: torch.Tensor, top_k: int, norm: bool,
+              experts_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [W, E] fp32 -> (weights [W, k] fp32, expert ids [W, k] int32), by rank.
+    experts_out: a contiguous int32 [W, k] to write the ids into (the expert store's
+    record of the round's routing)."""
     if not _use_triton(logits):
-        return moe_route_ref(logits, top_k, norm)
+        w, ids = moe_route_ref(logits, top_k, norm)
+        return w, (ids if experts_out is None else experts_out.copy_(ids))
     W, E = logits.shape
     logits = logits.contiguous()
     weights = torch.empty((W, top_k), dtype=torch.float32, device=logits.device)   # [W, k]
-    experts = torch.empty((W, top_k), dtype=torch.int32, device=logits.device)     # [W, k]
+    experts = experts_out if experts_out is not None else \
+        torch.empty((W, top_k), dtype=torch.int32, device=logits.device)          # [W, k]
     _route_kernel[(W,)](logits, weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
                         BLOCK_K=triton.next_power_of_2(top_k), NORM=norm)
     return weights, experts
@@ -99,46 +111,91 @@ def _acc_row(acc, x_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: 
 
 # -- gate + up + SiLU for every selected expert ---------------------------------------------
 @triton.jit(do_not_specialize=["one"])
-def _gate_up_kernel(x, out, experts, qs, qh, sc, sd, F, stride_xw, one, TOP_K: tl.constexpr,
-                    n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr,
-                    P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, stride_xw, one,
+                    TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                    FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
     """Program (pair, n block): pair = row * TOP_K + rank. The weight is gate|up fused
-    along N, [E, 2F, K]: gate rows e * 2F + n, up rows e * 2F + F + n."""
+    along N, [E, 2F, K]: gate rows e * 2F + n, up rows e * 2F + F + n. With TABLE, the
+    planes b* are the bank [S, 2F, K] and expert e sits in slot table[e] (>= 0) or in
+    the host planes (< 0): one branch or the other, the same arithmetic."""
     n_fb = tl.cdiv(F, BN)
     pair = tl.program_id(0) // n_fb
     n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)  # [BN]
     e = tl.load(experts + pair).to(tl.int64)
     x_row = x + (pair // TOP_K).to(tl.int64) * stride_xw
-    row_g = (e * 2 * F + tl.minimum(n_out, F - 1))[None, :]  # [1, BN]; past F: recompute F-1, not stored
-    g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g, one, n_slots,
-                 LOAD, FIELD, V, P, NT)
-    u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g + F, one, n_slots,
-                 LOAD, FIELD, V, P, NT)
+    n_in = tl.minimum(n_out, F - 1)[None, :]  # [1, BN]; past F: recompute F-1, not stored
+    slot = -1
+    if TABLE:
+        slot = tl.load(table + e).to(tl.int64)
+    if slot >= 0:
+        row_g = slot * 2 * F + n_in
+        g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, bqs, bqh, bsc, bsd, row_g, one, n_slots,
+                     LOAD, FIELD, V, P, NT)
+        u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, bqs, bqh, bsc, bsd, row_g + F, one, n_slots,
+                     LOAD, FIELD, V, P, NT)
+    else:
+        row_g = e * 2 * F + n_in
+        g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g, one, n_slots,
+                     LOAD, FIELD, V, P, NT)
+        u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g + F, one, n_slots,
+                     LOAD, FIELD, V, P, NT)
     g = tl.sum(tl.sum(g, axis=2), axis=0)  # [BN]
     u = tl.sum(tl.sum(u, axis=2), axis=0)
     y = g / (1.0 + tl.exp(-g)) * u         # silu(gate) * up, as fused.silu_mul
     tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
 
 
+def _check_bank(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> None:
+    if (table is None) != (bank is None):
+        raise ValueError("an expert table needs its bank and a bank its table")
+    if bank is not None and (bank.qtype != w.qtype or bank.shape[1:] != w.shape[1:]
+                             or table.dtype != torch.int32 or table.shape != (w.shape[0],)):
+        raise ValueError(f"bank {bank.qtype.name} {bank.shape} / table {tuple(table.shape)} do not match "
+                         f"the experts {w.qtype.name} {w.shape}")
+
+
+def _bank_args(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> tuple:
+    """(table, host planes, bank planes) kernel arguments; without a table the bank
+    arguments are stand-ins that are never read."""
+    if table is None:
+        return (w.planes["qs"], *w.plane_args(), *w.plane_args())
+    return (table.contiguous(), *w.plane_args(), *bank.plane_args())
+
+
+def _resolve(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> QuantWeight:
+    """The [E, N, K] weights the table points at, gathered (plain-torch paths)."""
+    if table is None:
+        return w
+    t = table.long().cpu()
+    planes = {n: torch.where((t >= 0).view(-1, *[1] * (p.dim() - 1)).to(p.device),
+                             bank.planes[n][t.clamp(min=0).to(bank.device)].to(p.device), p)
+              for n, p in w.planes.items()}
+    return QuantWeight(w.qtype, w.shape, planes)
+
+
 def moe_gate_up(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
-                out_dtype: torch.dtype = torch.float32, rows_per_thread: int = ROWS_PER_THREAD) -> torch.Tensor:
+                out_dtype: torch.dtype = torch.float32, rows_per_thread: int = ROWS_PER_THREAD,
+                table: torch.Tensor | None = None, bank: QuantWeight | None = None) -> torch.Tensor:
     """x [W, K] (bf16/fp32), gate_up [E, 2F, K] (gate rows then up rows per expert),
     experts [W, k] int32 -> silu(x @ gate[e]^T) * (x @ up[e]^T) [W, k, F] in out_dtype.
-    rows_per_thread is part of the summation order (qmatmul.tile)."""
+    rows_per_thread is part of the summation order (qmatmul.tile). With table [E] int32
+    and bank [S, 2F, K]: expert e is read from bank slot table[e] when >= 0, else from
+    gate_up (the host tier)."""
     if len(gate_up.shape) != 3 or gate_up.N % 2 or x.shape[1] != gate_up.K:
         raise ValueError(f"x {tuple(x.shape)} does not match a fused gate|up weight {gate_up.shape}")
+    _check_bank(gate_up, table, bank)
     W, k = experts.shape
     F = gate_up.N // 2
     if not _use_triton(x):
-        return moe_gate_up_ref(x, gate_up, experts).to(out_dtype)
+        return moe_gate_up_ref(x, _resolve(gate_up, table, bank), experts).to(out_dtype)
     x = x if x.stride(1) == 1 else x.contiguous()
     experts = experts.contiguous()
     out = torch.empty((W, k, F), dtype=out_dtype, device=x.device)  # [W, k, F]
     BN, NT, num_warps = tile(gate_up, rows_per_thread, num_warps=NUM_WARPS)
     fmt = gate_up.fmt
     _gate_up_kernel[(W * k * triton.cdiv(F, BN),)](
-        x, out, experts, *gate_up.plane_args(), F, x.stride(0), 1, TOP_K=k, n_slots=gate_up.n_slots,
-        LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT,
+        x, out, experts, *_bank_args(gate_up, table, bank), F, x.stride(0), 1, TOP_K=k, TABLE=table is not None,
+        n_slots=gate_up.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT,
         num_warps=num_warps, enable_fp_fusion=False)
     return out
 
@@ -154,44 +211,56 @@ def moe_gate_up_ref(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor
 
 # -- down projection + weighted sum over the selected experts -------------------------------
 @triton.jit(do_not_specialize=["one"])
-def _down_kernel(act, out, weights, experts, qs, qh, sc, sd, N, one, TOP_K: tl.constexpr,
-                 n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr,
-                 P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+def _down_kernel(act, out, weights, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
+                 TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                 FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
     """Program (row, n block): its TOP_K experts in ascending rank, each reduced to [BN]
-    and added as weight * value with one FMA, so the sum's order is fixed."""
+    and added as weight * value with one FMA, so the sum's order is fixed (and does not
+    depend on which tier each expert's weights come from)."""
     n_nb = tl.cdiv(N, BN)
     m = (tl.program_id(0) // n_nb).to(tl.int64)
     n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)  # [BN]
-    nn = tl.minimum(n_out, N - 1)   # past N: recompute N-1, not stored
+    nn = tl.minimum(n_out, N - 1)[None, :]   # [1, BN]; past N: recompute N-1, not stored
     K: tl.constexpr = n_slots * V * P
     y = tl.zeros([BN], tl.float32)
     for r in tl.static_range(TOP_K):
         e = tl.load(experts + m * TOP_K + r).to(tl.int64)
         wr = tl.load(weights + m * TOP_K + r)
-        acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), act + (m * TOP_K + r) * K, qs, qh, sc, sd,
-                       (e * N + nn)[None, :], one, n_slots, LOAD, FIELD, V, P, NT)
+        a_row = act + (m * TOP_K + r) * K
+        slot = -1
+        if TABLE:
+            slot = tl.load(table + e).to(tl.int64)
+        if slot >= 0:
+            acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, bqs, bqh, bsc, bsd, slot * N + nn, one,
+                           n_slots, LOAD, FIELD, V, P, NT)
+        else:
+            acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
+                           n_slots, LOAD, FIELD, V, P, NT)
         y = tl.fma(tl.sum(tl.sum(acc, axis=2), axis=0), wr, y)
     tl.store(out + m * N + n_out, y, mask=n_out < N)
 
 
 def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
-             rows_per_thread: int = ROWS_PER_THREAD) -> torch.Tensor:
+             rows_per_thread: int = ROWS_PER_THREAD, table: torch.Tensor | None = None,
+             bank: QuantWeight | None = None) -> torch.Tensor:
     """act [W, k, F] (bf16/fp32), down [E, D, F], experts [W, k] int32, weights [W, k]
-    fp32 -> sum_j weights[:, j] * (act[:, j] @ down[experts[:, j]]^T): [W, D] fp32."""
+    fp32 -> sum_j weights[:, j] * (act[:, j] @ down[experts[:, j]]^T): [W, D] fp32.
+    table/bank: as moe_gate_up."""
     W, k, F = act.shape
     if len(down.shape) != 3 or down.K != F or experts.shape != (W, k) or weights.shape != (W, k):
         raise ValueError(f"act {tuple(act.shape)}, experts {tuple(experts.shape)}, weights "
                          f"{tuple(weights.shape)} do not match the down weight {down.shape}")
+    _check_bank(down, table, bank)
     if not _use_triton(act):
-        return moe_down_ref(act, down, experts, weights)
+        return moe_down_ref(act, _resolve(down, table, bank), experts, weights)
     D = down.N
     out = torch.empty((W, D), dtype=torch.float32, device=act.device)  # [W, D]
     BN, NT, num_warps = tile(down, rows_per_thread, num_warps=NUM_WARPS)
     fmt = down.fmt
     _down_kernel[(W * triton.cdiv(D, BN),)](
-        act.contiguous(), out, weights.float().contiguous(), experts.contiguous(), *down.plane_args(), D, 1,
-        TOP_K=k, n_slots=down.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P,
-        BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
+        act.contiguous(), out, weights.float().contiguous(), experts.contiguous(),
+        *_bank_args(down, table, bank), D, 1, TOP_K=k, TABLE=table is not None, n_slots=down.n_slots,
+        LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
     return out
 
 

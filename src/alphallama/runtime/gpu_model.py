@@ -35,6 +35,7 @@ from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
+from ..offload.store import ExpertStore, pack_experts
 from .kv_cache import KVCache
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
@@ -76,38 +77,40 @@ class Linear:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-def _expert_rows(p: TensorInfo) -> torch.Tensor:
-    """An [E, N, K] tensor's bytes as uint8 [E, N, row_bytes]."""
-    E, N, _ = p.shape
-    return torch.from_numpy(p.data.reshape(E, N, -1).view("uint8").copy())
-
-
 class MoE:
     """Routed experts: router [E, D] (F32 in GGUF files, through qmatmul: row-invariant,
     unlike a cuBLAS GEMM whose kernel may change with W), gate|up fused along N per
-    expert [E, 2F, D], down [E, D, F]."""
+    expert [E, 2F, D], down [E, D, F]. With an expert store (offload/store.py) the
+    experts live there: the kernels take each from its VRAM slot or the host tier."""
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
-                 norm: bool, device):
-        if gate.qtype != up.qtype:
-            raise NotImplementedError(f"experts' gate and up of different types ({gate.qtype.name}, "
-                                      f"{up.qtype.name}) are not supported on the GPU")
-        E, F, D = gate.shape
+                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0):
+        E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
-        # gate rows then up rows of each expert: GGUF rows are independent runs of blocks
-        raw = torch.cat([_expert_rows(gate), _expert_rows(up)], dim=1)           # [E, 2F, row_bytes]
-        self.gate_up = QuantWeight.from_raw(raw, gate.qtype, (E, 2 * F, D), device)
-        self.down = QuantWeight.from_raw(down.data, down.qtype, tuple(down.shape), device)
+        self.store, self.layer = store, layer
+        if store is None:
+            self.gate_up, self.down = pack_experts(gate, up, down, device)
+            expert_bytes = self.gate_up.nbytes + self.down.nbytes
+        else:
+            v = store.layer(layer)
+            expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
         # what one row reads: the router and k of the E experts
-        self.nbytes = self.router.nbytes + (self.gate_up.nbytes + self.down.nbytes) * top_k // E
+        self.nbytes = self.router.nbytes + expert_bytes * top_k // E
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor:
         """h [W, D] -> [W, D] fp32."""
-        weights, experts = moe_route(qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD),
-                                     self.top_k, self.norm)                       # [W, k] each
-        act = moe_gate_up(h, self.gate_up, experts, act_dtype, rows_per_thread=ROWS_PER_THREAD)  # [W, k, F]
-        return moe_down(act, self.down, experts, weights, rows_per_thread=ROWS_PER_THREAD)
+        logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
+        if self.store is None:
+            weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
+            act = moe_gate_up(h, self.gate_up, experts, act_dtype, rows_per_thread=ROWS_PER_THREAD)  # [W, k, F]
+            return moe_down(act, self.down, experts, weights, rows_per_thread=ROWS_PER_THREAD)
+        v = self.store.layer(self.layer)
+        # the ids also land in the store's record of the round (its admission policy)
+        weights, experts = moe_route(logits, self.top_k, self.norm,
+                                     experts_out=self.store.routes[self.layer, :h.shape[0]])
+        act = moe_gate_up(h, v.host_gate_up, experts, act_dtype, ROWS_PER_THREAD, v.table, v.bank_gate_up)
+        return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
 
 @dataclass
@@ -133,7 +136,9 @@ class GPUModel:
     """Same interface as the reference Transformer: new_cache, forward, verify."""
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
-                 progress=None):
+                 progress=None, expert_slots: int | None = None):
+        """expert_slots: keep the routed experts in an expert store with a bank of this
+        many VRAM slots (offload/store.py); None: every expert resident."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -142,6 +147,12 @@ class GPUModel:
         self.max_len = max_len
         t = f.tensors
         vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
+        self.store: ExpertStore | None = None
+        if cfg.is_moe and expert_slots is not None:
+            exps = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+            self.store = ExpertStore({i: tuple(t[f"blk.{i}.{n}.weight"] for n in exps) for i in range(cfg.n_layers)},
+                                     cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
+                                     MAX_W, progress)
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -151,7 +162,8 @@ class GPUModel:
             moe, dense = None, not cfg.is_moe
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
-                          t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device)
+                          t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
+                          self.store, i)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device),
@@ -259,6 +271,8 @@ class GPUModel:
             part = tokens[s:s + MAX_W]
             W = part.shape[0]
             self._pos.fill_(pos + s)
+            if self.store is not None:
+                self.store.before_round()
             if self.use_graphs and cache is self.cache:
                 b = bucket_of(W)
                 self._tokens[:W].copy_(part)
@@ -270,6 +284,8 @@ class GPUModel:
                 outs.append((g_logits[:W], g_hidden[:W]) if T <= MAX_W else (g_logits[:W].clone(), g_hidden[:W].clone()))
             else:
                 outs.append(self._rows(part, self._pos, cache))
+            if self.store is not None:
+                self.store.after_launch(W)
         cache.length = pos + T
         if len(outs) == 1:
             out = outs[0]

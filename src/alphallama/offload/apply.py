@@ -1,0 +1,69 @@
+"""Applying the plan: `run` and `serve` fill every setting the user left unset from it.
+
+Explicit flags win (-c, --device); `--gpu-mem BYTES` caps the device budget (to emulate
+a smaller card); ALPHA_AUTO=0 turns planning off (everything resident, as before).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from ..config import DEFAULTS
+from .plan import Plan, make_plan
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'24000000000', '24G', '512M', '1.5GiB' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 24000000000, 24G, 512M)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"a memory budget must be positive, got {text!r}")
+    return n
+
+
+def add_gpu_mem_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-mem", type=parse_bytes, default=None, metavar="BYTES",
+                   help="device memory the plan may use (default: all that is free; suffixes K, M, G)")
+
+
+def auto_enabled() -> bool:
+    return os.environ.get(DEFAULTS.offload.auto_env, "1").strip() != "0"
+
+
+def plan_from_args(args, path: str) -> Plan | None:
+    """The plan for a run/serve invocation, or None with ALPHA_AUTO=0. PlanError when
+    nothing fits (the caller prints it)."""
+    if not auto_enabled():
+        return None
+    return make_plan(path, ctx=args.ctx_size, gpu_mem=getattr(args, "gpu_mem", None), device=args.device)
+
+
+def summary(plan: Plan | None) -> str:
+    if plan is None:
+        return f"automatic plan off ({DEFAULTS.offload.auto_env}=0)"
+    if plan.layout == "offload":
+        return (f"offload: {plan.slots}/{plan.sizes.n_experts} expert slots in VRAM "
+                f"({100 * plan.resident_fraction:.0f}%), the rest read from host RAM")
+    return plan.layout
+
+
+def load_engine(path: str, args, plan: Plan | None, progress=None):
+    """An Engine laid out as planned: settings the user gave win over the plan's."""
+    from ..engine import Engine, resolve_device
+    ctx = args.ctx_size if args.ctx_size is not None else (plan.ctx if plan is not None else None)
+    device = args.device
+    if plan is None or plan.layout != "offload" or resolve_device(device) != "cuda":
+        return Engine.load(path, ctx_size=ctx, device=device, progress=progress)
+    from ..chat import ChatTemplate
+    from ..gguf.reader import GGUFFile
+    from ..runtime.gpu_model import GPUModel
+    from ..tokenizer import Tokenizer
+    f = GGUFFile(path)
+    model = GPUModel(f, plan.ctx if ctx is None else ctx, "cuda", progress=progress, expert_slots=plan.slots)
+    tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # as Engine.load
+    return Engine(f, model, Tokenizer.from_metadata(f.metadata), tmpl, model.max_len)

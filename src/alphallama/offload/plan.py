@@ -1,0 +1,207 @@
+"""The automatic plan: model sizes x device memory -> the layout, before loading anything.
+
+Only the GGUF header is read (metadata and the tensor table; tensor data stays on disk),
+and the free device memory comes from torch.cuda.mem_get_info, or from --gpu-mem where
+given (which also caps it: emulating a smaller card). Sizes are the bytes the GPU
+runtime will hold: weight planes (kernels/formats.py) re-laid from the file's blocks,
+norms as fp32, the embedding's raw rows, the f16 KV cache at the chosen context.
+
+Layouts: `resident` (everything on the device), `offload` (the dense part, the KV cache
+and a bank of expert slots on the device; every expert in host RAM, the hottest also in
+the bank; offload/store.py), `cpu` (no GPU: the reference runtime).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import torch
+from gguf.constants import GGML_QUANT_SIZES
+
+from ..config import DEFAULTS
+from ..gguf.arch import ModelConfig, load_config
+from ..gguf.reader import GGUFFile, TensorInfo
+
+GiB = 1 << 30
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+KV_PAD_ROWS = 64          # the GPU cache keeps a full padded bucket past the context (gpu_model.MAX_W)
+_EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+class PlanError(ValueError):
+    """No layout fits; the message gives the sizes and what to change."""
+
+
+@lru_cache(maxsize=None)
+def row_bytes(qtype: int, K: int) -> int:
+    """Device bytes of one weight row of K values: its planes (formats.py), or the
+    file's bytes for a type the GPU kernels do not take."""
+    from ..kernels.qweight import FORMATS
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    fmt = FORMATS.get(qtype)
+    if fmt is None or K % block or K % fmt.slot:
+        return K // block * type_size
+    planes = fmt.pack(torch.zeros((1, K // block, type_size), dtype=torch.uint8))  # name -> [1, per_row]
+    return sum(p.numel() * p.element_size() for p in planes.values())
+
+
+def device_bytes(t: TensorInfo) -> int:
+    """What the GPU runtime holds for a tensor: vectors as fp32, matrices as planes."""
+    shape = tuple(t.shape)
+    if len(shape) == 1:
+        return shape[0] * 4
+    return math.prod(shape[:-1]) * row_bytes(int(t.qtype), shape[-1])
+
+
+@dataclass(frozen=True)
+class Sizes:
+    dense: int            # device bytes of everything but the routed experts
+    experts: int          # device bytes of all routed experts
+    expert_slot: int      # one expert (gate + up + down), the largest of any layer
+    n_experts: int        # routed experts in the model (layers x experts per layer)
+    kv: int               # KV cache at the plan's context
+    workspace: int        # logits, activations, graphs, margin
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts + self.kv + self.workspace
+
+
+def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
+    dense = experts = slot = 0
+    per_layer: dict[str, int] = {}
+    for name, t in f.tensors.items():
+        n = t.nbytes if name == "token_embd.weight" else device_bytes(t)   # embedding: raw rows, gathered
+        if name.endswith(_EXPERT_SUFFIXES):
+            experts += n
+            layer = name.split(".")[1]
+            per_layer[layer] = per_layer.get(layer, 0) + n // t.shape[0]
+        else:
+            dense += n
+    if "output.weight" not in f.tensors:   # tied: the head's planes beside the raw embedding rows
+        dense += device_bytes(f.tensors["token_embd.weight"])
+    slot = max(per_layer.values(), default=0)
+    kv = 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
+    workspace = DEFAULTS.offload.reserve_bytes + 2 * KV_PAD_ROWS * cfg.vocab_size * 4
+    return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace)
+
+
+def host_threads() -> int:
+    """CPU workers for the host: the cores this process may use less one for the thread
+    that launches rounds, capped (a few threads saturate host memory bandwidth)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores - 1, DEFAULTS.offload.max_cpu_threads))
+
+
+def host_available() -> int | None:
+    """MemAvailable from /proc/meminfo (bytes), None where there is none."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def device_budget(gpu_mem: int | None) -> tuple[int | None, str]:
+    """(bytes the plan may use on the device, where that figure comes from)."""
+    free = None
+    if torch.cuda.is_available():
+        free = torch.cuda.mem_get_info()[0] - DEFAULTS.offload.headroom_bytes
+    if gpu_mem is not None and free is not None:
+        return min(gpu_mem, free), ("--gpu-mem" if gpu_mem <= free else "free device memory (below --gpu-mem)")
+    if gpu_mem is not None:
+        return gpu_mem, "--gpu-mem (no GPU here)"
+    return free, "free device memory"
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str
+    arch: str
+    ctx: int
+    sizes: Sizes
+    budget: int | None    # device bytes; None: no GPU and no --gpu-mem
+    budget_source: str
+    layout: str           # resident | offload | cpu
+    slots: int            # expert bank slots (offload); all experts when resident
+    cpu_threads: int
+    mtp_depth: int        # in-file MTP layers (0: none)
+    mode: str = "exact"
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.layout == "cpu" else "cuda"
+
+    @property
+    def resident_fraction(self) -> float:
+        return self.slots / self.sizes.n_experts if self.sizes.n_experts else 1.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "device": self.device, "resident_fraction": self.resident_fraction}
+
+    def describe(self) -> str:
+        s, g = self.sizes, human
+        lines = [f"model      {self.path} ({self.arch})",
+                 f"dense      {g(s.dense)}",
+                 f"experts    {g(s.experts)}" + (f" ({s.n_experts} experts, {g(s.expert_slot)} each)"
+                                                   if s.n_experts else " (dense model)"),
+                 f"kv cache   {g(s.kv)} at context {self.ctx}",
+                 f"workspace  {g(s.workspace)}",
+                 f"device     " + (f"{g(self.budget)} usable ({self.budget_source})" if self.budget is not None
+                                   else "no GPU (cpu runtime)")]
+        if self.layout == "resident":
+            lines.append(f"layout     all resident ({g(s.total)} on the device)")
+        elif self.layout == "offload":
+            bank = self.slots * s.expert_slot
+            lines.append(f"layout     offload: {self.slots} of {s.n_experts} expert slots in VRAM "
+                         f"({100 * self.resident_fraction:.0f}%, {g(bank)}), host tier {g(s.experts)} "
+                         f"in RAM, {self.cpu_threads} host threads + 1 launch thread")
+        else:
+            lines.append(f"layout     cpu (reference runtime, {self.cpu_threads} threads)")
+        lines.append(f"mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
+        lines.append(f"mode       {self.mode}")
+        return "\n".join(lines)
+
+
+def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, device: str = "auto") -> Plan:
+    """The layout for a model file; PlanError when even the dense part does not fit."""
+    f = GGUFFile(path)
+    cfg = load_config(f)
+    ctx = min(ctx or DEFAULTS.engine.ctx_size, cfg.ctx_len)
+    s = model_sizes(f, cfg, ctx)
+    budget, source = device_budget(gpu_mem) if device != "cpu" else (None, "--device cpu")
+    mtp = int(f.metadata.get(f"{cfg.arch}.nextn_predict_layers", 0) or 0)
+    common = dict(path=path, arch=cfg.arch, ctx=ctx, sizes=s, budget=budget, budget_source=source,
+                  cpu_threads=host_threads(), mtp_depth=mtp)
+    if budget is None:
+        return Plan(layout="cpu", slots=s.n_experts, **common)
+    if s.total <= budget:
+        return Plan(layout="resident", slots=s.n_experts, **common)
+    fixed = s.dense + s.kv + s.workspace
+    if not cfg.is_moe or budget < fixed:
+        g = human
+        what = "the dense part" if cfg.is_moe else "the model (a dense model has no experts to keep in RAM)"
+        raise PlanError(
+            f"{path}: the device budget of {g(budget)} ({source}) is too small for {what}: dense "
+            f"{g(s.dense)}" + ("" if cfg.is_moe else f" + weights {g(s.experts)}")
+            + f" + KV cache {g(s.kv)} at context {ctx} + workspace {g(s.workspace)} = "
+            f"{g(fixed + (0 if cfg.is_moe else s.experts))}; use a GPU with more free memory, a smaller "
+            f"context (-c) or a smaller quantization")
+    # a bank of any size works (even none: every expert is then read from RAM)
+    slots = (budget - fixed) // max(s.expert_slot, 1)
+    avail = host_available()
+    if avail is not None and s.experts > avail:
+        raise PlanError(f"{path}: the experts ({human(s.experts)}) do not fit the host's available "
+                        f"RAM ({human(avail)}) either")
+    return Plan(layout="offload", slots=int(min(slots, s.n_experts - 1)), **common)

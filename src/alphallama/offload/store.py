@@ -1,0 +1,296 @@
+"""The expert store: every routed expert in host RAM, the hottest also in one VRAM bank.
+
+    host tier   per class, planes [layers * E, N, per_row] in pinned (page-locked, device-
+                mapped) RAM: every expert, always (weights are read-only, so evicting from
+                the bank is just retargeting the table)
+    bank        per class, planes [S, N, per_row] in VRAM: S slots shared by the class's layers
+    table       int32 [L, E] on the device: slot of (layer, expert) in its class's bank, or -1
+
+A class is the layers whose experts have the same formats and shapes (a Q4_K_M file
+has Q6_K ffn_down in some layers and Q4_K in the others: two classes); its slots are a
+share of the bank proportional to its layers. The round's MoE kernels (kernels/moe.py)
+read the table on the device and take each expert from its slot, or from the host tier
+in place over PCIe where it has none, with the same arithmetic either way: where an
+expert lives never changes the bits, and the table is a graph input, so residency
+changes never rebuild graphs.
+
+Between rounds (`before_round` / `after_launch`, called by GPUModel.forward):
+- the round's routing (written by the route kernels into `routes`) goes to the host
+  behind the round and feeds the usage policy (policy.py) at the next round;
+- admissions: the victim's table entry is cleared on the round's stream, then the new
+  expert's planes are copied into the slot in chunks on a side stream, at most
+  `admit_bytes_per_round` queued per round and only after the round was launched, so a
+  copy never delays a round's own inputs; once the copy's event has completed, a later
+  round's table gets the slot.
+Without CUDA (tests) the same bookkeeping runs with synchronous copies: the "bank" is
+then ordinary memory, which is how the tiers are simulated on CPU.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..config import DEFAULTS
+from ..gguf.reader import TensorInfo
+from ..kernels.qweight import QuantWeight
+from .policy import UsagePolicy
+
+
+def _expert_rows(p: TensorInfo) -> torch.Tensor:
+    """An [E, N, K] tensor's bytes as uint8 [E, N, row_bytes]."""
+    E, N, _ = p.shape
+    return torch.from_numpy(p.data.reshape(E, N, -1).view("uint8").copy())
+
+
+def pack_experts(gate: TensorInfo, up: TensorInfo, down: TensorInfo, device) -> tuple[QuantWeight, QuantWeight]:
+    """One layer's experts as (gate|up fused along N [E, 2F, D], down [E, D, F])."""
+    if gate.qtype != up.qtype:
+        raise NotImplementedError(f"experts' gate and up of different types ({gate.qtype.name}, "
+                                  f"{up.qtype.name}) are not supported on the GPU")
+    E, F, D = gate.shape
+    raw = torch.cat([_expert_rows(gate), _expert_rows(up)], dim=1)           # [E, 2F, row_bytes]
+    gate_up = QuantWeight.from_raw(raw, gate.qtype, (E, 2 * F, D), device)
+    return gate_up, QuantWeight.from_raw(down.data, down.qtype, tuple(down.shape), device)
+
+
+def _pin(t: torch.Tensor) -> torch.Tensor:
+    """Page-lock and map `t` (cudaHostRegister) so kernels read it in place and copies
+    from it are asynchronous DMA; unregistered when `t` is freed. A no-op without CUDA."""
+    if not torch.cuda.is_available() or t.numel() == 0:
+        return t
+    cudart = torch.cuda.cudart()
+    ptr, size = t.data_ptr(), t.numel() * t.element_size()
+    rc = cudart.cudaHostRegister(ptr, size, 3)   # cudaHostRegisterPortable | cudaHostRegisterMapped
+    if int(rc) != 0:
+        return t.pin_memory()   # the allocator's pinned memory (rounded up to a power of two)
+    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
+    return t
+
+
+def _host_like(w: QuantWeight, rows: int) -> QuantWeight:
+    """Empty pinned host planes for `rows` experts shaped like w's."""
+    planes = {n: _pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
+    return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes)
+
+
+def _bank_like(w: QuantWeight, slots: int, device) -> QuantWeight:
+    planes = {n: torch.zeros((slots, *p.shape[1:]), dtype=p.dtype, device=device) for n, p in w.planes.items()}
+    return QuantWeight(w.qtype, (slots, *w.shape[1:]), planes)
+
+
+def _sub(w: QuantWeight, start: int, stop: int) -> QuantWeight:
+    return QuantWeight(w.qtype, (stop - start, *w.shape[1:]), {n: p[start:stop] for n, p in w.planes.items()})
+
+
+@dataclass
+class ExpertClass:
+    layers: list[int]                    # model layer ids, in order
+    host_gate_up: QuantWeight | None = None  # [len(layers) * E, 2F, K]
+    host_down: QuantWeight | None = None     # [len(layers) * E, D, F]
+    bank_gate_up: QuantWeight | None = None  # [S, 2F, K]
+    bank_down: QuantWeight | None = None     # [S, D, F]
+    owners: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [S] flat id, -1 free, -2 filling
+
+    @property
+    def slot_bytes(self) -> int:
+        return (self.host_gate_up.nbytes + self.host_down.nbytes) // self.host_gate_up.shape[0]
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """What one MoE layer's kernels take."""
+    host_gate_up: QuantWeight   # [E, 2F, K]
+    host_down: QuantWeight      # [E, D, F]
+    bank_gate_up: QuantWeight
+    bank_down: QuantWeight
+    table: torch.Tensor         # [E] int32, a row of the store's table
+
+
+@dataclass
+class _Admission:
+    slot: int
+    flat: int
+    chunks: list[tuple[torch.Tensor, torch.Tensor]]   # (dst, src) pairs still to queue
+    ready: object = None                              # cuda Event after the last chunk (None on CPU: done)
+
+
+class ExpertStore:
+    def __init__(self, layers: dict[int, tuple[TensorInfo, TensorInfo, TensorInfo]], n_layers: int,
+                 n_experts: int, top_k: int, slots: int, device, max_w: int, progress=None,
+                 admit_bytes_per_round: int = DEFAULTS.offload.admit_bytes_per_round,
+                 chunk_bytes: int = DEFAULTS.offload.admit_chunk_bytes,
+                 half_life: float = DEFAULTS.offload.score_half_life, margin: float = DEFAULTS.offload.admit_margin):
+        """layers: MoE layer id -> (gate, up, down) tensor infos; slots: bank slots in all."""
+        self.device = torch.device(device)
+        self.E, self.top_k = n_experts, top_k
+        self.admit_bytes_per_round, self.chunk_bytes = admit_bytes_per_round, chunk_bytes
+        self.classes: list[ExpertClass] = []
+        self._class_of: dict[int, tuple[ExpertClass, int]] = {}   # layer -> (class, index in class)
+        keys: dict[tuple, ExpertClass] = {}
+        for i, (g, u, d) in sorted(layers.items()):
+            key = (g.qtype, u.qtype, tuple(g.shape), d.qtype, tuple(d.shape))
+            keys.setdefault(key, ExpertClass([])).layers.append(i)
+        self.classes = list(keys.values())
+        for c in self.classes:
+            for j, i in enumerate(c.layers):
+                gu, dn = pack_experts(*layers[i], self.device)
+                if c.host_gate_up is None:
+                    c.host_gate_up, c.host_down = _host_like(gu, len(c.layers) * self.E), _host_like(dn, len(c.layers) * self.E)
+                for host, w in ((c.host_gate_up, gu), (c.host_down, dn)):
+                    for n, p in w.planes.items():
+                        host.planes[n][j * self.E:(j + 1) * self.E].copy_(p)
+                self._class_of[i] = (c, j)
+                del gu, dn
+                if progress is not None:
+                    progress(f"experts of layer {i}", 0)
+        self.moe_layers = np.array(sorted(layers), dtype=np.int64)
+        self.table = torch.full((n_layers, self.E), -1, dtype=torch.int32, device=self.device)   # [L, E]
+        self.resident = np.zeros((n_layers, self.E), dtype=bool)                                  # host mirror
+        self.routes = torch.zeros((n_layers, max_w, top_k), dtype=torch.int32, device=self.device)  # [L, W, k]
+        cuda = self.device.type == "cuda"
+        self._routes_host = torch.zeros(self.routes.shape, dtype=torch.int32, pin_memory=cuda)
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        self._pending_routes: tuple[int, np.ndarray, object] | None = None   # (W, resident snapshot, event)
+        self._admissions: list[_Admission] = []
+        self.policy = UsagePolicy(n_layers, self.E, half_life, margin)
+        self._split_and_fill(slots)
+
+    # -- layout --------------------------------------------------------------------
+    def _split_and_fill(self, slots: int) -> None:
+        """Share the slots among the classes by layer count, and fill each bank with a
+        layer-balanced start (expert 0 of every layer, then expert 1, ...)."""
+        total_layers = sum(len(c.layers) for c in self.classes)
+        shares = [min(slots * len(c.layers) // total_layers, len(c.layers) * self.E) for c in self.classes]
+        for i in np.argsort([-len(c.layers) for c in self.classes]):   # leftovers to the largest classes
+            extra = min(slots - sum(shares), len(self.classes[i].layers) * self.E - shares[i])
+            shares[i] += max(extra, 0)
+        for c, s in zip(self.classes, shares):
+            c.bank_gate_up = _bank_like(c.host_gate_up, s, self.device)
+            c.bank_down = _bank_like(c.host_down, s, self.device)
+            c.owners = np.full(s, -1, dtype=np.int64)
+            for slot in range(s):
+                layer, e = c.layers[slot % len(c.layers)], slot // len(c.layers)
+                self._copy_now(c, slot, layer * self.E + e)
+        self.slots = sum(shares)
+
+    def _sources(self, c: ExpertClass, slot: int, flat: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(bank slot plane, host plane) pairs of one expert."""
+        layer, e = divmod(flat, self.E)
+        h = self._class_of[layer][1] * self.E + e
+        return [(bank.planes[n][slot], host.planes[n][h])
+                for bank, host in ((c.bank_gate_up, c.host_gate_up), (c.bank_down, c.host_down))
+                for n in host.planes]
+
+    def _copy_now(self, c: ExpertClass, slot: int, flat: int) -> None:
+        for dst, src in self._sources(c, slot, flat):
+            dst.copy_(src)
+        self._assign(c, slot, flat)
+
+    def _assign(self, c: ExpertClass, slot: int, flat: int) -> None:
+        layer, e = divmod(flat, self.E)
+        c.owners[slot] = flat
+        self.table[layer, e] = slot
+        self.resident[layer, e] = True
+
+    def layer(self, i: int) -> LayerView:
+        c, j = self._class_of[i]
+        return LayerView(_sub(c.host_gate_up, j * self.E, (j + 1) * self.E), _sub(c.host_down, j * self.E, (j + 1) * self.E),
+                         c.bank_gate_up, c.bank_down, self.table[i])
+
+    @property
+    def bank_bytes(self) -> int:
+        return sum(c.bank_gate_up.nbytes + c.bank_down.nbytes for c in self.classes)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(c.host_gate_up.nbytes + c.host_down.nbytes for c in self.classes)
+
+    # -- between rounds --------------------------------------------------------------
+    def before_round(self) -> None:
+        """Learn from the last round's routing; hand finished admissions their slots."""
+        if self._pending_routes is not None:
+            W, resident, ev = self._pending_routes
+            if ev is not None:
+                ev.synchronize()
+            ids = self._routes_host[self.moe_layers, :W].numpy()             # [L', W, k]
+            self.policy.observe(ids, self.moe_layers, resident)
+            self._pending_routes = None
+        done = [a for a in self._admissions if not a.chunks and (a.ready is None or a.ready.query())]
+        for a in done:
+            if a.ready is not None:
+                torch.cuda.current_stream(self.device).wait_event(a.ready)
+            c, _ = self._class_of[a.flat // self.E]
+            self._assign(c, a.slot, a.flat)
+            self._admissions.remove(a)
+            self.policy.stats.admissions += 1
+
+    def after_launch(self, W: int) -> None:
+        """After a round of W rows was launched: its routing goes to the host behind it,
+        new admissions are chosen, and copies are queued up to the per-round budget."""
+        cuda = self.device.type == "cuda"
+        ev = None
+        if cuda:
+            self._routes_host.copy_(self.routes, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+        else:
+            self._routes_host.copy_(self.routes)
+        self._pending_routes = (W, self.resident.copy(), ev)
+        evicted = not self._admissions and self._choose()
+        if evicted and cuda:
+            # the evicted slots' last readers (rounds launched before the table was
+            # cleared) finish before their slots are overwritten
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._queue_copies()
+
+    def _choose(self) -> bool:
+        """Start admissions; True if any resident was evicted for them."""
+        busy = {a.flat for a in self._admissions}
+        evicted = False
+        for c in self.classes:
+            if c.owners.size == 0:
+                continue
+            limit = max(1, self.admit_bytes_per_round // max(c.slot_bytes, 1))
+            flats = (np.array(c.layers, dtype=np.int64)[:, None] * self.E + np.arange(self.E)).ravel()
+            cands = flats[~self.resident.ravel()[flats]]
+            for slot, flat in self.policy.choose(c.owners, cands, busy, limit):
+                old = int(c.owners[slot])
+                if old >= 0:   # evict: later rounds read it from the host tier
+                    self.table[old // self.E, old % self.E] = -1
+                    self.resident[old // self.E, old % self.E] = False
+                    evicted = True
+                c.owners[slot] = -2
+                chunks = []
+                for dst, src in self._sources(c, slot, flat):
+                    rows = max(1, self.chunk_bytes // max(dst[0].numel() * dst.element_size(), 1))
+                    chunks += [(dst[r:r + rows], src[r:r + rows]) for r in range(0, dst.shape[0], rows)]
+                self._admissions.append(_Admission(slot, flat, chunks))
+                busy.add(flat)
+        return evicted
+
+    def _queue_copies(self) -> None:
+        budget = self.admit_bytes_per_round
+        cuda = self.device.type == "cuda"
+        for a in self._admissions:
+            while a.chunks and budget > 0:
+                dst, src = a.chunks.pop(0)
+                n = dst.numel() * dst.element_size()
+                if cuda:
+                    with torch.cuda.stream(self._copy_stream):
+                        dst.copy_(src, non_blocking=True)
+                else:
+                    dst.copy_(src)
+                budget -= n
+                self.policy.stats.admitted_bytes += n
+            if not a.chunks and cuda and a.ready is None:
+                a.ready = torch.cuda.Event()
+                a.ready.record(self._copy_stream)
+            if budget <= 0:
+                break
+
+    @property
+    def stats(self):
+        return self.policy.stats

@@ -1,0 +1,112 @@
+"""The expert store on CPU with simulated tiers (the "VRAM" bank is ordinary memory): the
+logits are bit-identical whichever tier each expert lives in, also while admissions
+copy experts into the bank in the middle of a generation; the table points at the
+right bytes; admissions are paced."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from alphallama.gguf.reader import GGUFFile
+from alphallama.runtime.gpu_model import GPUModel
+
+TOKENS = [5, 9, 100, 7, 42, 3, 250, 17]
+
+
+def _teacher_forced(model: GPUModel, tokens: list[int], prefill: int = 3) -> list[torch.Tensor]:
+    """Logits of a prefill of `prefill` rows, then of one row per round (a decode)."""
+    cache = model.new_cache(64)
+    out = [model.forward(torch.tensor(tokens[:prefill]), 0, cache)[0].clone()]
+    for i in range(prefill, len(tokens)):
+        out.append(model.forward(torch.tensor(tokens[i:i + 1]), i, cache)[0].clone())
+    return out
+
+
+def test_logits_identical_whichever_tier(micro_moe):
+    f = GGUFFile(micro_moe)
+    ref = _teacher_forced(GPUModel(f, 64, device="cpu"), TOKENS[:4])
+    for slots in (0, 5):   # all in the host tier, a mix over both classes (all in the bank: the next test)
+        m = GPUModel(f, 64, device="cpu", expert_slots=slots)
+        m.store.admit_bytes_per_round = 0   # no admissions: the start layout throughout
+        assert m.store.slots == slots
+        assert int((m.store.table >= 0).sum()) == slots
+        got = _teacher_forced(m, TOKENS[:4])
+        assert all(torch.equal(a, b) for a, b in zip(got, ref)), f"slots={slots}"
+
+
+def test_identical_while_admissions_happen(micro_moe):
+    f = GGUFFile(micro_moe)
+    ref = _teacher_forced(GPUModel(f, 64, device="cpu"), TOKENS)
+    m = GPUModel(f, 64, device="cpu", expert_slots=3)
+    s = m.store
+    s.policy.margin = 0.0
+    s.admit_bytes_per_round, s.chunk_bytes = 8192, 1024   # an expert (~13 KiB) takes two rounds
+    tables = []
+    got = []
+    cache = m.new_cache(64)
+    got.append(m.forward(torch.tensor(TOKENS[:3]), 0, cache)[0].clone())
+    for i in range(3, len(TOKENS)):
+        tables.append(s.table.clone())
+        got.append(m.forward(torch.tensor(TOKENS[i:i + 1]), i, cache)[0].clone())
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    assert s.stats.admissions >= 1
+    assert any(not torch.equal(a, b) for a, b in zip(tables, tables[1:])), "the table never changed"
+    # every resident entry points at a slot holding that expert's bytes
+    for c in s.classes:
+        for slot, flat in enumerate(c.owners):
+            if flat < 0:
+                continue
+            layer, e = divmod(int(flat), s.E)
+            assert int(s.table[layer, e]) == slot
+            v = s.layer(layer)
+            for n, p in v.host_gate_up.planes.items():
+                assert torch.equal(c.bank_gate_up.planes[n][slot], p[e])
+            for n, p in v.host_down.planes.items():
+                assert torch.equal(c.bank_down.planes[n][slot], p[e])
+    s.before_round()   # the last round's routing is observed at the next round
+    assert s.stats.lookups == len(TOKENS) * 2 * 2 and 0 < s.stats.hits < s.stats.lookups
+
+
+def test_admission_is_paced_and_waits_for_its_copy(micro_moe):
+    f = GGUFFile(micro_moe)
+    m = GPUModel(f, 64, device="cpu", expert_slots=2, graphs=False)
+    s = m.store
+    s.policy.margin = 0.0
+    s.admit_bytes_per_round, s.chunk_bytes = 2048, 1024
+    c = s.classes[0]
+    layer = c.layers[0]
+    cold = [e for e in range(s.E) if not s.resident[layer, e]][0]
+    s.policy.score[layer, cold] = 100.0   # make one host expert hot
+    s._pending_routes = None
+    s.after_launch(1)
+    adm = [a for a in s._admissions if a.flat == layer * s.E + cold]
+    assert adm, "the hot expert was not chosen"
+    a = adm[0]
+    assert c.owners[a.slot] == -2 and int(s.table[layer, cold]) == -1
+    total = sum(d.numel() * d.element_size() for d, _ in s._sources(c, a.slot, a.flat))
+    rounds = 1
+    while a.chunks:
+        assert int(s.table[layer, cold]) == -1      # not usable before its copy is complete
+        assert s.stats.admitted_bytes <= rounds * 2048 + 1024   # at most the per-round budget (+ one chunk)
+        s.before_round()
+        s.after_launch(1)
+        rounds += 1
+    assert rounds >= total // (2048 + 1024)
+    s.before_round()
+    assert int(s.table[layer, cold]) == a.slot and s.resident[layer, cold]
+
+
+def test_routes_recorded_for_the_policy(micro_moe):
+    f = GGUFFile(micro_moe)
+    m = GPUModel(f, 64, device="cpu", expert_slots=4)
+    m.store.admit_bytes_per_round = 0
+    cache = m.new_cache(64)
+    m.forward(torch.tensor(TOKENS[:2]), 0, cache)
+    ids = m.store.routes[:, :2].clone()            # [L, W, k] as routed by the kernels
+    m.store.before_round()                         # observes that round
+    counts = np.zeros((2, 6))
+    for layer in range(2):
+        for e in ids[layer].flatten().tolist():
+            counts[layer, e] += 1
+    np.testing.assert_allclose(m.store.policy.score, counts)
+    assert m.store.stats.lookups == 2 * 2 * 2
