@@ -49,11 +49,11 @@ class State:
     curves: dict = field(default_factory=lambda: {"train": [], "val": []})
 
 
-def lr_at(hp: Hyper, st: State) -> float:
-    """Linear warmup over steps, then cosine to 10% over the fraction of the time budget used."""
+def lr_at(hp: Hyper, st: State, budget_s: float) -> float:
+    """Linear warmup over steps, then cosine to 10% over the fraction of the budget used."""
     if st.step < hp.warmup_steps:
         return hp.lr * (st.step + 1) / hp.warmup_steps
-    frac = min(1.0, st.trained_s / hp.time_budget_s)
+    frac = min(1.0, st.trained_s / budget_s)
     return hp.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -132,6 +132,11 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
     if st.step:
         log(f"resumed at step {st.step} ({st.trained_s:.0f} s, {st.tokens / 1e6:.1f}M tokens)")
     val = val_batch(val_tokens, hp.val_windows, hp.ctx_len, device)
+    # the schedule ends where training will end: at the time budget, or earlier at the
+    # deadline (less a little for evaluations and checkpoints, which are not trained time)
+    budget = hp.time_budget_s
+    if deadline is not None:
+        budget = min(budget, st.trained_s + 0.95 * max(1.0, deadline - time.time()))
     last_ck = last_val = time.time()
     t_log, tok_log = time.time(), st.tokens
 
@@ -142,7 +147,7 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
     while not done():
         t0 = time.time()
         for g in opt.param_groups:
-            g["lr"] = lr = lr_at(hp, st)
+            g["lr"] = lr = lr_at(hp, st, budget)
         x = get_batch(train_tokens, hp.batch_size, hp.ctx_len, hp.seed, st.step, device)
         main, mtp, aux, _ = losses(model, head, x, hp.mtp_depths, device)
         loss = main + hp.mtp_weight * sum(mtp) / len(mtp) + hp.aux_weight * aux
