@@ -81,7 +81,7 @@ def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tup
 
 
 class Engine:
-    def __init__(self, gguf: GGUFFile, model, tokenizer, chat_template, ctx_size: int):
+    def __init__(self, gguf: GGUFFile, model, tokenizer, chat_template, ctx_size: int, mtp=None):
         self.gguf = gguf
         self.model = model
         self.cfg: ModelConfig = model.cfg
@@ -90,12 +90,15 @@ class Engine:
         self.ctx_size = ctx_size
         self.cache = model.new_cache(ctx_size)
         self.cached: list[int] = []    # tokens whose K/V rows are committed in self.cache
+        self.mtp = mtp                 # spec.mtp.MTPState when the model has an MTP head
 
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
-             progress: Callable[[str, int], None] | None = None) -> "Engine":
+             progress: Callable[[str, int], None] | None = None, draft_head: str | None = None) -> "Engine":
+        """draft_head: an MTP head GGUF (else the model's own, or `<stem>.mtp.gguf` beside it)."""
         from .chat import ChatTemplate
-        from .gguf.arch import load_config
+        from .gguf.arch import find_mtp_head, load_config
+        from .spec.mtp import load_mtp_state
         from .tokenizer import Tokenizer
         f = GGUFFile(path)
         cfg = load_config(f)
@@ -107,12 +110,16 @@ class Engine:
             model = GPUModel(f, ctx, "cuda", progress=progress)
         else:
             model = load_model(f, ctx, progress)
-        return cls(f, model, tok, tmpl, ctx)
+        head = find_mtp_head(f, cfg, draft_head)
+        mtp = load_mtp_state(*head, model, ctx, tok) if head is not None else None
+        return cls(f, model, tok, tmpl, ctx, mtp)
 
     def reset(self) -> None:
         """Forget the cached conversation: the next prompt is prefilled whole."""
         self.cache.truncate(0)
         self.cached = []
+        if self.mtp is not None:
+            self.mtp.reset()
 
     # -- prompts ----------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
@@ -132,9 +139,11 @@ class Engine:
             raise ValueError("the prompt is empty")
 
     # -- generation -------------------------------------------------------------------
-    def prefill(self, ids: list[int], stats: GenStats,
-                cancel: Callable[[], bool] | None = None) -> torch.Tensor | None:
-        """Make the cache hold `ids`, re-using the longest common prefix; logits of the last row.
+    def prefill(self, ids: list[int], stats: GenStats, cancel: Callable[[], bool] | None = None,
+                mtp: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Make the cache hold `ids`, re-using the longest common prefix; (logits, hidden
+        state) of the last row. mtp: also make the MTP head's entries for the prompt
+        (re-using only rows that keep its cache consistent).
 
         The last prompt row always goes through the W = 1 decode path, alone: the
         logits that choose the first token then come from the same arithmetic as every
@@ -149,6 +158,8 @@ class Engine:
                 break
             common += 1
         common = min(common, len(ids) - 1)
+        if mtp:
+            common = self.mtp.keep_rows(ids, common)
         self.cache.truncate(min(common, self.cache.length))
         self.cached = ids[:common]
         chunk = DEFAULTS.engine.prefill_chunk
@@ -156,14 +167,16 @@ class Engine:
             if cancel is not None and cancel():
                 return None
             part = ids[s:min(s + chunk, len(ids) - 1)]
-            self.model.forward(torch.tensor(part), s, self.cache, logits=False)
+            _, hidden = self.model.forward(torch.tensor(part), s, self.cache, logits=False)
+            if mtp:
+                self.mtp.feed(hidden, s, ids)
             self.cached = ids[:s + len(part)]
-        logits, _ = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
+        logits, hidden = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
         self.cached = list(ids)
         stats.prompt_reused = common
         stats.prompt_n = len(ids) - common
         stats.prompt_ms = 1000 * (time.perf_counter() - t0)
-        return logits[-1]
+        return logits[-1], hidden[-1:]
 
     def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
                  stop_ids: set[int] | None = None, gen: Generation | None = None,
@@ -183,15 +196,21 @@ class Engine:
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
         sampler = Sampler(sampling)
+        if self.mtp is not None:
+            self.mtp.wanted = False        # an MTP drafter (made next) asks for the head's cache
         drafter = spec.make_drafter(self)
+        mtp = self.mtp if self.mtp is not None and self.mtp.wanted else None
         prompt = list(prompt_ids)
-        logits = self.prefill(prompt, gen.stats, cancel)
-        if logits is None:
+        out = self.prefill(prompt, gen.stats, cancel, mtp=mtp is not None)
+        if out is None:
             gen.finish_reason = "cancelled"
             return
+        logits, hidden = out
         t0 = time.perf_counter()
         try:
             to_emit = [sampler.sample(logits)]
+            if mtp is not None:            # the last prompt row and the first token: MTP entry len(prompt)
+                mtp.stage(hidden, len(prompt), to_emit)
             rows_logits = logits[None]                 # [n_emit, V]: the row that predicted each token
             if drafter is not None:
                 drafter.begin(prompt + to_emit)
@@ -215,7 +234,7 @@ class Engine:
                 room = min(max_tokens - len(gen.tokens) - 1, self.ctx_size - pos - 1)
                 draft = drafter.propose(room) if drafter is not None and room > 0 else NO_DRAFT
                 rows = [to_emit[-1], *draft.tokens]
-                logits, _ = self.model.verify(torch.tensor(rows), pos, self.cache, exact=not spec.fast)
+                logits, hidden = self.model.verify(torch.tensor(rows), pos, self.cache, exact=not spec.fast)
                 if sampling.greedy:
                     to_emit = greedy_accept(draft.tokens, logits)
                 else:
@@ -224,6 +243,8 @@ class Engine:
                 rows_logits = logits
                 self.cache.truncate(pos + 1 + n_acc)
                 self.cached.extend(rows[:1 + n_acc])
+                if mtp is not None:        # committed rows + the tokens after them: the next MTP entries
+                    mtp.stage(hidden[:1 + n_acc], pos + 1, to_emit)
                 if drafter is not None:
                     drafter.accept(to_emit)
                 gen.spec.record(draft.source, len(draft), n_acc, len(to_emit))

@@ -1,0 +1,186 @@
+"""The MTP drafter: the model's own multi-token-prediction head drafts 1..5 tokens per
+round from the last verified hidden state (docs/MTP.md).
+
+Two pieces:
+- `MTPState`, owned by the engine (it outlives requests, like the KV cache): the head,
+  its one-layer cache and which tokens that cache's entries were made for, so prefix
+  re-use keeps both caches consistent. The engine hands it the main model's hidden
+  states: prefill rows as they are computed, and after each verify round the rows of
+  the committed tokens, which wait ("staged") until the next draft makes their entries
+  in the same pass as the chain.
+- `MTPDrafter`, one per request (the Drafter protocol of spec/drafter.py): picks the
+  draft vocabulary from the prompt's scripts and, each round, runs the chain and stops
+  before the first draft whose probability is under min-p.
+
+Entry p of the MTP cache is made from g = h_{p-1} (zeros at p = 0) and x_p, so it
+depends on the tokens x_0..x_p: `seq` holds them, and an entry stays valid for a new
+prompt while the prompt agrees with `seq` up to its position.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import DEFAULTS
+from .drafter import Draft
+from .draft_vocab import DraftVocab, prompt_scripts
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class MTPState:
+    def __init__(self, head, ctx_size: int, tokenizer, draft_vocab: int = DEFAULTS.mtp.draft_vocab):
+        """head: model.mtp.MTPHead (CPU reference) or runtime.gpu_mtp.GPUMTPHead."""
+        self.head = head
+        self.cache = head.new_cache(ctx_size)
+        self.tokenizer = tokenizer
+        self.seq: list[int] = []        # x_0..x_{L-1} of the L permanent entries in the cache
+        self.staged: tuple[torch.Tensor, list[int], int] | None = None   # (g [m, D], tokens, first position)
+        self.wanted = False             # the current request drafts with MTP (make_mtp_drafter sets it)
+        self.draft_vocab = draft_vocab
+        self._vocab: DraftVocab | None = None
+        self._vocab_key: tuple[str, ...] | None = None
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+        self.seq = []
+        self.staged = None
+
+    # -- prefill ---------------------------------------------------------------------
+    def keep_rows(self, ids: list[int], common: int) -> int:
+        """How many of the engine's `common` re-usable KV rows to keep for prompt `ids`
+        so that the MTP entries can be continued: entry p needs h_{p-1}, so rows from
+        the first entry to (re)make on are recomputed. Truncates the MTP cache to match
+        and makes entry 0 when the cache starts empty."""
+        self.flush()
+        valid = min(self.length, _common_prefix(self.seq, ids))     # entries 0..valid-1 hold
+        keep = min(common, max(valid - 1, 0))
+        n = keep + 1 if valid >= 1 else 0
+        self.cache.truncate(n)
+        self.seq = self.seq[:n]
+        if n == 0:
+            g = torch.zeros(1, self.head.cfg.d_model)               # no state before position 0
+            self.head.extend(g, torch.tensor(ids[:1]), 0, self.cache)
+            self.seq = ids[:1]
+        return keep
+
+    def feed(self, hidden: torch.Tensor, start: int, ids: list[int]) -> None:
+        """Prefill rows start..start+T-1 were computed (hidden [T, D]): make entries
+        start+1..start+T, whose tokens are in the prompt."""
+        T = hidden.shape[0]
+        if self.length != start + 1:
+            raise RuntimeError(f"MTP cache holds {self.length} entries, prefill row {start} needs {start + 1}")
+        self.head.extend(hidden, torch.tensor(ids[start + 1:start + T + 1]), start + 1, self.cache)
+        self.seq = ids[:start + T + 1]
+
+    # -- decoding --------------------------------------------------------------------
+    def stage(self, hidden: torch.Tensor, pos: int, tokens: list[int]) -> None:
+        """Main-model rows pos-1..pos+m-2 (hidden [m, D]) are committed and followed by
+        `tokens` [m]: their entries pos..pos+m-1 are made by the next draft (or flush)."""
+        self.flush()
+        if self.length != pos:
+            raise RuntimeError(f"MTP cache holds {self.length} entries, staged rows start at {pos}")
+        self.staged = (hidden[:len(tokens)].clone(), list(tokens), pos)   # the verify output is reused
+
+    def flush(self) -> None:
+        """Make the staged entries without drafting (a round that did not ask for a draft)."""
+        if self.staged is not None:
+            g, toks, pos = self.staged
+            self.staged = None
+            self.head.extend(g, torch.tensor(toks), pos, self.cache)
+            self.seq.extend(toks)
+
+    def draft(self, depth: int) -> tuple[list[int], list[float]]:
+        """Make the staged entries and run a chain of `depth` drafts from the last one:
+        (tokens, their probabilities). Nothing staged: no drafts."""
+        if self.staged is None:
+            return [], []
+        g, toks, pos = self.staged
+        self.staged = None
+        out = self.head.draft(g, torch.tensor(toks), pos, depth, self.cache)
+        self.seq.extend(toks)
+        return out
+
+    # -- draft vocabulary --------------------------------------------------------------
+    def choose_vocab(self, prompt_ids: list[int]) -> list[str]:
+        """Score the rows of the prompt's scripts (the whole vocabulary when it is small)."""
+        V = self.head.cfg.vocab_size
+        if self.draft_vocab >= V:
+            return []
+        text = self.tokenizer.decode(prompt_ids, special=False)
+        scripts = prompt_scripts(text)
+        key = tuple(scripts)
+        if key != self._vocab_key:
+            if self._vocab is None:
+                self._vocab = DraftVocab.from_tokenizer(self.tokenizer)
+            ids = self._vocab.subset(scripts, self.draft_vocab)
+            self.head.set_vocab(torch.from_numpy(ids))
+            self._vocab_key = key
+        return scripts
+
+
+class MTPDrafter:
+    name = "mtp"
+
+    def __init__(self, state: MTPState, depth: int, min_p: float):
+        if not 1 <= depth <= DEFAULTS.mtp.max_depth:
+            raise ValueError(f"MTP draft depth must be in 1..{DEFAULTS.mtp.max_depth}, got {depth}")
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"MTP min-p must be in 0..1, got {min_p}")
+        self.state, self.depth, self.min_p = state, depth, min_p
+        # the whole chain of the last round, before the min-p stop (for the policy and stats)
+        self.last_tokens: list[int] = []
+        self.last_probs: list[float] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.state.choose_vocab(prompt_ids)
+
+    def propose(self, max_n: int) -> Draft:
+        toks, probs = self.state.draft(self.depth)
+        self.last_tokens, self.last_probs = toks, probs
+        n = 0
+        while n < min(len(toks), max_n) and probs[n] >= self.min_p:
+            n += 1
+        return Draft(toks[:n], self.name, probs=tuple(probs[:n]))
+
+    def accept(self, tokens: list[int]) -> None:
+        """Nothing to do: the engine stages the verify pass's hidden rows in the state."""
+
+
+def make_mtp_drafter(engine, depth: int, min_p: float) -> MTPDrafter:
+    """The MTP drafter for one request of `engine`; ValueError if its model has no MTP head."""
+    state = getattr(engine, "mtp", None)
+    if state is None:
+        where = f" {engine.gguf.path}" if engine is not None else ""
+        raise ValueError(f"--spec-type mtp needs a model with an MTP head, and the model{where} has none "
+                         f"(an in-file head with nextn_predict_layers, a '<model>.mtp.gguf' sidecar next to "
+                         f"the model, or --draft-head FILE)")
+    drafter = MTPDrafter(state, depth, min_p)
+    prepare = getattr(state.head, "prepare", None)
+    if prepare is not None:      # the GPU head captures its graphs for this depth once
+        prepare(depth, state.cache)
+    state.wanted = True
+    return drafter
+
+
+def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
+    """The MTP head of `hc` (arch.find_mtp_head) on the model's runtime: the reference
+    block beside the reference Transformer, the GPU block beside a GPUModel."""
+    from ..model.mtp import MTPHead
+    from ..model.transformer import Transformer
+    if isinstance(model, Transformer):
+        head = MTPHead.load(head_file, hc, model, ctx_size)
+    else:
+        from ..runtime.gpu_mtp import GPUMTPHead
+        head = GPUMTPHead(model, head_file, hc, ctx_size)
+    return MTPState(head, ctx_size, tokenizer)
