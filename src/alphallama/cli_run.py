@@ -18,6 +18,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=DEFAULTS.sampling.top_k)
     p.add_argument("--top-p", type=float, default=DEFAULTS.sampling.top_p)
     p.add_argument("--min-p", type=float, default=DEFAULTS.sampling.min_p)
+    p.add_argument("--draft-head", default=None,
+                   help="MTP head GGUF for --spec-type mtp (default: the model's own, or <model>.mtp.gguf beside it)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,7 +54,8 @@ def run(args) -> int:
     except ValueError as e:
         print(f"alphallama: error: {e}", file=sys.stderr)
         return 2
-    engine = Engine.load(resolve_model(args.model), ctx_size=args.ctx_size, device=args.device)
+    engine = Engine.load(resolve_model(args.model), ctx_size=args.ctx_size, device=args.device,
+                         draft_head=args.draft_head)
     tok = engine.tokenizer
     if args.chat:
         ids = engine.encode_chat([{"role": "user", "content": args.prompt}])

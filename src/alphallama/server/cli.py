@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         size = os.path.getsize(path)
         with tqdm(total=size, unit="B", unit_scale=True, desc=f"loading {os.path.basename(path)}",
                   file=sys.stderr, disable=None) as bar:
-            engine = Engine.load(path, ctx_size=args.ctx_size, device=args.device,
+            engine = Engine.load(path, ctx_size=args.ctx_size, device=args.device, draft_head=args.draft_head,
                                  progress=lambda _name, n: bar.update(n))
         if template is not None:
             try:   # the file's BOS/EOS texts still apply to the replacement template
