@@ -86,6 +86,17 @@ def valid_mask(K: int, B: int, T: int, device) -> torch.Tensor:
     return torch.stack([(pos >= k).expand(B, T).reshape(-1) for k in range(1, K + 1)])
 
 
+def step_loss(teacher: Teacher, states: list[torch.Tensor], h: torch.Tensor, chunk: int):
+    """The loss of one batch: states[k-1][:, p] (the depth-k entry at p, predicting
+    x_{p+1}) against the teacher's distribution at the same p (its own prediction of
+    x_{p+1}, from h [B, T, D]). Returns (loss, KLStats, valid [K, B*T])."""
+    K, (B, T, _) = len(states), h.shape
+    student = torch.stack(states).reshape(K, B * T, -1)                        # [K, B*T, D]
+    valid = valid_mask(K, B, T, h.device)
+    loss, st = distill_kl(student, teacher.normed(h).reshape(B * T, -1), teacher.output, valid, chunk=chunk)
+    return loss, st, valid
+
+
 def prepare_data(args, enc: ChatEncoder) -> dict:
     """The CPU half of the data (worker processes; run before CUDA is initialised, so
     the forked tokenizer workers never inherit a CUDA context): the corpus, its tokens,
@@ -193,10 +204,7 @@ def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler) -> list[di
         h = teacher.forward(toks)                                              # [B, T, D] float32
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             states = head(h, toks, teacher.embedding, depths=K)
-        student = torch.stack(states).reshape(K, B * T, -1)                    # [K, B*T, D]
-        valid = valid_mask(K, B, T, dev)
-        loss, st = distill_kl(student, teacher.normed(h).reshape(B * T, -1), teacher.output, valid,
-                              chunk=args.loss_chunk)
+        loss, st, valid = step_loss(teacher, states, h, args.loss_chunk)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), args.grad_clip)
