@@ -20,6 +20,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=DEFAULTS.sampling.min_p)
     p.add_argument("--draft-head", default=None,
                    help="MTP head GGUF for --spec-type mtp (default: the model's own, or <model>.mtp.gguf beside it)")
+    from .offload.apply import add_gpu_mem_argument
+    add_gpu_mem_argument(p)   # the automatic plan's device budget (offload/)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,8 +56,15 @@ def run(args) -> int:
     except ValueError as e:
         print(f"alphallama: error: {e}", file=sys.stderr)
         return 2
-    engine = Engine.load(resolve_model(args.model), ctx_size=args.ctx_size, device=args.device,
-                         draft_head=args.draft_head)
+    from .offload.apply import engine_kwargs, plan_from_args
+    from .offload.plan import PlanError
+    path = resolve_model(args.model)
+    try:   # the layout for every setting left unset (ALPHA_AUTO=0: none)
+        plan = plan_from_args(args, path)
+    except PlanError as e:
+        print(f"alphallama: error: {e}", file=sys.stderr)
+        return 2
+    engine = Engine.load(path, draft_head=args.draft_head, **engine_kwargs(args, plan))
     tok = engine.tokenizer
     if args.chat:
         ids = engine.encode_chat([{"role": "user", "content": args.prompt}])

@@ -40,7 +40,10 @@ def plan_from_args(args, path: str) -> Plan | None:
     nothing fits (the caller prints it)."""
     if not auto_enabled():
         return None
-    return make_plan(path, ctx=args.ctx_size, gpu_mem=getattr(args, "gpu_mem", None), device=args.device)
+    import torch
+    # without a GPU the model runs on the CPU whatever the budget (`plan` still shows a GPU layout)
+    device = "cpu" if args.device == "cpu" or not torch.cuda.is_available() else "cuda"
+    return make_plan(path, ctx=args.ctx_size, gpu_mem=getattr(args, "gpu_mem", None), device=device)
 
 
 def summary(plan: Plan | None) -> str:
@@ -52,18 +55,13 @@ def summary(plan: Plan | None) -> str:
     return plan.layout
 
 
-def load_engine(path: str, args, plan: Plan | None, progress=None):
-    """An Engine laid out as planned: settings the user gave win over the plan's."""
-    from ..engine import Engine, resolve_device
-    ctx = args.ctx_size if args.ctx_size is not None else (plan.ctx if plan is not None else None)
-    device = args.device
-    if plan is None or plan.layout != "offload" or resolve_device(device) != "cuda":
-        return Engine.load(path, ctx_size=ctx, device=device, progress=progress)
-    from ..chat import ChatTemplate
-    from ..gguf.reader import GGUFFile
-    from ..runtime.gpu_model import GPUModel
-    from ..tokenizer import Tokenizer
-    f = GGUFFile(path)
-    model = GPUModel(f, plan.ctx if ctx is None else ctx, "cuda", progress=progress, expert_slots=plan.slots)
-    tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # as Engine.load
-    return Engine(f, model, Tokenizer.from_metadata(f.metadata), tmpl, model.max_len)
+def engine_kwargs(args, plan: Plan | None) -> dict:
+    """Engine.load's settings from the plan, where the user gave none (explicit flags win)."""
+    kw = {"ctx_size": args.ctx_size, "device": args.device}
+    if plan is None:
+        return kw
+    if args.ctx_size is None:
+        kw["ctx_size"] = plan.ctx
+    if plan.layout == "offload":
+        kw["expert_slots"] = plan.slots
+    return kw

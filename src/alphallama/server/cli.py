@@ -67,14 +67,22 @@ def run(args: argparse.Namespace) -> int:
             ChatTemplate(template)   # a syntax error stops us now, not after loading
     except (ValueError, OSError) as e:   # ChatTemplateError is a ValueError
         return _fail(str(e))
+    from ..gguf.reader import GGUFError
+    from ..offload.apply import engine_kwargs, plan_from_args, summary
+    try:   # the layout for every setting left unset, from the header and free memory (ALPHA_AUTO=0: none)
+        plan = plan_from_args(args, path)
+    except GGUFError as e:
+        return _fail(f"could not load {path}: {e}")
+    except ValueError as e:   # PlanError: nothing fits
+        return _fail(str(e))
 
     def load() -> Engine:
         from tqdm import tqdm
         size = os.path.getsize(path)
         with tqdm(total=size, unit="B", unit_scale=True, desc=f"loading {os.path.basename(path)}",
                   file=sys.stderr, disable=None) as bar:
-            engine = Engine.load(path, ctx_size=args.ctx_size, device=args.device, draft_head=args.draft_head,
-                                 progress=lambda _name, n: bar.update(n))
+            engine = Engine.load(path, draft_head=args.draft_head, progress=lambda _name, n: bar.update(n),
+                                 **engine_kwargs(args, plan))
         if template is not None:
             try:   # the file's BOS/EOS texts still apply to the replacement template
                 engine.chat_template = ChatTemplate.from_gguf_metadata(
@@ -83,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--chat-template-file: {e}") from None
         c = engine.cfg
         print(f"alphallama: loaded {path}: {c.arch}, {c.n_layers} layers, d_model {c.d_model}, "
-              f"vocab {c.vocab_size}, context {engine.ctx_size}, speculation {spec.spec_type} ({spec.mode}); "
-              f"ready", file=sys.stderr, flush=True)
+              f"vocab {c.vocab_size}, context {engine.ctx_size}, layout {summary(plan)}, speculation "
+              f"{spec.spec_type} ({spec.mode}); ready", file=sys.stderr, flush=True)
         return engine
 
     settings = ServerSettings(

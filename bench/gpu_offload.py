@@ -1,0 +1,173 @@
+"""One device call: models larger than the GPU, emulated with --gpu-mem on the H200.
+
+Synthetic Qwen3-30B-A3B-shaped Q4_K_M (the first --layers layers: the device budget
+does not allow writing all 48), then, in one process:
+  - the engine with every expert resident (the control),
+  - the expert store with the plan's bank at --gpu-mem budgets that fit 100%, 50% and
+    25% of the expert bytes (at 100% the plan itself picks "resident": the store is
+    forced to hold every expert, to show its own overhead),
+each decoding the same prompt greedily: tok/s, ms/round, hit rate, admissions, host
+threads; the generated tokens and the first logits are compared bitwise with the
+control (where an expert lives must not change the bits). Also the torch CPU cost of
+one expert (the measurement behind computing host-tier experts on the GPU over PCIe
+instead of on CPU workers; NOTES.md). Writes $OUT/gpu_offload-*.json.
+
+    python bench/gpu_offload.py [--layers 12] [--tokens 128]
+    python bench/gpu_offload.py --device cpu --preset tiny-qwen3moe --tokens 4   # CPU smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from alphallama.bench.hostinfo import host_state
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.offload.plan import make_plan
+from alphallama.runtime import gpu_model
+
+
+def _engine(path: str, ctx: int, device: str, slots: int | None):
+    from alphallama.chat import ChatTemplate
+    from alphallama.engine import Engine
+    from alphallama.tokenizer import Tokenizer
+    f = GGUFFile(path)
+    t0 = time.perf_counter()
+    model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots)
+    load_s = time.perf_counter() - t0
+    eng = Engine(f, model, Tokenizer.from_metadata(f.metadata), ChatTemplate.from_gguf_metadata(f.metadata, None), ctx)
+    return eng, load_s, model.capture_s
+
+
+def _decode(eng, prompt: list[int], n: int) -> dict:
+    from alphallama.engine import Generation
+    gen = Generation()
+    toks = list(eng.generate(prompt, n, stop_ids=set(), gen=gen))
+    s = gen.stats
+    return {"tokens": toks, "tok_s": s.predicted_per_second, "rounds": s.rounds,
+            "ms_per_round": s.predicted_ms / max(s.rounds, 1), "prompt_ms": s.prompt_ms}
+
+
+def _first_logits(eng, prompt: list[int]) -> torch.Tensor:
+    eng.reset()
+    logits, _ = eng.model.forward(torch.tensor(prompt), 0, eng.cache)
+    out = logits[-1].float().cpu().clone()
+    eng.reset()
+    return out
+
+
+def cpu_expert_ms(path: str, threads: int, reps: int = 3) -> dict:
+    """Torch on the CPU, one expert of layer 0 from its planes (dequantize + matvec):
+    what a CPU worker would spend per host-tier expert per row."""
+    from alphallama.offload.store import pack_experts
+    f = GGUFFile(path)
+    t = f.tensors
+    gu, dn = pack_experts(t["blk.0.ffn_gate_exps.weight"], t["blk.0.ffn_up_exps.weight"],
+                          t["blk.0.ffn_down_exps.weight"], "cpu")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    x = torch.randn(1, gu.K)
+    times = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        e = r % gu.shape[0]
+        y = x @ gu.expert(e).dequantize().T                                   # [1, 2F]
+        F = y.shape[1] // 2
+        act = torch.nn.functional.silu(y[:, :F]) * y[:, F:]
+        _ = act @ dn.expert(e).dequantize().T                                 # [1, D]
+        times.append(1000 * (time.perf_counter() - t0))
+    torch.set_num_threads(old)
+    return {"threads": threads, "ms_per_expert": min(times), "expert_bytes": (gu.nbytes + dn.nbytes) // gu.shape[0]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25])
+    ap.add_argument("--buckets", type=int, nargs="*", default=[1, 64],
+                    help="graph widths captured (decode needs 1; fewer widths = shorter capture)")
+    args = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "."))
+    gpu_model.BUCKETS = tuple(sorted(set(args.buckets) | {gpu_model.MAX_W}))
+    path = "/tmp/offload-synth.gguf"
+    res = {"host": host_state(sys.argv), "commit": os.environ.get("GIT_COMMIT"), "preset": args.preset,
+           "layers": args.layers, "tokens": args.tokens, "ctx": args.ctx, "buckets": gpu_model.BUCKETS}
+    t0 = time.perf_counter()
+    write_synthetic(PRESETS[args.preset](n_layers=args.layers), path)
+    res["write_s"] = time.perf_counter() - t0
+    print(f"wrote {path} ({args.layers} layers) in {res['write_s']:.1f} s", flush=True)
+    prompt = torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    eng, load_s, cap_s = _engine(path, args.ctx, args.device, None)
+    ref_logits = _first_logits(eng, prompt)
+    ref = _decode(eng, prompt, args.tokens)
+    rows = [{"config": "resident (no store)", "slots": None, "load_s": load_s, "capture_s": cap_s,
+             **{k: v for k, v in ref.items() if k != "tokens"}}]
+    print(json.dumps(rows[-1]), flush=True)
+    del eng
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    base = make_plan(path, ctx=args.ctx, gpu_mem=1 << 50)   # sizes only
+    s = base.sizes
+    fixed = s.dense + s.kv + s.workspace
+    res["sizes"] = s.__dict__
+    for frac in args.fractions:
+        gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
+        plan = make_plan(path, ctx=args.ctx, gpu_mem=gpu_mem)
+        slots = plan.slots if plan.layout == "offload" else s.n_experts
+        row = {"config": f"store, --gpu-mem for {int(100 * frac)}% of experts", "gpu_mem": gpu_mem,
+               "plan_layout": plan.layout, "plan_slots": plan.slots, "slots": slots,
+               "host_threads": {"launch": 1, "cpu_workers": 0, "copy_streams": 1, "plan_cpu_threads": plan.cpu_threads}}
+        try:
+            eng, load_s, cap_s = _engine(path, args.ctx, args.device, slots)
+            st = eng.model.store
+            row["resident_fraction"] = st.slots / s.n_experts
+            row["bank_bytes"], row["host_bytes"] = st.bank_bytes, st.host_bytes
+            logits = _first_logits(eng, prompt)
+            st.policy.stats.__init__()
+            out = _decode(eng, prompt, args.tokens)
+            st.before_round()
+            row.update(load_s=load_s, capture_s=cap_s, **{k: v for k, v in out.items() if k != "tokens"},
+                       **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
+                       first_logits_bitwise_equal=bool(torch.equal(logits, ref_logits)),
+                       tokens_equal=out["tokens"] == ref["tokens"])
+            del eng, st
+        except Exception as e:   # keep the rows measured so far
+            row["error"] = f"{type(e).__name__}: {e}"
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    res["rows"] = rows
+    try:
+        res["cpu_expert"] = cpu_expert_ms(path, base.cpu_threads)
+    except Exception as e:
+        res["cpu_expert"] = {"error": f"{type(e).__name__}: {e}"}
+    res["host_end"] = host_state(sys.argv).get("gpus") if args.device == "cuda" else None
+    name = f"gpu_offload-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    (out_dir / name).write_text(json.dumps(res, indent=1, default=str))
+    print(f"{'config':44} {'slots':>6} {'hit':>6} {'tok/s':>8} {'ms/rnd':>7} {'adm':>5} {'equal':>6}")
+    for r in rows:
+        print(f"{r['config']:44} {str(r.get('slots')):>6} {r.get('hit_rate', 1.0):6.2f} {r.get('tok_s', 0):8.1f} "
+              f"{r.get('ms_per_round', 0):7.2f} {r.get('admissions', 0):5} {str(r.get('tokens_equal', '-')):>6}"
+              + (f"  {r['error']}" if "error" in r else ""))
+    print("cpu expert:", res["cpu_expert"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
