@@ -110,6 +110,17 @@ def _acc_row(acc, x_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: 
 
 
 # -- gate + up + SiLU for every selected expert ---------------------------------------------
+@triton.jit
+def _gate_up_rows(x_row, qs, qh, sc, sd, row_g, F, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                  FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+    """Gate rows `row_g` [1, BN] (int64) and the up rows F further: two [NT, BN, V] accumulators."""
+    g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g, one, n_slots,
+                 LOAD, FIELD, V, P, NT)
+    u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g + F, one, n_slots,
+                 LOAD, FIELD, V, P, NT)
+    return g, u
+
+
 @triton.jit(do_not_specialize=["one"])
 def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, stride_xw, one,
                     TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
@@ -124,21 +135,15 @@ def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, 
     e = tl.load(experts + pair).to(tl.int64)
     x_row = x + (pair // TOP_K).to(tl.int64) * stride_xw
     n_in = tl.minimum(n_out, F - 1)[None, :]  # [1, BN]; past F: recompute F-1, not stored
-    slot = -1
     if TABLE:
         slot = tl.load(table + e).to(tl.int64)
-    if slot >= 0:
-        row_g = slot * 2 * F + n_in
-        g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, bqs, bqh, bsc, bsd, row_g, one, n_slots,
-                     LOAD, FIELD, V, P, NT)
-        u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, bqs, bqh, bsc, bsd, row_g + F, one, n_slots,
-                     LOAD, FIELD, V, P, NT)
+        if slot >= 0:
+            g, u = _gate_up_rows(x_row, bqs, bqh, bsc, bsd, slot * 2 * F + n_in, F, one, n_slots, LOAD, FIELD,
+                                 V, P, BN, NT)
+        else:
+            g, u = _gate_up_rows(x_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, FIELD, V, P, BN, NT)
     else:
-        row_g = e * 2 * F + n_in
-        g = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g, one, n_slots,
-                     LOAD, FIELD, V, P, NT)
-        u = _acc_row(tl.zeros([NT, BN, V], tl.float32), x_row, qs, qh, sc, sd, row_g + F, one, n_slots,
-                     LOAD, FIELD, V, P, NT)
+        g, u = _gate_up_rows(x_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, FIELD, V, P, BN, NT)
     g = tl.sum(tl.sum(g, axis=2), axis=0)  # [BN]
     u = tl.sum(tl.sum(u, axis=2), axis=0)
     y = g / (1.0 + tl.exp(-g)) * u         # silu(gate) * up, as fused.silu_mul
@@ -227,12 +232,14 @@ def _down_kernel(act, out, weights, experts, table, qs, qh, sc, sd, bqs, bqh, bs
         e = tl.load(experts + m * TOP_K + r).to(tl.int64)
         wr = tl.load(weights + m * TOP_K + r)
         a_row = act + (m * TOP_K + r) * K
-        slot = -1
         if TABLE:
             slot = tl.load(table + e).to(tl.int64)
-        if slot >= 0:
-            acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, bqs, bqh, bsc, bsd, slot * N + nn, one,
-                           n_slots, LOAD, FIELD, V, P, NT)
+            if slot >= 0:
+                acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, bqs, bqh, bsc, bsd, slot * N + nn, one,
+                               n_slots, LOAD, FIELD, V, P, NT)
+            else:
+                acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
+                               n_slots, LOAD, FIELD, V, P, NT)
         else:
             acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
                            n_slots, LOAD, FIELD, V, P, NT)
