@@ -56,7 +56,7 @@ def test_batched_greedy_generation_equals_reference_decoding(tiny):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (6, 2, 9)]
     stops = [5, 300]
-    for prompt, got in zip(prompts, generate_batch(teacher, prompts, 12, stops)):
+    for prompt, got in zip(prompts, generate_batch(teacher, prompts, 12, stops, prefill_chunk=4)):
         cache, want = ref.new_cache(), []
         logits, _ = ref.forward(torch.tensor(prompt), 0, cache)
         for i in range(12):

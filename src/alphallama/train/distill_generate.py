@@ -19,7 +19,7 @@ from .distill_teacher import Teacher
 
 @torch.no_grad()
 def generate_batch(teacher: Teacher, prompts: Sequence[Sequence[int]], max_new: int,
-                   stop_ids: Sequence[int], pad_id: int = 0) -> list[list[int]]:
+                   stop_ids: Sequence[int], pad_id: int = 0, prefill_chunk: int = 512) -> list[list[int]]:
     """Greedy continuations of `prompts` (one batch), each cut after its first stop
     token (kept) or at max_new tokens."""
     dev = teacher.device
@@ -31,7 +31,9 @@ def generate_batch(teacher: Teacher, prompts: Sequence[Sequence[int]], max_new: 
         cache.valid[r, P - len(p):] = True
     cache.valid[:, P:] = True
     stops = torch.tensor(list(stop_ids), dtype=torch.int64, device=dev)
-    h = teacher.forward(toks.to(dev), cache, 0)                               # [B, P, D]
+    toks = toks.to(dev)
+    for s in range(0, P, prefill_chunk):   # chunks bound the [B, group*chunk, L] attention mask
+        h = teacher.forward(toks[:, s:s + prefill_chunk], cache, s)           # [B, chunk, D]
     nxt = teacher.logits(h[:, -1]).argmax(-1)                                  # [B]
     done = torch.isin(nxt, stops)
     out = [nxt]

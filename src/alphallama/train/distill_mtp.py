@@ -80,6 +80,16 @@ def init_from_teacher(head: MTPHead, teacher: Teacher, h_scale: float, seed: int
     head.eh_proj.weight.copy_(eh)
 
 
+@torch.no_grad()
+def init_random(head: MTPHead, teacher: Teacher, h_scale: float, seed: int) -> None:
+    """MTPHead's own random init; only shared_head_norm takes the model's output norm
+    (the shared head was trained behind that norm)."""
+    head.shared_head_norm.copy_(teacher.output_norm.float())
+
+
+INITS = {"last-layer": init_from_teacher, "random": init_random}
+
+
 def valid_mask(K: int, B: int, T: int, device) -> torch.Tensor:
     """[K, B*T]: the depth-k entry at p exists for p >= k (its chain reaches h_{p-k})."""
     pos = torch.arange(T, device=device)
@@ -111,8 +121,9 @@ def prepare_data(args, enc: ChatEncoder) -> dict:
     code = tokenize_texts(args.model, train, args.code_tokens, args.workers)
     code_eval = tokenize_texts(args.model, held, args.eval_code_rows * args.seq_len, args.workers)
     answered_only = args.gen_budget_s <= 0
-    reqs = [(False, r) for r in make_requests(train, args.requests, args.seed, answered_only)]
-    reqs += [(True, r) for r in make_requests(held, args.eval_requests, args.seed + 1, answered_only)]
+    reqs = [(False, r) for r in make_requests(train, args.requests, args.seed, answered_only, args.workers)]
+    reqs += [(True, r) for r in make_requests(held, args.eval_requests, args.seed + 1, answered_only,
+                                              args.workers)]
     encoded = encode_parallel(args.model, [("chat", r.user, r.answer) for _, r in reqs], args.workers)
     chats = [(is_eval, p, a) for (is_eval, _), (p, a) in zip(reqs, encoded) if len(p) <= args.max_prompt]
     log(f"tokens: {sum(map(len, code))} corpus, {sum(map(len, code_eval))} held-out corpus, "
@@ -266,6 +277,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "requests", "eval_requests", "eval_code_rows", "eval_batch", "max_new", "max_prompt",
                  "log_every", "loss_chunk", "part_mib", "seed"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(D, name))
+    ap.add_argument("--init", default=D.init, choices=sorted(INITS), help="how the head starts")
     ap.add_argument("--qtype", default=D.qtype, choices=["Q8_0", "F16", "F32"], help="the sidecar's matrices")
     args = ap.parse_args(argv)
     if not Path(args.model).is_file():
@@ -299,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(sources.values()))[:min(4, args.batch_size)].to(dev)
     h = teacher.forward(first)[:, 1:]                                          # [b, T-1, D] (not position 0)
     h_scale = float(h.float().pow(2).mean(-1).sqrt().median())
-    init_from_teacher(head, teacher, h_scale, args.seed)
-    log(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, init from layer "
-        f"{cfg.n_layers - 1}, h scale {h_scale:.3f}")
+    INITS[args.init](head, teacher, h_scale, args.seed)
+    log(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, init {args.init} "
+        f"(last layer {cfg.n_layers - 1}), h scale {h_scale:.3f}")
     eval_init = run_evals(args, teacher, head, evals)
     t_train = time.monotonic()
     curve = train(args, teacher, head, sampler)

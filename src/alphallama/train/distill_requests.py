@@ -129,22 +129,37 @@ KINDS: dict[str, tuple[Callable[[Function, random.Random], Request | None], floa
 }
 
 
-def make_requests(texts: list[str], n: int, seed: int, answered_only: bool = False) -> list[Request]:
-    """Up to n requests from the functions of `texts`, kinds drawn by weight.
-    answered_only: only kinds with a reference answer (no teacher generation)."""
+def make_requests(texts: list[str], n: int, seed: int, answered_only: bool = False,
+                  workers: int = 0) -> list[Request]:
+    """Up to n requests from the functions of `texts` (parsed in `workers` processes),
+    kinds drawn by weight. answered_only: only kinds with a reference answer (no
+    teacher generation)."""
     rng = random.Random(seed)
-    kinds = [k for k, (_, _w) in KINDS.items() if not answered_only or k in ("write", "rename")]
+    kinds = [k for k in KINDS if not answered_only or k in ("write", "rename")]
     weights = [KINDS[k][1] for k in kinds]
     order = list(range(len(texts)))
     rng.shuffle(order)
     out: list[Request] = []
-    for i in order:
-        funcs = functions_of(texts[i])
+    parsed = _map(functions_of, (texts[i] for i in order), workers)
+    for funcs in parsed:
         rng.shuffle(funcs)
         for f in funcs[:2]:   # a few per file: breadth over depth
             req = KINDS[rng.choices(kinds, weights)[0]][0](f, rng)
             if req is not None:
                 out.append(req)
-            if len(out) >= n:
-                return out
-    return out
+        if len(out) >= n:
+            break
+    if hasattr(parsed, "close"):
+        parsed.close()   # stops the workers early
+    return out[:n]
+
+
+def _map(fn, items, workers: int):
+    """fn over items in order, lazily; in `workers` forked processes when > 0."""
+    if workers <= 0:
+        yield from map(fn, items)
+        return
+    import multiprocessing as mp
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(workers) as pool:
+        yield from pool.imap(fn, items, chunksize=8)
