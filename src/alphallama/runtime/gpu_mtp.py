@@ -1,0 +1,242 @@
+"""The MTP head on the GPU: the same block as model/mtp.py (docs/MTP.md) on the GPU
+runtime's kernels, its drafting chain captured in CUDA graphs.
+
+A round's MTP work is one graph replay and one host sync:
+
+    extend: the staged rows (hidden states of the tokens the verify pass committed,
+            and those tokens) make their permanent depth-1 entries, one batched block
+    chain:  from the last entry, draft 1 = argmax of its logits over the draft
+            vocabulary; draft k = a depth-k entry at the next position, fed h' of the
+            previous entry and the token it drafted (read on the device, never the host)
+    out:    [tokens..., probabilities...] in one float64 buffer -> .tolist()
+
+Graphs are keyed by (width bucket of the extend, depth); depth 0 is extend-only (the
+prompt's entries during prefill, and staged rows no draft asked for). Inputs are
+static buffers (hidden rows, tokens, first position, index of the last real row) so
+one graph serves every position. Padding rows of a bucket write K/V past the real
+entries, where the chain (or the next extend) overwrites them before anything reads
+them. The MTP cache is a one-layer KVCache with slot = position (fp16, like the
+model's), with room past the context for a padded bucket and a chain, which is also
+where graph capture writes its warm-up rows.
+
+The head scores the rows of the draft vocabulary: a [S, K] copy of those output rows
+in their GGUF format (index_select of the planes, in place, so the graphs keep their
+pointers), and argmax/softmax over S.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..config import DEFAULTS
+from ..gguf.arch import ModelConfig, MTPHeadConfig
+from ..gguf.quants import dequantize
+from ..gguf.reader import GGUFFile
+from ..kernels.attention import decode_attention
+from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
+from ..kernels.qmatmul import qmatmul
+from ..kernels.qweight import QuantWeight
+from ..model.layers import rope_tables
+from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPULayer, GPUModel, Linear, MoE, bucket_of
+from .kv_cache import KVCache
+
+SPARE = MAX_W + DEFAULTS.mtp.max_depth + 2     # slots past the context: a padded bucket and a chain
+
+
+def _layer(t, p: str, cfg: ModelConfig, hc: MTPHeadConfig, vec, device) -> GPULayer:
+    return GPULayer(
+        attn_norm=vec(p + "attn_norm.weight"),
+        qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], device),
+        qkv_bias=torch.cat([vec(p + f"attn_{n}.bias") for n in "qkv"]) if cfg.qkv_bias else None,
+        q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
+        k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
+        o=Linear([t[p + "attn_output.weight"]], device),
+        ffn_norm=vec(p + "ffn_norm.weight"),
+        gate_up=None if hc.moe else Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], device),
+        down=None if hc.moe else Linear([t[p + "ffn_down.weight"]], device),
+        moe=MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
+                t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, device) if hc.moe else None,
+    )
+
+
+class GPUMTPHead:
+    """Same interface as model.mtp.MTPHead: new_cache, set_vocab, extend, draft (+ prepare)."""
+
+    def __init__(self, model: GPUModel, head_file: GGUFFile, hc: MTPHeadConfig, max_len: int,
+                 graphs: bool | None = None):
+        self.model, self.cfg, self.hc = model, model.cfg, hc
+        dev = self.device = model.device
+        t, p = head_file.tensors, hc.prefix
+        vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(dev)  # noqa: E731
+        self.enorm, self.hnorm = vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight")
+        self.head_norm = vec(p + "nextn.shared_head_norm.weight")
+        self.eh = Linear([t[p + "nextn.eh_proj.weight"]], dev)
+        self.layer = _layer(t, p, self.cfg, hc, vec, dev)
+        self.max_len = max_len
+        cos, sin = rope_tables(max_len + SPARE, self.cfg.rope_dim, self.cfg.rope_base)
+        self.cos, self.sin = cos.to(dev), sin.to(dev)                             # [max_len+SPARE, hd/2]
+        self.full = model.output.weights[0]                                       # [V, D] the model's head
+        self.scored = self.full
+        self.vocab_ids: torch.Tensor | None = None                                # [S] on the host; None: all
+        self._ids = torch.arange(self.full.N, device=dev)                         # scored row -> token id
+        D = self.cfg.d_model
+        self._g = torch.zeros(MAX_W, D, device=dev)                               # graph inputs
+        self._tok = torch.zeros(MAX_W, dtype=torch.int64, device=dev)
+        self._pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._last = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor | None]] = {}
+        self._pool = None
+        self.cache: KVCache | None = None
+        self.use_graphs = dev.type == "cuda" if graphs is None else graphs
+        self.capture_s = 0.0
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        c = self.cfg
+        n = max_len or self.max_len
+        cache = KVCache(1, c.n_kv_heads, n + SPARE, c.head_dim, dtype=torch.float16, device=self.device)
+        cache.max_len = n
+        self.cache = cache
+        self.graphs.clear()
+        return cache
+
+    def set_vocab(self, ids: torch.Tensor | None) -> None:
+        """Score only these output rows (token ids [S]); None: all. Rows are copied into
+        a buffer kept for the graphs; a new size re-captures them."""
+        if ids is None or len(ids) == self.full.N:
+            if self.scored is not self.full:
+                self.scored, self.vocab_ids = self.full, None
+                self._ids = torch.arange(self.full.N, device=self.device)
+                self._drop_chain_graphs()
+            return
+        S = len(ids)
+        dev_ids = ids.to(self.device, torch.int64)
+        if self.scored is self.full or self.scored.N != S:
+            planes = {n: torch.empty(S, pl.shape[1], dtype=pl.dtype, device=self.device)
+                      for n, pl in self.full.planes.items()}
+            self.scored = QuantWeight(self.full.qtype, (S, self.full.K), planes)
+            self._ids = torch.empty(S, dtype=torch.int64, device=self.device)
+            self._drop_chain_graphs()
+        for n, pl in self.full.planes.items():
+            torch.index_select(pl, 0, dev_ids, out=self.scored.planes[n])          # [S, per_row]
+        self._ids.copy_(dev_ids)
+        self.vocab_ids = ids.to(torch.int64).cpu()
+
+    def _drop_chain_graphs(self) -> None:
+        self.graphs = {k: v for k, v in self.graphs.items() if k[1] == 0}
+
+    # -- the block and the chain (what the graphs hold) -----------------------------------
+    def _block(self, g: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
+               cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entries at positions pos..pos+W-1 (pos: int32 [1] on the device) from g [W, D]
+        fp32 and tokens [W]: -> (h' [W, D] fp32, shared_head_norm(h') [W, D] in act dtype)."""
+        c, L, m = self.cfg, self.layer, self.model
+        act, W = m.act_dtype, tokens.shape[0]
+        e = dequantize(m.embd[tokens], m.embd_qtype, (W, c.d_model))               # [W, D]
+        a = add_rmsnorm(e, None, self.enorm, c.norm_eps, act)                       # [W, D]
+        b = add_rmsnorm(g, None, self.hnorm, c.norm_eps, act)                       # [W, D]
+        x = self.eh(torch.cat([a, b], dim=1))                                       # [W, D] fp32
+        h = add_rmsnorm(x, None, L.attn_norm, c.norm_eps, act)
+        qkv = L.qkv(h)                                                              # [W, (H + 2 n_kv) hd]
+        q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[0], cache.v[0], pos,
+                     c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)       # [W, H, hd]
+        att = decode_attention(q, cache.k[0], cache.v[0], pos, cache.k.shape[2], act)  # [W, H*hd]
+        h = add_rmsnorm(x, L.o(att), L.ffn_norm, c.norm_eps, act)                  # x += o(att)
+        d = L.moe(h, act) if L.moe is not None else L.down(silu_mul(L.gate_up(h), act))   # [W, D]
+        hn = add_rmsnorm(x, d, self.head_norm, c.norm_eps, act)                    # x += ffn: h'
+        return x, hn
+
+    def _pick(self, hn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hn [1, D] -> (token id [1] int64, its probability over the scored rows [1])."""
+        logits = qmatmul(hn, self.scored, rows_per_thread=ROWS_PER_THREAD)         # [1, S]
+        top, idx = logits.max(-1)                                                   # [1], [1]
+        prob = 1.0 / torch.exp(logits - top[:, None]).sum(-1)                       # [1]
+        return self._ids.index_select(0, idx), prob
+
+    def _run(self, b: int, depth: int, cache: KVCache) -> torch.Tensor | None:
+        """The static inputs' first b rows through the block; then (depth > 0) the chain
+        -> [2 * depth] float64: drafted token ids, then their probabilities."""
+        hp, hn = self._block(self._g[:b], self._tok[:b], self._pos, cache)
+        if depth == 0:
+            return None
+        h, hn = hp.index_select(0, self._last), hn.index_select(0, self._last)   # [1, D] the last real row
+        pos = self._pos + self._last.to(torch.int32)                               # [1] its position
+        toks, probs = [], []
+        for k in range(depth):
+            if k:
+                h, hn = self._block(h, toks[-1], pos + k, cache)
+            tok, prob = self._pick(hn)
+            toks.append(tok)
+            probs.append(prob)
+        return torch.cat([torch.cat(toks).double(), torch.cat(probs).double()])   # [2 * depth]
+
+    # -- graphs --------------------------------------------------------------------------
+    def prepare(self, depth: int, cache: KVCache) -> None:
+        """Capture the extend-only and the depth-`depth` graphs of every bucket."""
+        if self.use_graphs and cache is self.cache:
+            for b in BUCKETS:
+                self._graph(b, 0)
+                self._graph(b, depth)
+
+    def _graph(self, b: int, depth: int):
+        key = (b, depth)
+        if key not in self.graphs:
+            t0 = time.perf_counter()
+            cache = self.cache
+            self._pos.fill_(cache.max_len)        # warm-up rows land in the spare slots
+            self._last.fill_(0)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._run(b, depth, cache)        # compiles the kernels at this width
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                out = self._run(b, depth, cache)
+            torch.cuda.synchronize()
+            self.graphs[key] = (g, out)
+            self.capture_s += time.perf_counter() - t0
+        return self.graphs[key]
+
+    def _launch(self, g: torch.Tensor, tokens: torch.Tensor, pos: int, depth: int,
+                cache: KVCache) -> torch.Tensor | None:
+        """Up to MAX_W rows: load the static inputs, replay (or run) the graph."""
+        m = tokens.shape[0]
+        b = bucket_of(m)
+        graph = self._graph(b, depth) if self.use_graphs and cache is self.cache else None
+        self._g[:m].copy_(g)
+        self._tok[:m].copy_(tokens)
+        self._pos.fill_(pos)
+        self._last.fill_(m - 1)
+        if graph is None:
+            return self._run(m, depth, cache)
+        graph[0].replay()
+        return graph[1]
+
+    # -- what the engine and the drafter call ----------------------------------------------
+    @torch.inference_mode()
+    def extend(self, g: torch.Tensor, tokens: torch.Tensor, pos: int, cache: KVCache) -> None:
+        """Permanent depth-1 entries at pos..pos+m-1 (cache.length becomes pos+m)."""
+        m = tokens.shape[0]
+        if pos > cache.length or pos + m > cache.max_len:
+            raise ValueError(f"MTP entries {pos}..{pos + m} do not fit a cache of {cache.length}/{cache.max_len}")
+        for s in range(0, m, MAX_W):
+            self._launch(g[s:s + MAX_W], tokens[s:s + MAX_W], pos + s, 0, cache)
+        cache.length = pos + m
+
+    @torch.inference_mode()
+    def draft(self, g: torch.Tensor, tokens: torch.Tensor, pos: int, depth: int,
+              cache: KVCache) -> tuple[list[int], list[float]]:
+        """extend, then a chain of `depth` drafts from the last entry, in one replay."""
+        m = tokens.shape[0]
+        head = max(0, m - MAX_W)                  # rows beyond one bucket: entries first
+        if head:
+            self.extend(g[:head], tokens[:head], pos, cache)
+        if pos + m > cache.max_len:
+            raise ValueError(f"MTP entries {pos}..{pos + m} do not fit a cache of {cache.length}/{cache.max_len}")
+        out = self._launch(g[head:], tokens[head:], pos + head, depth, cache).tolist()   # the one host sync
+        cache.length = pos + m
+        return [int(v) for v in out[:depth]], out[depth:]
