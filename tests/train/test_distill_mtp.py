@@ -211,6 +211,9 @@ def test_tiny_run_exports_a_readable_sidecar(tiny, tmp_path):
     assert [r["step"] for r in res["curve"]] == [1, 2, 3]
     assert all(len(r["kl"]) == 3 and len(r["top1_agree"]) == 3 for r in res["curve"])
     assert res["data"]["generated_tokens"] > 0 and set(res["eval_final"]) == {"code", "chat"}
+    # teacher-forced on its own greedy answers, the teacher's top-1 is the next token at
+    # every counted position: the answer mask is aligned with the generated tokens
+    assert res["eval_final"]["chat"]["teacher_top1_is_next_token"] == 1.0
     sidecar = tmp_path / "joined.mtp.gguf"
     join_parts(out / "tiny-qwen2.mtp.gguf.sha256", sidecar)
     f = GGUFFile(sidecar)

@@ -49,7 +49,7 @@ def evaluate(head, teacher: Teacher, rows: torch.Tensor, depths: int, batch: int
     calib = torch.zeros(K, CALIB_BINS, 2, dtype=torch.float64)                 # [K, bins, (n, hits)]
     surv_sum = torch.zeros(K, dtype=torch.float64)
     gated = torch.zeros(2, dtype=torch.float64)                                # proposed, accepted
-    n_rounds = 0
+    n_rounds, self_agree, self_n = 0, 0.0, 0.0
     for s in range(0, rows.shape[0], batch):
         toks = rows[s:s + batch].to(dev)                                       # [B, T]
         B, T = toks.shape
@@ -64,6 +64,11 @@ def evaluate(head, teacher: Teacher, rows: torch.Tensor, depths: int, batch: int
         _, st = distill_kl(student, teacher.normed(h).reshape(B * T, -1), teacher.output,
                            valid.reshape(K, -1))
         kl, agree, sp = (x.view(K, B, T) for x in (st.kl, st.agree, st.student_p))
+        # how often the sequence's next token is the teacher's top-1 (1.0 on its own greedy
+        # output up to bf16 near-ties; for corpus text, the model's own accuracy)
+        nxt = cnt[:, :-1]
+        self_agree += float((st.teacher_top.view(B, T)[:, :-1] == toks[:, 1:])[nxt].double().sum())
+        self_n += float(nxt.sum())
         for k in range(K):
             v = valid[k]
             per[k]["kl"] += float(kl[k][v].double().sum())
@@ -95,6 +100,7 @@ def evaluate(head, teacher: Teacher, rows: torch.Tensor, depths: int, batch: int
         })
         prev = survive
     out["rounds"] = n_rounds
+    out["teacher_top1_is_next_token"] = self_agree / max(self_n, 1.0)
     out["tokens_per_round_ungated"] = 1.0 + float(surv_sum.sum()) / max(n_rounds, 1)
     out["min_p"] = min_p
     out["gated_drafts_per_round"] = float(gated[0]) / max(n_rounds, 1)

@@ -158,7 +158,7 @@ def finish_data(args, teacher: Teacher, enc: ChatEncoder, prep: dict) -> tuple[d
     if sum(map(len, prep["code_eval"])) >= T:
         evals["code"] = (pack(prep["code_eval"], T, sep, args.seed)[:args.eval_code_rows], None)
     if eval_chats:
-        evals["chat"] = pack_answers(eval_chats, T, sep)
+        evals["chat"] = pack_answers(eval_chats, sep)
     stats = {"corpus_files": prep["files"], "held_out_files": prep["held"],
              "code_tokens": sum(map(len, prep["code"])), "chat_sequences": len(train_chats),
              "chat_tokens": sum(len(p) + len(a) for p, a in train_chats),
@@ -171,19 +171,18 @@ def teacher_stops(enc: ChatEncoder) -> set[int]:
     return set(enc.tok.stop_ids) | {enc.end_id}
 
 
-def pack_answers(chats: list[tuple[list[int], list[int]]], T: int, sep: int):
-    """Chat sequences packed into rows [N, T] with a mask of the entries that draft the
-    answer: position p counts when x_p and x_{p+1} are both answer tokens (the first
-    answer token comes from the main model, not from a draft)."""
-    flat, mask = [], []
-    for p, a in chats:
-        flat += p + a + [sep]
-        mask += [False] * len(p) + [True] * (len(a) - 1) + [False, False]
-    n = len(flat) // T
-    if n == 0:
-        return None
-    rows = torch.tensor(flat[:n * T]).view(n, T)
-    return rows, torch.tensor(mask[:n * T]).view(n, T)
+def pack_answers(chats: list[tuple[list[int], list[int]]], sep: int):
+    """One conversation per row, from its start (so the teacher sees the context it
+    answered in), padded with `sep` to the longest: rows [N, L] and a mask of the
+    entries that draft the answer: p counts when x_p and x_{p+1} are both answer
+    tokens (the first answer token comes from the main model, not from a draft)."""
+    L = max(len(p) + len(a) for p, a in chats)
+    rows = torch.full((len(chats), L), sep, dtype=torch.int64)
+    mask = torch.zeros(len(chats), L, dtype=torch.bool)
+    for i, (p, a) in enumerate(chats):
+        rows[i, :len(p) + len(a)] = torch.tensor(p + a)
+        mask[i, len(p):len(p) + len(a) - 1] = True
+    return rows, mask
 
 
 def lr_at(args, step: int, frac: float) -> float:
@@ -247,7 +246,8 @@ def run_evals(args, teacher: Teacher, head: MTPHead, evals: dict) -> dict:
         d = out[name]["depths"]
         log(f"eval {name}: " + "  ".join(f"d{x['depth']} agree {x['top1_agree']:.3f} hit {x['conditional_hit']:.3f}"
                                          for x in d)
-            + f"  tokens/round {out[name]['tokens_per_round_ungated']:.2f} (gated {out[name]['gated_tokens_per_round']:.2f})")
+            + f"  tokens/round {out[name]['tokens_per_round_ungated']:.2f} (gated {out[name]['gated_tokens_per_round']:.2f})"
+            + f"  teacher top-1 = next token {out[name]['teacher_top1_is_next_token']:.3f}")
     head.train()
     return out
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     enc = ChatEncoder(args.model)
     prep = prepare_data(args, enc)
     teacher = Teacher.from_gguf(args.model, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32,
-                                max_len=max(args.seq_len, args.max_prompt + args.max_new))
+                                max_len=max(args.seq_len, args.max_prompt + args.max_new + 1))
     cfg = teacher.cfg
     log(f"teacher: {cfg.arch}, {cfg.n_layers} layers, D={cfg.d_model}, vocab {cfg.vocab_size}, on {dev}")
     sources, evals, stats = finish_data(args, teacher, enc, prep)
