@@ -92,7 +92,8 @@ def check_write_function(e: Edit) -> bool:
         tree = ast.parse(e.output)
     except SyntaxError:
         return False
-    return (len(tree.body) == 1 and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef))
+    # the answer is the corpus function itself, whole and parseable
+    return (e.output == e.source and len(tree.body) == 1 and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef))
             and tree.body[0].name == e.params["name"] and bool(ast.get_docstring(tree.body[0])))
 
 

@@ -75,7 +75,7 @@ def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device:
         return main, mtp, aux, []
     with torch.no_grad():
         T = inp.shape[1]
-        acc = [(F.linear(s[:, k:T - 1], model.embed).argmax(-1) == inp[:, k + 1:]).float().mean()
+        acc = [(F.linear(s[:, k:T - 1].float(), model.embed).argmax(-1) == inp[:, k + 1:]).float().mean()
                for k, s in enumerate(states, start=1)]
     return main, mtp, aux, acc
 

@@ -133,6 +133,11 @@ class MoEModel(nn.Module):
         return F.linear(rms(hidden, self.out_norm, self.cfg.norm_eps), self.embed)   # [B, T, V]
 
     def gguf_tensors(self) -> dict[str, torch.Tensor]:
+        """{llama.cpp name: float32 copy on CPU}, in no particular order."""
+        return {k: v.detach().float().cpu() for k, v in self.gguf_params().items()}
+
+    def gguf_params(self) -> dict[str, nn.Parameter]:
+        """{llama.cpp name: the parameter itself}."""
         out = {"token_embd.weight": self.embed, "output_norm.weight": self.out_norm}
         for i, b in enumerate(self.blocks):
             p = f"blk.{i}."
@@ -142,4 +147,4 @@ class MoEModel(nn.Module):
                     p + "attn_k_norm.weight": b.k_norm, p + "ffn_norm.weight": b.ffn_norm,
                     p + "ffn_gate_inp.weight": b.router, p + "ffn_gate_exps.weight": b.gate,
                     p + "ffn_up_exps.weight": b.up, p + "ffn_down_exps.weight": b.down}
-        return {k: v.detach().float().cpu() for k, v in out.items()}
+        return out

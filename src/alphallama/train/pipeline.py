@@ -153,8 +153,8 @@ def run(args) -> int:
     for name in ("manifest.tsv.gz", "heldout.jsonl.gz"):
         (out / name).write_bytes((work / name).read_bytes())
     sums = {p.name: sha256_file(p) for p in (main, side)}
-    if args.split_mib and main.stat().st_size > args.split_mib << 20:
-        split_file(main, args.split_mib << 20)
+    if args.split_mib and main.stat().st_size > args.split_mib * 2**20:
+        split_file(main, int(args.split_mib * 2**20))
         main.unlink()
     (out / "SHA256SUMS").write_text("".join(f"{h}  {n}\n" for n, h in sums.items()))
     timings["export_s"] = time.time() - t
@@ -205,7 +205,7 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--max-steps", type=int, default=None)
     a("--log-every", type=int, default=20)
     a("--quant", default="Q8_0", choices=["Q8_0", "F16", "F32"])
-    a("--split-mib", type=int, default=15, help="split the model GGUF into parts of this size (0: never)")
+    a("--split-mib", type=float, default=15.5, help="split the model GGUF into parts of this size (0: never)")
     a("--device", default="auto")
     a("--workers", type=int, default=16, help="processes making instruction examples")
     a("--seed", type=int, default=0)

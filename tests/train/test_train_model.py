@@ -1,0 +1,129 @@
+"""The training model against the GGUF it exports (loaded by our reader and reference
+model), a training step that lowers the loss, and a whole tiny pipeline run."""
+from __future__ import annotations
+
+import gzip
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from alphallama.gguf.arch import expected_tensors, load_config
+from alphallama.gguf.reader import GGUFFile
+from alphallama.model.loader import load_model
+from alphallama.train.bpe import gguf_tokenizer_kv, train_bpe
+from alphallama.train.export import export, join_parts, sha256_file, split_file
+from alphallama.train.instruct import chat_template_text
+from alphallama.train.loop import losses
+from alphallama.train.model import MoEConfig, MoEModel
+from alphallama.train.mtp import MTPConfig, MTPHead
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+CFG = MoEConfig(vocab_size=600, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+                n_experts=4, n_experts_used=2, d_ff_expert=64, ctx_len=64)
+
+
+@pytest.fixture(scope="module")
+def tok_kv():
+    texts = [(STDLIB / f).read_text() for f in ("textwrap.py", "shlex.py", "glob.py")]
+    hf = train_bpe(texts, CFG.vocab_size)
+    return hf, gguf_tokenizer_kv(hf, chat_template_text())
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    m = MoEModel(CFG, std=0.1)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return m, MTPHead(MTPConfig.from_model(CFG.model_config(), 96))
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
+def test_export_loads_and_matches_the_training_model(tmp_path, tok_kv, qtype):
+    hf, kv = tok_kv
+    model, head = _model()
+    main, side = export(tmp_path, "m", model, head, kv, {"alphallama.training.steps": 3}, qtype)
+    f = GGUFFile(str(main))
+    cfg = load_config(f)
+    assert cfg == CFG.model_config()
+    assert set(f.tensors) == set(expected_tensors(cfg))          # only what llama.cpp loads
+    assert f.metadata["alphallama.training.steps"] == 3
+    ref = load_model(f, 64)
+    ids = hf.encode((STDLIB / "glob.py").read_text()[:400]).ids[:40]
+    want, _ = ref.forward(torch.tensor(ids), 0, ref.new_cache(64))  # [T, V]
+    with torch.no_grad():
+        if qtype != QT.F32:   # the training model with the weights as stored (Q8_0-rounded)
+            for name, p in model.gguf_params().items():
+                p.copy_(ref.w[name])
+        hidden, _ = model(torch.tensor([ids]))
+        got = model.logits(hidden)[0]
+    assert (got - want).abs().max().item() < 1e-4
+    assert side.name == "m.mtp.gguf" and GGUFFile(str(side)).metadata["qwen3moe.block_count"] == CFG.n_layers + 1
+
+
+def test_a_few_steps_lower_the_loss(tok_kv):
+    model, head = _model()
+    opt = torch.optim.AdamW([p for m in (model, head) for p in m.parameters()], lr=3e-3)
+    x = torch.randint(0, CFG.vocab_size, (4, 33))
+    first = None
+    for _ in range(12):
+        main, mtp, aux, _ = losses(model, head, x, 3, "cpu")
+        loss = main + 0.3 * sum(mtp) / 3 + 0.01 * aux
+        first = first if first is not None else (main.item(), [m.item() for m in mtp])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert main.item() < first[0] - 0.5
+    assert all(a < b - 0.3 for a, b in zip([m.item() for m in mtp], first[1]))
+
+
+def test_split_and_join(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(np.random.default_rng(0).integers(0, 256, 10_000, dtype=np.uint8).tobytes())
+    parts = split_file(p, 4096)
+    assert [q.stat().st_size for q in parts] == [4096, 4096, 1808]
+    out = join_parts(parts[0], tmp_path / "g.bin", sha256_file(p))
+    assert out.read_bytes() == p.read_bytes()
+    with pytest.raises(ValueError):
+        join_parts(parts[0], tmp_path / "h.bin", "0" * 64)
+
+
+def test_tiny_pipeline_run(tmp_path):
+    from alphallama.train.__main__ import main
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in sorted(STDLIB.glob("*.py"))[:60]:
+        if f.stat().st_size < 40_000:
+            (src / f.name).write_bytes(f.read_bytes())
+    out, work = tmp_path / "out", tmp_path / "work"
+    args = ["run", "--out", str(out), "--work-dir", str(work), "--root", f"lib={src}", "--corpus-mb", "1",
+            "--tokenizer-sample-mb", "1", "--instruct-examples", "16", "--vocab-size", "400", "--ctx", "32",
+            "--d-model", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
+            "--experts", "2", "--experts-used", "1", "--expert-ffn", "32", "--mtp-ffn", "32", "--batch-size", "2",
+            "--max-steps", "3", "--workers", "1", "--warmup-steps", "1", "--quant", "F32", "--commit", "abc"]
+    assert main(args) == 0
+    report = json.loads((out / "train.json").read_text())
+    assert report["state"]["step"] == 3 and report["curves"]["val"]
+    f = GGUFFile(str(out / "alphallama-embedded.gguf"))
+    md = f.metadata
+    assert md["alphallama.training.corpus_manifest_sha256"] == sha256_file(out / "manifest.tsv.gz")
+    assert md["alphallama.training.steps"] == 3 and md["alphallama.training.commit"] == "abc"
+    assert "SHA256SUMS" in {p.name for p in out.iterdir()}
+    # held-out files never reach the training stream
+    d = torch.load(work / "data.pt", weights_only=False)
+    from tokenizers import Tokenizer as HF
+    hf = HF.from_str(d["tokenizer"])
+    stream = d["train"].tobytes()
+    with gzip.open(out / "heldout.jsonl.gz", "rt") as fh:
+        held = [json.loads(line)["text"] for line in fh]
+    for text in held:
+        probe = np.asarray(hf.encode(text).ids[:24], dtype=np.uint16).tobytes()
+        assert probe not in stream
+    assert main(args[:-2] + ["--max-steps", "5"]) == 0          # a second call resumes
+    assert json.loads((out / "train.json").read_text())["state"]["step"] == 5
