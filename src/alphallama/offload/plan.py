@@ -165,10 +165,12 @@ class Plan:
         elif self.layout == "offload":
             bank = self.slots * s.expert_slot
             lines.append(f"layout     offload: {self.slots} of {s.n_experts} expert slots in VRAM "
-                         f"({100 * self.resident_fraction:.0f}%, {g(bank)}), host tier {g(s.experts)} "
-                         f"in RAM, {self.cpu_threads} host threads + 1 launch thread")
+                         f"({100 * self.resident_fraction:.0f}%, {g(bank)}); every expert in pinned RAM "
+                         f"({g(s.experts)}), read in place over PCIe where it has no slot")
+            lines.append(f"host       the launch thread + 1 copy stream for admissions (host cores: "
+                         f"{self.cpu_threads} besides the launch thread, no CPU expert workers)")
         else:
-            lines.append(f"layout     cpu (reference runtime, {self.cpu_threads} threads)")
+            lines.append("layout     cpu (reference runtime)")
         lines.append(f"mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
         lines.append(f"mode       {self.mode}")
         return "\n".join(lines)

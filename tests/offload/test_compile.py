@@ -1,0 +1,70 @@
+"""The MoE kernels compile for the H200 (sm_90) with and without the expert table.
+
+The Triton interpreter runs what the compiler rejects (a branch whose two sides give a
+variable different integer types ran on CPU and failed on the H200), so the kernels
+are also compiled here, on the CPU, with the ptxas that ships with Triton: no GPU needed.
+The compile runs in a child process: this test session imported the kernels under the
+interpreter, which replaces @triton.jit functions by interpreted ones."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+from gguf.constants import GGMLQuantizationType as T
+
+from alphallama.kernels import moe
+from alphallama.kernels.formats import PLANES
+from alphallama.kernels.qmatmul import tile
+from alphallama.kernels.qweight import FORMATS, QuantWeight
+
+_PTR = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.uint8: "*u8", torch.int8: "*i8",
+        torch.float32: "*fp32"}
+
+
+def _plane_types(qtype: T, K: int) -> list[str]:
+    f = FORMATS[qtype]
+    p = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
+    return [_PTR[p.get(n, p["qs"]).dtype] for n in PLANES]
+
+
+def _compile(kernel, types: list[str], const: dict) -> None:
+    """types: the run-time arguments' types in the kernel's order; const: its constexprs."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = [n for n in kernel.arg_names if n not in const]
+    assert len(names) == len(types), (names, types)
+    sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kernel.arg_names}
+    constexprs = {(kernel.arg_names.index(k),): v for k, v in const.items()}
+    triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": moe.NUM_WARPS, "enable_fp_fusion": False})
+
+
+def compile_all(table: bool) -> None:
+    for qtype, kind, K in ((T.Q4_K, "gate_up", 2048), (T.Q6_K, "down", 768)):
+        f = FORMATS[qtype]
+        w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
+        BN, NT, _ = tile(w, 4, num_warps=moe.NUM_WARPS)
+        const = dict(TOP_K=8, TABLE=table, n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field,
+                     V=f.V, P=f.P, BN=BN, NT=NT)
+        planes = _plane_types(qtype, K) * 2   # host tier, bank
+        if kind == "gate_up":
+            _compile(moe._gate_up_kernel, ["*bf16", "*bf16", "*i32", "*i32", *planes, "i32", "i32", "i32"], const)
+        else:
+            _compile(moe._down_kernel, ["*bf16", "*fp32", "*fp32", "*i32", "*i32", *planes, "i32", "i32"], const)
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["resident", "table"])
+def test_moe_kernels_compile_for_sm90(table):
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no CUDA backend to compile with")
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_compile; " \
+           f"test_compile.compile_all({table})"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
