@@ -116,4 +116,5 @@ def test_offload_plan_sets_the_slots(tmp_path):
     kw = engine_kwargs(argparse.Namespace(ctx_size=None, device="auto"), plan)
     assert kw["expert_slots"] == plan.slots == math.floor(s.experts // 4 / s.expert_slot)
     if not torch.cuda.is_available():   # run/serve on a CPU box: the budget does not apply
-        assert plan_from_args(argparse.Namespace(ctx_size=CTX, device="auto", gpu_mem=1 << 20), str(path)).layout == "cpu"
+        cpu_args = argparse.Namespace(ctx_size=CTX, device="auto", gpu_mem=1 << 20)
+        assert plan_from_args(cpu_args, str(path)).layout == "cpu"

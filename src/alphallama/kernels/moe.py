@@ -141,7 +141,8 @@ def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, 
             g, u = _gate_up_rows(x_row, bqs, bqh, bsc, bsd, slot * 2 * F + n_in, F, one, n_slots, LOAD, FIELD,
                                  V, P, BN, NT)
         else:
-            g, u = _gate_up_rows(x_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, FIELD, V, P, BN, NT)
+            g, u = _gate_up_rows(x_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, FIELD,
+                                 V, P, BN, NT)
     else:
         g, u = _gate_up_rows(x_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, FIELD, V, P, BN, NT)
     g = tl.sum(tl.sum(g, axis=2), axis=0)  # [BN]
@@ -267,7 +268,8 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
     _down_kernel[(W * triton.cdiv(D, BN),)](
         act.contiguous(), out, weights.float().contiguous(), experts.contiguous(),
         *_bank_args(down, table, bank), D, 1, TOP_K=k, TABLE=table is not None, n_slots=down.n_slots,
-        LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
+        LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, num_warps=num_warps,
+        enable_fp_fusion=False)
     return out
 
 

@@ -138,7 +138,8 @@ class ExpertStore:
             for j, i in enumerate(c.layers):
                 gu, dn = pack_experts(*layers[i], self.device)
                 if c.host_gate_up is None:
-                    c.host_gate_up, c.host_down = _host_like(gu, len(c.layers) * self.E), _host_like(dn, len(c.layers) * self.E)
+                    rows = len(c.layers) * self.E
+                    c.host_gate_up, c.host_down = _host_like(gu, rows), _host_like(dn, rows)
                 for host, w in ((c.host_gate_up, gu), (c.host_down, dn)):
                     for n, p in w.planes.items():
                         host.planes[n][j * self.E:(j + 1) * self.E].copy_(p)
@@ -197,8 +198,9 @@ class ExpertStore:
 
     def layer(self, i: int) -> LayerView:
         c, j = self._class_of[i]
-        return LayerView(_sub(c.host_gate_up, j * self.E, (j + 1) * self.E), _sub(c.host_down, j * self.E, (j + 1) * self.E),
-                         c.bank_gate_up, c.bank_down, self.table[i])
+        a, b = j * self.E, (j + 1) * self.E
+        return LayerView(_sub(c.host_gate_up, a, b), _sub(c.host_down, a, b), c.bank_gate_up, c.bank_down,
+                         self.table[i])
 
     @property
     def bank_bytes(self) -> int:
