@@ -100,6 +100,7 @@ class DistillDefaults:
     loss_chunk: int = 2048            # rows per output-head chunk in the loss ([rows, vocab] float32)
     min_p: float = 0.5                # the drafter's stop rule, for the gated evaluation
     log_every: int = 10
+    eval_every_s: float = 60.0        # held-out evaluation during training (its time is not counted)
     init: str = "last-layer"          # the block starts as a copy of the model's last layer (or "random")
     qtype: str = "Q8_0"               # the sidecar's matrices
     part_mib: int = 15                # the sidecar comes back in parts of at most this size

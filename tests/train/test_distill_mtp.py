@@ -205,11 +205,13 @@ def test_tiny_run_exports_a_readable_sidecar(tiny, tmp_path):
         "--device", "cpu", "--workers", "0", "--seq-len", "64", "--batch-size", "2", "--max-steps", "3",
         "--time-budget-s", "60", "--gen-budget-s", "30", "--max-new", "8", "--requests", "4",
         "--eval-requests", "2", "--eval-code-rows", "2", "--held-out-frac", "0.3", "--log-every", "1",
-        "--max-prompt", "1024", "--part-mib", "1"])
+        "--max-prompt", "1024", "--part-mib", "1", "--eval-every-s", "1e-6"])
     assert rc == 0
     res = json.loads((out / "distill_curves.json").read_text())
-    assert [r["step"] for r in res["curve"]] == [1, 2, 3]
-    assert all(len(r["kl"]) == 3 and len(r["top1_agree"]) == 3 for r in res["curve"])
+    steps = [r for r in res["curve"] if "eval" not in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(len(r["kl"]) == 3 and len(r["top1_agree"]) == 3 for r in steps)
+    assert [r["step"] for r in res["curve"] if "eval" in r] == [0, 1, 2, 3]   # one before each step
     assert res["data"]["generated_tokens"] > 0 and set(res["eval_final"]) == {"code", "chat"}
     # teacher-forced on its own greedy answers, the teacher's top-1 is the next token at
     # every counted position: the answer mask is aligned with the generated tokens

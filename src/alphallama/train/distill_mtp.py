@@ -192,7 +192,16 @@ def lr_at(args, step: int, frac: float) -> float:
     return args.lr * warm * cos
 
 
-def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler) -> list[dict]:
+def summary(ev: dict) -> dict:
+    """The headline of an evaluation: agreement and tokens per round."""
+    return {name: {"top1_agree": [d["top1_agree"] for d in e["depths"]],
+                   "tokens_per_round_ungated": e["tokens_per_round_ungated"],
+                   "gated_tokens_per_round": e["gated_tokens_per_round"]} for name, e in ev.items()}
+
+
+def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler, evals: dict) -> list[dict]:
+    """Steps until the time budget; every eval_every_s a held-out evaluation whose time
+    does not count against the budget."""
     K, dev = args.depths, teacher.device
     decay = [p for p in head.parameters() if p.dim() == 2]
     rest = [p for p in head.parameters() if p.dim() != 2]
@@ -201,8 +210,25 @@ def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler) -> list[di
                             **({"fused": True} if dev.type == "cuda" else {}))
     curve, step, tokens = [], 0, 0
     acc = torch.zeros(3, K, device=dev)                                        # kl, agree, count
-    t0 = time.monotonic()
+    t0 = last_eval = time.monotonic()
+
+    def emit(lr: float, gnorm: torch.Tensor) -> None:
+        a = acc.cpu()
+        row = {"step": step, "time_s": round(time.monotonic() - t0, 2), "tokens": tokens, "lr": lr,
+               "grad_norm": float(gnorm), "kl": (a[0] / a[2]).tolist(), "top1_agree": (a[1] / a[2]).tolist(),
+               "tok_s": tokens / max(1e-9, time.monotonic() - t0), "epochs": dict(sampler.epochs)}
+        curve.append(row)
+        acc.zero_()
+        log(f"step {step:5d}  {row['time_s']:6.1f}s  lr {lr:.2e}  " + "  ".join(
+            f"d{k + 1} kl {row['kl'][k]:.3f} agree {row['top1_agree'][k]:.3f}" for k in range(K))
+            + f"  {row['tok_s']:.0f} tok/s")
+
     while True:
+        if args.eval_every_s > 0 and time.monotonic() - last_eval >= args.eval_every_s:
+            t_ev = time.monotonic()
+            curve.append({"step": step, "tokens": tokens, "eval": summary(run_evals(args, teacher, head, evals))})
+            last_eval = time.monotonic()
+            t0 += last_eval - t_ev
         elapsed = time.monotonic() - t0
         if elapsed >= args.time_budget_s or (args.max_steps and step >= args.max_steps):
             break
@@ -223,15 +249,9 @@ def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler) -> list[di
         step += 1
         tokens += B * T
         if step % args.log_every == 0 or step == 1:
-            a = acc.cpu()
-            row = {"step": step, "time_s": round(time.monotonic() - t0, 2), "tokens": tokens, "lr": lr,
-                   "grad_norm": float(gnorm), "kl": (a[0] / a[2]).tolist(), "top1_agree": (a[1] / a[2]).tolist(),
-                   "tok_s": tokens / max(1e-9, time.monotonic() - t0), "epochs": dict(sampler.epochs)}
-            curve.append(row)
-            acc.zero_()
-            log(f"step {step:5d}  {row['time_s']:6.1f}s  lr {lr:.2e}  " + "  ".join(
-                f"d{k + 1} kl {row['kl'][k]:.3f} agree {row['top1_agree'][k]:.3f}" for k in range(K))
-                + f"  {row['tok_s']:.0f} tok/s")
+            emit(lr, gnorm)
+    if step % args.log_every and step > 1:
+        emit(lr, gnorm)
     return curve
 
 
@@ -271,7 +291,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="tokenizer processes")
     for name in ("time_budget_s", "gen_budget_s", "lr", "min_lr_frac", "weight_decay", "grad_clip",
-                 "chat_share", "held_out_frac", "min_p"):
+                 "chat_share", "held_out_frac", "min_p", "eval_every_s"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(D, name))
     for name in ("depths", "seq_len", "batch_size", "warmup_steps", "max_steps", "corpus_mb", "code_tokens",
                  "requests", "eval_requests", "eval_code_rows", "eval_batch", "max_new", "max_prompt",
@@ -316,11 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(last layer {cfg.n_layers - 1}), h scale {h_scale:.3f}")
     eval_init = run_evals(args, teacher, head, evals)
     t_train = time.monotonic()
-    curve = train(args, teacher, head, sampler)
+    curve = train(args, teacher, head, sampler, evals)
     train_s = time.monotonic() - t_train
     eval_final = run_evals(args, teacher, head, evals)
     name = args.sidecar_name or f"{Path(args.model).stem}.mtp.gguf"
-    steps, tokens = (curve[-1]["step"], curve[-1]["tokens"]) if curve else (0, 0)
+    steps, tokens = max((r["step"], r["tokens"]) for r in curve) if curve else (0, 0)
     meta = {
         "alphallama.training.command": shlex.join(["python", "-m", "alphallama.train.distill_mtp", *sys.argv[1:]]),
         "alphallama.training.date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
