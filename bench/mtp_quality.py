@@ -37,10 +37,25 @@ from alphallama.engine import Engine
 BINS = [i / 10 for i in range(11)]
 
 
-def code_files(root: str, n: int, held_out: float | None, min_bytes: int = 512) -> list[tuple[str, str, str]]:
+def _corpus_rule(sha: str, text: str, frac: float) -> bool:
+    from alphallama.train.corpus import held_out
+    return held_out(sha, frac)
+
+
+def _distill_rule(sha: str, text: str, frac: float) -> bool:
+    from alphallama.train.distill_data import held_out
+    return held_out(text, frac)
+
+
+# --held-out-rule: how a trainer chose the files it never trained on, by content hash
+HELD_OUT_RULES = {"corpus": _corpus_rule, "distill": _distill_rule}
+
+
+def code_files(root: str, n: int, held_out: float | None, rule: str = "corpus",
+               min_bytes: int = 512) -> list[tuple[str, str, str]]:
     """(path, sha256, text) of up to n .py files under root, in sha256 order (a fixed
-    pseudo-random pick); held_out: keep only the files the training corpus holds out by
-    hash at that fraction (alphallama.train.corpus.held_out)."""
+    pseudo-random pick); held_out: keep only the files a trainer holds out at that
+    fraction, by its rule (the embedded model's corpus, or the MTP distillation's)."""
     out = []
     for p in sorted(Path(root).rglob("*.py")):
         try:
@@ -51,7 +66,7 @@ def code_files(root: str, n: int, held_out: float | None, min_bytes: int = 512) 
         if len(data) < min_bytes:
             continue
         sha = hashlib.sha256(data).hexdigest()
-        if held_out is not None and not int(sha[:8], 16) < held_out * 2**32:
+        if held_out is not None and not HELD_OUT_RULES[rule](sha, text, held_out):
             continue
         out.append((str(p), sha, text))
     out.sort(key=lambda t: t[1])
@@ -174,7 +189,10 @@ def main() -> int:
     ap.add_argument("--draft-head", default=None)
     ap.add_argument("--code-dir", required=True, help="held-out Python code (searched recursively)")
     ap.add_argument("--held-out-fraction", type=float, default=None,
-                    help="keep only files the training corpus holds out by content hash at this fraction")
+                    help="keep only files held out of training by content hash at this fraction")
+    ap.add_argument("--held-out-rule", default="corpus", choices=list(HELD_OUT_RULES),
+                    help="whose hash rule: the embedded model's corpus (train/corpus.py) or the MTP "
+                         "distillation's (train/distill_data.py)")
     ap.add_argument("--files", type=int, default=24)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per file (its start)")
     ap.add_argument("--stride", type=int, default=4, help="positions between measured rounds")
@@ -201,7 +219,7 @@ def main() -> int:
     if prepare is not None:
         prepare(args.depth, eng.mtp.cache)
     load_s = time.perf_counter() - t0
-    files = code_files(args.code_dir, args.files, args.held_out_fraction)
+    files = code_files(args.code_dir, args.files, args.held_out_fraction, args.held_out_rule)
     if not files:
         print(f"error: no Python files of 512+ bytes under {args.code_dir}", file=sys.stderr)
         return 2
@@ -225,7 +243,8 @@ def main() -> int:
         "model": os.path.basename(args.model), "mtp_head": eng.mtp.head.hc.path, "in_file": not eng.mtp.head.hc.sidecar,
         "device": str(eng.cache.k.device), "load_s": load_s,
         "draft_vocab": len(vocab) if vocab is not None else eng.cfg.vocab_size, "vocab_size": eng.cfg.vocab_size,
-        "code_dir": args.code_dir, "held_out_fraction": args.held_out_fraction, "files": used,
+        "code_dir": args.code_dir, "held_out_fraction": args.held_out_fraction,
+        "held_out_rule": args.held_out_rule if args.held_out_fraction is not None else None, "files": used,
         "tokens_per_file": args.tokens, "stride": args.stride, "depth": args.depth, "fast_verify": args.fast,
         "definition": "teacher-forced on the file's tokens: at each measured position n the head drafts d tokens "
                       "(no min-p stop) and one verify pass over [x_n, drafts] accepts greedily; draft k is examined "
