@@ -8,7 +8,7 @@ from collections import defaultdict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="GGUF file")
+    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -25,6 +25,9 @@ def tensor_groups(tensors) -> dict[str, dict]:
         g["params"] += n
         g["types"].add(t.qtype.name)
     return {k: {**v, "types": sorted(v["types"])} for k, v in sorted(groups.items())}
+
+
+_PROVENANCE = "alphallama.training."
 
 
 def describe(path: str) -> dict:
@@ -49,6 +52,8 @@ def describe(path: str) -> dict:
                       "bos": md.get("tokenizer.ggml.bos_token_id"), "eos": md.get("tokenizer.ggml.eos_token_id"),
                       "add_bos": md.get("tokenizer.ggml.add_bos_token")},
         "chat_template": template,
+        # where a model trained by `python -m alphallama.train` came from
+        "provenance": {k[len(_PROVENANCE):]: v for k, v in md.items() if k.startswith(_PROVENANCE)},
     }
 
 
@@ -57,7 +62,8 @@ def _mib(n: int) -> str:
 
 
 def run(args) -> int:
-    d = describe(args.model)
+    from .cli_run import resolve_model
+    d = describe(resolve_model(args.model))
     if args.json:
         print(json.dumps(d, indent=1))
         return 0
@@ -78,4 +84,6 @@ def run(args) -> int:
           f"bos {t['bos']} eos {t['eos']} add_bos {t['add_bos']}")
     tmpl = d["chat_template"]
     print(f"chat template: {len(tmpl)} chars" if tmpl else "chat template: none")
+    for key, value in d["provenance"].items():
+        print(f"trained: {key:24} {value}")
     return 0

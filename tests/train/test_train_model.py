@@ -127,3 +127,15 @@ def test_tiny_pipeline_run(tmp_path):
         assert probe not in stream
     assert main(args[:-2] + ["--max-steps", "5"]) == 0          # a second call resumes
     assert json.loads((out / "train.json").read_text())["state"]["step"] == 5
+
+
+def test_inspect_shows_provenance(tmp_path, tok_kv):
+    from alphallama.cli_inspect import describe
+    _, kv = tok_kv
+    model, head = _model()
+    meta = {"alphallama.training.command": "python -m alphallama.train run --out X",
+            "alphallama.training.date": "2026-11-29T00:00:00+00:00",
+            "alphallama.training.corpus_manifest_sha256": "ab" * 32, "alphallama.training.steps": 9}
+    main, _ = export(tmp_path, "m", model, head, kv, meta, QT.F32)
+    d = describe(str(main))
+    assert d["provenance"] == {k.rsplit(".", 1)[1]: v for k, v in meta.items()}
