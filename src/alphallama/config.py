@@ -101,6 +101,8 @@ class DistillDefaults:
     min_p: float = 0.5                # the drafter's stop rule, for the gated evaluation
     log_every: int = 10
     eval_every_s: float = 60.0        # held-out evaluation during training (its time is not counted)
+    deadline_s: float = 540.0         # the whole run ends within this (a device call is cut at 600 s)
+    reserve_s: float = 45.0           # ... keeping this for the final evaluation and the export
     init: str = "last-layer"          # the block starts as a copy of the model's last layer (or "random")
     qtype: str = "Q8_0"               # the sidecar's matrices
     part_mib: int = 15                # the sidecar comes back in parts of at most this size

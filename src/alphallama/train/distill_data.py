@@ -1,10 +1,10 @@
 """Token data for MTP distillation: corpus files and chat requests, tokenized with the
 model's own tokenizer (in worker processes: ~0.6M tokens/s per core), packed into
-fixed-length rows, with files held out by hash for evaluation.
+fixed-length rows and drawn in fixed proportions. (Files are held out by content hash
+in train/corpus.py.)
 """
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
 import random
@@ -15,12 +15,6 @@ import torch
 from ..chat import ChatTemplate, chat_prompt_ids
 from ..gguf.reader import GGUFFile
 from ..tokenizer import Tokenizer
-
-
-def held_out(text: str, frac: float) -> bool:
-    """Whether a file is held out of training: a stable function of its content."""
-    h = int.from_bytes(hashlib.sha256(text.encode("utf-8", "replace")).digest()[:8], "little")
-    return h / 2**64 < frac
 
 
 class ChatEncoder:

@@ -106,3 +106,24 @@ def evaluate(head, teacher: Teacher, rows: torch.Tensor, depths: int, batch: int
     out["gated_drafts_per_round"] = float(gated[0]) / max(n_rounds, 1)
     out["gated_tokens_per_round"] = 1.0 + float(gated[1]) / max(n_rounds, 1)
     return out
+
+
+def pack_answers(chats: list[tuple[list[int], list[int]]], sep: int):
+    """One conversation per row, from its start (so the teacher sees the context it
+    answered in), padded with `sep` to the longest: rows [N, L] and a mask of the
+    entries that draft the answer: p counts when x_p and x_{p+1} are both answer
+    tokens (the first answer token comes from the main model, not from a draft)."""
+    L = max(len(p) + len(a) for p, a in chats)
+    rows = torch.full((len(chats), L), sep, dtype=torch.int64)
+    mask = torch.zeros(len(chats), L, dtype=torch.bool)
+    for i, (p, a) in enumerate(chats):
+        rows[i, :len(p) + len(a)] = torch.tensor(p + a)
+        mask[i, len(p):len(p) + len(a) - 1] = True
+    return rows, mask
+
+
+def summary(ev: dict) -> dict:
+    """The headline of an evaluation: agreement and tokens per round."""
+    return {name: {"top1_agree": [d["top1_agree"] for d in e["depths"]],
+                   "tokens_per_round_ungated": e["tokens_per_round_ungated"],
+                   "gated_tokens_per_round": e["gated_tokens_per_round"]} for name, e in ev.items()}

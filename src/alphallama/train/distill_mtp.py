@@ -28,6 +28,7 @@ import random
 import shlex
 import sys
 import time
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from ..bench.hostinfo import host_state
 from ..config import DEFAULTS
 from . import corpus
 from .distill_data import ChatEncoder, RowSampler, encode_parallel, pack, tokenize_texts
-from .distill_eval import evaluate
+from .distill_eval import evaluate, pack_answers, summary
 from .distill_generate import generate_all
 from .distill_loss import distill_kl
 from .distill_parts import split_file
@@ -143,8 +144,9 @@ def finish_data(args, teacher: Teacher, enc: ChatEncoder, prep: dict) -> tuple[d
         answers: list = [None] * len(chats)
         for want_eval in (True, False):
             idx = [i for i, c in enumerate(chats) if c[0] == want_eval]
-            got = generate_all(teacher, [chats[i][1] for i in idx], args.max_new, stops, deadline,
-                               seed=args.seed, log=log)
+            got = guarded("generation", lambda: generate_all(  # noqa: B023 - called at once
+                teacher, [chats[i][1] for i in idx], args.max_new, stops, deadline, seed=args.seed, log=log),
+                [None] * len(idx))
             for i, a in zip(idx, got):
                 answers[i] = a
     else:
@@ -171,20 +173,6 @@ def teacher_stops(enc: ChatEncoder) -> set[int]:
     return set(enc.tok.stop_ids) | {enc.end_id}
 
 
-def pack_answers(chats: list[tuple[list[int], list[int]]], sep: int):
-    """One conversation per row, from its start (so the teacher sees the context it
-    answered in), padded with `sep` to the longest: rows [N, L] and a mask of the
-    entries that draft the answer: p counts when x_p and x_{p+1} are both answer
-    tokens (the first answer token comes from the main model, not from a draft)."""
-    L = max(len(p) + len(a) for p, a in chats)
-    rows = torch.full((len(chats), L), sep, dtype=torch.int64)
-    mask = torch.zeros(len(chats), L, dtype=torch.bool)
-    for i, (p, a) in enumerate(chats):
-        rows[i, :len(p) + len(a)] = torch.tensor(p + a)
-        mask[i, len(p):len(p) + len(a) - 1] = True
-    return rows, mask
-
-
 def lr_at(args, step: int, frac: float) -> float:
     """Linear warmup over steps, then cosine over the time budget to min_lr_frac."""
     warm = min(1.0, (step + 1) / max(1, args.warmup_steps))
@@ -192,16 +180,10 @@ def lr_at(args, step: int, frac: float) -> float:
     return args.lr * warm * cos
 
 
-def summary(ev: dict) -> dict:
-    """The headline of an evaluation: agreement and tokens per round."""
-    return {name: {"top1_agree": [d["top1_agree"] for d in e["depths"]],
-                   "tokens_per_round_ungated": e["tokens_per_round_ungated"],
-                   "gated_tokens_per_round": e["gated_tokens_per_round"]} for name, e in ev.items()}
-
-
-def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler, evals: dict) -> list[dict]:
-    """Steps until the time budget; every eval_every_s a held-out evaluation whose time
-    does not count against the budget."""
+def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler, evals: dict,
+          stop_at: float = math.inf) -> list[dict]:
+    """Steps until the time budget (or the absolute time stop_at); every eval_every_s a
+    held-out evaluation whose time does not count against the budget."""
     K, dev = args.depths, teacher.device
     decay = [p for p in head.parameters() if p.dim() == 2]
     rest = [p for p in head.parameters() if p.dim() != 2]
@@ -224,13 +206,18 @@ def train(args, teacher: Teacher, head: MTPHead, sampler: RowSampler, evals: dic
             + f"  {row['tok_s']:.0f} tok/s")
 
     while True:
-        if args.eval_every_s > 0 and time.monotonic() - last_eval >= args.eval_every_s:
+        if evals and args.eval_every_s > 0 and time.monotonic() - last_eval >= args.eval_every_s:
             t_ev = time.monotonic()
-            curve.append({"step": step, "tokens": tokens, "eval": summary(run_evals(args, teacher, head, evals))})
+            ev = guarded("evaluation", lambda: summary(run_evals(args, teacher, head, evals)), None)
+            if ev is None:
+                evals = {}   # it failed once: train on without it
+            else:
+                curve.append({"step": step, "tokens": tokens, "eval": ev})
             last_eval = time.monotonic()
             t0 += last_eval - t_ev
         elapsed = time.monotonic() - t0
-        if elapsed >= args.time_budget_s or (args.max_steps and step >= args.max_steps):
+        if (elapsed >= args.time_budget_s or time.monotonic() >= stop_at
+                or (args.max_steps and step >= args.max_steps)):
             break
         lr = lr_at(args, step, elapsed / args.time_budget_s)
         for g in opt.param_groups:
@@ -272,6 +259,16 @@ def run_evals(args, teacher: Teacher, head: MTPHead, evals: dict) -> dict:
     return out
 
 
+def guarded(what: str, fn, fallback):
+    """fn(), or fallback after logging the traceback: a failing evaluation or generation
+    must not cost the run (the trained head is the product)."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - any failure of an optional phase
+        log(f"{what} failed, continuing without it:\n{traceback.format_exc()}")
+        return fallback
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -291,7 +288,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="tokenizer processes")
     for name in ("time_budget_s", "gen_budget_s", "lr", "min_lr_frac", "weight_decay", "grad_clip",
-                 "chat_share", "held_out_frac", "min_p", "eval_every_s"):
+                 "chat_share", "held_out_frac", "min_p", "eval_every_s", "deadline_s", "reserve_s"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(D, name))
     for name in ("depths", "seq_len", "batch_size", "warmup_steps", "max_steps", "corpus_mb", "code_tokens",
                  "requests", "eval_requests", "eval_code_rows", "eval_batch", "max_new", "max_prompt",
@@ -334,11 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     INITS[args.init](head, teacher, h_scale, args.seed)
     log(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, init {args.init} "
         f"(last layer {cfg.n_layers - 1}), h scale {h_scale:.3f}")
-    eval_init = run_evals(args, teacher, head, evals)
+    eval_init = guarded("evaluation", lambda: run_evals(args, teacher, head, evals), {})
+    if not eval_init:
+        evals = {}
+    # the whole run ends by deadline_s: training stops early enough for the final
+    # evaluation and the export (a call killed at its limit would bring nothing back)
+    stop_at = t_start + args.deadline_s - args.reserve_s
+    if time.monotonic() + args.time_budget_s > stop_at:
+        log(f"training shortened to {stop_at - time.monotonic():.0f}s to end within --deadline-s {args.deadline_s:.0f}")
     t_train = time.monotonic()
-    curve = train(args, teacher, head, sampler, evals)
+    curve = train(args, teacher, head, sampler, evals, stop_at)
     train_s = time.monotonic() - t_train
-    eval_final = run_evals(args, teacher, head, evals)
     name = args.sidecar_name or f"{Path(args.model).stem}.mtp.gguf"
     steps, tokens = max((r["step"], r["tokens"]) for r in curve) if curve else (0, 0)
     meta = {
@@ -355,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     write_sidecar(path, head, arch=cfg.arch, n_layers=cfg.n_layers, ctx_len=cfg.ctx_len, metadata=meta,
                   qtype=GGMLQuantizationType[args.qtype])
     sums = split_file(path, out, args.part_mib << 20)
+    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) as parts in {out}")
+    eval_final = guarded("evaluation", lambda: run_evals(args, teacher, head, evals), {})
     result = {"sidecar": name, "sidecar_bytes": path.stat().st_size, "sidecar_sha256": file_sha256(str(path)),
               "sha256_file": sums.name, "metadata": meta, "args": vars(args), "device": str(dev),
               "commit": meta["alphallama.training.commit"], "host": host_state(),
@@ -362,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
               "train_s": train_s, "total_s": time.monotonic() - t_start,
               "defaults": asdict(D), "curve": curve, "eval_init": eval_init, "eval_final": eval_final}
     (out / "distill_curves.json").write_text(json.dumps(result, indent=1))
-    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) as parts in {out}; {steps} steps, "
-        f"{tokens / 1e6:.1f}M tokens in {train_s:.0f}s; total {result['total_s']:.0f}s")
+    log(f"done: {steps} steps, {tokens / 1e6:.1f}M tokens in {train_s:.0f}s; total {result['total_s']:.0f}s")
     return 0
 
 
