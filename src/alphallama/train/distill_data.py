@@ -26,7 +26,9 @@ class ChatEncoder:
         self.template = ChatTemplate.from_gguf_metadata(md)
         end = self.tok.id_of("<|im_end|>")
         self.end_id = end if end is not None else self.tok.eos_id
-        self.sep_id = self.tok.eos_id if self.tok.eos_id is not None else 0
+        # documents are joined by end-of-text, as the model saw files end in pre-training
+        sep = self.tok.id_of("<|endoftext|>")
+        self.sep_id = sep if sep is not None else (self.tok.eos_id if self.tok.eos_id is not None else 0)
 
     def prompt(self, user: str) -> list[int]:
         return chat_prompt_ids(self.template, self.tok, [{"role": "user", "content": user}])

@@ -133,7 +133,8 @@ def prepare_data(args, enc: ChatEncoder) -> dict:
             "kinds": {k: sum(r.kind == k for _, r in reqs) for k in sorted({r.kind for _, r in reqs})}}
 
 
-def finish_data(args, teacher: Teacher, enc: ChatEncoder, prep: dict) -> tuple[dict, dict, dict]:
+def finish_data(args, teacher: Teacher, enc: ChatEncoder, prep: dict,
+                code_rows: torch.Tensor) -> tuple[dict, dict, dict]:
     """The teacher answers the requests (held-out ones first, so the evaluation set is
     complete whatever the deadline); everything is packed into rows. Returns
     (training sources, evaluation sets, data statistics)."""
@@ -153,7 +154,7 @@ def finish_data(args, teacher: Teacher, enc: ChatEncoder, prep: dict) -> tuple[d
         answers = [a or None for _, _, a in chats]
     eval_chats = [(p, a) for (e, p, _), a in zip(chats, answers) if e and a]
     train_chats = [(p, a) for (e, p, _), a in zip(chats, answers) if not e and a]
-    sources = {"code": pack(prep["code"], T, sep, args.seed)}
+    sources = {"code": code_rows}
     if train_chats:
         sources["chat"] = pack([p + a for p, a in train_chats], T, sep, args.seed)
     evals = {}
@@ -259,6 +260,19 @@ def run_evals(args, teacher: Teacher, head: MTPHead, evals: dict) -> dict:
     return out
 
 
+def smoke_step(args, teacher: Teacher, head: MTPHead, toks: torch.Tensor) -> None:
+    """One forward and backward (gradients discarded) before the long phases, so a
+    broken training step fails in seconds, not after the generation."""
+    t = time.monotonic()
+    h = teacher.forward(toks)                                                  # [2, T, D]
+    with torch.autocast(teacher.device.type, dtype=torch.bfloat16, enabled=teacher.device.type == "cuda"):
+        states = head(h, toks, teacher.embedding, depths=args.depths)
+    loss, _, _ = step_loss(teacher, states, h, args.loss_chunk)
+    loss.backward()
+    head.zero_grad(set_to_none=True)
+    log(f"smoke step: loss {float(loss.detach()):.3f} in {time.monotonic() - t:.1f}s")
+
+
 def guarded(what: str, fn, fallback):
     """fn(), or fallback after logging the traceback: a failing evaluation or generation
     must not cost the run (the trained head is the product)."""
@@ -320,17 +334,18 @@ def main(argv: list[str] | None = None) -> int:
                                 max_len=max(args.seq_len, args.max_prompt + args.max_new + 1))
     cfg = teacher.cfg
     log(f"teacher: {cfg.arch}, {cfg.n_layers} layers, D={cfg.d_model}, vocab {cfg.vocab_size}, on {dev}")
-    sources, evals, stats = finish_data(args, teacher, enc, prep)
-    del prep
-    log(f"data: {json.dumps(stats)}")
-    sampler = RowSampler(sources, {"code": 1 - args.chat_share, "chat": args.chat_share}, args.seed)
+    code_rows = pack(prep["code"], args.seq_len, enc.sep_id, args.seed)        # [N, T]
     head = MTPHead(MTPConfig.from_model(cfg, cfg.d_ff or cfg.d_ff_expert)).to(dev)
-    first = next(iter(sources.values()))[:min(4, args.batch_size)].to(dev)
-    h = teacher.forward(first)[:, 1:]                                          # [b, T-1, D] (not position 0)
+    h = teacher.forward(code_rows[:4].to(dev))[:, 1:]                          # [4, T-1, D] (not position 0)
     h_scale = float(h.float().pow(2).mean(-1).sqrt().median())
     INITS[args.init](head, teacher, h_scale, args.seed)
     log(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, init {args.init} "
         f"(last layer {cfg.n_layers - 1}), h scale {h_scale:.3f}")
+    smoke_step(args, teacher, head, code_rows[:2].to(dev))
+    sources, evals, stats = finish_data(args, teacher, enc, prep, code_rows)
+    del prep
+    log(f"data: {json.dumps(stats)}")
+    sampler = RowSampler(sources, {"code": 1 - args.chat_share, "chat": args.chat_share}, args.seed)
     eval_init = guarded("evaluation", lambda: run_evals(args, teacher, head, evals), {})
     if not eval_init:
         evals = {}
