@@ -18,6 +18,7 @@ from alphallama.model.loader import load_model
 from alphallama.train import distill_mtp
 from alphallama.train.distill_eval import _rounds
 from alphallama.train.distill_generate import generate_batch
+from alphallama.train.distill_init import init_from_teacher
 from alphallama.train.distill_loss import distill_kl
 from alphallama.train.distill_parts import join_parts, split_file
 from alphallama.train.distill_requests import KINDS, functions_of
@@ -237,7 +238,7 @@ def test_tiny_run_exports_a_readable_sidecar(tiny, tmp_path):
 def test_init_copies_the_last_layer(tiny):
     teacher = Teacher.from_gguf(tiny, "cpu", torch.float32, 64)
     head = MTPHead(MTPConfig.from_model(teacher.cfg, teacher.cfg.d_ff))
-    distill_mtp.init_from_teacher(head, teacher, 3.0, 0)
+    init_from_teacher(head, teacher, 3.0, 0)
     w = teacher.w
     torch.testing.assert_close(head.wq.weight, w["blk.1.attn_q.weight"])
     torch.testing.assert_close(head.wq.bias, w["blk.1.attn_q.bias"])

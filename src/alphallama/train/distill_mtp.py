@@ -10,11 +10,21 @@ teacher's own distribution at p (distill_loss.py). Writes to --out: the sidecar
 `python -m alphallama.train.distill_parts join`), the training curves and held-out
 evaluation as JSON; bench/gpu_distill_mtp.sh runs it on the device.
 
-Init (`init_from_teacher`): the block is a copy of the model's last layer (attention,
-FFN, their norms), shared_head_norm is the model's output norm, enorm and hnorm are
-ones, and eh_proj = [small random | s*I] with s the median RMS of h_p, so the block
-starts by reading h_{p-1} at the scale the last layer sees and the token embedding
-enters through a small random map that training grows.
+Phases (one process; every phase logs its time): corpus (train/corpus.py, files held
+out by hash) and chat requests tokenized in worker processes; the teacher loaded; one
+smoke training step; the teacher answers the requests for --gen-budget-s (held-out
+ones first: the evaluation set); a held-out evaluation; training for --time-budget-s
+(AdamW, bf16 autocast, warmup then cosine over the time budget, an evaluation every
+--eval-every-s); the sidecar written and split; the final evaluation; the JSON. The
+whole run ends within --deadline-s (training is shortened if the phases before it
+ran long), so a device call with a 600 s limit always brings the files back.
+
+Init: distill_init.py (by default the block starts as a copy of the model's last layer).
+
+Evaluation (distill_eval.py) is in the drafter's terms: on the teacher's own greedy
+answers to held-out requests, top-1 agreement per depth is exact-mode acceptance, so
+chain survival, conditional hit rates and tokens per round follow (the code set, made
+of corpus text, is the same arithmetic on text the model did not write).
 """
 from __future__ import annotations
 
@@ -40,6 +50,7 @@ from . import corpus
 from .distill_data import ChatEncoder, RowSampler, encode_parallel, pack, tokenize_texts
 from .distill_eval import evaluate, pack_answers, summary
 from .distill_generate import generate_all
+from .distill_init import INITS
 from .distill_loss import distill_kl
 from .distill_parts import split_file
 from .distill_requests import make_requests
@@ -51,44 +62,6 @@ D = DEFAULTS.distill
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-@torch.no_grad()
-def init_from_teacher(head: MTPHead, teacher: Teacher, h_scale: float, seed: int) -> None:
-    """See the module docstring. A MoE teacher's last layer has no dense FFN: the
-    block's FFN then keeps its random init."""
-    w, p = teacher.w, f"blk.{teacher.cfg.n_layers - 1}."
-    copies = {head.attn_norm: "attn_norm.weight", head.ffn_norm: "ffn_norm.weight",
-              head.wq.weight: "attn_q.weight", head.wk.weight: "attn_k.weight",
-              head.wv.weight: "attn_v.weight", head.wo.weight: "attn_output.weight",
-              head.gate.weight: "ffn_gate.weight", head.up.weight: "ffn_up.weight",
-              head.down.weight: "ffn_down.weight"}
-    if head.cfg.qkv_bias:
-        copies |= {head.wq.bias: "attn_q.bias", head.wk.bias: "attn_k.bias", head.wv.bias: "attn_v.bias"}
-    if head.cfg.qk_norm:
-        copies |= {head.q_norm: "attn_q_norm.weight", head.k_norm: "attn_k_norm.weight"}
-    for param, name in copies.items():
-        if p + name in w and tuple(w[p + name].shape) == tuple(param.shape):
-            param.copy_(w[p + name].float())
-    head.shared_head_norm.copy_(teacher.output_norm.float())
-    head.enorm.fill_(1.0)
-    head.hnorm.fill_(1.0)
-    Dm = head.cfg.d_model
-    g = torch.Generator().manual_seed(seed)
-    eh = torch.zeros(Dm, 2 * Dm)                                               # [D, 2D]: [embedding | hidden]
-    eh[:, :Dm] = torch.randn(Dm, Dm, generator=g) * (0.1 * h_scale / math.sqrt(Dm))
-    eh[:, Dm:] = torch.eye(Dm) * h_scale
-    head.eh_proj.weight.copy_(eh)
-
-
-@torch.no_grad()
-def init_random(head: MTPHead, teacher: Teacher, h_scale: float, seed: int) -> None:
-    """MTPHead's own random init; only shared_head_norm takes the model's output norm
-    (the shared head was trained behind that norm)."""
-    head.shared_head_norm.copy_(teacher.output_norm.float())
-
-
-INITS = {"last-layer": init_from_teacher, "random": init_random}
 
 
 def valid_mask(K: int, B: int, T: int, device) -> torch.Tensor:
