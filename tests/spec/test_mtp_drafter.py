@@ -168,3 +168,14 @@ def test_no_head_is_a_clear_error(models):
     assert engine.mtp is None
     with pytest.raises(ValueError, match="needs a model with an MTP head"):
         make_mtp_drafter(engine, 3, 0.5)
+
+
+def test_running_into_the_context_end(models):
+    """The token after a full context gets an MTP entry too (made by the next request)."""
+    engine = Engine.load(str(models / "side.gguf"), ctx_size=24, device="cpu")
+    g = Generation()
+    out = list(engine.generate(PROMPT, 100, gen=g, spec=MTPSpec(depth=3)))
+    assert g.finish_reason == "length" and len(PROMPT) + len(out) >= 24
+    spec = MTPSpec(depth=3)
+    list(engine.generate(PROMPT + out[:3], 4, spec=spec))
+    assert spec.rounds

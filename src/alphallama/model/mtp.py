@@ -40,7 +40,7 @@ class MTPHead:
         self.embed, self.output = embed, output
         self.max_len = max_len
         # a chain runs up to max_depth positions past the last committed one
-        self.cos, self.sin = rope_tables(max_len + DEFAULTS.mtp.max_depth + 1, cfg.rope_dim, cfg.rope_base)
+        self.cos, self.sin = rope_tables(max_len + DEFAULTS.mtp.max_depth + 2, cfg.rope_dim, cfg.rope_base)
         self.vocab_ids: torch.Tensor | None = None   # [S] scored rows; None = all
         self.scored = output                          # [S, D]
 
@@ -55,10 +55,12 @@ class MTPHead:
         return cls(model.cfg, hc, weights, model.w["token_embd.weight"], model.output, max_len)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
+        """Entries for positions 0..max_len (the token after a full context has one too),
+        and room past them for a chain."""
         c = self.cfg
-        n = (max_len or self.max_len) + DEFAULTS.mtp.max_depth + 1
-        cache = KVCache(1, c.n_kv_heads, n, c.head_dim)
-        cache.max_len = max_len or self.max_len
+        n = (max_len or self.max_len) + 1
+        cache = KVCache(1, c.n_kv_heads, n + DEFAULTS.mtp.max_depth, c.head_dim)
+        cache.max_len = n
         return cache
 
     def set_vocab(self, ids: torch.Tensor | None) -> None:

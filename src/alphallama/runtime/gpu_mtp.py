@@ -41,7 +41,7 @@ from ..model.layers import rope_tables
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPULayer, GPUModel, Linear, MoE, bucket_of
 from .kv_cache import KVCache
 
-SPARE = MAX_W + DEFAULTS.mtp.max_depth + 2     # slots past the context: a padded bucket and a chain
+SPARE = MAX_W + DEFAULTS.mtp.max_depth + 3     # slots past the context: a padded bucket and a chain
 
 
 def _layer(t, p: str, cfg: ModelConfig, hc: MTPHeadConfig, vec, device) -> GPULayer:
@@ -92,10 +92,11 @@ class GPUMTPHead:
         self.capture_s = 0.0
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
+        """Entries for positions 0..max_len (the token after a full context has one too)."""
         c = self.cfg
         n = max_len or self.max_len
         cache = KVCache(1, c.n_kv_heads, n + SPARE, c.head_dim, dtype=torch.float16, device=self.device)
-        cache.max_len = n
+        cache.max_len = n + 1
         self.cache = cache
         self.graphs.clear()
         return cache
