@@ -29,6 +29,16 @@ class SpecDefaults:
     draft_max: int = 16
     ngram_min: int = 2
     fast: bool = False
+    mtp_depth: int = 3            # MTP drafts per round (1..5)
+    mtp_min_p: float = 0.5        # MTP stops before a draft whose probability is under this
+    p_min: float | None = None    # fixed confidence floor for verified drafts; None: priced by the cost table
+    gate: bool = True             # confidence-gated verify width (spec/gate.py)
+    gate_free: float = 0.10       # gate off when the widest round costs at most this much more than W = 1
+    long_match: int = 6           # copy matches this long win on agreement alone (shorter ones are priced)
+    copy_margin: float = 0.03     # a short match's copy must beat MTP's tokens/ms by this share
+    policy_min_obs: int = 4       # rounds each side needs at a match length before pricing may pick the copy
+    cost_budget_s: float = 2.0    # time spent timing widths (then extrapolated linearly)
+    cost_cache_dir: str = "~/.cache/alphallama"   # where measured round costs are kept
 
 
 @dataclass(frozen=True)

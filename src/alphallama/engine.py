@@ -250,7 +250,7 @@ class Engine:
                     mtp.stage(hidden[:1 + n_acc], pos + 1, to_emit)
                 if drafter is not None:
                     drafter.accept(to_emit)
-                gen.spec.record(draft.source, len(draft), n_acc, len(to_emit))
+                gen.spec.record(draft.source, len(draft), n_acc, len(to_emit), draft.match_len, draft.probs)
                 gen.stats.rounds += 1
                 gen.stats.draft_n += len(draft)
                 gen.stats.draft_n_accepted += n_acc

@@ -1,59 +1,165 @@
-"""Speculation settings and the drafter registry."""
+"""Speculation settings, the spec-type registry, and building a request's drafter.
+
+Spec types: `none`, `ngram` (the copy drafter), `mtp` (the model's MTP head),
+`mtp,ngram` (both, under the policy of spec/policy.py). Drafts of every type pass the
+confidence gate (spec/gate.py) unless it is off.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import sys
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..config import DEFAULTS
 from .drafter import Drafter
+from .gate import MAX_WIDTH, CostTable, Gate, load_or_measure, table_key
 from .ngram import NgramDrafter
+from .policy import PolicyDrafter, PolicyMemory, PolicyRules
+
+D = DEFAULTS.spec
+
+
+@dataclass
+class ModelMemory:
+    table: CostTable | None = None
+    policy: PolicyMemory = field(default_factory=PolicyMemory)
+
+
+@dataclass
+class SpecMemory:
+    """What speculation measures and learns, per model file, device and verify mode; it
+    outlives requests (a server keeps one SpecConfig, so one memory, for all of them)."""
+    models: dict[str, ModelMemory] = field(default_factory=dict)
+
+    def for_engine(self, engine, exact: bool) -> tuple[str, ModelMemory]:
+        key = json.dumps(table_key(engine.gguf.path, engine.cache.k.device, exact), sort_keys=True)
+        return key, self.models.setdefault(key, ModelMemory())
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    spec_type: str = DEFAULTS.spec.spec_type   # none | ngram
-    draft_max: int = DEFAULTS.spec.draft_max
-    ngram_min: int = DEFAULTS.spec.ngram_min
-    fast: bool = DEFAULTS.spec.fast            # verify rows batched: may differ from plain decoding in near-ties
+    spec_type: str = D.spec_type               # a key of SPEC_TYPES
+    draft_max: int = D.draft_max
+    ngram_min: int = D.ngram_min
+    fast: bool = D.fast                        # verify rows batched: may differ from plain decoding in near-ties
+    mtp_depth: int = D.mtp_depth
+    mtp_min_p: float = D.mtp_min_p
+    p_min: float | None = D.p_min              # fixed gate floor instead of pricing
+    gate: bool = D.gate
+    cost_cache_dir: str = D.cost_cache_dir
+    cost_budget_s: float = D.cost_budget_s
+    memory: SpecMemory = field(default_factory=SpecMemory, compare=False, repr=False)
 
     def validate(self) -> None:
-        if self.spec_type not in DRAFTERS:
-            raise ValueError(f"unknown --spec-type {self.spec_type!r} (choose from {', '.join(DRAFTERS)})")
-        if not 1 <= self.draft_max <= 64:
-            raise ValueError(f"--spec-draft-max must be in 1..64, got {self.draft_max}")
+        if self.spec_type not in SPEC_TYPES:
+            raise ValueError(f"unknown --spec-type {self.spec_type!r} (choose from {', '.join(SPEC_TYPES)})")
+        if not 1 <= self.draft_max <= MAX_WIDTH:
+            raise ValueError(f"--spec-draft-max must be in 1..{MAX_WIDTH}, got {self.draft_max}")
         if self.ngram_min < 1:
             raise ValueError(f"--spec-ngram-min must be >= 1, got {self.ngram_min}")
-
-    def make_drafter(self, engine=None) -> Drafter | None:
-        """A drafter for one request; `engine` gives drafters that need the model (MTP)
-        its head and state."""
-        self.validate()
-        factory = DRAFTERS[self.spec_type]
-        return factory(self) if factory else None
+        if not 1 <= self.mtp_depth <= 5:
+            raise ValueError(f"--spec-mtp-depth must be in 1..5, got {self.mtp_depth}")
+        if not 0.0 <= self.mtp_min_p <= 1.0:
+            raise ValueError(f"--spec-mtp-min-p must be in 0..1, got {self.mtp_min_p}")
+        if self.p_min is not None and not 0.0 < self.p_min <= 1.0:
+            raise ValueError(f"--spec-p-min must be in (0, 1], got {self.p_min}")
 
     @property
     def mode(self) -> str:
         return "fast (not token-identical)" if self.fast else "exact"
 
+    @property
+    def max_drafts(self) -> int:
+        kinds = SPEC_TYPES[self.spec_type]
+        return max([self.draft_max] * ("ngram" in kinds) + [self.mtp_depth] * ("mtp" in kinds) + [0])
 
-DRAFTERS: dict[str, Callable[[SpecConfig], Drafter] | None] = {
-    "none": None,
-    "ngram": lambda c: NgramDrafter(ngram_min=c.ngram_min, draft_max=c.draft_max),
+    def rules(self) -> PolicyRules:
+        return PolicyRules(D.long_match, D.copy_margin, D.policy_min_obs)
+
+    def cost_table(self, engine) -> CostTable:
+        """The round cost table for this engine's model and device: from memory, else
+        from the disk cache, else timed now (once; reported on stderr)."""
+        _, mem = self.memory.for_engine(engine, not self.fast)
+        if mem.table is None:
+            if engine.cache.length + MAX_WIDTH > engine.cache.max_len:
+                engine.reset()                # timing needs free rows past the cached ones
+            mem.table = load_or_measure(engine.model, engine.cache, engine.gguf.path, engine.cfg.vocab_size,
+                                        not self.fast, self.cost_cache_dir, self.cost_budget_s)
+            if not mem.table.from_cache:
+                print(f"alphallama: timed verify rounds of 1..{mem.table.measured} rows for this model and "
+                      f"device in {mem.table.measure_s:.1f} s (kept in {self.cost_cache_dir})", file=sys.stderr)
+        return mem.table
+
+    def make_gate(self, table: CostTable | None) -> Gate:
+        if not self.gate:
+            return Gate()
+        if self.p_min is not None:
+            return Gate(p_min=self.p_min)
+        if table is None or table.columns_free(1 + self.max_drafts, D.gate_free):
+            return Gate()
+        return Gate(table)
+
+    def make_drafter(self, engine=None) -> Drafter | None:
+        """A drafter for one request. `engine` gives drafters that need the model (MTP)
+        its head and state, and the gate its round costs; without it (replay) the copy
+        drafter runs alone and ungated."""
+        self.validate()
+        kinds = SPEC_TYPES[self.spec_type]
+        if not kinds:
+            return None
+        if engine is None and "mtp" in kinds:
+            raise ValueError(f"--spec-type {self.spec_type} needs the model (its MTP head)")
+        made = {k: DRAFTERS[k](self, engine) for k in kinds}
+        mtp, copy = made.get("mtp"), made.get("ngram")
+        policy = mtp is not None and copy is not None
+        if engine is None or not (policy or self.gate):
+            return mtp or copy
+        table = self.cost_table(engine) if policy or self.p_min is None else None
+        gate = self.make_gate(table)
+        if not policy and not gate.on:
+            return mtp or copy
+        _, mem = self.memory.for_engine(engine, not self.fast)
+        return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules())
+
+
+def _mtp(cfg: SpecConfig, engine) -> Drafter:
+    try:
+        from .mtp import make_mtp_drafter
+    except ImportError as e:
+        raise ValueError(f"the MTP drafter is not available in this build ({e})") from None
+    return make_mtp_drafter(engine, cfg.mtp_depth, cfg.mtp_min_p)
+
+
+# drafter name -> factory(config, engine)
+DRAFTERS: dict[str, Callable[[SpecConfig, object], Drafter]] = {
+    "ngram": lambda c, engine: NgramDrafter(ngram_min=c.ngram_min, draft_max=c.draft_max),
+    "mtp": _mtp,
 }
+# --spec-type -> the drafters it runs (two: the policy chooses per round)
+SPEC_TYPES: dict[str, tuple[str, ...]] = {"none": (), "ngram": ("ngram",), "mtp": ("mtp",), "mtp,ngram": ("mtp", "ngram")}
 
 
 def add_spec_arguments(p) -> None:
-    """`--spec-type`, `--spec-draft-max`, `--spec-ngram-min`, `--fast` for run and serve."""
-    p.add_argument("--spec-type", default=DEFAULTS.spec.spec_type, choices=list(DRAFTERS),
-                   help="speculative drafter")
-    p.add_argument("--spec-draft-max", type=int, default=DEFAULTS.spec.draft_max, help="most drafts per round")
-    p.add_argument("--spec-ngram-min", type=int, default=DEFAULTS.spec.ngram_min,
+    """Speculation flags for run and serve."""
+    p.add_argument("--spec-type", default=D.spec_type, choices=list(SPEC_TYPES),
+                   help="speculative drafter: the copy (ngram), the MTP head (mtp), or both under the policy")
+    p.add_argument("--spec-draft-max", type=int, default=D.draft_max, help="most copy drafts per round")
+    p.add_argument("--spec-ngram-min", type=int, default=D.ngram_min,
                    help="shortest suffix match the copy drafter acts on")
+    p.add_argument("--spec-mtp-depth", type=int, default=D.mtp_depth, help="MTP drafts per round (1..5)")
+    p.add_argument("--spec-mtp-min-p", type=float, default=D.mtp_min_p,
+                   help="MTP stops before a draft whose probability is under this")
+    p.add_argument("--spec-p-min", type=float, default=D.p_min,
+                   help="verify drafts while their cumulative confidence is at least this (instead of pricing columns)")
+    p.add_argument("--no-gate", action="store_true", help="verify every draft (no confidence gate)")
     p.add_argument("--fast", action="store_true",
                    help="fast mode: batched verify, may differ from plain greedy in near-ties")
 
 
 def spec_from_args(args) -> SpecConfig:
-    cfg = SpecConfig(args.spec_type, args.spec_draft_max, args.spec_ngram_min, args.fast)
+    cfg = SpecConfig(spec_type=args.spec_type, draft_max=args.spec_draft_max, ngram_min=args.spec_ngram_min,
+                     fast=args.fast, mtp_depth=args.spec_mtp_depth, mtp_min_p=args.spec_mtp_min_p,
+                     p_min=args.spec_p_min, gate=not args.no_gate)
     cfg.validate()
     return cfg

@@ -65,7 +65,7 @@ def replay(prompt_ids: list[int], gen_ids: list[int], spec: SpecConfig, max_toke
         d = drafter.propose(room(i)) if room(i) > 0 else NO_DRAFT
         acc = confirmed(d.tokens, gen_ids[i + 1:])
         step = acc + 1
-        out.rounds.record(d.source, len(d), acc, step)
+        out.rounds.record(d.source, len(d), acc, step, d.match_len, d.probs)
         drafter.accept(gen_ids[i + 1:i + 1 + step])
         i += step
     return out

@@ -1,0 +1,208 @@
+"""Confidence-gated verify width: a draft is verified only if it is worth its column.
+
+A round of W rows costs c(W) ms (the cost table, timed once per model file, device and
+engine version, and cached on disk). If S_k is the chance that drafts 1..k are all
+accepted (the cumulative confidence), verifying drafts 1..n commits on average
+E_n = 1 + S_1 + ... + S_n tokens, at E_n / c(n + 1) tokens per ms. The gate verifies
+the n leading drafts that maximize that rate. Adding draft n raises it exactly when
+
+    S_n > (c(n + 1) - c(n)) / (c(n) / E_{n-1})   # column cost / time per token = tau_n
+
+which is DESIGN §5's rule; taking the best prefix instead of stopping at the first
+column that does not pay lets drafts past a dearer width (a new bucket) pay for it.
+
+The gate is off (every draft is verified) where columns are nearly free: when the
+widest round the drafters may ask for costs at most `gate_free` more than W = 1.
+`--spec-p-min P` replaces the pricing by a fixed floor (verify while S_k >= P);
+`--no-gate` verifies every draft.
+
+MTP drafts carry their probabilities (S_k = their running product); the copy drafter
+has none, so `CopyConfidence` learns its per-depth acceptance per match length online.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from .stats import DepthCounts, match_bucket
+
+COST_VERSION = 1        # bump when what a round does changes enough to invalidate cached tables
+MAX_WIDTH = 64
+
+
+@dataclass
+class CostTable:
+    ms: list[float]                 # [W - 1]: ms per verify round of W rows, W = 1..len(ms)
+    measured: int = 0               # widths 1..measured were timed; wider ones extrapolated linearly
+    measure_s: float = 0.0          # what timing it cost (at load, once per model and device)
+    key: dict = field(default_factory=dict)
+    from_cache: bool = False
+
+    def cost(self, width: int) -> float:
+        return self.ms[min(width, len(self.ms)) - 1]
+
+    def columns_free(self, max_width: int, tol: float) -> bool:
+        return self.cost(max_width) <= (1 + tol) * self.cost(1)
+
+
+def expected_tokens(conf: list[float]) -> list[float]:
+    """E_n for n = 0..len(conf): 1 (the bonus) + the cumulative confidences of n drafts."""
+    out = [1.0]
+    for s in conf:
+        out.append(out[-1] + s)
+    return out
+
+
+@dataclass
+class Gate:
+    """How many leading drafts to verify. table None and p_min None: all of them."""
+    table: CostTable | None = None
+    p_min: float | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.table is not None or self.p_min is not None
+
+    def width(self, conf: list[float]) -> int:
+        """conf[k-1] = S_k, non-increasing -> the number of drafts to verify."""
+        if self.p_min is not None:
+            return next((k for k, s in enumerate(conf) if s < self.p_min), len(conf))
+        if self.table is None:
+            return len(conf)
+        e = expected_tokens(conf)
+        rates = [e[n] / self.table.cost(n + 1) for n in range(len(e))]
+        return max(range(len(rates)), key=lambda n: (rates[n], -n))     # ties: the narrower round
+
+    def to_dict(self) -> dict:
+        mode = "p_min" if self.p_min is not None else "priced" if self.table is not None else "off"
+        return {"mode": mode, "p_min": self.p_min}
+
+
+def cumulative(probs) -> list[float]:
+    out, s = [], 1.0
+    for p in probs:
+        s *= p
+        out.append(s)
+    return out
+
+
+class CopyConfidence:
+    """The copy drafter's per-depth conditional acceptance per match length, learned from
+    its drafts scored against the committed output (every draft it proposed, verified or
+    not, so a gate that cut deep drafts still learns about them). Laplace prior (1/2)."""
+
+    def __init__(self):
+        self.counts: dict[str, DepthCounts] = {}
+
+    def record(self, match_len: int, proposed: int, accepted: int) -> None:
+        self.counts.setdefault(match_bucket(match_len), DepthCounts()).record(proposed, accepted)
+
+    def conf(self, match_len: int, n: int) -> list[float]:
+        dc = self.counts.get(match_bucket(match_len), DepthCounts())
+        out, s = [], 1.0
+        for k in range(n):
+            r = dc.reached[k] if k < len(dc.reached) else 0
+            h = dc.hits[k] if k < len(dc.hits) else 0
+            s *= (h + 1) / (r + 2)
+            out.append(s)
+        return out
+
+
+# -- measuring the table -------------------------------------------------------------
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu-{platform.machine()}-{platform.processor() or 'unknown'}-{torch.get_num_threads()}threads"
+
+
+def table_key(model_path: str, device: torch.device, exact: bool) -> dict:
+    st = os.stat(model_path)
+    return {"model": os.path.realpath(model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "device": device_name(device), "engine": f"{__version__}/{COST_VERSION}",
+            "verify": "exact" if exact else "fast"}
+
+
+def cache_file(cache_dir: str, key: dict) -> Path:
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir).expanduser() / "round-costs" / f"{digest}.json"
+
+
+def measure(model, cache, vocab: int, exact: bool, budget_s: float,
+            max_width: int = MAX_WIDTH, min_width: int = 4, reps: int = 5) -> tuple[list[float], int]:
+    """ms per verify round for W = 1..max_width, rows placed just past the cache's
+    committed rows (written, then dropped again: the cache keeps what it held). Widths are timed in order
+    until budget_s is spent (at least 1..min_width, once each); the rest continue the line through
+    the last measured widths. The table is made non-decreasing (a wider round never
+    costs less; timing noise otherwise could say so)."""
+    pos = committed = cache.length
+    if pos + max_width > cache.max_len:
+        raise ValueError(f"no room to time rounds: {pos} + {max_width} > {cache.max_len}")
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(vocab, (max_width,), generator=g)
+    probe, _ = model.verify(tokens[:1], pos, cache, exact=exact)          # warm-up
+    sync = torch.cuda.synchronize if probe.device.type == "cuda" else (lambda: None)
+    ms: list[float] = []
+    t_start = time.perf_counter()
+    for w in range(1, max_width + 1):
+        times: list[float] = []
+        warm = time.perf_counter() - t_start < budget_s     # a first call per width (a graph's first replay)
+        while len(times) < reps:
+            sync()
+            t0 = time.perf_counter()
+            model.verify(tokens[:w], pos, cache, exact=exact)
+            sync()
+            if warm:
+                warm = False
+                continue
+            times.append(1000 * (time.perf_counter() - t0))
+            if time.perf_counter() - t_start > budget_s:
+                break
+        times.sort()
+        ms.append(times[len(times) // 2])
+        if w >= min_width and time.perf_counter() - t_start > budget_s:
+            break
+    cache.truncate(committed)
+    measured = len(ms)
+    if measured < max_width:
+        lo = measured // 2
+        slope = max(0.0, (ms[-1] - ms[lo - 1]) / (measured - lo))
+        ms += [ms[-1] + slope * (w - measured) for w in range(measured + 1, max_width + 1)]
+    for i in range(1, len(ms)):
+        ms[i] = max(ms[i], ms[i - 1])
+    return ms, measured
+
+
+def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cache_dir: str,
+                    budget_s: float) -> CostTable:
+    """The cached table for this model, device and engine version, or a freshly timed one
+    (then written to the cache)."""
+    key = table_key(model_path, cache.k.device, exact)
+    path = cache_file(cache_dir, key)
+    if path.exists():
+        try:
+            d = json.loads(path.read_text())
+            if d.get("key") == key and len(d.get("ms", [])) == MAX_WIDTH:
+                return CostTable(d["ms"], d["measured"], d["measure_s"], key, from_cache=True)
+        except (OSError, ValueError, KeyError):
+            pass                                    # unreadable: time it again and overwrite
+    t0 = time.perf_counter()
+    ms, measured = measure(model, cache, vocab, exact, budget_s)
+    table = CostTable(ms, measured, time.perf_counter() - t0, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        d = asdict(table)
+        d.pop("from_cache")
+        tmp.write_text(json.dumps(d, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass                                        # a read-only home: use it, time it again next time
+    return table
