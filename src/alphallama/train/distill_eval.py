@@ -51,9 +51,13 @@ def evaluate(head, teacher: Teacher, rows: torch.Tensor, depths: int, batch: int
     gated = torch.zeros(2, dtype=torch.float64)                                # proposed, accepted
     n_rounds, self_agree, self_n = 0, 0.0, 0.0
     for s in range(0, rows.shape[0], batch):
-        toks = rows[s:s + batch].to(dev)                                       # [B, T]
+        toks, cnt = rows[s:s + batch], None if counted is None else counted[s:s + batch]
+        if cnt is not None and cnt.any():   # cut the padding after the batch's last counted entry
+            end = int(cnt.any(0).nonzero().max()) + 2
+            toks, cnt = toks[:, :end], cnt[:, :end]
+        toks = toks.to(dev)                                                    # [B, T]
         B, T = toks.shape
-        cnt = (torch.ones(B, T, dtype=torch.bool) if counted is None else counted[s:s + batch]).to(dev)
+        cnt = (torch.ones(B, T, dtype=torch.bool) if cnt is None else cnt).to(dev)
         h = teacher.forward(toks)                                              # [B, T, D]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             states = head(h, toks, teacher.embedding, depths=K)
@@ -113,6 +117,7 @@ def pack_answers(chats: list[tuple[list[int], list[int]]], sep: int):
     answered in), padded with `sep` to the longest: rows [N, L] and a mask of the
     entries that draft the answer: p counts when x_p and x_{p+1} are both answer
     tokens (the first answer token comes from the main model, not from a draft)."""
+    chats = sorted(chats, key=lambda c: len(c[0]) + len(c[1]))   # batches of similar length
     L = max(len(p) + len(a) for p, a in chats)
     rows = torch.full((len(chats), L), sep, dtype=torch.int64)
     mask = torch.zeros(len(chats), L, dtype=torch.bool)
