@@ -246,3 +246,37 @@ def test_init_copies_the_last_layer(tiny):
     torch.testing.assert_close(head.shared_head_norm.data, w["output_norm.weight"])
     D = teacher.cfg.d_model
     torch.testing.assert_close(head.eh_proj.weight[:, D:], 3.0 * torch.eye(D))
+
+
+def test_engine_reference_drafts_what_training_computed(tiny, tmp_path):
+    """The contract end to end: a head exported by the distillation's writer path, run by
+    the engine's reference MTP block (model/mtp.py, draft chains over its own cache),
+    drafts the tokens, with the probabilities, that the training forward gives the
+    depth-k entries of the sequence continued by those drafts."""
+    from gguf import GGMLQuantizationType
+
+    from alphallama.gguf.arch import mtp_head_config
+    from alphallama.model.mtp import MTPHead as EngineHead
+    from alphallama.train.mtp import shift_right, write_sidecar
+    ref = load_model(GGUFFile(tiny), 64)
+    teacher = Teacher.from_gguf(tiny, "cpu", torch.float32, 64)
+    head = MTPHead(MTPConfig.from_model(teacher.cfg, teacher.cfg.d_ff))
+    init_from_teacher(head, teacher, 1.2, 0)
+    with torch.no_grad():   # away from the init's structure, as training leaves it
+        for prm in head.parameters():
+            prm.add_(0.02 * torch.randn(prm.shape, generator=torch.Generator().manual_seed(prm.numel())))
+    path = tmp_path / "tiny-qwen2.mtp.gguf"
+    write_sidecar(path, head, arch="qwen2", n_layers=2, ctx_len=2048, qtype=GGMLQuantizationType.F32)
+    f = GGUFFile(path)
+    engine = EngineHead.load(f, mtp_head_config(f, ref.cfg, sidecar=True), ref, 64)
+    toks = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(4))
+    n, K = 9, 3                                     # the bonus token sits at position n
+    h = teacher.forward(toks)                       # [1, 12, D]
+    drafts, probs = engine.draft(shift_right(h)[0, :n + 1], toks[0, :n + 1], 0, K, engine.new_cache())
+    seq = torch.cat([toks[:, :n + 1], torch.tensor([drafts[:K - 1]])], 1)   # x_0..x_n, d1, d2
+    with torch.no_grad():
+        states = head(teacher.forward(seq), seq, teacher.embedding, depths=K)
+    for k in range(K):                              # draft k+1 = depth-(k+1) entry at n+k
+        q = torch.nn.functional.linear(states[k][0, n + k], teacher.output).softmax(-1)
+        assert int(q.argmax()) == drafts[k]
+        assert float(q.max()) == pytest.approx(probs[k], abs=1e-4)
