@@ -209,7 +209,7 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"spec_suite-{Path(args.model).stem}-{device.type}{'-' + args.tag if args.tag else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
-    (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    (out_dir / f"{stem}.json").write_text(json.dumps(res))
     plot(res, out_dir / f"{stem}.png")
     print_table(res, arms)
     print(f"wrote {out_dir / stem}.json and .png; exact arms equal to plain on every prompt: {res['all_equal_to_plain']}")
@@ -237,17 +237,22 @@ def plot(res: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     a1, a2, a3, a4 = fig.subplots(1, 4)
     allset = res["summary"].get("all", {})
-    style = {"mtp": "-", "ngram": "--"}
+    colour = {"mtp": "tab:green", "ngram": "tab:orange"}
     for arm, per in allset.items():
+        if arm == "copy_replayed_from_plain":
+            continue
+        policy = len(SPEC_TYPES.get(res["arms"][arm]["spec_type"], ())) > 1
         for drafter, dc in per["stats"]["drafters"].items():
             ks = range(1, len(dc["conditional_hit_rate"]) + 1)
-            lbl = f"{drafter} ({arm} arm)"
-            a1.plot(ks, dc["conditional_hit_rate"], style.get(drafter, ":"), marker="o", ms=3, label=lbl)
-            a2.plot(ks, dc["chain_survival"], style.get(drafter, ":"), marker="o", ms=3, label=lbl)
-        for drafter, cal in per["stats"]["calibration"].items():
-            for d in cal:
-                xs = [b["predicted"] for b in d["bins"]]
-                a3.plot(xs, [b["observed"] for b in d["bins"]], marker="o", ms=3, label=f"{drafter} depth {d['depth']} ({arm})")
+            kw = dict(color=colour.get(drafter), ls="--" if policy else "-", marker="o", ms=3,
+                      label=f"{drafter} ({'inside the policy' if policy else 'alone'}, arm {arm})")
+            a1.plot(ks, dc["conditional_hit_rate"], **kw)
+            a2.plot(ks, dc["chain_survival"], **kw)
+        if not policy:
+            for drafter, cal in per["stats"]["calibration"].items():
+                for d in cal:
+                    a3.plot([b["predicted"] for b in d["bins"]], [b["observed"] for b in d["bins"]], marker="o", ms=3,
+                            label=f"{drafter} depth {d['depth']} (n={d['n']})")
     a3.plot([0, 1], [0, 1], color="grey", lw=0.8)
     arms = [a for a in allset if a != "copy_replayed_from_plain"]
     sets = [s for s in SETS if s in res["summary"]]
@@ -256,6 +261,8 @@ def plot(res: dict, path: Path) -> None:
         a4.bar([j + i * w for j in range(len(sets))], [res["summary"][s][arm]["tokens_per_round"] for s in sets],
                w, label=arm)
     a4.set_xticks([j + w * (len(arms) - 1) / 2 for j in range(len(sets))], sets)
+    for a in (a1, a2):
+        a.xaxis.get_major_locator().set_params(integer=True)
     a1.set(title="conditional hit rate", xlabel="draft depth k", ylim=(0, 1.05))
     a2.set(title="chain survival", xlabel="draft depth k", ylim=(0, 1.05))
     a3.set(title="MTP calibration", xlabel="draft probability (bin mean)", ylabel="accepted share", xlim=(0, 1), ylim=(0, 1.05))
