@@ -33,7 +33,9 @@ def load_heldout(path: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def make_tasks(texts: list[str], per_kind: int, seed: int, max_chars: int, kinds=KINDS):
+def make_tasks(texts: list[str], per_kind: int, seed: int, max_chars: int, kinds=KINDS, fits=None):
+    """per_kind checked tasks of each kind; `fits(edit)` drops those that would not fit the
+    model's context (prompt + answer)."""
     rng = random.Random(seed)
     out = []
     for kind in kinds:
@@ -41,7 +43,7 @@ def make_tasks(texts: list[str], per_kind: int, seed: int, max_chars: int, kinds
         while got < per_kind and tries < 200 * per_kind:
             tries += 1
             e = make_edit(kind, rng.choice(texts), rng, max_chars)
-            if e is not None and (kind == "write_function" or TASKS[kind].check(e)):
+            if e is not None and (kind == "write_function" or TASKS[kind].check(e)) and (fits is None or fits(e)):
                 out.append(e)
                 got += 1
     return out
@@ -89,12 +91,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-chars", type=int, default=700, help="snippet size of code tasks")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (on a busy machine one thread is many times faster than two)")
     p.add_argument("--commit", default=None)
     p.add_argument("-o", "--output", required=True)
     args = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(args.threads)
     engine = Engine.load(args.model, device=args.device)
     texts = [r["text"] for r in load_heldout(args.heldout)]
-    tasks = make_tasks(texts, args.per_kind, args.seed, args.max_chars)
+    def fits(e) -> bool:
+        n = len(engine.encode_chat([{"role": "user", "content": e.prompt}]))
+        return n + len(engine.tokenizer.encode(e.answer)) + 16 < engine.ctx_size
+
+    tasks = make_tasks(texts, args.per_kind, args.seed, args.max_chars, fits=fits)
     per = defaultdict(list)
     t0 = time.time()
     for i, e in enumerate(tasks):
