@@ -172,6 +172,7 @@ class GPUMTPHead:
         return torch.cat([torch.cat(toks).double(), torch.cat(probs).double()])   # [2 * depth]
 
     # -- graphs --------------------------------------------------------------------------
+    @torch.inference_mode()
     def prepare(self, depth: int, cache: KVCache) -> None:
         """Capture the extend-only and the depth-`depth` graphs of every bucket."""
         if self.use_graphs and cache is self.cache:
