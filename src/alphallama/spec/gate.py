@@ -138,10 +138,13 @@ def cache_file(cache_dir: str, key: dict) -> Path:
 def measure(model, cache, vocab: int, exact: bool, budget_s: float,
             max_width: int = MAX_WIDTH, min_width: int = 4, reps: int = 5) -> tuple[list[float], int]:
     """ms per verify round for W = 1..max_width, rows placed just past the cache's
-    committed rows (written, then dropped again: the cache keeps what it held). Widths are timed in order
-    until budget_s is spent (at least 1..min_width, once each); the rest continue the line through
-    the last measured widths. The table is made non-decreasing (a wider round never
-    costs less; timing noise otherwise could say so)."""
+    committed rows (written, then dropped again: the cache keeps what it held).
+
+    Widths are timed in order, `reps` times each (median, after a first call: a graph's
+    first replay) until budget_s is spent, then once each until twice the budget; a slow
+    model (the CPU reference at real size) stops there, after at least 1..min_width, and
+    the rest continue the line through the widths measured. The table is made
+    non-decreasing (a wider round never costs less; timing noise could say so)."""
     pos = committed = cache.length
     if pos + max_width > cache.max_len:
         raise ValueError(f"no room to time rounds: {pos} + {max_width} > {cache.max_len}")
@@ -152,22 +155,18 @@ def measure(model, cache, vocab: int, exact: bool, budget_s: float,
     ms: list[float] = []
     t_start = time.perf_counter()
     for w in range(1, max_width + 1):
+        within = time.perf_counter() - t_start < budget_s
         times: list[float] = []
-        warm = time.perf_counter() - t_start < budget_s     # a first call per width (a graph's first replay)
-        while len(times) < reps:
+        for r in range(reps + 1 if within else 1):
             sync()
             t0 = time.perf_counter()
             model.verify(tokens[:w], pos, cache, exact=exact)
             sync()
-            if warm:
-                warm = False
-                continue
-            times.append(1000 * (time.perf_counter() - t0))
-            if time.perf_counter() - t_start > budget_s:
-                break
+            if r or not within:
+                times.append(1000 * (time.perf_counter() - t0))
         times.sort()
         ms.append(times[len(times) // 2])
-        if w >= min_width and time.perf_counter() - t_start > budget_s:
+        if w >= min_width and time.perf_counter() - t_start > 2 * budget_s:
             break
     cache.truncate(committed)
     measured = len(ms)
