@@ -3,6 +3,7 @@ copy drafter, MTP, and both under the policy), with what each drafter did.
 
     python bench/spec_suite.py -m MODEL.gguf [--draft-head HEAD.gguf] [--device cuda]
     python bench/spec_suite.py -m models/embedded/x.gguf --device cpu --per-set 2 --max-tokens 48 --no-gate
+    python bench/spec_suite.py --replot RESULT.json
 
 Per set (A, V, R, all) and arm: tokens per round, ms per round and tok/s (the plain arm
 is the same-session control; DESIGN §8.3: tok/s = tokens per round / ms per round), the
@@ -128,7 +129,8 @@ def summarize(rows: list[dict], arms: list[str], specs: dict, eog: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-m", "--model", required=True)
+    p.add_argument("-m", "--model")
+    p.add_argument("--replot", default=None, help="only draw the PNG of a result JSON")
     p.add_argument("--draft-head", default=None, help="MTP sidecar GGUF (default: found next to the model)")
     p.add_argument("--device", default="auto")
     p.add_argument("-c", "--ctx", type=int, default=8192)
@@ -149,6 +151,11 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     p.add_argument("--tag", default="")
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
+        return 0
+    if not args.model:
+        p.error("-m/--model is required")
 
     specs = dict(parse_arm(a, args) for a in args.arms)
     arms = list(specs)
@@ -210,7 +217,10 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"spec_suite-{Path(args.model).stem}-{device.type}{'-' + args.tag if args.tag else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
     (out_dir / f"{stem}.json").write_text(json.dumps(res))
-    plot(res, out_dir / f"{stem}.png")
+    try:
+        plot(res, out_dir / f"{stem}.png")
+    except ImportError as e:                  # a device without matplotlib: plot here later with --replot
+        print(f"no plot ({e}); make it with: python bench/spec_suite.py --replot {stem}.json")
     print_table(res, arms)
     print(f"wrote {out_dir / stem}.json and .png; exact arms equal to plain on every prompt: {res['all_equal_to_plain']}")
     return 0 if res["all_equal_to_plain"] in (True, None) else 1
