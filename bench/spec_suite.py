@@ -11,7 +11,8 @@ share of rounds each drafter took, per drafter the conditional hit rate and chai
 survival per depth, MTP's calibration per depth, the copy's hit rates per match length,
 the copy drafter's every-position curves replayed from the plain run (spec/replay.py),
 and whether each exact-mode arm's output equals the plain output, per prompt.
-Writes spec_suite-<model>-<device>-<time>.json and .png under --out ($OUT, else
+Writes spec_suite-<model>-<device>-<time>.json (rewritten after every prompt, so a run cut
+short keeps what it measured: "complete" says which) and .png under --out ($OUT, else
 bench/results). Supersedes bench/gpu_qwen_suite.py and bench/spec_replay_stats.py.
 """
 from __future__ import annotations
@@ -84,16 +85,17 @@ def select_prompts(args):
     return prompts[:args.max_prompts] if args.max_prompts else prompts
 
 
-def run_prompt(eng: Engine, ids: list[int], budget: int, spec: SpecConfig | None, sync) -> dict:
+def run_prompt(eng: Engine, ids: list[int], budget: int, spec: SpecConfig | None, sync) -> tuple[dict, SpecStats]:
     eng.reset()                               # every arm prefills the same prompt from scratch
     gen = Generation()
     toks = list(eng.generate(ids, budget, gen=gen, spec=spec or SpecConfig()))
     sync()
     return {"gen_ids": toks, "finish_reason": gen.finish_reason, "timings": gen.stats.timings(),
-            "spec": gen.spec.to_dict(), "_stats": gen.spec}
+            "spec": gen.spec.to_dict()}, gen.spec
 
 
-def summarize(rows: list[dict], arms: list[str], specs: dict, eog: int) -> dict:
+def summarize(rows: list[dict], stats: dict, arms: list[str], specs: dict, eog: int) -> dict:
+    """stats[(prompt id, arm)]: that run's SpecStats."""
     out = {}
     for s in SETS:
         sel = [r for r in rows if s == "all" or r["set"] == s]
@@ -103,7 +105,7 @@ def summarize(rows: list[dict], arms: list[str], specs: dict, eog: int) -> dict:
         for arm in arms:
             merged = SpecStats()
             for r in sel:
-                merged.merge(r[arm]["_stats"])
+                merged.merge(stats[r["id"], arm])
             t = [r[arm]["timings"] for r in sel]
             per_arm[arm] = {
                 "tok_s_geomean": geomean([x["predicted_per_second"] for x in t]),
@@ -173,7 +175,32 @@ def main() -> int:
             t = specs[arm].cost_table(eng)
             tables[arm] = {"ms": t.ms, "measured": t.measured, "measure_s": t.measure_s, "from_cache": t.from_cache,
                            "gate": specs[arm].make_gate(t).to_dict()}
-    rows = []
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"spec_suite-{Path(args.model).stem}-{device.type}{'-' + args.tag if args.tag else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
+    eog = next(iter(eng.tokenizer.stop_ids), -1)
+    exact_arms = [a for a in arms if a != "none" and not specs[a].fast]
+    rows, stats = [], {}
+    host_at_start = host_state(sys.argv)
+
+    def result(complete: bool) -> dict:
+        return {
+            "what": "arena public suite through the Engine, per speculation arm", "complete": complete,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit(), "command": " ".join(sys.argv),
+            "host": host_state(sys.argv) if complete else host_at_start, "host_at_start": host_at_start,
+            "model": args.model, "draft_head": args.draft_head, "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "load_s": load_s, "graph_capture_s": getattr(eng.model, "capture_s", None),
+            "arms": {a: {"spec_type": s.spec_type, "gate": s.gate, "p_min": s.p_min, "draft_max": s.draft_max,
+                         "mtp_depth": s.mtp_depth, "mtp_min_p": s.mtp_min_p, "mode": s.mode} for a, s in specs.items()},
+            "round_costs": tables,
+            "policy_learned": {a: [m.policy.to_dict() for m in specs[a].memory.models.values()]
+                               for a in arms if a != "none"},
+            "all_equal_to_plain": all(r[a]["gen_ids"] == r["none"]["gen_ids"] for r in rows for a in exact_arms)
+            if "none" in arms else None,
+            "summary": summarize(rows, stats, arms, specs, eog), "prompts": rows,
+        }
+
     for item in select_prompts(args):
         text = "\n".join(m["content"] for m in item.messages)
         ids = eng.encode_prompt(text) if args.raw else eng.encode_chat(list(item.messages))
@@ -185,7 +212,7 @@ def main() -> int:
             continue
         rec = {"id": item.id, "set": item.set, "prompt_ids": ids, "max_tokens": budget}
         for arm in arms:
-            rec[arm] = run_prompt(eng, ids, budget, specs[arm] if arm != "none" else None, sync)
+            rec[arm], stats[item.id, arm] = run_prompt(eng, ids, budget, specs[arm] if arm != "none" else None, sync)
         line = f"{item.id} {len(rec[arms[0]]['gen_ids']):4d} tok"
         for arm in arms:
             t = rec[arm]["timings"]
@@ -193,29 +220,9 @@ def main() -> int:
             line += f" | {arm} {t['predicted_per_second']:7.1f} tok/s {rec[arm]['spec']['tokens_per_round']:5.2f} tok/rd{same}"
         print(line, flush=True)
         rows.append(rec)
-    eog = next(iter(eng.tokenizer.stop_ids), -1)
-    summary = summarize(rows, arms, specs, eog)
-    for r in rows:
-        for arm in arms:
-            del r[arm]["_stats"]
-    exact_arms = [a for a in arms if a != "none" and not specs[a].fast]
-    res = {
-        "what": "arena public suite through the Engine, per speculation arm", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "commit": commit(), "command": " ".join(sys.argv), "host": host_state(sys.argv),
-        "model": args.model, "draft_head": args.draft_head, "device": str(device),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "load_s": load_s, "graph_capture_s": getattr(eng.model, "capture_s", None),
-        "arms": {a: {"spec_type": s.spec_type, "gate": s.gate, "p_min": s.p_min, "draft_max": s.draft_max,
-                     "mtp_depth": s.mtp_depth, "mtp_min_p": s.mtp_min_p, "mode": s.mode} for a, s in specs.items()},
-        "round_costs": tables,
-        "policy_learned": {a: [m.policy.to_dict() for m in specs[a].memory.models.values()] for a in arms if a != "none"},
-        "all_equal_to_plain": all(r[a]["gen_ids"] == r["none"]["gen_ids"] for r in rows for a in exact_arms)
-        if "none" in arms else None,
-        "summary": summary, "prompts": rows,
-    }
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"spec_suite-{Path(args.model).stem}-{device.type}{'-' + args.tag if args.tag else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
+        # written after every prompt: a run cut short by a time limit keeps what it measured
+        (out_dir / f"{stem}.json").write_text(json.dumps(result(complete=False)))
+    res = result(complete=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(res))
     try:
         plot(res, out_dir / f"{stem}.png")
