@@ -8,6 +8,7 @@ from the prompt's scripts. A token outside the subset cannot be drafted, whateve
 head predicts. Runs on CPU or CUDA.
 
     python bench/draft_vocab_share.py MODEL.gguf [--langs en,ru,...] [--tokens 24] [--sizes 32768]
+    python bench/draft_vocab_share.py MODEL.gguf --rescore OLD.json   # same outputs, current subsets
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from alphallama.bench.hostinfo import host_state
 from alphallama.config import DEFAULTS
 from alphallama.engine import Engine, Generation
 from alphallama.spec.draft_vocab import DraftVocab, prompt_scripts
+from alphallama.tokenizer import Tokenizer
 
 PROMPTS = {
     "en": "Explain in a few sentences what a hash table is and why lookups in it are fast.",
@@ -54,6 +56,14 @@ def default_sizes(V: int) -> list[int]:
     return [S] if V > S else [V // 8, V // 4, V // 2]
 
 
+def chat_ids(model: str, tok, text: str) -> list[int]:
+    """The prompt the engine builds for one user message (as Engine.encode_chat)."""
+    from alphallama.chat import ChatTemplate, chat_prompt_ids
+    from alphallama.gguf.reader import GGUFFile
+    tmpl = ChatTemplate.from_gguf_metadata(GGUFFile(model).metadata)
+    return chat_prompt_ids(tmpl, tok, [{"role": "user", "content": text}], True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -63,6 +73,8 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--rescore", default=None,
+                    help="a result of this script: score its outputs again (no generation, no weights loaded)")
     args = ap.parse_args()
     langs = args.langs.split(",")
     unknown = [lang for lang in langs if lang not in PROMPTS]
@@ -71,8 +83,15 @@ def main() -> int:
 
     host = host_state(sys.argv)
     t0 = time.perf_counter()
-    eng = Engine.load(args.model, ctx_size=args.ctx, device=args.device)
-    tok = eng.tokenizer
+    old = json.loads(Path(args.rescore).read_text()) if args.rescore else None
+    if old is not None:   # the tokenizer alone; outputs and prompts from the old run
+        eng = None
+        tok = Tokenizer.from_gguf(args.model)
+        saved = {r["lang"]: r for r in old["languages"]}
+        langs = list(saved)
+    else:
+        eng = Engine.load(args.model, ctx_size=args.ctx, device=args.device)
+        tok = eng.tokenizer
     dv = DraftVocab.from_tokenizer(tok)
     V = dv.size
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else default_sizes(V)
@@ -80,12 +99,17 @@ def main() -> int:
 
     rows = []
     for lang in langs:
-        ids = eng.encode_chat([{"role": "user", "content": PROMPTS[lang]}])
-        gen = Generation()
-        out = list(eng.generate(ids, args.tokens, gen=gen))
+        if old is not None:
+            ids = saved[lang].get("prompt_ids") or chat_ids(args.model, tok, saved[lang]["prompt"])
+            out, tps = saved[lang]["output_ids"], saved[lang]["decode_tok_s"]
+        else:
+            ids = eng.encode_chat([{"role": "user", "content": PROMPTS[lang]}])
+            gen = Generation()
+            out = list(eng.generate(ids, args.tokens, gen=gen))
+            tps = gen.stats.predicted_per_second
         scripts = prompt_scripts(tok.decode(ids, special=False))
-        row = {"lang": lang, "prompt": PROMPTS[lang], "scripts": scripts, "n_tokens": len(out),
-               "output_ids": out, "output_text": tok.decode(out), "decode_tok_s": gen.stats.predicted_per_second,
+        row = {"lang": lang, "prompt": PROMPTS[lang], "prompt_ids": ids, "scripts": scripts, "n_tokens": len(out),
+               "output_ids": out, "output_text": tok.decode(out), "decode_tok_s": tps,
                "output_classes": {}, "sizes": {}}
         for t in out:
             c = dv.names[dv.classes[t]]
@@ -104,8 +128,11 @@ def main() -> int:
 
     result = {
         "bench": "draft_vocab_share", "host": host, "commit": os.environ.get("GIT_COMMIT") or host["git"]["commit"],
-        "model": os.path.basename(args.model), "device": str(eng.cache.k.device), "vocab_size": V,
-        "classes": dv.counts(), "sizes": sizes, "tokens_per_language": args.tokens,
+        "model": os.path.basename(args.model), "vocab_size": V,
+        "device": old["device"] if old else str(eng.cache.k.device),
+        "outputs_generated_at": {"commit": old["commit"], "date": old["host"]["date"]} if old else None,
+        "classes": dv.counts(), "sizes": sizes,
+        "tokens_per_language": old["tokens_per_language"] if old else args.tokens,
         "definition": "share of the greedy output tokens outside the N scored rows (those can never be drafted); "
                       "fixed = ids 0..N-1, adaptive = DraftVocab.subset(prompt scripts, N)",
         "languages": rows,

@@ -52,21 +52,22 @@ LABELS = (["special"] + ["common"] * 3 + ["latin"] * 6 + ["cyrillic"] * 3 + ["ha
 
 def test_subset_han_prompt():
     dv = DraftVocab.from_labels(LABELS)
-    # core (0, 1-3, 22) = 5 rows; 7 left for han, cjk_punct (its companion) and latin:
-    # 2 each, cjk_punct has 1, the 2 left split between han and latin
-    assert dv.subset(["han"], 12).tolist() == [0, 1, 2, 3, 4, 5, 6, 13, 14, 15, 21, 22]
+    # special and bytes (0, 22); 10 rows for the base pool (common + latin, 1-9), han and
+    # cjk_punct (its companion): 3 each, cjk_punct has 1, then 1 more each to base and
+    # han, and the last one to the first pool (base)
+    assert dv.subset(["han"], 12).tolist() == [0, 1, 2, 3, 4, 5, 13, 14, 15, 16, 21, 22]
     assert dv.fixed(12).tolist() == list(range(12))
 
 
 def test_subset_cyrillic_prompt_and_fill():
     dv = DraftVocab.from_labels(LABELS)
-    # 9 rows for cyrillic (3) and latin (6): both whole
+    # 12 rows for the base pool (9) and cyrillic (3): both whole
     assert dv.subset(["cyrillic"], 14).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 22]
     # 2 more rows: the rest by id, never an unused token
     assert dv.subset(["cyrillic"], 16).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 22]
     assert 24 not in dv.subset(["cyrillic"], 24).tolist()
     assert dv.subset(["han"], 100).tolist() == list(range(25))           # larger than the vocabulary: all
-    assert dv.subset([], 6).tolist() == [0, 1, 2, 3, 4, 22]               # core only
+    assert dv.subset([], 6).tolist() == [0, 1, 2, 3, 4, 22]               # the base pool by id
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,7 @@ def test_real_vocab_adaptive_subset_covers_the_language(qwen_vocab, text, script
     ids = tok.encode(text)
     classes = {dv.names[dv.classes[i]] for i in ids}
     assert classes <= scripts | {"common", "bytes", "cjk_punct", "latin"}
+    assert set(dv.fixed(32768).tolist()) & set(dv.ids_of("latin").tolist()) <= set(dv.subset([], 32768).tolist())
     n = 32768
     adaptive = set(dv.subset_for_text(text, n).tolist())
     fixed = set(dv.fixed(n).tolist())

@@ -10,11 +10,13 @@ Here every token is put in one class once per tokenizer, from its decoded bytes:
 writing system (Latin, Cyrillic, Han, ...), "common" (digits, punctuation, whitespace),
 "special" (control tokens: end of turn), "bytes" (fragments of a character too short to
 tell its script), "symbol", "other" letters, or "unused". Per request, the scripts of
-the prompt's letters pick the subset: the special, bytes and common classes whole, then
-the prompt's scripts (and Latin, for code and names) share the rest of the budget
-equally, each taking its lowest ids first (a script with fewer tokens than its share
-gives the remainder to the others); if rows are left, the remaining tokens fill them in
-id order. Same size, same cost, different rows.
+the prompt's letters pick the subset: the special and bytes classes whole; then the
+rest of the budget is shared equally by a base pool (Latin and common tokens, always:
+code, names, markup, digits and punctuation) and each other script of the prompt, every
+pool taking its lowest ids first (a pool smaller than its share gives the remainder to
+the others); rows still left are filled with the remaining tokens in id order. An
+English prompt so gets the first ids minus other scripts' tokens (never less coverage
+of Latin text than the first-N baseline); same size, same cost, different rows.
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ SCRIPTS: dict[str, tuple[tuple[int, int], ...]] = {
     "cjk_punct": ((0x3000, 0x3004), (0x3008, 0x303F), (0xFF01, 0xFF20), (0xFF3B, 0xFF40), (0xFF5B, 0xFF65)),
 }
 COMPANIONS = {"han": ("cjk_punct",), "kana": ("cjk_punct",), "hangul": ("cjk_punct",)}
-ALWAYS = ("latin",)                        # code, names and markup are Latin in any language
-CORE = ("special", "bytes", "common")      # in every subset, whole
+BASE = ("latin", "common")                 # one pool in every subset: code, names, digits, punctuation
+CORE = ("special", "bytes")                # in every subset, whole
 # Not letters, yet part of plain text in any language: general punctuation (“ ” – …)
 _COMMON_EXTRA = ((0x2000, 0x206F),)
 
@@ -172,12 +174,11 @@ class DraftVocab:
         core = np.concatenate([self.ids_of(c) for c in CORE])
         if len(core) >= n:
             return np.sort(core)[:n]
-        wanted: list[str] = []
-        for s in [*scripts, *ALWAYS]:
+        pools = {"base": np.sort(np.concatenate([self.ids_of(c) for c in BASE]))}
+        for s in scripts:
             for c in (s, *COMPANIONS.get(s, ())):
-                if c not in wanted:
-                    wanted.append(c)
-        pools = {c: self.ids_of(c) for c in wanted}
+                if c not in pools and c not in BASE:
+                    pools[c] = self.ids_of(c)
         take = _water_fill({c: len(p) for c, p in pools.items()}, n - len(core))
         chosen = [core] + [pools[c][:k] for c, k in take.items()]
         picked = np.concatenate(chosen)
