@@ -73,6 +73,18 @@ def code_files(root: str, n: int, held_out: float | None, rule: str = "corpus",
     return out[:n]
 
 
+def jsonl_files(path: str, n: int, min_bytes: int = 512) -> list[tuple[str, str, str]]:
+    """The same from a JSON-lines file (.gz too) of {"path", "sha256", "text"}: the
+    held-out split the embedded model's trainer writes (heldout.jsonl.gz)."""
+    import gzip
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    out = [(r["path"], r["sha256"], r["text"]) for r in rows if len(r["text"].encode()) >= min_bytes]
+    out.sort(key=lambda t: t[1])
+    return out[:n]
+
+
 class Timer:
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -187,7 +199,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--draft-head", default=None)
-    ap.add_argument("--code-dir", required=True, help="held-out Python code (searched recursively)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--code-dir", help="held-out Python code (searched recursively)")
+    src.add_argument("--code-jsonl", help="held-out files as JSON lines (path, sha256, text), e.g. heldout.jsonl.gz")
     ap.add_argument("--held-out-fraction", type=float, default=None,
                     help="keep only files held out of training by content hash at this fraction")
     ap.add_argument("--held-out-rule", default="corpus", choices=list(HELD_OUT_RULES),
@@ -219,9 +233,12 @@ def main() -> int:
     if prepare is not None:
         prepare(args.depth, eng.mtp.cache)
     load_s = time.perf_counter() - t0
-    files = code_files(args.code_dir, args.files, args.held_out_fraction, args.held_out_rule)
+    if args.code_jsonl:
+        files = jsonl_files(args.code_jsonl, args.files)
+    else:
+        files = code_files(args.code_dir, args.files, args.held_out_fraction, args.held_out_rule)
     if not files:
-        print(f"error: no Python files of 512+ bytes under {args.code_dir}", file=sys.stderr)
+        print(f"error: no Python files of 512+ bytes in {args.code_dir or args.code_jsonl}", file=sys.stderr)
         return 2
     timer = Timer(eng.cache.k.device)
     rounds, used = [], []
@@ -231,7 +248,8 @@ def main() -> int:
             continue
         rs = measure_file(eng, ids, args.depth, args.stride, 16, timer, exact=not args.fast)
         rounds += rs
-        used.append({"path": os.path.relpath(path, args.code_dir), "sha256": sha, "tokens": len(ids), "rounds": len(rs)})
+        rel = os.path.relpath(path, args.code_dir) if args.code_dir else path
+        used.append({"path": rel, "sha256": sha, "tokens": len(ids), "rounds": len(rs)})
         s = summarize(rs, args.depth, args.min_p)
         print(f"{used[-1]['path'][:50]:50} {len(ids):5d} tok  cond "
               + " ".join(f"{c:.2f}" for c in s["conditional_hit_rate"]), flush=True)
@@ -243,7 +261,7 @@ def main() -> int:
         "model": os.path.basename(args.model), "mtp_head": eng.mtp.head.hc.path, "in_file": not eng.mtp.head.hc.sidecar,
         "device": str(eng.cache.k.device), "load_s": load_s,
         "draft_vocab": len(vocab) if vocab is not None else eng.cfg.vocab_size, "vocab_size": eng.cfg.vocab_size,
-        "code_dir": args.code_dir, "held_out_fraction": args.held_out_fraction,
+        "code_dir": args.code_dir, "code_jsonl": args.code_jsonl, "held_out_fraction": args.held_out_fraction,
         "held_out_rule": args.held_out_rule if args.held_out_fraction is not None else None, "files": used,
         "tokens_per_file": args.tokens, "stride": args.stride, "depth": args.depth, "fast_verify": args.fast,
         "definition": "teacher-forced on the file's tokens: at each measured position n the head drafts d tokens "
