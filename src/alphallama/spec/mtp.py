@@ -46,6 +46,11 @@ class MTPState:
         self.draft_vocab = draft_vocab
         self._vocab: DraftVocab | None = None
         self._vocab_key: tuple[str, ...] | None = None
+        if draft_vocab < head.cfg.vocab_size:
+            # classify the vocabulary now (~2 s for 150k tokens) rather than in the first request, and
+            # score the first-N rows until a request picks its own: the GPU head's buffer keeps its size
+            self._vocab = DraftVocab.from_tokenizer(tokenizer)
+            head.set_vocab(torch.arange(draft_vocab))
 
     @property
     def length(self) -> int:
