@@ -188,4 +188,8 @@ def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
     else:
         from ..runtime.gpu_mtp import GPUMTPHead
         head = GPUMTPHead(model, head_file, hc, ctx_size)
-    return MTPState(head, ctx_size, tokenizer)
+    state = MTPState(head, ctx_size, tokenizer)
+    prepare = getattr(head, "prepare", None)
+    if prepare is not None:      # capture at load, as the model does, for the default depth
+        prepare(DEFAULTS.spec.mtp_depth, state.cache)
+    return state
