@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, ChatTemplateError
     from ..cli_run import resolve_model, sampling_from_args
     from ..engine import Engine
-    from ..spec.config import spec_from_args
+    from ..spec.config import SPEC_TYPES, spec_from_args
     from .app import create_app
     from .state import ServerSettings
 
@@ -83,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, disable=None) as bar:
             engine = Engine.load(path, draft_head=args.draft_head, progress=lambda _name, n: bar.update(n),
                                  **engine_kwargs(args, plan))
+        if engine.mtp is None and "mtp" in SPEC_TYPES[spec.spec_type]:   # fail now, not in every request
+            raise ValueError(f"--spec-type {spec.spec_type} needs a model with an MTP head and {path} has none "
+                             f"(an in-file head, '<model>.mtp.gguf' beside it, or --draft-head FILE)")
         if template is not None:
             try:   # the file's BOS/EOS texts still apply to the replacement template
                 engine.chat_template = ChatTemplate.from_gguf_metadata(
