@@ -35,7 +35,9 @@ def _build(tmp_path_factory, preset, quant, ffn):
     head_file, hc = find_mtp_head(f, load_config(f))
     ref = load_model(f, CTX)
     gpu = GPUModel(f, CTX, device=DEV)
-    return f, ref, MTPHead.load(head_file, hc, ref, CTX), gpu, GPUMTPHead(gpu, head_file, hc, CTX)
+    # graphs asked for everywhere: on CUDA they are captured; on CPU capture fails and the
+    # head falls back to running eagerly (the path a failed capture takes on a GPU)
+    return f, ref, MTPHead.load(head_file, hc, ref, CTX), gpu, GPUMTPHead(gpu, head_file, hc, CTX, graphs=True)
 
 
 @pytest.fixture(scope="module", params=[("tiny-qwen2", "Q8_0", "dense"), ("tiny-qwen3moe", "Q4_K", "moe")],
@@ -78,6 +80,7 @@ def test_chain_matches_reference(heads):
         ghead.set_vocab(None)
     assert got == want and all(t % 2 == 1 for t in got)
     assert got_p == pytest.approx(want_p, abs=2e-3)
+    assert ghead.use_graphs == (DEV == "cuda")
 
 
 def test_exact_decoding_with_mtp_on_the_gpu_runtime(dense):

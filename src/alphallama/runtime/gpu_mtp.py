@@ -25,6 +25,7 @@ pointers), and argmax/softmax over S.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -175,33 +176,46 @@ class GPUMTPHead:
     @torch.inference_mode()
     def prepare(self, depth: int, cache: KVCache) -> None:
         """Capture the extend-only and the depth-`depth` graphs of every bucket."""
-        if self.use_graphs and cache is self.cache:
-            for b in BUCKETS:
-                self._graph(b, 0)
-                self._graph(b, depth)
+        for b in BUCKETS:
+            if not (self.use_graphs and cache is self.cache):
+                return
+            self._graph(b, 0)
+            self._graph(b, depth)
 
     def _graph(self, b: int, depth: int):
+        """The graph of (bucket, depth), captured on first use. Should capture fail, the head
+        runs eagerly from then on (slower, same results) rather than take the engine down."""
         key = (b, depth)
         if key not in self.graphs:
-            t0 = time.perf_counter()
-            cache = self.cache
-            self._pos.fill_(cache.max_len)        # warm-up rows land in the spare slots
-            self._last.fill_(0)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._run(b, depth, cache)        # compiles the kernels at this width
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
-                out = self._run(b, depth, cache)
-            torch.cuda.synchronize()
-            self.graphs[key] = (g, out)
-            self.capture_s += time.perf_counter() - t0
+            try:
+                self._capture(b, depth)
+            except RuntimeError as e:
+                print(f"alphallama: warning: MTP head graph capture failed ({e}); running it without "
+                      f"CUDA graphs", file=sys.stderr)
+                self.use_graphs = False
+                return None
         return self.graphs[key]
+
+    def _capture(self, b: int, depth: int) -> None:
+        """Warm up at this width (compiling its kernels), then capture into the shared pool."""
+        t0 = time.perf_counter()
+        cache = self.cache
+        self._pos.fill_(cache.max_len)        # warm-up rows land in the spare slots
+        self._last.fill_(0)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._run(b, depth, cache)        # compiles the kernels at this width
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            out = self._run(b, depth, cache)
+        torch.cuda.synchronize()
+        self.graphs[(b, depth)] = (g, out)
+        self.capture_s += time.perf_counter() - t0
 
     def _launch(self, g: torch.Tensor, tokens: torch.Tensor, pos: int, depth: int,
                 cache: KVCache) -> torch.Tensor | None:
