@@ -3,8 +3,10 @@
 Each round both drafters propose (the copy's lookup is a few host operations; MTP's
 drafts are wanted anyway for the agreement check). The round prefers MTP and switches
 to the copy only when a suffix match exists and MTP's first draft agrees with the copy's
-first token (MTP's first draft, or its chain's first token where that was under
-min-p and so not drafted; a round with no MTP chain at all puts no veto on the copy):
+first token. Only a draft MTP would verify (at or above min-p) can veto: a first token
+under min-p is no opinion. (Measured on the H200, Qwen2.5-Coder-0.5B + its distilled head,
+set R: letting sub-min-p tokens veto left the policy at 5.6 tokens per round against the
+copy's 9.6 alone.)
 
 - a match of `long_match` (6) tokens or more: the copy;
 - a shorter one: the copy only if its expected tokens per ms at this match length beat
@@ -161,13 +163,10 @@ class PolicyDrafter:
     def _gate_copy(self, c: Draft) -> Draft:
         return gated(c, self.memory.copy_conf.conf(c.match_len, len(c)), self.gate)
 
-    def _mtp_first(self, m: Draft) -> int | None:
-        """MTP's first token: its first draft, or, when that was under min-p, the head of
-        its chain (MTPDrafter.last_tokens); None when it made no chain at all."""
-        if len(m):
-            return m.tokens[0]
-        chain = getattr(self.mtp, "last_tokens", None)
-        return chain[0] if chain else None
+    @staticmethod
+    def _mtp_first(m: Draft) -> int | None:
+        """MTP's first draft; None when it drafted nothing (no chain, or under min-p)."""
+        return m.tokens[0] if len(m) else None
 
     def _cost(self, d: Draft) -> float:
         return self.table.cost(1 + len(d))
