@@ -5,6 +5,8 @@
 #       join the staged Qwen2.5-Coder-0.5B parts (/tmp/stage/qwen.partNN, checked by sha256), distil its
 #       MTP sidecar (bench/gpu_distill_mtp.sh, time-boxed), then the public suite through the engine,
 #       arms none / ngram / mtp / mtp,ngram, on Qwen + the new sidecar.
+#   bash bench/gpu_spec_session.sh qwen-suite <qwen sha256>
+#       the suite only, with a sidecar carried as models/qwen2.5-coder-0.5b-instruct.mtp.gguf.
 #   bash bench/gpu_spec_session.sh embedded
 #       the same suite on the embedded model (carried as models/embedded/alphallama-embedded{,.mtp}.gguf).
 set -u
@@ -25,6 +27,13 @@ qwen)
   python3 -m alphallama.train.distill_parts join $D/$N.sha256 /tmp/models/qwen.mtp.gguf || exit 3
   timeout 230 python3 bench/spec_suite.py -m $Q --draft-head /tmp/models/qwen.mtp.gguf --device cuda \
       --out "$OUT" --tag h200 2>&1 | tail -40
+  ;;
+qwen-suite)
+  Q=/tmp/models/qwen.gguf
+  cat /tmp/stage/qwen.part0* > $Q
+  echo "$2  $Q" | sha256sum -c - || { echo "qwen parts do not join to the expected file"; exit 2; }
+  timeout 230 python3 bench/spec_suite.py -m $Q --draft-head models/qwen2.5-coder-0.5b-instruct.mtp.gguf \
+      --device cuda --out "$OUT" --tag h200 2>&1 | tail -40
   ;;
 embedded)
   timeout 150 python3 bench/spec_suite.py -m models/embedded/alphallama-embedded.gguf --device cuda \
