@@ -18,7 +18,7 @@ from alphallama.gguf.writer import PRESETS, write_mtp_sidecar, write_synthetic  
 from alphallama.model.loader import load_model  # noqa: E402
 from alphallama.model.mtp import MTPHead  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
-from alphallama.runtime.gpu_mtp import GPUMTPHead  # noqa: E402
+from alphallama.runtime.gpu_mtp import GPUMTPHead, pick, pick_ref  # noqa: E402
 from alphallama.spec.mtp import MTPState, make_mtp_drafter  # noqa: E402
 from alphallama.tokenizer import Tokenizer  # noqa: E402
 
@@ -49,6 +49,25 @@ def heads(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
     return _build(tmp_path_factory, "tiny-qwen3", "Q8_0", "dense")
+
+
+@pytest.mark.parametrize("S", [7, 4096, 9000])
+def test_pick_kernel(S):
+    """argmax (first of ties) and its softmax probability in one kernel, across blocks."""
+    gen = torch.Generator().manual_seed(S)
+    ids = torch.randperm(3 * S, generator=gen)[:S].to(DEV)
+    for case in range(3):
+        logits = (4 * torch.randn(1, S, generator=gen)).to(DEV)
+        if case == 1:                                   # a tie: the first index wins
+            logits[0, S // 3] = logits[0, S - 1] = logits.max() + 1
+        if case == 2:                                   # the maximum in the last, partial block
+            logits[0, S - 1] = logits.max() + 0.5
+        out = torch.full((4,), -1.0, dtype=torch.float64, device=DEV)
+        tok = pick(logits, ids, out, 1)
+        want_tok, want_p = pick_ref(logits.cpu(), ids.cpu())
+        assert int(tok) == want_tok == int(out[1])
+        assert float(out[3]) == pytest.approx(want_p, rel=1e-5)
+        assert float(out[0]) == float(out[2]) == -1.0   # other slots untouched
 
 
 def _chain(head, g, toks, depth):

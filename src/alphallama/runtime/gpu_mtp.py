@@ -29,6 +29,8 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, MTPHeadConfig
@@ -43,6 +45,46 @@ from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPULayer, GPUModel, Line
 from .kv_cache import KVCache
 
 SPARE = MAX_W + DEFAULTS.mtp.max_depth + 3     # slots past the context: a padded bucket and a chain
+
+
+# -- picking a draft: argmax and its softmax probability in one kernel ----------------------
+@triton.jit
+def _pick_kernel(LOGITS, IDS, OUT, TOK, k, S: tl.constexpr, BLOCK: tl.constexpr, DEPTH: tl.constexpr):
+    """One program over the S scores of one row: online max / argmax (first on ties) and
+    sum of exp(x - max); writes the token id (IDS[argmax]) and 1 / sum, its probability,
+    to OUT[k] and OUT[DEPTH + k] (float64), and the id to TOK[0] for the next step."""
+    offs = tl.arange(0, BLOCK)
+    m = tl.full([], -float("inf"), tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    best = tl.full([], 0, tl.int32)
+    for start in range(0, S, BLOCK):          # S is constexpr: a fixed trip count
+        x = tl.load(LOGITS + start + offs, mask=start + offs < S, other=-float("inf"))
+        cm = tl.max(x, 0)
+        ci = tl.argmax(x, 0)
+        new_m = tl.maximum(m, cm)
+        total = total * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
+        best = tl.where(cm > m, start + ci, best)
+        m = new_m
+    tok = tl.load(IDS + best)
+    tl.store(OUT + k, tok.to(tl.float64))
+    tl.store(OUT + DEPTH + k, (1.0 / total).to(tl.float64))
+    tl.store(TOK, tok)
+
+
+def pick(logits: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, k: int) -> torch.Tensor:
+    """logits [1, S] fp32, ids [S] int64 (scored row -> token id), out [2 * depth] float64:
+    out[k] = the argmax's token id, out[depth + k] = its probability; -> the id [1] int64."""
+    S, depth = logits.shape[1], out.shape[0] // 2
+    tok = torch.empty(1, dtype=torch.int64, device=logits.device)
+    _pick_kernel[(1,)](logits, ids, out, tok, k, S=S, BLOCK=min(4096, triton.next_power_of_2(S)), DEPTH=depth)
+    return tok
+
+
+def pick_ref(logits: torch.Tensor, ids: torch.Tensor) -> tuple[int, float]:
+    """Plain-torch reference of `pick` for one row: (token id, probability)."""
+    p = torch.softmax(logits[0].double(), -1)
+    i = int(p.argmax())
+    return int(ids[i]), float(p[i])
 
 
 def _layer(t, p: str, cfg: ModelConfig, hc: MTPHeadConfig, vec, device) -> GPULayer:
@@ -86,6 +128,7 @@ class GPUMTPHead:
         self._tok = torch.zeros(MAX_W, dtype=torch.int64, device=dev)
         self._pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self._last = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._steps = torch.arange(DEFAULTS.mtp.max_depth, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor | None]] = {}
         self._pool = None
         self.cache: KVCache | None = None
@@ -148,29 +191,21 @@ class GPUMTPHead:
         hn = add_rmsnorm(x, d, self.head_norm, c.norm_eps, act)                    # x += ffn: h'
         return x, hn
 
-    def _pick(self, hn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """hn [1, D] -> (token id [1] int64, its probability over the scored rows [1])."""
-        logits = qmatmul(hn, self.scored, rows_per_thread=ROWS_PER_THREAD)         # [1, S]
-        top, idx = logits.max(-1)                                                   # [1], [1]
-        prob = 1.0 / torch.exp(logits - top[:, None]).sum(-1)                       # [1]
-        return self._ids.index_select(0, idx), prob
-
     def _run(self, b: int, depth: int, cache: KVCache) -> torch.Tensor | None:
         """The static inputs' first b rows through the block; then (depth > 0) the chain
         -> [2 * depth] float64: drafted token ids, then their probabilities."""
         hp, hn = self._block(self._g[:b], self._tok[:b], self._pos, cache)
         if depth == 0:
             return None
+        out = torch.empty(2 * depth, dtype=torch.float64, device=self.device)
         h, hn = hp.index_select(0, self._last), hn.index_select(0, self._last)   # [1, D] the last real row
-        pos = self._pos + self._last.to(torch.int32)                               # [1] its position
-        toks, probs = [], []
+        pos = self._pos + self._last.to(torch.int32) + self._steps[:depth]         # [depth] the chain's positions
         for k in range(depth):
             if k:
-                h, hn = self._block(h, toks[-1], pos + k, cache)
-            tok, prob = self._pick(hn)
-            toks.append(tok)
-            probs.append(prob)
-        return torch.cat([torch.cat(toks).double(), torch.cat(probs).double()])   # [2 * depth]
+                h, hn = self._block(h, tok, pos[k:k + 1], cache)
+            logits = qmatmul(hn, self.scored, rows_per_thread=ROWS_PER_THREAD)     # [1, S]
+            tok = pick(logits, self._ids, out, k)                                  # [1]
+        return out
 
     # -- graphs --------------------------------------------------------------------------
     @torch.inference_mode()
