@@ -20,7 +20,7 @@ class EngineDefaults:
     ctx_size: int = 4096          # capped by the model's own context length
     prefill_chunk: int = 512      # rows per prefill forward pass
     device: str = "auto"          # cpu | cuda | auto
-    default_model: str = "stories260K.gguf"   # embedded in alphallama/data, used when no -m is given
+    default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given
 
 
 @dataclass(frozen=True)
