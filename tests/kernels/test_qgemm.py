@@ -1,0 +1,66 @@
+"""The prefill GEMM path: its dequantize kernel bit for bit against the gguf-checked
+numpy dequantizers (alphallama.gguf.quants), and qgemm against a float64 product."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
+
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+from alphallama.gguf.quants import dequantize  # noqa: E402
+from alphallama.kernels.qgemm import Scratch, dequantize_into, qgemm, qgemm_ref  # noqa: E402
+from alphallama.kernels.qweight import QuantWeight  # noqa: E402
+
+from test_qmatmul import random_raw  # noqa: E402  (random GGUF bytes, finite scales)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.F16, T.BF16, T.F32]
+
+
+def _ref(raw: np.ndarray, qtype: T, n: int, k: int) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(dequantize(raw, qtype, (n, k)), dtype=np.float32))
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=[t.name for t in QTYPES])
+def test_dequant_bit_exact(qtype):
+    n, k = 5, 512                      # 5 rows: a partial row block; K: 2 super-blocks
+    raw = random_raw(qtype, n, k, seed=1)
+    w = QuantWeight.from_raw(raw, qtype, (n, k), DEV)
+    ref = _ref(raw, qtype, n, k)       # [n, k] fp32
+    out = dequantize_into(w, torch.empty(n, k, device=DEV))
+    assert torch.equal(out.cpu(), ref)
+    # the bf16 scratch holds the fp32 values rounded once (round to nearest even)
+    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
+    assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
+    # a row block (what qgemm does with a small scratch)
+    part = dequantize_into(w, torch.empty(2, k, device=DEV), 2, 4)
+    assert torch.equal(part.cpu(), ref[2:4])
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("scratch_rows", [40, 7])   # whole weight at once / row blocks of 7
+def test_qgemm_matches_float64(qtype, scratch_rows):
+    n, k, t = 40, 256, 9
+    raw = random_raw(qtype, n, k, seed=2)
+    w = QuantWeight.from_raw(raw, qtype, (n, k), DEV)
+    x = torch.randn(t, k, generator=torch.Generator().manual_seed(0)).to(DEV)
+    y = qgemm(x, w, Scratch(scratch_rows * k, torch.float32, torch.device(DEV)))
+    ref = qgemm_ref(x.cpu(), QuantWeight.from_raw(raw, qtype, (n, k)))
+    scale = x.cpu().double().abs() @ _ref(raw, qtype, n, k).double().abs().T   # sum |x w|
+    assert y.dtype == torch.float32 and y.shape == (t, n)
+    assert ((y.cpu().double() - ref).abs() <= 1e-5 * scale + 1e-30).all()
+
+
+def test_qgemm_rejects_bad_shapes():
+    raw = random_raw(T.Q8_0, 4, 64, seed=3)
+    w = QuantWeight.from_raw(raw, T.Q8_0, (4, 64), DEV)
+    with pytest.raises(ValueError):
+        qgemm(torch.zeros(2, 32, device=DEV), w, Scratch(1024, torch.float32, torch.device(DEV)))
+    with pytest.raises(ValueError):
+        dequantize_into(w, torch.empty(3, 64, device=DEV))
