@@ -19,6 +19,8 @@ class SamplingDefaults:
 class EngineDefaults:
     ctx_size: int = 4096          # capped by the model's own context length
     prefill_chunk: int = 512      # rows per prefill forward pass
+    prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)
+    prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given
 

@@ -27,6 +27,8 @@ from .qweight import QuantWeight
 
 DEQ_SLOTS = 64       # slots per program (one per thread lane along k)
 DEQ_ROWS = 4         # weight rows per program
+DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs (each value is
+                     # computed on its own, so the tile never changes a bit)
 DEQ_WARPS = 4
 
 
@@ -82,9 +84,10 @@ def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | No
         return out.copy_(w.fmt.dequantize({n: p[r0:r1] for n, p in w.planes.items()}, w.K))
     fmt = w.fmt
     NT = min(DEQ_SLOTS, triton.next_power_of_2(w.n_slots))
-    grid = (triton.cdiv(r1 - r0, DEQ_ROWS), triton.cdiv(w.n_slots, NT))
+    BN = DEQ_ROWS if out.is_cuda else DEQ_ROWS_CPU
+    grid = (triton.cdiv(r1 - r0, BN), triton.cdiv(w.n_slots, NT))
     _dequant_kernel[grid](out, *planes, r1 - r0, 1, n_slots=w.n_slots, LOAD=fmt.triton_load,
-                          FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=DEQ_ROWS, NT=NT,
+                          FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=BN, NT=NT,
                           num_warps=DEQ_WARPS, enable_fp_fusion=False)
     return out
 

@@ -10,10 +10,19 @@ size); nothing is dequantized to bf16 ahead of time. A round of W rows is
 (an MoE layer's FFN is: router qmatmul -> softmax/top-k -> gate|up+SiLU of its k
 experts -> down + weighted sum, kernels/moe.py, the expert ids never leaving the device)
 
-and every kernel gives a row the same bits whatever W and its column, so verify,
-plain decode and prefill (chunks of up to 64 rows through the same graphs) agree
-bit for bit: exact mode needs no per-row loop here, and KV rows re-used across
-requests are the ones a fresh prefill would compute.
+and every kernel gives a row the same bits whatever W and its column, so verify and
+plain decode agree bit for bit: exact mode needs no per-row loop here.
+
+Prefill. A call of more than 64 rows (a prompt chunk) takes the tensor-core path
+(gpu_prefill.py: weights dequantized into a scratch buffer, cuBLAS GEMMs, SDPA) in
+chunks of `prefill_chunk` rows, unless prefill_path is "gemv" (then: 64-row rounds
+through the graphs). Its rows differ in the last bits from what decode rounds would
+compute for the same tokens. Plain greedy and speculative decoding share the prefill,
+so exact mode (spec == plain) still holds; what no longer holds is that KV rows made
+by decode rounds and later re-used as a prompt prefix are the bits a fresh prefill
+would compute (a conversation continued from the cache can differ in late bits from
+the same text prefilled from scratch). Calls of up to 64 rows (the engine sends the
+last prompt row alone) always go through the graphs.
 
 On the GPU the round is one captured CUDA graph per width bucket (static token and
 position buffers copied into before replay, captured once at load). Without CUDA
@@ -35,7 +44,10 @@ from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
+from ..config import DEFAULTS
+from ..kernels.qgemm import Scratch
 from ..offload.store import ExpertStore, pack_experts
+from .gpu_prefill import prefill_rows
 from .kv_cache import KVCache
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
@@ -136,9 +148,11 @@ class GPUModel:
     """Same interface as the reference Transformer: new_cache, forward, verify."""
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
-                 progress=None, expert_slots: int | None = None):
+                 progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
+                 prefill_chunk: int | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
-        many VRAM slots (offload/store.py); None: every expert resident."""
+        many VRAM slots (offload/store.py); None: every expert resident.
+        prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -197,6 +211,15 @@ class GPUModel:
         # stream stays fp32. The CPU interpreter (tests) keeps fp32.
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.capture_s = 0.0
+        e = DEFAULTS.engine
+        self.prefill_path = prefill_path or e.prefill_path
+        if self.prefill_path not in ("dequant", "gemv"):
+            raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
+        self.prefill_chunk = prefill_chunk or e.prefill_chunk
+        # the dequantized-weight buffer of the prefill GEMMs (allocated on first use)
+        sdt = self.act_dtype
+        self.scratch = Scratch((e.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
+                               self.device)
 
     # -- the round ---------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> KVCache:
@@ -258,14 +281,17 @@ class GPUModel:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache,
                 logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Rows at pos..pos+T-1 in chunks of up to 64 (each through its bucket's graph).
-        Returns (logits [T, V], hidden [T, D]) on the device; the graph's outputs are
+        """Rows at pos..pos+T-1: up to 64 through a bucket's graph; more (a prompt) through
+        the tensor-core prefill path if prefill_path is "dequant" and there is no expert
+        store, else in 64-row rounds through the graphs. Returns (logits [T, V], hidden [T, D]) on the device; the graph's outputs are
         static buffers, valid until the next call. logits=False returns None for them
         (the graphs compute the head anyway)."""
         T = tokens.shape[0]
         if pos > cache.length or pos + T > cache.max_len:
             raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
         tokens = tokens.to(self.device)
+        if T > MAX_W and self.prefill_path == "dequant" and self.store is None:
+            return self._prefill(tokens, pos, cache, logits)
         outs = []
         for s in range(0, T, MAX_W):
             part = tokens[s:s + MAX_W]
@@ -292,6 +318,18 @@ class GPUModel:
         else:
             out = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         return (out if logits else (None, out[1]))
+
+    def _prefill(self, tokens: torch.Tensor, pos: int, cache: KVCache,
+                 logits: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """T > 64 rows in chunks of prefill_chunk through the tensor-core path (no graphs;
+        the head only when logits are asked for)."""
+        outs = [prefill_rows(self, tokens[s:s + self.prefill_chunk], pos + s, cache, logits, ROWS_PER_THREAD)
+                for s in range(0, tokens.shape[0], self.prefill_chunk)]
+        cache.length = pos + tokens.shape[0]
+        hidden = torch.cat([o[1] for o in outs]) if len(outs) > 1 else outs[0][1]
+        if not logits:
+            return None, hidden
+        return (torch.cat([o[0] for o in outs]) if len(outs) > 1 else outs[0][0]), hidden
 
     def verify(self, tokens: torch.Tensor, pos: int, cache: KVCache, exact: bool = True):
         """Every kernel is row-invariant, so exact and fast verify are the same batched pass."""
