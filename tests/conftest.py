@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ALPHA_SHARED", ROOT.parent / "shared"))
@@ -30,3 +31,13 @@ def stories_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen_path() -> Path:
     return require(QWEN, "assemble it with ../shared/tools/fetch-models.sh")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on a shared CPU: two contended intra-op threads run many times slower
+    than one. Modules of tiny-model tests opt in with pytestmark = usefixtures("one_thread")."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from alphallama.engine import Engine
 from alphallama.gguf.writer import PRESETS, write_synthetic
@@ -16,13 +15,7 @@ from alphallama.spec.gate import CopyConfidence, CostTable, Gate, cumulative
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models decode ~20x faster on one thread than on two contended ones."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def table(ms: list[float]) -> CostTable:
     """A hand-built table: ms for W = 1..len(ms), the last value held up to W = 64."""

@@ -3,7 +3,6 @@ token-identical to plain greedy decoding."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from alphallama.engine import Engine, Generation
 from alphallama.gguf.writer import PRESETS, write_synthetic
@@ -15,13 +14,7 @@ from alphallama.spec.policy import PolicyDrafter, PolicyMemory, PolicyRules, Rat
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models decode ~20x faster on one thread than on two contended ones."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def linear_table(per_column: float = 0.05) -> CostTable:
     return CostTable([1.0 + per_column * w for w in range(64)], measured=64)

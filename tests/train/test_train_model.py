@@ -27,13 +27,7 @@ CFG = MoEConfig(vocab_size=600, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                 n_experts=4, n_experts_used=2, d_ff_expert=64, ctx_len=64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: two intra-op threads run many times slower than one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -34,3 +34,14 @@ class Drafter(Protocol):
     def propose(self, max_n: int) -> Draft: ...
 
     def accept(self, tokens: list[int]) -> None: ...
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading items two token lists share (how many drafts the tokens that
+    followed confirm; how much of a cached sequence a new prompt re-uses)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

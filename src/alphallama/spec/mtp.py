@@ -21,17 +21,8 @@ from __future__ import annotations
 import torch
 
 from ..config import DEFAULTS
-from .drafter import Draft
+from .drafter import Draft, common_prefix
 from .draft_vocab import DraftVocab, prompt_scripts
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class MTPState:
@@ -68,7 +59,7 @@ class MTPState:
         the first entry to (re)make on are recomputed. Truncates the MTP cache to match
         and makes entry 0 when the cache starts empty."""
         self.flush()
-        valid = min(self.length, _common_prefix(self.seq, ids))     # entries 0..valid-1 hold
+        valid = min(self.length, common_prefix(self.seq, ids))     # entries 0..valid-1 hold
         keep = min(common, max(valid - 1, 0))
         n = keep + 1 if valid >= 1 else 0
         self.cache.truncate(n)

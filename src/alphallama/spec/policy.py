@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .drafter import NO_DRAFT, Draft, Drafter
+from .drafter import NO_DRAFT, Draft, Drafter, common_prefix
 from .gate import CopyConfidence, CostTable, Gate, cumulative
 
 
@@ -104,7 +104,7 @@ class Ledger:
         keep = []
         for p in self.items:
             known = seq[p.start:p.start + len(p.tokens)]
-            n = confirmed(p.tokens, known)
+            n = common_prefix(p.tokens, known)
             decided = n == len(p.tokens) or n < len(known)
             if not decided and not final:
                 keep.append(p)
@@ -113,16 +113,6 @@ class Ledger:
             elif decided:
                 self.memory.rate(p.drafter, p.match_len).add(n + 1, p.ms)
         self.items = keep
-
-
-def confirmed(draft: list[int], future: list[int]) -> int:
-    """How many leading drafts the tokens that followed confirm."""
-    n = 0
-    for d, f in zip(draft, future):
-        if d != f:
-            break
-        n += 1
-    return n
 
 
 def gated(d: Draft, conf: list[float], gate: Gate) -> Draft:

@@ -11,17 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import SpecConfig
-from .drafter import NO_DRAFT
+from .drafter import NO_DRAFT, common_prefix
 from .stats import SpecStats
-
-
-def confirmed(draft: list[int], future: list[int]) -> int:
-    n = 0
-    for d, f in zip(draft, future):
-        if d != f:
-            break
-        n += 1
-    return n
 
 
 @dataclass
@@ -52,7 +43,7 @@ def replay(prompt_ids: list[int], gen_ids: list[int], spec: SpecConfig, max_toke
     for i in range(n):
         d = drafter.propose(room(i)) if room(i) > 0 else None
         if d is not None and len(d):
-            out.positions.append({"pos": i, "proposed": len(d), "confirmed": confirmed(d.tokens, gen_ids[i + 1:]),
+            out.positions.append({"pos": i, "proposed": len(d), "confirmed": common_prefix(d.tokens, gen_ids[i + 1:]),
                                   "match_len": d.match_len})
         else:
             out.positions.append({"pos": i, "proposed": 0, "confirmed": 0, "match_len": 0})
@@ -63,7 +54,7 @@ def replay(prompt_ids: list[int], gen_ids: list[int], spec: SpecConfig, max_toke
     i = 0
     while i < n - 1:
         d = drafter.propose(room(i)) if room(i) > 0 else NO_DRAFT
-        acc = confirmed(d.tokens, gen_ids[i + 1:])
+        acc = common_prefix(d.tokens, gen_ids[i + 1:])
         step = acc + 1
         out.rounds.record(d.source, len(d), acc, step, d.match_len, d.probs)
         drafter.accept(gen_ids[i + 1:i + 1 + step])
