@@ -176,19 +176,24 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def load_config(f: GGUFFile) -> ModelConfig:
-    """Config of a model file, after checking every expected tensor is there with its shape."""
-    cfg = config_from_metadata(f.metadata, f.tensors, f.path)
+def check_shapes(expected: dict[str, tuple[int, ...]], tensors: dict, what: str) -> None:
+    """Every expected tensor present with its shape, else one GGUFError naming the first few."""
     problems = []
-    for name, shape in expected_tensors(cfg).items():
-        t = f.tensors.get(name)
+    for name, shape in expected.items():
+        t = tensors.get(name)
         if t is None:
             problems.append(f"missing tensor {name!r} (expected shape {list(shape)})")
         elif tuple(t.shape) != shape:
             problems.append(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise GGUFError(f"{f.path}: {cfg.arch} model is malformed: " + "; ".join(problems[:3]) + more)
+        raise GGUFError(f"{what} is malformed: " + "; ".join(problems[:3]) + more)
+
+
+def load_config(f: GGUFFile) -> ModelConfig:
+    """Config of a model file, after checking every expected tensor is there with its shape."""
+    cfg = config_from_metadata(f.metadata, f.tensors, f.path)
+    check_shapes(expected_tensors(cfg), f.tensors, f"{f.path}: {cfg.arch} model")
     return cfg
 
 
@@ -258,16 +263,7 @@ def mtp_head_config(head: GGUFFile, cfg: ModelConfig, sidecar: bool) -> MTPHeadC
         raise GGUFError(f"{head.path}: the MTP block has routed experts but the model has none")
     gate = t.get(p + "ffn_gate.weight")
     d_ff = 0 if moe else (int(gate.shape[0]) if gate is not None else 0)
-    problems = []
-    for name, shape in mtp_tensors(cfg, L, moe, d_ff).items():
-        have = t.get(name)
-        if have is None:
-            problems.append(f"missing tensor {name!r} (expected shape {list(shape)})")
-        elif tuple(have.shape) != shape:
-            problems.append(f"tensor {name!r} has shape {list(have.shape)}, expected {list(shape)}")
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise GGUFError(f"{head.path}: MTP head is malformed: " + "; ".join(problems[:3]) + more)
+    check_shapes(mtp_tensors(cfg, L, moe, d_ff), t, f"{head.path}: MTP head")
     return MTPHeadConfig(L, moe, d_ff, head.path, sidecar)
 
 
