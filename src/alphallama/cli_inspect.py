@@ -54,7 +54,24 @@ def describe(path: str) -> dict:
         "chat_template": template,
         # where a model trained by `python -m alphallama.train` came from
         "provenance": {k[len(_PROVENANCE):]: v for k, v in md.items() if k.startswith(_PROVENANCE)},
+        "mtp_head": _mtp_head(f, cfg),
     }
+
+
+def _mtp_head(f, cfg) -> dict | None:
+    """The MTP head the engine would use (in the file, or `<stem>.mtp.gguf` beside it); a
+    head that is there but wrong is reported, not raised: inspect describes, it does not load."""
+    from .gguf.arch import find_mtp_head
+    from .gguf.reader import GGUFError
+    try:
+        found = find_mtp_head(f, cfg)
+    except GGUFError as e:
+        return {"error": str(e)}
+    if found is None:
+        return None
+    _, hc = found
+    return {"path": hc.path, "sidecar": hc.sidecar, "layer": hc.layer,
+            "ffn": "moe" if hc.moe else f"dense {hc.d_ff}"}
 
 
 def _mib(n: int) -> str:
@@ -84,6 +101,14 @@ def run(args) -> int:
           f"bos {t['bos']} eos {t['eos']} add_bos {t['add_bos']}")
     tmpl = d["chat_template"]
     print(f"chat template: {len(tmpl)} chars" if tmpl else "chat template: none")
+    head = d["mtp_head"]
+    if head is None:
+        print("MTP head: none")
+    elif "error" in head:
+        print(f"MTP head: unusable: {head['error']}")
+    else:
+        where = "sidecar " + head["path"] if head["sidecar"] else "in the file"
+        print(f"MTP head: block {head['layer']}, {head['ffn']} FFN, {where}")
     for key, value in d["provenance"].items():
         print(f"trained: {key:24} {value}")
     return 0

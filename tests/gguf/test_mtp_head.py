@@ -83,3 +83,14 @@ def test_nextn_count_checked(tmp_path):
     md["qwen3.nextn_predict_layers"] = 2
     with pytest.raises(GGUFError, match="nextn_predict_layers = 2 but block_count = 2"):
         config_from_metadata(md)
+
+
+def test_inspect_reports_the_head(tmp_path):
+    from alphallama.cli_inspect import describe
+    f, _ = _model(tmp_path)
+    assert describe(f.path)["mtp_head"] is None
+    side = sidecar_path(f.path)
+    write_mtp_sidecar(PRESETS["tiny-qwen3"](n_layers=1, mtp_d_ff=384), side)
+    assert describe(f.path)["mtp_head"] == {"path": side, "sidecar": True, "layer": 1, "ffn": "dense 384"}
+    write_mtp_sidecar(PRESETS["tiny-qwen3"](n_layers=2), side)      # a head for another model
+    assert "error" in describe(f.path)["mtp_head"]
