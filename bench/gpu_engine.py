@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from alphallama.bench.engine_bench import bench
+from alphallama.bench.engine_bench import bench, time_cuda
 from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.writer import PRESETS, write_synthetic
 
@@ -126,21 +126,6 @@ def _generation(model, cache, prompt: torch.Tensor, n_gen: int) -> dict:
         "first_equal": gen["dequant"]["tokens"][0] == gen["gemv"]["tokens"][0],
         "last_prompt_logits_max_abs_diff": d.max().item(),
         "last_prompt_logits_max_abs": gen["gemv"]["last_prompt_logits"].abs().max().item()}
-
-
-def time_cuda(fn, reps: int, warm: int = 2) -> float:
-    """Mean ms of fn() over reps after `warm` warm-up calls (CUDA events)."""
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    t0 = torch.cuda.Event(enable_timing=True)
-    t1 = torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(reps):
-        fn()
-    t1.record()
-    torch.cuda.synchronize()
-    return t0.elapsed_time(t1) / reps
 
 
 def main() -> int:

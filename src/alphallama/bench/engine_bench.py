@@ -43,10 +43,10 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * nbytes * reps / (t0.elapsed_time(t1) / 1000)
 
 
-def time_cuda(fn, reps: int) -> float:
-    """Mean ms of fn() over reps, after two warm-up calls."""
-    fn()
-    fn()
+def time_cuda(fn, reps: int, warm: int = 2) -> float:
+    """Mean ms of fn() over reps, after `warm` warm-up calls (CUDA events)."""
+    for _ in range(warm):
+        fn()
     torch.cuda.synchronize()
     t0 = torch.cuda.Event(enable_timing=True)
     t1 = torch.cuda.Event(enable_timing=True)
