@@ -82,6 +82,11 @@ class TrainDefaults:
     warmup_steps: int = 150
     time_budget_s: float = 330.0      # training seconds (total over resumed calls)
     checkpoint_every_s: float = 60.0
+    log_every: int = 20               # steps between log lines
+    val_every_s: float = 45.0         # training seconds between held-out losses
+    val_windows: int = 16             # held-out windows per evaluation
+    weight_decay: float = 0.1
+    seed: int = 0
     work_dir: str = "/tmp/alpha-train"
 
 

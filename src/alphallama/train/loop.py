@@ -17,9 +17,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..config import DEFAULTS
 from .data import get_batch, val_batch
 from .model import MoEModel
 from .mtp import MTPHead, mtp_losses
+
+
+D = DEFAULTS.train
 
 
 @dataclass
@@ -32,12 +36,12 @@ class Hyper:
     mtp_depths: int
     mtp_weight: float
     aux_weight: float
-    checkpoint_every_s: float = 60.0
-    log_every: int = 20
-    val_every_s: float = 45.0
-    val_windows: int = 16
-    seed: int = 0
-    weight_decay: float = 0.1
+    checkpoint_every_s: float = D.checkpoint_every_s
+    log_every: int = D.log_every
+    val_every_s: float = D.val_every_s
+    val_windows: int = D.val_windows
+    seed: int = D.seed
+    weight_decay: float = D.weight_decay
     max_steps: int | None = None     # tests: stop after this many steps whatever the time
 
 
