@@ -1,0 +1,112 @@
+"""A MoE layer over an expert store under the expert contract (expert_q8.py): the
+launches of expert_q8_gpu.py, or the same steps in plain torch without a GPU.
+
+Each (row, rank) pair is computed by the tier its expert is in: the VRAM bank, the
+host tier read in place over PCIe, or the CPU workers (through `link`, a CpuLink of
+offload/cpu_tier.py). Bits never depend on the tier: that is the contract.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .expert_q8 import combine, expert_ffn, quantize_q8, supports
+from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT, _combine_kernel, _down_kernel,
+                            _gate_up_kernel, _post_kernel, _quantize_kernel, layout_args)
+from .qmatmul import _use_triton
+from .qweight import QuantWeight
+
+TIER_BANK, TIER_HOST, TIER_CPU = 0, 1, 2
+
+
+def contract_ok(gate_up: QuantWeight, down: QuantWeight) -> bool:
+    """Whether a layer's experts can run under the contract (formats and shapes)."""
+    F, D = down.K, down.N
+    return supports(gate_up) and supports(down) and D % 32 == 0 and F % BN_GATE == 0
+
+
+def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_gate_up: QuantWeight,
+           host_down: QuantWeight, bank_gate_up: QuantWeight, bank_down: QuantWeight, table: torch.Tensor,
+           layer: int, link=None) -> torch.Tensor:
+    """h [W, D] (bf16/fp32), weights/experts [W, k] (the router's) -> [W, D] float32.
+    host_* [E, ...] are the layer's host tier, bank_* the shared bank, table [E] int32
+    the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None."""
+    if not _use_triton(h):
+        return _moe_q8_torch(h, weights, experts, host_gate_up, host_down, bank_gate_up, bank_down, table,
+                             layer, link)
+    W, D = h.shape
+    k = experts.shape[1]
+    F = host_down.K
+    dev = h.device
+    h = h if h.stride(1) == 1 else h.contiguous()
+    experts = experts.contiguous()
+    xq = torch.empty((W, D), dtype=torch.int8, device=dev)                      # [W, D]
+    dx = torch.empty((W, D // 32), dtype=torch.float32, device=dev)
+    xs = torch.empty((W, D // 16), dtype=torch.int32, device=dev)
+    post = link is not None
+    mb = link.mailbox if post else None
+    _quantize_kernel[(W,)](h, xq, dx, xs, *((mb.xq, mb.dx, mb.xs) if post else (xq, dx, xs)), h.stride(0),
+                           K=D, POST=post, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    tier = torch.empty((W, k), dtype=torch.int32, device=dev)                   # [W, k]
+    gpu = h.is_cuda
+    if post:
+        _post_kernel[(1,)](experts, table, tier, link.quota, link.seq, mb.ids, mb.task, mb.ctl, W * k, layer, W,
+                           BP=triton.next_power_of_2(mb.max_w * k), POST=True, GPU=gpu, num_warps=NUM_WARPS)
+    else:
+        _post_kernel[(1,)](experts, table, tier, table, table, tier, tier, tier, W * k, layer, W,
+                           BP=triton.next_power_of_2(W * k), POST=False, GPU=gpu, num_warps=NUM_WARPS)
+    aq = torch.empty((W, k, F), dtype=torch.int8, device=dev)                   # [W, k, F]
+    adx = torch.empty((W, k, F // 32), dtype=torch.float32, device=dev)
+    axs = torch.empty((W, k, F // 16), dtype=torch.int32, device=dev)
+    _gate_up_kernel[(W * k * (F // BN_GATE),)](
+        xq, dx, xs, aq, adx, axs, experts, tier, table, *host_gate_up.plane_args(), *bank_gate_up.plane_args(),
+        F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up), num_warps=NUM_WARPS, enable_fp_fusion=False)
+    y = torch.empty((W, k, D), dtype=torch.float32, device=dev)                 # [W, k, D]
+    _down_kernel[(W * k * triton.cdiv(D, BN_DOWN),)](
+        aq, adx, axs, y, experts, tier, table, *host_down.plane_args(), *bank_down.plane_args(), D, 1,
+        BN=BN_DOWN, **layout_args(host_down), num_warps=NUM_WARPS, enable_fp_fusion=False)
+    if post and not gpu:
+        link.wait_host()          # the interpreter cannot spin on memory another thread writes
+    out = torch.empty((W, D), dtype=torch.float32, device=dev)
+    ycpu = mb.y if post else y
+    _combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
+        y, ycpu, weights.float().contiguous(), tier, out, link.seq if post else tier, mb.ctl if post else tier, D,
+        TOP_K=k, BD=BD_COMBINE, WAIT=post and gpu, LIMIT=SPIN_LIMIT, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return out
+
+
+def tiers_torch(experts: torch.Tensor, table: torch.Tensor, quota: int | None) -> torch.Tensor:
+    """The post kernel's tier rule: [W, k] int32 (quota None: no CPU workers; < 0: all host pairs)."""
+    slot = table.long()[experts.long()]                                          # [W, k]
+    host = slot < 0
+    cpu = torch.zeros_like(host)
+    if quota is not None:
+        rank = host.flatten().int().cumsum(0).reshape(host.shape) - 1
+        cpu = host & ((rank < quota) | (quota < 0))
+    return torch.where(slot >= 0, TIER_BANK, torch.where(cpu, TIER_CPU, TIER_HOST)).to(torch.int32)
+
+
+def _moe_q8_torch(h, weights, experts, host_gate_up, host_down, bank_gate_up, bank_down, table, layer, link):
+    W, D = h.shape
+    k = experts.shape[1]
+    tier = tiers_torch(experts, table, None if link is None else int(link.quota.item()))
+    if link is not None and bool((tier == TIER_CPU).any()):
+        link.post_host(h, experts, tier == TIER_CPU, layer)
+    y = torch.zeros((W, k, D), dtype=torch.float32)
+    for m in range(W):
+        for r in range(k):
+            if tier[m, r] == TIER_CPU:
+                continue
+            e = int(experts[m, r])
+            s = int(table[e])
+            gu, dn = (bank_gate_up.expert(s), bank_down.expert(s)) if s >= 0 else \
+                (host_gate_up.expert(e), host_down.expert(e))
+            y[m, r] = expert_ffn(h[m].float().cpu(), gu, dn)
+    if link is not None and bool((tier == TIER_CPU).any()):
+        link.wait_host()
+        cpu = (tier == TIER_CPU).cpu()
+        y[cpu] = link.mailbox.y[:W][cpu]
+    return combine(y, weights.cpu()).to(h.device)
+
+
+__all__ = ["moe_q8", "contract_ok", "tiers_torch", "quantize_q8"]
