@@ -178,7 +178,13 @@ def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeig
 def expert_ffn(x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight) -> torch.Tensor:
     """One row x [D] through one expert (gate_up [2F, D], down [D, F]): y [D] float32."""
     xq, dx, xs = quantize_q8(x.reshape(1, -1))
-    gu = matvec_q8(xq[0], dx[0], xs[0], gate_up)                       # [2F]
+    return expert_ffn_q8(xq[0], dx[0], xs[0], gate_up, down)
+
+
+def expert_ffn_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, gate_up: QuantWeight,
+                  down: QuantWeight) -> torch.Tensor:
+    """expert_ffn from the row already quantized (what the mailbox carries): y [D] float32."""
+    gu = matvec_q8(xq, dx, xs, gate_up)                                # [2F]
     F = gu.shape[0] // 2
     a = silu_mul_c(gu[:F], gu[F:])                                     # [F]
     aq, adx, axs = quantize_q8(a.reshape(1, -1))

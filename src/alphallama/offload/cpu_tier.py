@@ -1,0 +1,65 @@
+"""The CPU tier: what a round's MoE layers need to hand (row, rank) pairs to the CPU
+workers, and the host-side half of the mailbox protocol (offload/mailbox.py).
+
+On the GPU the post, the sequence number and the wait all happen inside the round's
+graph (kernels/expert_q8_gpu.py); `seq` and `quota` are device tensors (graph inputs).
+Without a GPU (tests, the interpreter) the same protocol runs from the host:
+`post_host` and `wait_host`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..kernels.expert_q8 import quantize_q8
+from .mailbox import DONE, LAYER, REQ, ROWS, Mailbox
+
+ERR = 40            # control word the GPU sets when it gave up waiting (expert_q8_gpu.ERR)
+WAIT_TIMEOUT_S = 30.0
+
+
+class CpuWorkersError(RuntimeError):
+    pass
+
+
+class CpuLink:
+    def __init__(self, mailbox: Mailbox, device, quota: int = -1):
+        """quota: host pairs per layer post that go to the CPU (first in row, rank order);
+        -1: all; 0: none (all read in place over PCIe)."""
+        self.mailbox = mailbox
+        self.device = torch.device(device)
+        self.seq = torch.zeros(1, dtype=torch.int32, device=self.device)          # last REQ posted
+        self.quota = torch.full((1,), quota, dtype=torch.int32, device=self.device)
+
+    def set_quota(self, quota: int) -> None:
+        """Between rounds (a graph input: no recapture)."""
+        self.quota.fill_(quota)
+
+    def post_host(self, h: torch.Tensor, experts: torch.Tensor, cpu: torch.Tensor, layer: int) -> None:
+        """The GPU's post from the host: h [W, D], experts [W, k], cpu [W, k] bool."""
+        mb = self.mailbox
+        W = h.shape[0]
+        xq, dx, xs = quantize_q8(h.float().cpu())
+        mb.xq[:W], mb.dx[:W], mb.xs[:W] = xq, dx, xs
+        mb.ids[:W] = experts.cpu()
+        mb.task[:W] = cpu.cpu().to(torch.int32)
+        s = int(self.seq.item()) + 1
+        self.seq.fill_(s)
+        mb.ctl[LAYER], mb.ctl[ROWS] = layer, W
+        mb.ctl[REQ] = s            # last: x86 keeps stores in order, the workers load REQ with acquire
+
+    def wait_host(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Until the workers answered the last post (DONE == seq)."""
+        s = int(self.seq.item())
+        ctl = self.mailbox.ctl
+        t0 = time.monotonic()
+        while int(ctl[DONE]) != s:
+            if time.monotonic() - t0 > timeout_s:
+                raise CpuWorkersError(f"the CPU expert workers did not answer post {s} in {timeout_s:.0f} s")
+            time.sleep(0)
+
+    def check(self) -> None:
+        """After a round: did the GPU give up waiting for the workers?"""
+        if int(self.mailbox.ctl[ERR]) != 0:
+            raise CpuWorkersError("the GPU gave up waiting for the CPU expert workers (are they running?)")
