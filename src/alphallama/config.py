@@ -21,6 +21,7 @@ class EngineDefaults:
     prefill_chunk: int = 512      # rows per prefill forward pass
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
+    prefill_overlap: bool = True     # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves)
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given
 
@@ -145,6 +146,9 @@ class OffloadDefaults:
     score_half_life: float = 32.0         # rounds: usage counts decay so the bank follows the context
     admit_margin: float = 0.25            # a candidate must beat the weakest resident by this fraction
     max_cpu_threads: int = 8              # host workers: a few saturate host memory bandwidth
+    cpu_threads: int | None = None        # CPU expert workers; None: the bandwidth probe's count (offload/native)
+    probe_bytes: int = 256 << 20          # buffer the bandwidth probe streams through
+    probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best
     auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
 
 

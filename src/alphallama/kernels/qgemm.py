@@ -18,18 +18,21 @@ mode and for re-used KV rows).
 """
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
+from ..config import DEFAULTS
 from .qmatmul import _use_triton
 from .qweight import QuantWeight
 
-DEQ_SLOTS = 64       # slots per program (one per thread lane along k)
-DEQ_ROWS = 4         # weight rows per program
-DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs (each value is
-                     # computed on its own, so the tile never changes a bit)
-DEQ_WARPS = 4
+# The dequantize kernel's tile: (weight rows, slots, warps) per program. Every value is
+# computed on its own, so no tile changes a bit; bench/gpu_engine.py times the choices.
+DEQ_TILE = (4, 64, 4)
+DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs
 
 
 @triton.jit
@@ -71,7 +74,19 @@ def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl
             tl.store(base + m * (2 * V) + k2, _cast(w, out.dtype.element_ty), mask=mask)
 
 
-def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | None = None) -> torch.Tensor:
+def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple[int, int, int]) -> torch.Tensor:
+    """Dequantize the rows whose plane slices are `planes` into out [n, K] (contiguous)."""
+    fmt, n = w.fmt, out.shape[0]
+    rows, slots, warps = tile if out.is_cuda else (DEQ_ROWS_CPU, tile[1], tile[2])
+    NT = min(slots, triton.next_power_of_2(w.n_slots))
+    grid = (triton.cdiv(n, rows), triton.cdiv(w.n_slots, NT))
+    _dequant_kernel[grid](out, *planes, n, 1, n_slots=w.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field,
+                          V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=rows, NT=NT, num_warps=warps, enable_fp_fusion=False)
+    return out
+
+
+def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | None = None,
+                    tile: tuple[int, int, int] = DEQ_TILE) -> torch.Tensor:
     """Rows r0..r1 of a 2-D weight, dequantized into out [r1 - r0, K] (contiguous; any
     float dtype: the fp32 values are rounded once to it)."""
     r1 = w.N if r1 is None else r1
@@ -79,32 +94,184 @@ def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | No
         raise ValueError(f"dequantize_into takes a 2-D weight; use w.expert(e) for {w.shape}")
     if out.shape != (r1 - r0, w.K) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [{r1 - r0}, {w.K}], got {tuple(out.shape)}")
-    planes = [p[r0:r1] for p in w.plane_args()]   # row slices of contiguous planes: still contiguous
     if not _use_triton(out):
         return out.copy_(w.fmt.dequantize({n: p[r0:r1] for n, p in w.planes.items()}, w.K))
-    fmt = w.fmt
-    NT = min(DEQ_SLOTS, triton.next_power_of_2(w.n_slots))
-    BN = DEQ_ROWS if out.is_cuda else DEQ_ROWS_CPU
-    grid = (triton.cdiv(r1 - r0, BN), triton.cdiv(w.n_slots, NT))
-    _dequant_kernel[grid](out, *planes, r1 - r0, 1, n_slots=w.n_slots, LOAD=fmt.triton_load,
-                          FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=BN, NT=NT,
-                          num_warps=DEQ_WARPS, enable_fp_fusion=False)
-    return out
+    return _launch(w, tuple(p[r0:r1] for p in w.plane_args()), out, tile)  # row slices: still contiguous
+
+
+@dataclass(frozen=True, eq=False)
+class Unit:
+    """What one scratch buffer holds for one GEMM: row blocks (w, r0, r1) of one or more
+    weights of the same K, stacked in order, with their plane slices cut once."""
+    pieces: tuple[tuple[QuantWeight, int, int, tuple], ...]
+    K: int
+
+    @property
+    def n(self) -> int:
+        return sum(r1 - r0 for _, r0, r1, _ in self.pieces)
+
+    def dequantize(self, buf: torch.Tensor, tile: tuple[int, int, int]) -> torch.Tensor:
+        """-> the unit's values [n, K], a view of the front of buf."""
+        out = buf[:self.n * self.K].view(self.n, self.K)  # [n, K]
+        o = 0
+        for w, r0, r1, planes in self.pieces:
+            part = out[o:o + r1 - r0]  # [r1 - r0, K]: contiguous rows
+            if _use_triton(part):
+                _launch(w, planes, part, tile)
+            else:
+                part.copy_(w.fmt.dequantize({k: p[r0:r1] for k, p in w.planes.items()}, w.K))
+            o += r1 - r0
+        return out
+
+
+def units_of(weights: list[QuantWeight], max_rows: int) -> list[Unit]:
+    """2-D weights of one K applied to the same input (outputs concatenated) -> units of
+    at most max_rows rows: small weights share a unit (one GEMM), large ones are split."""
+    K = weights[0].K
+    if any(len(w.shape) != 2 or w.K != K for w in weights):
+        raise ValueError(f"units_of takes 2-D weights of one K, got {[w.shape for w in weights]}")
+    if max_rows < 1:
+        raise ValueError(f"a scratch buffer must hold at least one row of K = {K}")
+    units, cur, room = [], [], max_rows
+    for w in weights:
+        planes = w.plane_args()
+        r0 = 0
+        while r0 < w.N:
+            r1 = min(w.N, r0 + room)
+            cur.append((w, r0, r1, tuple(p[r0:r1] for p in planes)))
+            room -= r1 - r0
+            r0 = r1
+            if room == 0:
+                units.append(Unit(tuple(cur), K))
+                cur, room = [], max_rows
+    if cur:
+        units.append(Unit(tuple(cur), K))
+    return units
 
 
 class Scratch:
-    """The reused dequantization buffer: `elements` values of `dtype`, allocated on first use.
-    The model owns one; every weight of a prefill chunk passes through it in turn."""
+    """The reused dequantization buffers (`elements` values of `dtype` in all) and the
+    order of their use. The model owns one; every weight of a prefill chunk passes
+    through a buffer in turn.
 
-    def __init__(self, elements: int, dtype: torch.dtype, device: torch.device):
-        self.elements, self.dtype, self.device = elements, dtype, device
-        self.buf: torch.Tensor | None = None
+    overlap (CUDA): two buffers; while cuBLAS multiplies by one, the next weight is
+    dequantized into the other on a side stream (the GEMMs are compute bound, the
+    dequantize memory bound, so they share the chip). Events order the reuse: a buffer
+    is rewritten only after the GEMM that read it, and read only after its dequantize.
+    `plan` names the chunk's GEMMs in order (the caller knows them ahead); a GEMM not
+    in the plan (MoE experts before `expect`) is dequantized when asked for. Without
+    overlap, one buffer and one stream: dequantize, multiply, in turn."""
+
+    def __init__(self, elements: int, dtype: torch.dtype, device: torch.device, overlap: bool | None = None,
+                 tile: tuple[int, int, int] = DEQ_TILE):
+        self.elements, self.dtype, self.device = elements, dtype, torch.device(device)
+        self.overlap = DEFAULTS.engine.prefill_overlap if overlap is None else overlap
+        self.tile = tile
         self.mm_out_dtype: bool | None = None   # does torch.mm(out_dtype=float32) work here? (probed once)
+        self._bufs: list[torch.Tensor] = []
+        self._cache: dict[tuple[int, int], tuple[list, list[Unit]]] = {}
+        self._queue: deque[Unit] = deque()      # planned units not yet dequantized
+        self._held: deque[tuple[Unit, int]] = deque()   # dequantized ahead: (unit, buffer)
+        self._free: list[int] = []
+        self._side = None                       # the dequantize stream (CUDA, overlap)
+        self._ready: list = []                  # per buffer: its last dequantize done
+        self._read: list = []                   # per buffer: its last GEMM done (None: never read)
 
-    def rows(self, n: int, K: int) -> torch.Tensor:
-        if self.buf is None:
-            self.buf = torch.empty(self.elements, dtype=self.dtype, device=self.device)
-        return self.buf[:n * K].view(n, K)  # [n, K]
+    @property
+    def n_buffers(self) -> int:
+        return 2 if self.overlap else 1
+
+    @property
+    def buffer_elements(self) -> int:
+        return self.elements // self.n_buffers
+
+    def _setup(self) -> None:
+        """Allocate the buffers (again if `overlap` changed since)."""
+        if len(self._bufs) == self.n_buffers:
+            return
+        cuda = self.device.type == "cuda"
+        if cuda and self._bufs:
+            torch.cuda.synchronize(self.device)  # old buffers may still be in use
+        self._bufs = [torch.empty(self.buffer_elements, dtype=self.dtype, device=self.device)
+                      for _ in range(self.n_buffers)]
+        self._cache.clear()
+        self._queue.clear()
+        self._held.clear()
+        self._free = list(range(self.n_buffers))
+        self._side = torch.cuda.Stream(self.device) if cuda and self.overlap else None
+        if self._side is not None:
+            self._side.wait_stream(torch.cuda.current_stream(self.device))   # the fresh memory's past users
+            self._ready = [torch.cuda.Event() for _ in self._bufs]
+            self._read = [None] * self.n_buffers
+
+    def units(self, weights: list[QuantWeight], cache: bool = True) -> list[Unit]:
+        """The units of a list of weights (a model's Linear: cached by the list's identity;
+        cache=False for throw-away lists, e.g. one expert's views)."""
+        self._setup()
+        if not cache:
+            return units_of(weights, self.buffer_elements // weights[0].K)
+        key = (id(weights), self.buffer_elements)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = (weights, units_of(weights, self.buffer_elements // weights[0].K))
+        return hit[1]   # the list itself is kept in the entry: its id is not reused
+
+    def plan(self, units: list[Unit]) -> None:
+        """The GEMMs to come, in order: the first is dequantized now, each next one while
+        the previous GEMM runs. Replaces any earlier plan."""
+        self._setup()
+        self._free.extend(b for _, b in self._held)   # dequantized but never used: free again
+        self._held.clear()
+        self._queue = deque(units)
+        self._prefetch()
+
+    def expect(self, units: list[Unit]) -> None:
+        """Units to come before the rest of the plan (known late: MoE experts)."""
+        self._setup()
+        self._queue.extendleft(reversed(units))
+        self._prefetch()
+
+    def _dequantize(self, u: Unit) -> int:
+        b = self._free.pop(0)
+        if self._side is None:
+            u.dequantize(self._bufs[b], self.tile)
+            return b
+        if self._read[b] is not None:
+            self._side.wait_event(self._read[b])       # the last GEMM on this buffer is done
+        with torch.cuda.stream(self._side):
+            u.dequantize(self._bufs[b], self.tile)
+        self._ready[b].record(self._side)
+        return b
+
+    def _prefetch(self) -> None:
+        # at most n_buffers - 1 held ahead: a GEMM outside the plan always finds a buffer
+        while self._queue and len(self._held) < self.n_buffers - 1:
+            u = self._queue.popleft()
+            self._held.append((u, self._dequantize(u)))
+
+    def gemm(self, x: torch.Tensor, units: list[Unit]) -> torch.Tensor:
+        """x [T, K] @ (the units' rows)^T -> [T, sum n] float32."""
+        if x.dim() != 2 or x.shape[1] != units[0].K:
+            raise ValueError(f"x {tuple(x.shape)} does not match weights of K = {units[0].K}")
+        x = x.to(self.dtype).contiguous()
+        outs = []
+        for u in units:
+            if self._held and self._held[0][0] is u:
+                b = self._held.popleft()[1]
+            else:
+                if self._queue and self._queue[0] is u:   # planned but not yet ahead (one buffer)
+                    self._queue.popleft()
+                b = self._dequantize(u)
+            if self._side is not None:
+                main = torch.cuda.current_stream(self.device)
+                main.wait_event(self._ready[b])
+                outs.append(self.mm(x, self._bufs[b][:u.n * u.K].view(u.n, u.K)))
+                self._read[b] = main.record_event()
+            else:
+                outs.append(self.mm(x, self._bufs[b][:u.n * u.K].view(u.n, u.K)))
+            self._free.append(b)
+            self._prefetch()
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def mm(self, x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         """x [T, K] @ wt [n, K]^T -> [T, n] float32; bf16 inputs accumulate in fp32 and,
@@ -121,23 +288,13 @@ class Scratch:
         return (x @ wt.T).float()
 
 
-def qgemm(x: torch.Tensor, w: QuantWeight, scratch: Scratch, out: torch.Tensor | None = None) -> torch.Tensor:
+def qgemm(x: torch.Tensor, w: QuantWeight, scratch: Scratch) -> torch.Tensor:
     """x [T, K] @ w^T -> [T, N] float32 through dequantized row blocks of w."""
     if len(w.shape) != 2:
         raise ValueError(f"qgemm takes a 2-D weight; use w.expert(e) for {w.shape}")
     if x.dim() != 2 or x.shape[1] != w.K:
         raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape}")
-    T, N, K = x.shape[0], w.N, w.K
-    x = x.to(scratch.dtype).contiguous()
-    step = max(1, min(N, scratch.elements // K))
-    if step >= N and out is None:
-        return scratch.mm(x, dequantize_into(w, scratch.rows(N, K)))
-    if out is None:
-        out = torch.empty((T, N), dtype=torch.float32, device=x.device)  # [T, N]
-    for r0 in range(0, N, step):
-        r1 = min(N, r0 + step)
-        out[:, r0:r1] = scratch.mm(x, dequantize_into(w, scratch.rows(r1 - r0, K), r0, r1))
-    return out
+    return scratch.gemm(x, scratch.units([w], cache=False))
 
 
 def qgemm_ref(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
