@@ -78,7 +78,7 @@ def build() -> Path:
 def lib() -> ctypes.CDLL:
     """The loaded library, with argument types declared (one per process)."""
     so = ctypes.CDLL(str(build()))
-    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+    P, I = ctypes.c_void_p, ctypes.c_int
     sigs = {
         "aq_quantize": (None, [P, I, P, P, P]),
         "aq_exp": (None, [P, I, P]),
@@ -90,8 +90,8 @@ def lib() -> ctypes.CDLL:
         "aq_pool_stop": (None, [P]),
         "aq_probe_bandwidth": (ctypes.c_double, [P, ctypes.c_size_t, I, P, I]),
         "aq_slot_len": (I, [I]),
+        "aq_current_cpu": (I, []),
     }
-    del L
     for name, (res, args) in sigs.items():
         fn = getattr(so, name)
         fn.restype, fn.argtypes = res, args

@@ -290,3 +290,6 @@ int aq_expert_ffn(const layer_desc *L, int e, const int8_t *xq, const float *dx,
 }
 
 #include "probe.c"
+
+/* The cpu the calling thread runs on now (-1 where unknown). */
+int aq_current_cpu(void) { return sched_getcpu(); }

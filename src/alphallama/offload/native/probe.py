@@ -1,0 +1,101 @@
+"""Size the CPU expert pool to the host, not to the core count.
+
+Expert matvecs stream weights from RAM, so a few threads saturate a host's memory
+bandwidth and more only take cores from everything else. The probe times a streaming
+read of a large buffer with 1, 2, 4, ... threads (pinned to the cpus the workers would
+get) and takes the fewest threads within `probe_within` of the best bandwidth. The
+cpu the launch thread (the caller) runs on is left out. The result is cached per host
+in ~/.cache/alphallama/cpu_probe.json.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import tempfile
+
+import torch
+
+from ...config import DEFAULTS
+from .build import cache_dir, lib
+
+
+def allowed_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def usable_cpus() -> list[int]:
+    """The cpus the workers may take: this thread's affinity less the cpu it runs on now
+    (the launch thread's); on a one-cpu box, that cpu."""
+    allowed = allowed_cpus()
+    here = lib().aq_current_cpu()
+    rest = [c for c in allowed if c != here]
+    return rest or allowed[:1]
+
+
+def bandwidth(cpus: list[int], nbytes: int, reps: int = 3, buf: torch.Tensor | None = None) -> float:
+    """Bytes/s of len(cpus) pinned threads reading their shares of an nbytes buffer (best of reps)."""
+    if buf is None:
+        buf = torch.ones(nbytes // 8, dtype=torch.int64)   # touched: pages are mapped before timing
+    arr = (ctypes.c_int * len(cpus))(*cpus)
+    best = 0.0
+    for _ in range(reps):
+        best = max(best, lib().aq_probe_bandwidth(buf.data_ptr(), buf.numel() * 8, len(cpus), arr, 1))
+    return best
+
+
+def _host_key(nbytes: int) -> str:
+    cpus = allowed_cpus()
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{platform.node()}|{model}|cpus={','.join(map(str, cpus))}|bytes={nbytes}"
+
+
+def probe(nbytes: int = DEFAULTS.offload.probe_bytes, within: float = DEFAULTS.offload.probe_within,
+          cache: bool = True) -> dict:
+    """{"threads": chosen count, "curve": {threads: GB/s}, "cpus": usable cpus, "cached": bool}."""
+    cpus = usable_cpus()
+    key = _host_key(nbytes)
+    path = cache_dir() / "cpu_probe.json"
+    saved = {}
+    if cache and path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if key in saved:
+            return {**saved[key], "cached": True}
+    counts, n = [], 1
+    while n < len(cpus):
+        counts.append(n)
+        n *= 2
+    counts.append(len(cpus))
+    buf = torch.ones(nbytes // 8, dtype=torch.int64)
+    curve = {c: bandwidth(cpus[:c], nbytes, buf=buf) / 1e9 for c in counts}
+    best = max(curve.values())
+    threads = min(c for c, bw in curve.items() if bw >= within * best)
+    result = {"threads": threads, "curve": {str(c): round(bw, 2) for c, bw in curve.items()}, "cpus": cpus,
+              "probe_bytes": nbytes}
+    if cache:
+        saved[key] = result
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(saved, fh, indent=1)
+        os.replace(tmp, path)
+    return {**result, "cached": False}
+
+
+def worker_cpus(threads: int | None = None) -> list[int]:
+    """The cpus for `threads` workers (default: config's cpu_threads, else the probe's
+    count), never the caller's own cpu where there is another."""
+    cpus = usable_cpus()
+    n = threads or DEFAULTS.offload.cpu_threads or probe()["threads"]
+    if n < 1:
+        raise ValueError(f"the CPU expert pool needs at least 1 thread, got {n}")
+    return cpus[:min(n, len(cpus))]

@@ -1,0 +1,117 @@
+"""CpuExperts: the pool of C worker threads that computes routed experts where their
+weights sit (the store's host tier, read in place), driven through the mailbox.
+
+    experts = CpuExperts.from_store(store, mailbox)   # or CpuExperts(layers, mailbox, n_layers)
+    experts.start()           # threads pinned away from the calling (launch) thread
+    ...                       # the GPU posts; the workers write y and DONE
+    experts.stop()            # also at garbage collection and interpreter exit
+
+Thread 0 polls the mailbox's REQ; on a change it reads LAYER, ROWS and the ranks with
+task == 1, and all threads split the gate|up rows of every task, then the silu-mul and
+quantization per task, then the down rows into y[m, r, :]; thread 0 then stores
+DONE = REQ. Idle threads spin ~2 ms and then sleep ~30 us between polls.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import torch
+
+from ...kernels.qweight import QuantWeight
+from ..mailbox import Mailbox
+from .build import lib
+from .kernels import LayerDesc, qmat
+from .probe import worker_cpus
+
+
+def _stop(handle: list) -> None:
+    """Stop the pool behind handle[0] (finalizer: must not reference the CpuExperts)."""
+    if handle and handle[0]:
+        lib().aq_pool_stop(handle[0])
+        handle[0] = None
+
+
+class CpuExperts:
+    def __init__(self, layers: dict[int, tuple[QuantWeight, QuantWeight]], mailbox: Mailbox, n_layers: int,
+                 threads: int | None = None, cpus: list[int] | None = None):
+        """layers: model layer id -> (gate_up [E, 2F, D], down [E, D, F]) host planes.
+        threads/cpus: worker count and the cpus to pin them to (default: the probe's count,
+        on cpus other than the calling thread's)."""
+        if mailbox.xq.device.type != "cpu":
+            raise ValueError("the mailbox must live in host memory")
+        D = mailbox.d_model
+        for i, (gu, dn) in layers.items():
+            if not 0 <= i < n_layers:
+                raise ValueError(f"layer {i} outside 0..{n_layers - 1}")
+            if gu.K != D or dn.N != D or dn.K * 2 != gu.N or gu.shape[0] != dn.shape[0]:
+                raise ValueError(f"layer {i}: gate_up {gu.shape} / down {dn.shape} do not match d_model {D}")
+            if dn.K % 32:
+                raise ValueError(f"layer {i}: the expert contract needs F % 32 == 0, got F={dn.K}")
+        self.layers, self.mailbox, self.n_layers = layers, mailbox, n_layers
+        self._descs = (LayerDesc * max(n_layers, 1))()
+        for i, (gu, dn) in layers.items():
+            self._descs[i] = LayerDesc(qmat(gu), qmat(dn))
+        self.cpus = list(cpus) if cpus is not None else worker_cpus(threads)
+        if threads is not None and cpus is not None and len(self.cpus) != threads:
+            raise ValueError(f"{threads} threads but {len(self.cpus)} cpus given")
+        self.threads = len(self.cpus)
+        self._handle: list = [None]
+        self._finalizer = weakref.finalize(self, _stop, self._handle)   # also runs at interpreter exit
+
+    @classmethod
+    def from_store(cls, store, mailbox: Mailbox, threads: int | None = None,
+                   cpus: list[int] | None = None) -> "CpuExperts":
+        """Every MoE layer of an ExpertStore, its host tier read in place."""
+        layers = {}
+        for i in store.moe_layers.tolist():
+            v = store.layer(i)
+            layers[i] = (v.host_gate_up, v.host_down)
+        return cls(layers, mailbox, store.table.shape[0], threads, cpus)
+
+    @property
+    def running(self) -> bool:
+        return bool(self._handle[0])
+
+    def start(self) -> "CpuExperts":
+        if self.running:
+            return self
+        mb = self.mailbox
+        cpu_arr = (ctypes.c_int * self.threads)(*self.cpus)
+        h = lib().aq_pool_start(self.threads, cpu_arr, mb.ctl.data_ptr(), mb.xq.data_ptr(), mb.dx.data_ptr(),
+                                mb.xs.data_ptr(), mb.ids.data_ptr(), mb.task.data_ptr(), mb.y.data_ptr(),
+                                mb.max_w, mb.top_k, mb.d_model, ctypes.byref(self._descs), self.n_layers)
+        if not h:
+            raise RuntimeError(f"could not start {self.threads} CPU expert threads "
+                               f"(max_w * top_k must be <= 4096: {mb.max_w} * {mb.top_k})")
+        self._handle[0] = h
+        return self
+
+    def stop(self) -> None:
+        _stop(self._handle)
+
+    def __enter__(self) -> "CpuExperts":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def ffn(self, xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, layer: int, expert: int) -> torch.Tensor:
+        """One quantized row (xq int8 [D], dx [D/32], xs int32 [D/16]) through one expert, on
+        the calling thread: y float32 [D]."""
+        if layer not in self.layers:
+            raise ValueError(f"layer {layer} has no experts here (layers: {sorted(self.layers)})")
+        E = self.layers[layer][0].shape[0]
+        if not 0 <= expert < E:
+            raise ValueError(f"expert {expert} outside 0..{E - 1}")
+        D = self.mailbox.d_model
+        xq, dx, xs = xq.to(torch.int8).contiguous(), dx.float().contiguous(), xs.to(torch.int32).contiguous()
+        if xq.numel() != D or dx.numel() != D // 32 or xs.numel() != D // 16:
+            raise ValueError(f"a quantized row of d_model {D} is xq [{D}], dx [{D // 32}], xs [{D // 16}]")
+        y = torch.empty(D)
+        rc = lib().aq_expert_ffn(ctypes.byref(self._descs[layer]), expert, xq.data_ptr(), dx.data_ptr(),
+                                 xs.data_ptr(), y.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"expert_ffn failed (rc {rc})")
+        return y
+
