@@ -3,10 +3,14 @@ plus exact-mode speculative == plain greedy on the GPU. Writes $OUT/gpu_engine-*
 
     PYTHONUNBUFFERED=1 python bench/gpu_engine.py [--layers N] [--no-decode] [--commit SHA]
 
-Prefill is timed here for both prefill paths in the same run (GPUModel.prefill_path
-"dequant": Triton dequantize + cuBLAS, and "gemv": 64-row rounds through the decode
-graphs, the control arm), as the engine calls it (logits=False, chunks of
-prefill_chunk), plus a greedy continuation of one prompt under each path. With
+Prefill is timed here for several arms in the same run (ARMS: "serial" is the control,
+the path before the overlap: one scratch buffer, dequantize then GEMM on one stream,
+the old dequantize tile; "overlap" dequantizes each next weight on a side stream; the
+others isolate the tile and the chunk size; --gemv adds the decode-graph path), as
+the engine calls it (logits=False, chunks of prefill_chunk). Also: the dequantize pass
+alone per tile (GPU time by graph replay, and eager), the GEMMs alone, a profile of
+one 512-row chunk, whether the arms' hidden states are bitwise equal, and a greedy
+continuation of one prompt under the dequant and the decode-graph paths. With
 --layers N the figures are for N layers (the head and embeddings are full size).
 """
 from __future__ import annotations
@@ -44,55 +48,146 @@ def spec_exactness(path: str, n_prompts: int = 6, n_tokens: int = 200) -> dict:
     return {"prompts": out, "all_equal": all(o["equal"] for o in out)}
 
 
-def prefill_arms(path: str, sizes: list[int], n_gen: int = 16) -> dict:
-    """Prefill ms for each path and size; each path's greedy tokens after one prompt."""
+OLD_TILE = (4, 64, 4)    # the dequantize tile (rows, slots, warps) of the serial path before the overlap
+TILES = [(4, 64, 4), (8, 64, 4), (16, 64, 8), (4, 128, 4), (8, 128, 8), (2, 128, 4), (16, 32, 4)]
+# (name, overlap, tile (None: the sweep's best), chunk, sizes (None: all)); "serial" is the control arm
+ARMS = [("serial", False, OLD_TILE, 512, None), ("serial_tile", False, None, 512, None),
+        ("overlap", True, None, 512, None), ("overlap_c1024", True, None, 1024, [4096]),
+        ("overlap_c2048", True, None, 2048, [4096])]
+
+
+def _graph_ms(fn, reps: int = 5) -> float:
+    """GPU time of fn's launches replayed as one CUDA graph: no host launch cost in it."""
+    fn()                                                 # compiles
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return time_cuda(g.replay, reps)
+
+
+def dequant_sweep(model) -> dict:
+    """Every layer weight dequantized once (units as the overlap path cuts them), per
+    tile: GPU time (graph replay) and with the host's launches (eager)."""
+    from alphallama.kernels.qgemm import units_of
+    lins = [lin.weights for L in model.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None]
+    rows = model.scratch.buffer_elements
+    units = [u for ws in lins for u in units_of(ws, rows // ws[0].K)]
+    buf = torch.empty(max(u.n * u.K for u in units), dtype=model.scratch.dtype, device=model.device)
+    written = sum(u.n * u.K for u in units) * buf.element_size()
+    read = sum(w.nbytes * (r1 - r0) // w.N for u in units for w, r0, r1, _ in u.pieces)
+    out: dict = {"units": len(units), "bytes_written": written, "bytes_read": read, "tiles": {}}
+    for tile in TILES:
+        run = lambda: [u.dequantize(buf, tile) for u in units]  # noqa: E731
+        try:
+            g = _graph_ms(run)
+            e = time_cuda(run, 3)
+        except Exception as ex:  # noqa: BLE001
+            out["tiles"][str(tile)] = {"error": repr(ex)}
+            continue
+        out["tiles"][str(tile)] = {"graph_ms": g, "eager_ms": e, "written_gb_s": written / g / 1e6,
+                                   "total_gb_s": (written + read) / g / 1e6}
+        print(f"dequant tile {tile}: {g:.2f} ms GPU ({written / g / 1e6:.0f} GB/s written), {e:.2f} ms eager",
+              flush=True)
+    ok = {t: v for t, v in out["tiles"].items() if "graph_ms" in v}
+    out["best"] = min(ok, key=lambda t: ok[t]["graph_ms"])
+    # the GEMMs alone at T = 512 (graph replay), on one dequantized buffer per shape
+    x = {K: torch.randn(512, K, device=model.device).to(buf.dtype) for K in {u.K for u in units}}
+    ws = {}
+    for u in units:
+        if (u.n, u.K) not in ws:
+            ws[(u.n, u.K)] = u.dequantize(torch.empty(u.n * u.K, dtype=buf.dtype, device=model.device), OLD_TILE)
+    flop = 2 * 512 * sum(u.n * u.K for u in units)
+    s = model.scratch
+    for name, mm in (("fp32_out", lambda a, w: s.mm(a, w)), ("bf16_out", lambda a, w: a @ w.T)):
+        try:
+            ms = _graph_ms(lambda: [mm(x[u.K], ws[(u.n, u.K)]) for u in units])  # noqa: B023
+            out[f"gemm_512_{name}_ms"], out[f"gemm_512_{name}_tflops"] = ms, flop / ms / 1e9
+            print(f"GEMMs alone at 512 rows ({name}): {ms:.2f} ms, {flop / ms / 1e9:.0f} TFLOP/s", flush=True)
+        except Exception as ex:  # noqa: BLE001
+            out[f"gemm_512_{name}_error"] = repr(ex)
+    del buf, ws
+    return out
+
+
+def _profile(run) -> dict:
+    """Device time per kernel name over one call (torch.profiler), the top 15."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    ev.sort(key=lambda e: -e.self_device_time_total)
+    return {"device_ms_total": sum(e.self_device_time_total for e in ev) / 1000,
+            "top": [{"name": e.key[:120], "count": e.count, "device_ms": e.self_device_time_total / 1000}
+                    for e in ev[:15]]}
+
+
+def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = False) -> dict:
+    """Prefill ms per arm and size (ARMS, plus the decode-graph path with gemv=True); the
+    dequantize pass alone per tile; where one chunk's device time goes; each path's
+    greedy tokens after one prompt."""
     from alphallama.gguf.reader import GGUFFile
-    from alphallama.kernels.qgemm import dequantize_into
     from alphallama.runtime.gpu_model import GPUModel
     ctx = max(sizes + [600]) + n_gen + 64
     t0 = time.perf_counter()
     model = GPUModel(GGUFFile(path), ctx, "cuda")
     cache = model.new_cache(ctx)                         # captures the decode graphs
-    out: dict = {"load_and_capture_s": time.perf_counter() - t0, "chunk": model.prefill_chunk,
+    out: dict = {"load_and_capture_s": time.perf_counter() - t0,
                  "scratch_mib": model.scratch.elements * torch.empty(0, dtype=model.scratch.dtype).element_size() >> 20}
+    try:
+        out["dequant"] = dequant_sweep(model)
+        best = tuple(int(v) for v in out["dequant"]["best"].strip("()").split(","))
+    except Exception as e:  # noqa: BLE001
+        out["dequant"], best = {"error": repr(e)}, OLD_TILE
+    out["best_tile"] = best
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(model.cfg.vocab_size, (max(sizes),), generator=g)
-    for arm in ("dequant", "gemv"):
-        model.prefill_path = arm
-        for n in sizes:
+    hidden = {}
+    arms = ARMS + ([("gemv", False, OLD_TILE, 512, None)] if gemv else [])
+    for name, overlap, tile, chunk, only in arms:
+        model.prefill_path = "gemv" if name == "gemv" else "dequant"
+        model.scratch.overlap, model.scratch.tile, model.prefill_chunk = overlap, tile or best, chunk
+        out[name] = {"overlap": overlap, "tile": tile or best, "chunk": chunk}
+        for n in (only or sizes):
             def run():
                 cache.length = 0
-                model.forward(ids[:n], 0, cache, logits=False)
-            slow = arm == "gemv" and n > 1024           # ~5 s a call: one warm-up, one timed
+                return model.forward(ids[:n], 0, cache, logits=False)[1]
             try:                                         # one device call: a failure must not lose the rest
                 t1 = time.perf_counter()
                 run()
                 torch.cuda.synchronize()
                 first_s = time.perf_counter() - t1       # includes Triton compiles on first use
-                ms = time_cuda(run, 1, warm=0) if slow else time_cuda(run, 3)
+                torch.cuda.synchronize()
+                t1 = time.perf_counter()
+                h = run()
+                enq = time.perf_counter() - t1           # host time to issue the call
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t1
+                if n == 512:
+                    hidden[name] = h.clone()
+                ms = time_cuda(run, 3 if n > 1024 else 5, warm=1)
             except Exception as e:  # noqa: BLE001
-                out[f"{arm}_{n}"] = {"error": repr(e), "tok_s": float("nan")}
-                print(f"prefill {arm} {n}: FAILED {e!r}", flush=True)
+                out[name][str(n)] = {"error": repr(e), "tok_s": float("nan")}
+                print(f"prefill {name} {n}: FAILED {e!r}", flush=True)
                 continue
-            out[f"{arm}_{n}"] = {"ms": ms, "tok_s": n / ms * 1000, "first_call_s": first_s}
-            print(f"prefill {arm:8s} {n:5d}: {ms:9.1f} ms  {n / ms * 1000:8.0f} tok/s", flush=True)
+            out[name][str(n)] = {"ms": ms, "tok_s": n / ms * 1000, "ms_per_chunk": ms / -(-n // chunk),
+                                 "first_call_s": first_s, "host_issue_ms": enq * 1000, "one_call_ms": wall * 1000}
+            print(f"prefill {name:14s} {n:5d}: {ms:8.1f} ms {n / ms * 1000:8.0f} tok/s "
+                  f"(host issues it in {enq * 1000:.1f} ms)", flush=True)
+    ref = hidden.get("serial")
+    out["bitwise_equal_to_serial_512"] = {k: bool(torch.equal(v, ref)) for k, v in hidden.items()
+                                          if ref is not None and k not in ("serial", "gemv")}
     out["mm_out_dtype_fp32"] = model.scratch.mm_out_dtype
-    # where the dequant path's time goes: every weight dequantized once (the GEMMs are the rest)
-    ws = [w for L in model.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None
-          for w in lin.weights]
-    buf = model.scratch
-
-    def deq():
-        for w in ws:
-            step = max(1, min(w.N, buf.elements // w.K))
-            for r0 in range(0, w.N, step):
-                r1 = min(w.N, r0 + step)
-                dequantize_into(w, buf.rows(r1 - r0, w.K), r0, r1)
-    try:
-        out["dequant_layers_ms"] = time_cuda(deq, 3)
-    except Exception as e:  # noqa: BLE001
-        out["dequant_layers_ms"], out["dequant_error"] = float("nan"), repr(e)
-    out["dequant_layer_bytes"] = sum(w.nbytes for w in ws)
+    model.prefill_path, model.prefill_chunk = "dequant", 512
+    model.scratch.overlap, model.scratch.tile = True, best
+    for name, overlap in (("overlap", True), ("serial", False)):
+        model.scratch.overlap = overlap
+        try:
+            out[f"profile_{name}_512"] = _profile(lambda: model.forward(ids[:512], 0, cache, logits=False))
+        except Exception as e:  # noqa: BLE001
+            out[f"profile_{name}_512"] = {"error": repr(e)}
+    model.scratch.overlap = True
     # greedy continuation of one prompt (prompt rows but the last by the path, the last
     # row and every generated token by W = 1 rounds, as engine.prefill does)
     prompt = torch.randint(model.cfg.vocab_size, (600,), generator=g)
@@ -136,6 +231,7 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, nargs="*", default=[512, 4096])
     ap.add_argument("--no-decode", action="store_true", help="skip the decode figures (bench-engine)")
     ap.add_argument("--commit", default=None, help="the commit measured (the device copy is no git checkout)")
+    ap.add_argument("--gemv", action="store_true", help="also time prefill through the decode graphs (slow)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
     path = "/tmp/synth.gguf"
@@ -148,7 +244,7 @@ def main() -> int:
            "write_s": write_s}
     name = f"gpu_engine-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     save = lambda: (out_dir / name).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
-    res["prefill"] = prefill_arms(path, args.prefill)
+    res["prefill"] = prefill_arms(path, args.prefill, gemv=args.gemv)
     save()                                               # partial results survive a later failure
     if not args.no_decode:
         res["engine"] = bench(path, 8192, 512, 50, [], [1, 2, 3, 5, 8, 13, 16, 33, 64])
@@ -167,12 +263,18 @@ def main() -> int:
     print(json.dumps(res["spec_exactness"]), flush=True)
     save()
     p = res["prefill"]
-    print("\npath      " + "".join(f"{n:>12d}" for n in args.prefill) + "   (tok/s)")
-    for arm in ("dequant", "gemv"):
-        print(f"{arm:8s}  " + "".join(f"{p[f'{arm}_{n}']['tok_s']:12.0f}" for n in args.prefill))
-    print(f"dequantize all layer weights once: {p['dequant_layers_ms']:.2f} ms; "
-          f"greedy tokens equal: {p['generation']['equal']} (first: {p['generation']['first_equal']}); "
-          f"spec == plain: {res['spec_exactness']['all_equal']}")
+    print("\narm             " + "".join(f"{n:>10d}" for n in args.prefill) + "   (tok/s)")
+    for name, *_ in ARMS + [("gemv",)]:
+        if name in p:
+            print(f"{name:14s}  " + "".join(f"{p[name].get(str(n), {}).get('tok_s', float('nan')):10.0f}"
+                                          for n in args.prefill))
+    d = p.get("dequant", {})
+    for t, v in d.get("tiles", {}).items():
+        print(f"dequantize pass, tile {t}: {v.get('graph_ms', float('nan')):.2f} ms GPU, "
+              f"{v.get('written_gb_s', float('nan')):.0f} GB/s written; eager {v.get('eager_ms', float('nan')):.2f} ms")
+    print(f"best tile {p.get('best_tile')}; bitwise equal to serial at 512: {p.get('bitwise_equal_to_serial_512')}; "
+          f"greedy tokens equal (dequant vs gemv): {p['generation'].get('equal')} "
+          f"(first: {p['generation'].get('first_equal')}); spec == plain: {res['spec_exactness']['all_equal']}")
     return 0
 
 
