@@ -3,6 +3,7 @@ reference (kernels/expert_q8.py), bit for bit: the kernels one call at a time, t
 expert FFN, and the thread pool driven through a Mailbox filled the way the GPU would."""
 from __future__ import annotations
 
+import platform
 import time
 
 import pytest
@@ -49,6 +50,18 @@ def test_matvec_bit_exact(qtype):
             assert torch.equal(bits(nk.matvec_q8(xq[m], dx[m], xs[m], w)), bits(want)), (qtype.name, n, k, m)
             r0, r1 = n // 3, n - 1                                       # a row range, as a thread takes
             assert torch.equal(bits(nk.matvec_q8(xq[m], dx[m], xs[m], w, (r0, r1))), bits(want[r0:r1]))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the generic build is an x86-64 one")
+def test_generic_build_bit_exact():
+    """Built for plain x86-64 (no AVX2: the scalar slot loops), the same bits."""
+    so = build.lib("x86-64")
+    for qtype in QTYPES:
+        k = 512
+        w = QuantWeight.from_raw(random_raw(qtype, 9, k, seed=2), qtype, (9, k))
+        xq, dx, xs = ref.quantize_q8(activations(1, k, seed=3))
+        got = nk.matvec_q8(xq[0], dx[0], xs[0], w, so=so)
+        assert torch.equal(bits(got), bits(ref.matvec_q8(xq[0], dx[0], xs[0], w))), qtype.name
 
 
 def test_quantize_exp_silu_bit_exact():

@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = ("pool.c", "experts.c", "probe.c")   # pool.c includes the other two
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread", "-std=gnu11")
+SOURCES = ("pool.c", "experts.c", "simd.c", "probe.c")   # pool.c includes the others
+FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread", "-std=gnu11")
+MARCH = "native"   # the tests also build a generic x86-64 one: the scalar paths, held to the same bits
 
 
 class NativeBuildError(RuntimeError):
@@ -44,26 +45,26 @@ def find_compiler() -> str:
         "clang). Install one (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc) or set CC.")
 
 
-def library_path(cc: str) -> Path:
+def library_path(cc: str, march: str = MARCH) -> Path:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((HERE / name).read_bytes())
-    h.update(" ".join(FLAGS).encode())
+    h.update(" ".join((*FLAGS, f"-march={march}")).encode())
     h.update(os.path.realpath(cc).encode())
     return cache_dir() / "native" / f"experts-{h.hexdigest()[:20]}.so"
 
 
-def build() -> Path:
+def build(march: str = MARCH) -> Path:
     """The shared object for these sources, compiled if it is not in the cache yet."""
     cc = find_compiler()
-    out = library_path(cc)
+    out = library_path(cc, march)
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-o", tmp, str(HERE / SOURCES[0]), "-lm"]
+        cmd = [cc, *FLAGS, f"-march={march}", "-o", tmp, str(HERE / SOURCES[0]), "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise NativeBuildError(f"building the CPU expert library failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
@@ -75,9 +76,9 @@ def build() -> Path:
 
 
 @functools.cache
-def lib() -> ctypes.CDLL:
-    """The loaded library, with argument types declared (one per process)."""
-    so = ctypes.CDLL(str(build()))
+def lib(march: str = MARCH) -> ctypes.CDLL:
+    """The loaded library, with argument types declared (one per process and -march)."""
+    so = ctypes.CDLL(str(build(march)))
     P, I = ctypes.c_void_p, ctypes.c_int
     sigs = {
         "aq_quantize": (None, [P, I, P, P, P]),

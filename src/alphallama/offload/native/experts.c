@@ -131,11 +131,10 @@ void aq_silu_mul(const float *g, const float *u, int n, float *out) {
     for (int i = 0; i < n; i++) out[i] = (g[i] * (1.0f / (1.0f + exp_c1(-g[i])))) * u[i];
 }
 
-/* chunk_sum: CHUNK-term chunks summed pairwise, chunks added in order from +0. */
-static inline float chunk_sum(float *t, int ns) {
+/* chunk_sum: CHUNK-term chunks summed pairwise, chunks added to acc in order (from +0). */
+static inline float chunk_sum(float *t, int ns, float acc) {
     int nc = (ns + CHUNK - 1) / CHUNK;
     for (int s = ns; s < nc * CHUNK; s++) t[s] = 0.0f;
-    float acc = 0.0f;
     for (int c = 0; c < nc; c++) {
         const float *q = t + c * CHUNK;
         acc = acc + (((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7])));
@@ -214,6 +213,24 @@ static void isums_q80(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, co
     for (int s = 0; s < ns; s++) isum[s] = dot_q8(qs + 16 * s, xp + 16 * s);
 }
 
+/* One slot's term of the contract: (A isum [- B xsum]) dx. */
+static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, const int32_t *isum,
+                              const xprep *x, int s) {
+    switch (qtype) {
+    case Q4_K: case Q5_K: {
+        float d = h2f(ld16(sd + 4 * (s / 8))), dmin = h2f(ld16(sd + 4 * (s / 8) + 2));
+        uint16_t v = ld16(sc + 2 * s);
+        float A = d * (float)(v & 0xFF), B = dmin * (float)((v >> 8) & 0xFF);
+        return ((A * (float)isum[s]) - (B * x->xsum[s])) * x->dxs[s];
+    }
+    case Q6_K: return ((h2f(ld16(sd + 2 * (s / 16))) * (float)(int8_t)sc[s]) * (float)isum[s]) * x->dxs[s];
+    case Q8_0: return (h2f(ld16(sc + 2 * (s / 2))) * (float)isum[s]) * x->dxs[s];   /* two slots share d */
+    default: return (h2f(ld16(sc + 2 * s)) * (float)isum[s]) * x->dxs[s];
+    }
+}
+
+#include "simd.c"
+
 typedef void (*isums_fn)(const uint8_t *, const uint8_t *, const int8_t *, const int32_t *,
                          const uint8_t *, int, int32_t *);
 
@@ -227,36 +244,27 @@ int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, 
     int ns = w->K / f.L;
     uint8_t sh[MAXL];
     for (int p = 0; p < f.L; p++) { int k, hb; slot_layout(&f, p, &k, &hb); sh[p] = (uint8_t)hb; }
+#ifdef HAVE_SIMD_ISUMS
+    isums_fn fn = w->qtype == Q4_K ? isums_q4k_v : w->qtype == Q5_K ? isums_q5k_v : w->qtype == Q6_K ? isums_q6k_v
+                : w->qtype == Q4_0 ? isums_q40_v : w->qtype == Q5_0 ? isums_q50_v : isums_q80_v;
+#else
     isums_fn fn = w->qtype == Q4_K ? isums_q4k : w->qtype == Q5_K ? isums_q5k : w->qtype == Q6_K ? isums_q6k
                 : w->qtype == Q4_0 ? isums_q40 : w->qtype == Q5_0 ? isums_q50 : isums_q80;
+#endif
     for (int r = r0; r < r1; r++) {
         const uint8_t *qs = w->qs + e * w->qs_e + r * w->qs_r;
         const uint8_t *qh = w->qh ? w->qh + e * w->qh_e + r * w->qh_r : 0;
         const uint8_t *sc = w->sc + e * w->sc_e + r * w->sc_r;
         const uint8_t *sd = w->sd ? w->sd + e * w->sd_e + r * w->sd_r : 0;
-        int32_t *isum = rb->isum;
-        float *t = rb->t;
-        fn(qs, qh, x->xp, x->ssum, sh, ns, isum);
-        if (f.kmin) {
-            for (int sb = 0; sb < ns / 8; sb++) {
-                float d = h2f(ld16(sd + 4 * sb)), dmin = h2f(ld16(sd + 4 * sb + 2));
-                for (int s = sb * 8; s < sb * 8 + 8; s++) {
-                    uint16_t v = ld16(sc + 2 * s);
-                    float A = d * (float)(v & 0xFF), B = dmin * (float)((v >> 8) & 0xFF);
-                    t[s] = ((A * (float)isum[s]) - (B * x->xsum[s])) * x->dxs[s];
-                }
-            }
-        } else if (w->qtype == Q6_K) {
-            for (int sb = 0; sb < ns / 16; sb++) {
-                float d = h2f(ld16(sd + 2 * sb));
-                for (int s = sb * 16; s < sb * 16 + 16; s++)
-                    t[s] = ((d * (float)(int8_t)sc[s]) * (float)isum[s]) * x->dxs[s];
-            }
-        } else {
-            int per = w->qtype == Q8_0 ? 2 : 1;     /* Q8_0: two 16-value slots share d */
-            for (int s = 0; s < ns; s++) t[s] = (h2f(ld16(sc + 2 * (s / per))) * (float)isum[s]) * x->dxs[s];
-        }
-        out[r - r0] = chunk_sum(t, ns);
+        fn(qs, qh, x->xp, x->ssum, sh, ns, rb->isum);
+        float acc = 0.0f;
+        int s0 = 0;
+#ifdef HAVE_SIMD_ISUMS
+        s0 = ns / CHUNK * CHUNK;
+        acc = chunks_v(w->qtype, sc, sd, rb->isum, x, ns / CHUNK);
+#endif
+        for (int s = s0; s < ns; s++) rb->t[s - s0] = slot_term(w->qtype, sc, sd, rb->isum, x, s);
+        out[r - r0] = s0 < ns ? chunk_sum(rb->t, ns - s0, acc) : acc;
     }
     return 0;
 }

@@ -87,9 +87,9 @@ def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeight,
-              rows: tuple[int, int] | None = None, expert: int = 0) -> torch.Tensor:
+              rows: tuple[int, int] | None = None, expert: int = 0, so: ctypes.CDLL | None = None) -> torch.Tensor:
     """Rows [r0, r1) (all by default) of w (expert `expert` of a 3-D one) times one
-    quantized row: float32 [r1 - r0]."""
+    quantized row: float32 [r1 - r0]. so: the library (default: built for this CPU)."""
     q = qmat(w)
     K = w.K
     if xq.numel() != K:
@@ -105,7 +105,7 @@ def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeig
     x = XPrep(_ptr(xp), _ptr(ssum), _ptr(xsum), _ptr(dxs))
     rb = RowBuf(_ptr(isum), _ptr(t))
     out = torch.empty(r1 - r0)
-    so = lib()
+    so = so or lib()
     if so.aq_prep(int(w.qtype), _ptr(xq), _ptr(dx), _ptr(xs), K, ctypes.byref(x)) != 0:
         raise ValueError(f"{w.qtype.name}: K={K} does not fit the expert contract")
     so.aq_matvec(ctypes.byref(q), expert, ctypes.byref(x), r0, r1, _ptr(out), ctypes.byref(rb))

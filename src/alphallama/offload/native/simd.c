@@ -1,0 +1,155 @@
+/* AVX2 (and AVX-VNNI / AVX512-VNNI) slot dots, 8 slots (one contract chunk) per step:
+ * the same exact integer sums as the scalar loops of experts.c, which take the tail.
+ * Codes are unsigned bytes (nibble | top bits << 4), activations signed: u8 x s8 products
+ * summed in 4s (dpbusd) or pairs (maddubs: |sum| <= 2 * 128 * 127, no saturation). */
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+
+static inline __m256i dot_u8s8(__m256i u, __m256i x) {   /* 8 int32 partial sums */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Eight vectors of partial sums (slot j's in r[j]) -> [sum r0, ..., sum r7]. */
+static inline __m256i reduce8(const __m256i *r) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(r[4], r[5]), _mm256_hadd_epi32(r[6], r[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* Four vectors each holding two 16-value slots (slot 2j in the low lane, 2j+1 high). */
+static inline __m256i reduce8_pairs(const __m256i *r) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3]));
+    return _mm256_permutevar8x32_epi32(a, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* A 32-value nibble slot's codes in storage order; HB: its 1 top bit from qh word h. */
+static inline __m256i codes32(const uint8_t *B, uint32_t h, const int HB) {
+    __m128i b = _mm_loadu_si128((const __m128i *)B), m = _mm_set1_epi8(15);
+    __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+    if (HB) {   /* position p = 16 nib + 4 v + b: bit 8 b + 4 nib + v of h */
+        __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                         _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
+                                                          0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+        __m256i bit = _mm256_setr_epi8(1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 8,
+                                       16, 16, 16, 16, 32, 32, 32, 32, 64, 64, 64, 64,
+                                       -128, -128, -128, -128);
+        __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
+        u = _mm256_or_si256(u, _mm256_and_si256(on, _mm256_set1_epi8(16)));
+    }
+    return u;
+}
+
+#define ROW_ISUMS32(NAME, SCALAR, HB, BIAS)                                                     \
+    static void NAME(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum, \
+                     const uint8_t *sh, int ns, int32_t *isum) {                                 \
+        int s = 0;                                                                             \
+        for (; s + 8 <= ns; s += 8) {                                                          \
+            __m256i r[8];                                                                      \
+            for (int j = 0; j < 8; j++)                                                        \
+                r[j] = dot_u8s8(codes32(qs + 16 * (s + j), HB ? ld32(qh + 4 * (s + j)) : 0, HB),  \
+                                _mm256_loadu_si256((const __m256i *)(xp + 32 * (s + j))));     \
+            __m256i v = reduce8(r);                                                            \
+            if (BIAS)                                                                          \
+                v = _mm256_sub_epi32(v, _mm256_mullo_epi32(_mm256_set1_epi32(BIAS),           \
+                                         _mm256_loadu_si256((const __m256i *)(ssum + s))));   \
+            _mm256_storeu_si256((__m256i *)(isum + s), v);                                     \
+        }                                                                                      \
+        if (s < ns) SCALAR(qs + 16 * s, qh ? qh + 4 * s : qh, xp + 32 * s, ssum + s, sh, ns - s, isum + s); \
+    }
+ROW_ISUMS32(isums_q4k_v, isums_q4k, 0, 0)
+ROW_ISUMS32(isums_q5k_v, isums_q5k, 1, 0)
+ROW_ISUMS32(isums_q40_v, isums_q40, 0, 8)
+ROW_ISUMS32(isums_q50_v, isums_q50, 1, 16)
+
+/* Q6_K: slots of 16 (8 qs bytes, 2 top bits each at bit 8 b + 4 nib + 2 v of qh), two
+ * slots per vector. Position p = 8 nib + 4 v + b. */
+static void isums_q6k_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
+                        const uint8_t *sh, int ns, int32_t *isum) {
+    const __m256i idx = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
+                                         0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m256i b0 = _mm256_setr_epi8(1, 1, 1, 1, 4, 4, 4, 4, 16, 16, 16, 16, 64, 64, 64, 64,
+                                        1, 1, 1, 1, 4, 4, 4, 4, 16, 16, 16, 16, 64, 64, 64, 64);
+    const __m256i b1 = _mm256_add_epi8(b0, b0), m = _mm256_set1_epi8(15);
+    int s = 0;
+    for (; s + 8 <= ns; s += 8) {
+        __m256i r[4];
+        for (int j = 0; j < 4; j++) {
+            int t = s + 2 * j;
+            __m128i b = _mm_loadu_si128((const __m128i *)(qs + 8 * t));      /* slots t, t+1 */
+            __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(m));
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(m));
+            __m256i u = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+            __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)ld32(qh + 4 * (t + 1))), _mm_set1_epi32((int)ld32(qh + 4 * t)));
+            __m256i hb = _mm256_shuffle_epi8(hv, idx);
+            __m256i on0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0);
+            __m256i on1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1);
+            u = _mm256_or_si256(u, _mm256_or_si256(_mm256_and_si256(on0, _mm256_set1_epi8(16)),
+                                                   _mm256_and_si256(on1, _mm256_set1_epi8(32))));
+            r[j] = dot_u8s8(u, _mm256_loadu_si256((const __m256i *)(xp + 16 * t)));
+        }
+        __m256i v = _mm256_sub_epi32(reduce8_pairs(r), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(ssum + s)), 5));
+        _mm256_storeu_si256((__m256i *)(isum + s), v);
+    }
+    if (s < ns) isums_q6k(qs + 8 * s, qh + 4 * s, xp + 16 * s, ssum + s, sh, ns - s, isum + s);
+}
+
+/* Q8_0: signed codes: |c| times x with c's sign (exact: |c| <= 128, |x| <= 127). */
+static void isums_q80_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
+                        const uint8_t *sh, int ns, int32_t *isum) {
+    int s = 0;
+    for (; s + 8 <= ns; s += 8) {
+        __m256i r[4];
+        for (int j = 0; j < 4; j++) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)(qs + 16 * (s + 2 * j)));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xp + 16 * (s + 2 * j)));
+            r[j] = dot_u8s8(_mm256_abs_epi8(c), _mm256_sign_epi8(x, c));
+        }
+        _mm256_storeu_si256((__m256i *)(isum + s), reduce8_pairs(r));
+    }
+    if (s < ns) isums_q80(qs + 16 * s, qh, xp + 16 * s, ssum + s, sh, ns - s, isum + s);
+}
+
+/* The float part, 8 slots (one chunk) per step: the same per-lane IEEE operations as
+ * slot_term, then the chunk's pairwise sum ((t0+t1)+(t2+t3))+((t4+t5)+(t6+t7)). */
+static inline float chunk_v(__m256 t) {
+    __m256 p1 = _mm256_add_ps(t, _mm256_permute_ps(t, 0xB1));       /* lane 2i: t2i + t2i+1 */
+    __m256 p2 = _mm256_add_ps(p1, _mm256_permute_ps(p1, 0x4E));     /* lane 4i: pairs of those */
+    return _mm_cvtss_f32(_mm256_castps256_ps128(p2)) + _mm_cvtss_f32(_mm256_extractf128_ps(p2, 1));
+}
+
+static float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd, const int32_t *isum, const xprep *x, int nc) {
+    float acc = 0.0f;
+    for (int c = 0; c < nc; c++) {
+        int s = c * CHUNK;
+        __m256 is = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(isum + s)));   /* exact: < 2**24 */
+        __m256 dx = _mm256_loadu_ps(x->dxs + s), A, t;
+        if (qtype == Q4_K || qtype == Q5_K) {   /* a chunk is one super-block */
+            __m128i v = _mm_loadu_si128((const __m128i *)(sc + 2 * s));
+            __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_and_si128(v, _mm_set1_epi16(0xFF))));
+            __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(v, 8)));
+            A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c))), scf);
+            __m256 B = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c + 2))), mf);
+            t = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(A, is), _mm256_mul_ps(B, _mm256_loadu_ps(x->xsum + s))), dx);
+        } else {
+            if (qtype == Q6_K)
+                A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 2 * (s / 16)))),
+                                  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + s)))));
+            else if (qtype == Q8_0)   /* 4 d's, each for two slots */
+                A = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + s)))),
+                                             _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            else
+                A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 2 * s)));
+            t = _mm256_mul_ps(_mm256_mul_ps(A, is), dx);
+        }
+        acc = acc + chunk_v(t);
+    }
+    return acc;
+}
+#define HAVE_SIMD_ISUMS 1
+#endif
