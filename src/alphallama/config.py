@@ -149,6 +149,8 @@ class OffloadDefaults:
     cpu_threads: int | None = None        # CPU expert workers; None: the bandwidth probe's count (offload/native)
     probe_bytes: int = 256 << 20          # buffer the bandwidth probe streams through
     probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best
+    cpu_tier: bool = True                 # host-tier experts computed by the CPU workers (else read over PCIe)
+    cpu_quota: int = -1                   # host (row, rank) pairs per layer the CPU takes; -1: all (rest over PCIe)
     auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
 
 

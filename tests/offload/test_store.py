@@ -5,9 +5,11 @@ right bytes; admissions are paced."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from alphallama.gguf.reader import GGUFFile
+from alphallama.offload.mailbox import DONE
 from alphallama.runtime.gpu_model import GPUModel
 
 TOKENS = [5, 9, 100, 7, 42, 3, 250, 17]
@@ -22,22 +24,41 @@ def _teacher_forced(model: GPUModel, tokens: list[int], prefill: int = 3) -> lis
     return out
 
 
-def test_logits_identical_whichever_tier(micro_moe):
+def _reference(f: GGUFFile, cpu_tier: bool, tokens: list[int]) -> list[torch.Tensor]:
+    """Without CPU workers the store runs the resident kernels: the reference is the model
+    without a store. With them every MoE layer runs the expert contract: the reference is
+    the store with every expert in the bank (no pair ever reaches the CPU)."""
+    if not cpu_tier:
+        return _teacher_forced(GPUModel(f, 64, device="cpu"), tokens)
+    m = GPUModel(f, 64, device="cpu", expert_slots=12, cpu_tier=True)
+    assert m.cpu_link is not None and int((m.store.table >= 0).sum()) == 12
+    out = _teacher_forced(m, tokens)
+    assert int(m.cpu_link.seq.item()) == 0          # all in the bank: nothing was posted
+    return out
+
+
+@pytest.mark.parametrize("cpu_tier", [False, True], ids=["pcie", "cpu-workers"])
+def test_logits_identical_whichever_tier(micro_moe, cpu_tier):
     f = GGUFFile(micro_moe)
-    ref = _teacher_forced(GPUModel(f, 64, device="cpu"), TOKENS[:4])
-    for slots in (0, 5):   # all in the host tier, a mix over both classes (all in the bank: the next test)
-        m = GPUModel(f, 64, device="cpu", expert_slots=slots)
+    ref = _reference(f, cpu_tier, TOKENS[:4])
+    for slots in (0, 5):   # all in the host tier, a mix over both classes
+        m = GPUModel(f, 64, device="cpu", expert_slots=slots, cpu_tier=cpu_tier)
         m.store.admit_bytes_per_round = 0   # no admissions: the start layout throughout
         assert m.store.slots == slots
         assert int((m.store.table >= 0).sum()) == slots
+        assert (m.cpu_link is not None) == cpu_tier
         got = _teacher_forced(m, TOKENS[:4])
         assert all(torch.equal(a, b) for a, b in zip(got, ref)), f"slots={slots}"
+        if cpu_tier:   # the host pairs were the workers': every MoE layer of every round posted
+            assert int(m.cpu_link.seq.item()) >= 2 * 2
+            assert int(m.cpu_link.mailbox.ctl[DONE]) == int(m.cpu_link.seq.item())
 
 
-def test_identical_while_admissions_happen(micro_moe):
+@pytest.mark.parametrize("cpu_tier", [False, True], ids=["pcie", "cpu-workers"])
+def test_identical_while_admissions_happen(micro_moe, cpu_tier):
     f = GGUFFile(micro_moe)
-    ref = _teacher_forced(GPUModel(f, 64, device="cpu"), TOKENS)
-    m = GPUModel(f, 64, device="cpu", expert_slots=3)
+    ref = _reference(f, cpu_tier, TOKENS)
+    m = GPUModel(f, 64, device="cpu", expert_slots=3, cpu_tier=cpu_tier)
     s = m.store
     s.policy.margin = 0.0
     s.admit_bytes_per_round, s.chunk_bytes = 8192, 1024   # an expert (~13 KiB) takes two rounds

@@ -41,11 +41,14 @@ from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention
 from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
+from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
 from ..config import DEFAULTS
 from ..kernels.qgemm import Scratch
+from ..offload.cpu_tier import CpuLink
+from ..offload.mailbox import Mailbox
 from ..offload.store import ExpertStore, pack_experts
 from .gpu_prefill import prefill_rows
 from .kv_cache import KVCache
@@ -100,6 +103,7 @@ class MoE:
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         self.store, self.layer = store, layer
+        self.link: CpuLink | None = None   # set by GPUModel when the CPU workers serve the host tier
         if store is None:
             self.gate_up, self.down = pack_experts(gate, up, down, device)
             expert_bytes = self.gate_up.nbytes + self.down.nbytes
@@ -121,6 +125,9 @@ class MoE:
         # the ids also land in the store's record of the round (its admission policy)
         weights, experts = moe_route(logits, self.top_k, self.norm,
                                      experts_out=self.store.routes[self.layer, :h.shape[0]])
+        if self.link is not None:   # the expert contract: the CPU takes host pairs, same bits as the GPU
+            return moe_q8(h, weights, experts, v.host_gate_up, v.host_down, v.bank_gate_up, v.bank_down, v.table,
+                          self.layer, self.link)
         act = moe_gate_up(h, v.host_gate_up, experts, act_dtype, ROWS_PER_THREAD, v.table, v.bank_gate_up)
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
@@ -149,10 +156,12 @@ class GPUModel:
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
-        prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py)."""
+        prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
+        cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
+        in the bank (offload/native; None: config.py, the probe's thread count)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -192,6 +201,10 @@ class GPUModel:
             ))
             if progress is not None:
                 progress(f"layer {i}", 0)
+        self.cpu_link: CpuLink | None = None
+        self.cpu_experts = None
+        if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
+            self._start_cpu_tier(cpu_threads, progress)
         self.output_norm = vec("output_norm.weight")
         self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device)
         emb = t["token_embd.weight"]
@@ -220,6 +233,29 @@ class GPUModel:
         sdt = self.act_dtype
         self.scratch = Scratch((e.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
                                self.device)
+
+    def _start_cpu_tier(self, threads: int | None, progress) -> None:
+        """CPU workers for the host tier, if every MoE layer fits the expert contract;
+        else (or without a C compiler) the host tier stays read in place over PCIe."""
+        from ..offload.native.workers import CpuExperts
+        from ..offload.native.build import NativeBuildError
+        views = [self.store.layer(i) for i in self.store.moe_layers.tolist()]
+        if not all(contract_ok(v.host_gate_up, v.host_down) for v in views):
+            if progress is not None:
+                progress("CPU expert workers off: an expert format outside the contract (host tier over PCIe)", 0)
+            return
+        c = self.cfg
+        mailbox = Mailbox.new(MAX_W, c.d_model, c.n_experts_used)
+        try:
+            self.cpu_experts = CpuExperts.from_store(self.store, mailbox, threads).start()
+        except (NativeBuildError, OSError) as e:
+            if progress is not None:
+                progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)
+            return
+        self.cpu_link = CpuLink(mailbox, self.device, DEFAULTS.offload.cpu_quota)
+        for L in self.layers:
+            if L.moe is not None:
+                L.moe.link = self.cpu_link
 
     # -- the round ---------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> KVCache:
@@ -299,6 +335,8 @@ class GPUModel:
             self._pos.fill_(pos + s)
             if self.store is not None:
                 self.store.before_round()
+                if self.cpu_link is not None:
+                    self.cpu_link.check()
             if self.use_graphs and cache is self.cache:
                 b = bucket_of(W)
                 self._tokens[:W].copy_(part)
