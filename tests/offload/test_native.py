@@ -144,6 +144,11 @@ def test_pool_through_mailbox():
         req += 1                                                         # a layer without experts: just DONE
         post(mb, req, 2, torch.randn(1, D), torch.zeros(1, k, dtype=torch.int32), torch.ones(1, k, dtype=torch.int32))
         wait_done(mb, req)
+        req += 1                                                         # an expert id out of range: skipped
+        mb.y.fill_(float("nan"))
+        post(mb, req, 1, torch.randn(1, D), torch.full((1, k), E, dtype=torch.int32), torch.ones(1, k, dtype=torch.int32))
+        wait_done(mb, req)
+        assert mb.y.isnan().all()
         ce.stop()
         assert not ce.running and int(mb.ctl[STOP]) == 0
     ce.stop()                                                            # twice is harmless

@@ -23,7 +23,7 @@ enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 typedef struct {
     const uint8_t *qs, *qh, *sc, *sd;
     int64_t qs_e, qs_r, qh_e, qh_r, sc_e, sc_r, sd_e, sd_r;
-    int32_t qtype, N, K, pad;
+    int32_t qtype, N, K, E;   /* E: experts (1 for a 2-D weight) */
 } qmat;
 
 typedef struct {

@@ -20,7 +20,7 @@ class QMat(ctypes.Structure):
                 ("qs_e", ctypes.c_int64), ("qs_r", ctypes.c_int64), ("qh_e", ctypes.c_int64),
                 ("qh_r", ctypes.c_int64), ("sc_e", ctypes.c_int64), ("sc_r", ctypes.c_int64),
                 ("sd_e", ctypes.c_int64), ("sd_r", ctypes.c_int64),
-                ("qtype", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("pad", ctypes.c_int32)]
+                ("qtype", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("E", ctypes.c_int32)]
 
 
 class LayerDesc(ctypes.Structure):
@@ -43,7 +43,7 @@ def qmat(w: QuantWeight) -> QMat:
         raise ValueError(f"the CPU expert workers have no integer form of {w.qtype.name}")
     if w.device.type != "cpu":
         raise ValueError(f"the CPU expert workers read host planes, these are on {w.device}")
-    q = QMat(qtype=int(w.qtype), N=w.N, K=w.K)
+    q = QMat(qtype=int(w.qtype), N=w.N, K=w.K, E=w.shape[0] if len(w.shape) == 3 else 1)
     for name in ("qs", "qh", "sc", "sd"):
         p = w.planes.get(name)
         if p is None:

@@ -150,7 +150,7 @@ static int read_post(pool *p, int32_t req) {
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < p->k; r++) {
             int e = p->ids[m * p->k + r];
-            if (p->task[m * p->k + r] == 1 && e >= 0 && p->ntask < 4096) {
+            if (p->task[m * p->k + r] == 1 && e >= 0 && e < p->layers[layer].gate_up.E && p->ntask < 4096) {
                 p->tm[p->ntask] = m; p->tr[p->ntask] = r; p->te[p->ntask] = e; p->ntask++;
             }
         }
