@@ -16,8 +16,10 @@
 
 enum { REQ = 0, LAYER = 1, ROWS = 2, DONE = 16, STOP = 32 };
 #define MAXT 256
-#define IDLE_NS 2000000L   /* spin this long after the last work, then sleep between polls */
-#define NAP_NS 30000L
+#define IDLE_NS 2000000L   /* spin this long after the last work, then sleep between polls: */
+#define NAP_NS 30000L      /* ~30 us while decode rounds come and go, */
+#define DOZE_NS 100000000L /* longer after 100 ms idle (a server between requests; */
+#define DOZE_NAP_NS 500000L /* the first post after such a pause waits up to this) */
 
 /* The IEEE default on every thread that computes: round to nearest, no flush to zero. */
 static void fp_defaults(void) {
@@ -65,8 +67,8 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
-static void nap(void) {
-    struct timespec t = {0, NAP_NS};
+static void nap(long idle) {
+    struct timespec t = {0, idle > DOZE_NS ? DOZE_NAP_NS : NAP_NS};
     nanosleep(&t, 0);
 }
 
@@ -199,7 +201,8 @@ static void *worker(void *arg) {
                 continue;
             }
         }
-        if (now_ns() - idle_since > IDLE_NS) nap();
+        long idle = now_ns() - idle_since;
+        if (idle > IDLE_NS) nap(idle);
         else for (int i = 0; i < 16; i++) cpu_relax();
     }
 }
