@@ -69,7 +69,8 @@ def test_quantize_exp_silu_bit_exact():
     for m in range(4):
         got, want = nk.quantize_q8(x[m]), ref.quantize_q8(x[m:m + 1])
         assert all(torch.equal(a, b[0]) for a, b in zip(got, want))
-    v = torch.cat([torch.linspace(-100, 100, 20001), torch.randn(5000) * 1e-3, torch.tensor([0.0, -0.0, 87, -87, 1e30])])
+    v = torch.cat([torch.linspace(-100, 100, 20001), torch.randn(5000) * 1e-3,
+                   torch.tensor([0.0, -0.0, 87, -87, 1e30])])
     assert torch.equal(bits(nk.exp_c(v)), bits(ref.exp_c(v)))
     g, u = torch.randn(4096) * 12, torch.randn(4096) * 3
     assert torch.equal(bits(nk.silu_mul_c(g, u)), bits(ref.silu_mul_c(g, u)))
@@ -146,7 +147,8 @@ def test_pool_through_mailbox():
         wait_done(mb, req)
         req += 1                                                         # an expert id out of range: skipped
         mb.y.fill_(float("nan"))
-        post(mb, req, 1, torch.randn(1, D), torch.full((1, k), E, dtype=torch.int32), torch.ones(1, k, dtype=torch.int32))
+        bad = torch.full((1, k), E, dtype=torch.int32)
+        post(mb, req, 1, torch.randn(1, D), bad, torch.ones(1, k, dtype=torch.int32))
         wait_done(mb, req)
         assert mb.y.isnan().all()
         ce.stop()

@@ -268,7 +268,9 @@ int aq_expert_ffn(const layer_desc *L, int e, const int8_t *xq, const float *dx,
     int D = L->gate_up.K, F = L->gate_up.N / 2, K = D > F ? D : F;
     tscratch s;
     float *gu = malloc(4 * (size_t)(2 * F)), *a = malloc(4 * (size_t)F);
-    int8_t *aq = malloc(F); float *adx = malloc(4 * (size_t)(F / 32 + 1)); int32_t *axs = malloc(4 * (size_t)(F / 16 + 1));
+    int8_t *aq = malloc(F);
+    float *adx = malloc(4 * (size_t)(F / 32 + 1));
+    int32_t *axs = malloc(4 * (size_t)(F / 16 + 1));
     int rc = alloc_scratch(&s, K) || !gu || !a || !aq || !adx || !axs ? -2 : 0;
     unsigned csr = 0;
 #if defined(__x86_64__)

@@ -85,7 +85,8 @@ static void isums_q6k_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, 
             __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(m));
             __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(m));
             __m256i u = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-            __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)ld32(qh + 4 * (t + 1))), _mm_set1_epi32((int)ld32(qh + 4 * t)));
+            __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)ld32(qh + 4 * (t + 1))),
+                                          _mm_set1_epi32((int)ld32(qh + 4 * t)));
             __m256i hb = _mm256_shuffle_epi8(hv, idx);
             __m256i on0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0);
             __m256i on1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1);
@@ -93,7 +94,8 @@ static void isums_q6k_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, 
                                                    _mm256_and_si256(on1, _mm256_set1_epi8(32))));
             r[j] = dot_u8s8(u, _mm256_loadu_si256((const __m256i *)(xp + 16 * t)));
         }
-        __m256i v = _mm256_sub_epi32(reduce8_pairs(r), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(ssum + s)), 5));
+        __m256i bias = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(ssum + s)), 5);   /* 32 sum x */
+        __m256i v = _mm256_sub_epi32(reduce8_pairs(r), bias);
         _mm256_storeu_si256((__m256i *)(isum + s), v);
     }
     if (s < ns) isums_q6k(qs + 8 * s, qh + 4 * s, xp + 16 * s, ssum + s, sh, ns - s, isum + s);
@@ -141,7 +143,8 @@ static float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd, const int
                 A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 2 * (s / 16)))),
                                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + s)))));
             else if (qtype == Q8_0)   /* 4 d's, each for two slots */
-                A = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + s)))),
+                A = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + s)))),
                                              _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
             else
                 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 2 * s)));
