@@ -21,7 +21,8 @@ class EngineDefaults:
     prefill_chunk: int = 512      # rows per prefill forward pass
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
-    prefill_overlap: bool = True     # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves)
+    prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);
+                                     # off: the H200 prefill is host-bound and the events cost more than they hide
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given
 

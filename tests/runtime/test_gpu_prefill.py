@@ -53,6 +53,15 @@ def test_prefill_path_matches_reference(models):
     torch.testing.assert_close(hg, hr, atol=2e-2 * hr.abs().max().item(), rtol=0)
     torch.testing.assert_close(l2.cpu(), lr[N1:], atol=2e-2 * lr.abs().max().item(), rtol=0)
     assert (l2.argmax(-1).cpu() == lr[N1:].argmax(-1)).float().mean() >= 0.95
+    # two scratch buffers, each weight dequantized one GEMM ahead (MoE: experts after
+    # routing): the same products, bit for bit
+    overlap = gpu.scratch.overlap
+    try:
+        gpu.scratch.overlap = not overlap
+        _, h1b = gpu.forward(toks[:N1], 0, cache, logits=False)
+        assert torch.equal(h1b, h1)
+    finally:
+        gpu.scratch.overlap = overlap
 
 
 def test_spec_equals_plain_with_a_long_prompt(tmp_path_factory):
@@ -67,3 +76,21 @@ def test_spec_equals_plain_with_a_long_prompt(tmp_path_factory):
     # no gate: it would time the round widths first (seconds in the interpreter)
     spec = list(engine.generate(prompt, 6, gen=g1, spec=SpecConfig("ngram", 8, 1, gate=False)))
     assert spec == plain and len(plain) == 6 and g1.stats.draft_n > 0
+
+
+@pytest.mark.parametrize("pos", [0, 3])
+def test_prefill_attention_matches_float64(pos):
+    """SDPA on [1, H, T, hd] (GQA by repeated K/V heads, causal bottom-right over a
+    cached prefix) against the plain formula in float64."""
+    from alphallama.runtime.gpu_prefill import prefill_attention
+    g = torch.Generator().manual_seed(0)
+    T, H, n_kv, hd, L = 5, 4, 2, 8, pos + 5
+    q = torch.randn(T, H, hd, generator=g)
+    k, v = torch.randn(n_kv, 20, hd, generator=g), torch.randn(n_kv, 20, hd, generator=g)  # rows past L: unused
+    o = prefill_attention(q, k, v, pos, torch.float32)                              # [T, H*hd]
+    kr = k[:, :L].double().repeat_interleave(H // n_kv, 0)                           # [H, L, hd]
+    vr = v[:, :L].double().repeat_interleave(H // n_kv, 0)
+    s = q.transpose(0, 1).double() @ kr.transpose(1, 2) / hd ** 0.5                  # [H, T, L]
+    seen = torch.arange(L)[None, :] <= (pos + torch.arange(T))[:, None]              # [T, L]
+    ref = (s.masked_fill(~seen, float("-inf")).softmax(-1) @ vr).transpose(0, 1).reshape(T, H * hd)
+    torch.testing.assert_close(o.double(), ref, atol=1e-5, rtol=0)

@@ -31,7 +31,10 @@ from .qweight import QuantWeight
 
 # The dequantize kernel's tile: (weight rows, slots, warps) per program. Every value is
 # computed on its own, so no tile changes a bit; bench/gpu_engine.py times the choices.
-DEQ_TILE = (4, 64, 4)
+# H200, 8B shape (bench/results/gpu_engine-qwen3-8b-20261130-002535.json): the best of 7,
+# 15.05 ms for all layer weights against 15.88 for (4, 64, 4); every tile was within
+# 15-16.3 ms (~0.9 TB/s written), so the tile is not what limits this kernel.
+DEQ_TILE = (2, 128, 4)
 DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs
 
 

@@ -59,16 +59,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
     T, H, hd = q.shape
     n_kv, L = k.shape[0], pos + T
     dt = k.dtype if q.is_cuda else torch.float32          # fp16 tensor cores; fp32 on CPU
-    qh = q.transpose(0, 1).to(dt)                          # [H, T, hd]
-    kk = k[:, :L].to(dt).repeat_interleave(H // n_kv, 0)   # [H, L, hd]
-    vv = v[:, :L].to(dt).repeat_interleave(H // n_kv, 0)   # [H, L, hd]
+    # 4-D: torch's fused kernels (flash, mem-efficient) take only [B, H, T, hd]; on 3-D
+    # inputs SDPA falls back to its math path (fp32 bmm + softmax, ~8 ms of a 512-row
+    # chunk of the 8B shape on the H200 at 2bb2018)
+    qh = q.transpose(0, 1).to(dt)[None]                          # [1, H, T, hd]
+    kk = k[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
+    vv = v[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
     if pos == 0:
-        o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True)  # [H, T, hd]
+        o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True)  # [1, H, T, hd]
     else:
         # is_causal aligns the triangle top-left; with a prefix it sits bottom-right,
         # which the flash kernel takes as such (an explicit mask would rule flash out)
-        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, L))  # [H, T, hd]
-    return o.transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, L))  # [1, H, T, hd]
+    return o[0].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
 
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
