@@ -5,17 +5,19 @@ plus exact-mode speculative == plain greedy on the GPU. Writes $OUT/gpu_engine-*
 
 Prefill is timed here for several arms in the same run (ARMS: "serial" is the control,
 the path before the overlap: one scratch buffer, dequantize then GEMM on one stream,
-the old dequantize tile; "overlap" dequantizes each next weight on a side stream; the
-others isolate the tile and the chunk size; --gemv adds the decode-graph path), as
+the old dequantize tile; "overlap" dequantizes each next weight on a side stream;
+"graphs" replays each chunk as CUDA graphs between attentions; the others isolate the
+tile and the chunk size; --gemv adds the decode-graph path), as
 the engine calls it (logits=False, chunks of prefill_chunk). Also: the dequantize pass
 alone per tile (GPU time by graph replay, and eager), the GEMMs alone, a profile of
-one 512-row chunk, whether the arms' hidden states are bitwise equal, and a greedy
+one 512-row chunk (graphs and serial), whether the arms' hidden states are bitwise equal, and a greedy
 continuation of one prompt under the dequant and the decode-graph paths. With
 --layers N the figures are for N layers (the head and embeddings are full size).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -48,12 +50,17 @@ def spec_exactness(path: str, n_prompts: int = 6, n_tokens: int = 200) -> dict:
     return {"prompts": out, "all_equal": all(o["equal"] for o in out)}
 
 
-OLD_TILE = (4, 64, 4)    # the dequantize tile (rows, slots, warps) of the serial path before the overlap
-TILES = [(4, 64, 4), (8, 64, 4), (16, 64, 8), (4, 128, 4), (8, 128, 8), (2, 128, 4), (16, 32, 4)]
-# (name, overlap, tile (None: the sweep's best), chunk, sizes (None: all)); "serial" is the control arm
-ARMS = [("serial", False, OLD_TILE, 512, None), ("serial_tile", False, None, 512, None),
-        ("overlap", True, None, 512, None), ("overlap_c1024", True, None, 1024, [4096]),
-        ("overlap_c2048", True, None, 2048, [4096])]
+# the dequantize kernel's (rows, slots, warps, whole-slot stores, GPU bf16 convert), qgemm.DEQ_TILE;
+# OLD_TILE: the serial path's before the overlap
+OLD_TILE = (4, 64, 4, False, False)
+TILES = [OLD_TILE, (2, 128, 4, False, False), (2, 128, 4, False, True), (2, 128, 4, True, False),
+         (2, 128, 4, True, True), (1, 128, 4, True, True), (4, 64, 4, True, True), (4, 128, 8, True, True)]
+# (name, overlap, tile (None: the sweep's best), chunk, sizes (None: all), CUDA graphs); "serial" is
+# the control arm (the path before the overlap: one buffer, one stream, the old tile)
+# the graph arms last: a failed capture must not take the others with it
+ARMS = [("serial", False, OLD_TILE, 512, None, False), ("serial_tile", False, None, 512, None, False),
+        ("overlap", True, None, 512, None, False), ("overlap_c1024", True, None, 1024, [4096], False),
+        ("graphs", False, None, 512, None, True), ("graphs_c1024", False, None, 1024, [4096], True)]
 
 
 def _graph_ms(fn, reps: int = 5) -> float:
@@ -137,18 +144,20 @@ def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = Fals
                  "scratch_mib": model.scratch.elements * torch.empty(0, dtype=model.scratch.dtype).element_size() >> 20}
     try:
         out["dequant"] = dequant_sweep(model)
-        best = tuple(int(v) for v in out["dequant"]["best"].strip("()").split(","))
+        best = ast.literal_eval(out["dequant"]["best"])
     except Exception as e:  # noqa: BLE001
         out["dequant"], best = {"error": repr(e)}, OLD_TILE
     out["best_tile"] = best
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(model.cfg.vocab_size, (max(sizes),), generator=g)
     hidden = {}
-    arms = ARMS + ([("gemv", False, OLD_TILE, 512, None)] if gemv else [])
-    for name, overlap, tile, chunk, only in arms:
+    arms = ARMS + ([("gemv", False, OLD_TILE, 512, None, False)] if gemv else [])
+    for name, overlap, tile, chunk, only, graphs in arms:
         model.prefill_path = "gemv" if name == "gemv" else "dequant"
         model.scratch.overlap, model.scratch.tile, model.prefill_chunk = overlap, tile or best, chunk
-        out[name] = {"overlap": overlap, "tile": tile or best, "chunk": chunk}
+        model.scratch.graphs = graphs
+        model.scratch.captured.clear()
+        out[name] = {"overlap": overlap, "tile": tile or best, "chunk": chunk, "graphs": graphs}
         for n in (only or sizes):
             def run():
                 cache.length = 0
@@ -175,26 +184,31 @@ def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = Fals
                                  "first_call_s": first_s, "host_issue_ms": enq * 1000, "one_call_ms": wall * 1000}
             print(f"prefill {name:14s} {n:5d}: {ms:8.1f} ms {n / ms * 1000:8.0f} tok/s "
                   f"(host issues it in {enq * 1000:.1f} ms)", flush=True)
-    ref = hidden.get("serial")
+    ref = hidden.get("serial")     # graphs: cuBLAS may choose another kernel under capture (then not equal)
     out["bitwise_equal_to_serial_512"] = {k: bool(torch.equal(v, ref)) for k, v in hidden.items()
                                           if ref is not None and k not in ("serial", "gemv")}
     out["mm_out_dtype_fp32"] = model.scratch.mm_out_dtype
     model.prefill_path, model.prefill_chunk = "dequant", 512
-    model.scratch.overlap, model.scratch.tile = True, best
-    for name, overlap in (("overlap", True), ("serial", False)):
-        model.scratch.overlap = overlap
+    model.scratch.tile = best
+    for name, overlap, graphs in (("graphs", False, True), ("serial", False, False)):
+        model.scratch.overlap, model.scratch.graphs = overlap, graphs
         try:
             out[f"profile_{name}_512"] = _profile(lambda: model.forward(ids[:512], 0, cache, logits=False))
         except Exception as e:  # noqa: BLE001
             out[f"profile_{name}_512"] = {"error": repr(e)}
-    model.scratch.overlap = True
+    # the defaults from here on (the generation check below runs the engine's settings)
+    from alphallama.config import DEFAULTS
+    model.scratch.overlap, model.scratch.graphs = DEFAULTS.engine.prefill_overlap, DEFAULTS.engine.prefill_graphs
+    model.scratch.captured.clear()
     # greedy continuation of one prompt (prompt rows but the last by the path, the last
     # row and every generated token by W = 1 rounds, as engine.prefill does)
     prompt = torch.randint(model.cfg.vocab_size, (600,), generator=g)
-    try:
-        out["generation"] = _generation(model, cache, prompt, n_gen)
-    except Exception as e:  # noqa: BLE001
-        out["generation"] = {"error": repr(e), "equal": None, "first_equal": None}
+    for key, graphs in (("generation", model.scratch.graphs), ("generation_graphs", True)):
+        model.scratch.graphs = graphs
+        try:
+            out[key] = _generation(model, cache, prompt, n_gen)
+        except Exception as e:  # noqa: BLE001
+            out[key] = {"error": repr(e), "equal": None, "first_equal": None}
     model.prefill_path = "dequant"
     del model, cache
     torch.cuda.empty_cache()
@@ -274,7 +288,8 @@ def main() -> int:
               f"{v.get('written_gb_s', float('nan')):.0f} GB/s written; eager {v.get('eager_ms', float('nan')):.2f} ms")
     print(f"best tile {p.get('best_tile')}; bitwise equal to serial at 512: {p.get('bitwise_equal_to_serial_512')}; "
           f"greedy tokens equal (dequant vs gemv): {p['generation'].get('equal')} "
-          f"(first: {p['generation'].get('first_equal')}); spec == plain: {res['spec_exactness']['all_equal']}")
+          f"(first: {p['generation'].get('first_equal')}; with graphs: {p['generation_graphs'].get('equal')}); "
+          f"spec == plain: {res['spec_exactness']['all_equal']}")
     return 0
 
 

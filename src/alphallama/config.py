@@ -23,6 +23,7 @@ class EngineDefaults:
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);
                                      # off: the H200 prefill is host-bound and the events cost more than they hide
+    prefill_graphs: bool = False     # dense models: full prefill chunks replayed as CUDA graphs between attentions (not yet measured)
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given
 

@@ -27,19 +27,24 @@ def _ref(raw: np.ndarray, qtype: T, n: int, k: int) -> torch.Tensor:
     return torch.as_tensor(np.ascontiguousarray(dequantize(raw, qtype, (n, k)), dtype=np.float32))
 
 
+# (rows, slots, warps, whole-slot stores, the GPU's own bf16 convert): every variant, the same bits
+TILES = [(2, 128, 4, False, False), (4, 64, 4, True, False), (2, 128, 4, False, True), (2, 128, 4, True, True)]
+
+
+@pytest.mark.parametrize("tile", TILES if DEV == "cuda" else TILES[:2], ids=lambda t: "-".join(map(str, t)))
 @pytest.mark.parametrize("qtype", QTYPES, ids=[t.name for t in QTYPES])
-def test_dequant_bit_exact(qtype):
+def test_dequant_bit_exact(qtype, tile):
     n, k = 5, 512                      # 5 rows: a partial row block; K: 2 super-blocks
     raw = random_raw(qtype, n, k, seed=1)
     w = QuantWeight.from_raw(raw, qtype, (n, k), DEV)
     ref = _ref(raw, qtype, n, k)       # [n, k] fp32
-    out = dequantize_into(w, torch.empty(n, k, device=DEV))
+    out = dequantize_into(w, torch.empty(n, k, device=DEV), tile=tile)
     assert torch.equal(out.cpu(), ref)
     # the bf16 scratch holds the fp32 values rounded once (round to nearest even)
-    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
+    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV), tile=tile)
     assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
     # a row block (what qgemm does with a small scratch)
-    part = dequantize_into(w, torch.empty(2, k, device=DEV), 2, 4)
+    part = dequantize_into(w, torch.empty(2, k, device=DEV), 2, 4, tile=tile)
     assert torch.equal(part.cpu(), ref[2:4])
 
 

@@ -94,3 +94,33 @@ def test_prefill_attention_matches_float64(pos):
     seen = torch.arange(L)[None, :] <= (pos + torch.arange(T))[:, None]              # [T, L]
     ref = (s.masked_fill(~seen, float("-inf")).softmax(-1) @ vr).transpose(0, 1).reshape(T, H * hd)
     torch.testing.assert_close(o.double(), ref, atol=1e-5, rtol=0)
+
+
+def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
+    """ChunkGraphs' static buffers (residual, position, attention output, each stretch's
+    q, the head's logits) and replay order, on CPU: a stand-in for a CUDA graph re-runs
+    the captured stretch into the same output tensor. Two chunks (the second over the
+    first's cached rows) give the eager chunks' logits, hidden rows and K/V bit for bit."""
+    from alphallama.gguf.quants import dequantize
+    from alphallama.runtime import gpu_prefill as gp
+
+    def capture(fn, pool):
+        out = fn()
+        return (lambda: fn() if out is None else out.copy_(fn())), out
+
+    monkeypatch.setattr(gp, "_warm_up", lambda fn, device: fn())
+    monkeypatch.setattr(gp, "_graph_pool", lambda: None)
+    monkeypatch.setattr(gp, "_capture", capture)
+    _, _, gpu = _load(tmp_path_factory, "tiny-qwen3", "Q4_K")
+    T = 16                                  # any chunk size (the engine's: prefill_chunk)
+    toks = torch.randint(0, gpu.cfg.vocab_size, (2 * T,), generator=torch.Generator().manual_seed(6))
+    emb = lambda t: dequantize(gpu.embd[t], gpu.embd_qtype, (t.shape[0], gpu.cfg.d_model))  # noqa: E731
+    eager_cache = gpu.new_cache(CTX)
+    eager = [gp.prefill_rows(gpu, toks[s:s + T], s, eager_cache, True, 4) for s in (0, T)]
+    graph_cache = gpu.new_cache(CTX)
+    chunk = gp.ChunkGraphs(gpu, graph_cache, T, True, 0)
+    for s, (le, he) in zip((0, T), eager):
+        lg, hg = chunk.run(emb(toks[s:s + T]), s)
+        assert torch.equal(lg, le) and torch.equal(hg, he)
+    assert torch.equal(graph_cache.k[:, :, :2 * T], eager_cache.k[:, :, :2 * T])
+    assert torch.equal(graph_cache.v[:, :, :2 * T], eager_cache.v[:, :, :2 * T])

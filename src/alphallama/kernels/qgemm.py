@@ -29,31 +29,46 @@ from ..config import DEFAULTS
 from .qmatmul import _use_triton
 from .qweight import QuantWeight
 
-# The dequantize kernel's tile: (weight rows, slots, warps) per program. Every value is
-# computed on its own, so no tile changes a bit; bench/gpu_engine.py times the choices.
-# H200, 8B shape (bench/results/gpu_engine-qwen3-8b-20261130-002535.json): the best of 7,
-# 15.05 ms for all layer weights against 15.88 for (4, 64, 4); every tile was within
-# 15-16.3 ms (~0.9 TB/s written), so the tile is not what limits this kernel.
-DEQ_TILE = (2, 128, 4)
+# The dequantize kernel's tile: (weight rows, slots, warps) per program, whether a slot
+# is stored whole (_dequant_kernel's WHOLE), whether bf16 is rounded by the GPU's own
+# convert (HW). Every value is computed on its own and rounded to nearest even either
+# way, so no choice changes a bit; bench/gpu_engine.py times them. H200, 8B shape
+# (bench/results/gpu_engine-qwen3-8b-20261130-002535.json, before WHOLE and HW existed):
+# (2, 128, 4) the best of 7 tiles, 15.05 ms for all layer weights against 15.88 for
+# (4, 64, 4); all 7 within 15-16.3 ms (~0.9 TB/s written): the tile is not the limit.
+DEQ_TILE = (2, 128, 4, False, False)
 DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs
 
 
 @triton.jit
-def _cast(w, dtype: tl.constexpr):
-    """fp32 -> the scratch dtype. bf16 by explicit round-to-nearest-even on the bits:
-    the same on the GPU and in the interpreter (which truncates)."""
-    if dtype == tl.bfloat16:
+def _cast(w, dtype: tl.constexpr, HW: tl.constexpr):
+    """fp32 -> the scratch dtype. bf16 by explicit round-to-nearest-even on the bits (the
+    interpreter's own cast truncates), or with HW by the GPU's convert (also to nearest
+    even: the same bits for every finite value, in fewer instructions)."""
+    if dtype == tl.bfloat16 and not HW:
         b = w.to(tl.int32, bitcast=True)
         r = (b + (0x7FFF + ((b >> 16) & 1))) >> 16
         return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
     return w.to(dtype)
 
 
+@triton.jit
+def _pair(words, h, s1, s2, FIELD: tl.constexpr, m: tl.constexpr, one):
+    """Fields 2m, 2m+1 of the V words: the 2V consecutive values 2mV.. of each slot
+    (interleaved, formats.slot_positions): [NT, BN, 2V]."""
+    w_a = FIELD(words, h, s1, s2, 2 * m, one)  # [NT, BN, V]
+    w_b = FIELD(words, h, s1, s2, 2 * m + 1, one)
+    return tl.reshape(tl.join(w_a, w_b), (w_a.shape[0], w_a.shape[1], 2 * w_a.shape[2]))  # a0 b0 a1 b1 ..
+
+
 @triton.jit(do_not_specialize=["one"])
 def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr,
-                    BN: tl.constexpr, NT: tl.constexpr):
-    """Rows pid(0)*BN.. and slots pid(1)*NT.. of the weight -> out [N, n_slots * SLOT]."""
+                    BN: tl.constexpr, NT: tl.constexpr, WHOLE: tl.constexpr, HW: tl.constexpr):
+    """Rows pid(0)*BN.. and slots pid(1)*NT.. of the weight -> out [N, n_slots * SLOT].
+    WHOLE: a slot's values are put in k order in registers and stored at once (the
+    compiler may then spread a slot's run over several threads: whole sectors per warp
+    store); else each field pair is stored as it comes (one 16-byte run per thread)."""
     K: tl.constexpr = n_slots * SLOT
     n = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
     row = tl.minimum(n, N - 1).to(tl.int64)[None, :]  # [1, BN]; past N: reload N-1, not stored
@@ -62,34 +77,44 @@ def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl
     u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
     mask = (u < n_slots) & (n < N)[None, :, None]  # [NT, BN, 1]
     base = out + row[:, :, None] * K + u * SLOT  # [NT, BN, 1]: the slot's first value
+    dt: tl.constexpr = out.dtype.element_ty
     if P == 1:
         # float formats: word v is value v of the slot
         w = FIELD(words, h, s1, s2, 0, one)  # [NT, BN, V]
-        tl.store(base + tl.arange(0, V)[None, None, :], _cast(w, out.dtype.element_ty), mask=mask)
+        tl.store(base + tl.arange(0, V)[None, None, :], _cast(w, dt, HW), mask=mask)
+    elif WHOLE and P == 8:
+        # pairs m = j2 * 2 + j1 joined as [.., 2V, j1, j2], then put in (m, 2V) order
+        t = tl.join(tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one)),
+                    tl.join(_pair(words, h, s1, s2, FIELD, 2, one), _pair(words, h, s1, s2, FIELD, 3, one)))
+        w = tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), (NT, BN, SLOT))  # [NT, BN, SLOT] in k order
+        tl.store(base + tl.arange(0, SLOT)[None, None, :], _cast(w, dt, HW), mask=mask)
+    elif WHOLE and P == 4:
+        t = tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one))
+        w = tl.reshape(tl.permute(t, (0, 1, 3, 2)), (NT, BN, SLOT))  # [NT, BN, SLOT] in k order
+        tl.store(base + tl.arange(0, SLOT)[None, None, :], _cast(w, dt, HW), mask=mask)
     else:
-        # fields 2m, 2m+1 of the V words are the 2V consecutive values 2mV.. (interleaved):
-        # joined, they are one contiguous run per slot (formats.slot_positions)
         k2 = tl.arange(0, 2 * V)[None, None, :]  # [1, 1, 2V]
         for m in tl.static_range(0, P // 2):
-            w_a = FIELD(words, h, s1, s2, 2 * m, one)  # [NT, BN, V]
-            w_b = FIELD(words, h, s1, s2, 2 * m + 1, one)
-            w = tl.reshape(tl.join(w_a, w_b), (NT, BN, 2 * V))  # [NT, BN, 2V]: a0 b0 a1 b1 ..
-            tl.store(base + m * (2 * V) + k2, _cast(w, out.dtype.element_ty), mask=mask)
+            w = _pair(words, h, s1, s2, FIELD, m, one)  # [NT, BN, 2V]
+            tl.store(base + m * (2 * V) + k2, _cast(w, dt, HW), mask=mask)
 
 
-def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple[int, int, int]) -> torch.Tensor:
+def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple) -> torch.Tensor:
     """Dequantize the rows whose plane slices are `planes` into out [n, K] (contiguous)."""
     fmt, n = w.fmt, out.shape[0]
-    rows, slots, warps = tile if out.is_cuda else (DEQ_ROWS_CPU, tile[1], tile[2])
+    rows, slots, warps, whole, hw = tile
+    if not out.is_cuda:
+        rows, hw = DEQ_ROWS_CPU, False     # the interpreter's own cast truncates
     NT = min(slots, triton.next_power_of_2(w.n_slots))
     grid = (triton.cdiv(n, rows), triton.cdiv(w.n_slots, NT))
     _dequant_kernel[grid](out, *planes, n, 1, n_slots=w.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field,
-                          V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=rows, NT=NT, num_warps=warps, enable_fp_fusion=False)
+                          V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=rows, NT=NT, WHOLE=whole, HW=hw, num_warps=warps,
+                          enable_fp_fusion=False)
     return out
 
 
 def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | None = None,
-                    tile: tuple[int, int, int] = DEQ_TILE) -> torch.Tensor:
+                    tile: tuple = DEQ_TILE) -> torch.Tensor:
     """Rows r0..r1 of a 2-D weight, dequantized into out [r1 - r0, K] (contiguous; any
     float dtype: the fp32 values are rounded once to it)."""
     r1 = w.N if r1 is None else r1
@@ -113,7 +138,7 @@ class Unit:
     def n(self) -> int:
         return sum(r1 - r0 for _, r0, r1, _ in self.pieces)
 
-    def dequantize(self, buf: torch.Tensor, tile: tuple[int, int, int]) -> torch.Tensor:
+    def dequantize(self, buf: torch.Tensor, tile: tuple) -> torch.Tensor:
         """-> the unit's values [n, K], a view of the front of buf."""
         out = buf[:self.n * self.K].view(self.n, self.K)  # [n, K]
         o = 0
@@ -166,9 +191,13 @@ class Scratch:
     overlap, one buffer and one stream: dequantize, multiply, in turn."""
 
     def __init__(self, elements: int, dtype: torch.dtype, device: torch.device, overlap: bool | None = None,
-                 tile: tuple[int, int, int] = DEQ_TILE):
+                 tile: tuple = DEQ_TILE, graphs: bool | None = None):
         self.elements, self.dtype, self.device = elements, dtype, torch.device(device)
         self.overlap = DEFAULTS.engine.prefill_overlap if overlap is None else overlap
+        # prefill chunks replayed as CUDA graphs (runtime/gpu_prefill.ChunkGraphs), the one
+        # captured last kept here: the buffers its GEMMs read are these
+        self.graphs = DEFAULTS.engine.prefill_graphs if graphs is None else graphs
+        self.captured: dict = {}
         self.tile = tile
         self.mm_out_dtype: bool | None = None   # does torch.mm(out_dtype=float32) work here? (probed once)
         self._bufs: list[torch.Tensor] = []
@@ -195,6 +224,7 @@ class Scratch:
         cuda = self.device.type == "cuda"
         if cuda and self._bufs:
             torch.cuda.synchronize(self.device)  # old buffers may still be in use
+        self.captured.clear()                    # graphs read the old buffers
         self._bufs = [torch.empty(self.buffer_elements, dtype=self.dtype, device=self.device)
                       for _ in range(self.n_buffers)]
         self._cache.clear()
