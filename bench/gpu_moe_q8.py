@@ -5,7 +5,7 @@ Q4_K, down Q6_K), timed as a captured CUDA graph at W = 1 and 8, in four arms:
     q8        the expert contract (kernels/moe_q8.py), experts in the bank
     moe-pcie  kernels/moe.py, every expert in pinned host RAM read in place over PCIe
     q8-pcie   the contract, the same host tier
-    q8-cpu    the contract, every host pair computed by the native CPU workers (if built)
+    q8-cpuN   the contract, every host pair computed by N native CPU workers (several N)
 
 plus the contract's exactness on the GPU: the layer's output for a few rows equals the
 plain-torch reference bit for bit. Writes $OUT/gpu_moe_q8-*.json; prints a table last.
@@ -90,17 +90,23 @@ def main() -> None:
     mixed = torch.where(torch.arange(E, device=dev) % 2 == 0, resident, on_host).to(torch.int32)
     res["exact"]["mixed"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, mixed, 0).cpu(), ref))
 
-    link = workers = None
+    link = None
+    pools: dict[int, object] = {}
     try:
         from alphallama.offload.cpu_tier import CpuLink
         from alphallama.offload.mailbox import Mailbox
-        from alphallama.offload.native import start_layer_workers   # noqa: F401 (the helper's API)
+        from alphallama.offload.native.probe import probe, usable_cpus
+        from alphallama.offload.native.workers import CpuExperts
         link = CpuLink(Mailbox.new(64, D, k), dev)
-        workers = start_layer_workers(link.mailbox, {0: (hgu, hdn)}, args.threads)
-        res["cpu_workers"] = workers.describe()
-        res["exact"]["cpu"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, on_host, 0, link).cpu(), ref))
+        res["cpu_probe"] = probe()
+        counts = sorted({args.threads or res["cpu_probe"]["threads"], 2, 4, 8, len(usable_cpus())})
+        res["thread_counts"] = counts
+        with CpuExperts({0: (hgu, hdn)}, link.mailbox, 1, threads=counts[-1]):
+            res["exact"]["cpu"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, on_host, 0, link).cpu(), ref))
+        link.check()
     except Exception as e:   # noqa: BLE001 (the workers are optional in this bench)
         res["cpu_workers_error"] = f"{type(e).__name__}: {e}"
+        counts = []
 
     for W in (1, 8):
         x = torch.randn(W, D, generator=g).to(dev).to(torch.bfloat16)
@@ -113,20 +119,23 @@ def main() -> None:
                                          on_host, dn),
             "q8-pcie": lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0),
         }
-        if link is not None and workers is not None:
-            arms["q8-cpu"] = lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0, link)
+        for n in counts:   # every host pair to the CPU workers, n threads
+            arms[f"q8-cpu{n}"] = (n, lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0, link))
         for name, fn in arms.items():
+            n, fn = fn if isinstance(fn, tuple) else (None, fn)
             try:
+                pool = CpuExperts({0: (hgu, hdn)}, link.mailbox, 1, threads=n).start() if n else None
                 ms = graph_ms(fn, args.reps if "pcie" not in name and "cpu" not in name else 50)
+                if pool is not None:
+                    pool.stop()
+                    link.check()
                 res["arms"].setdefault(name, {})[W] = {
                     "us": ms * 1e3, "expert_GBps": W * k * expert_bytes / (ms * 1e-3) / 1e9}
             except Exception as e:   # noqa: BLE001
                 res["arms"].setdefault(name, {})[W] = {"error": f"{type(e).__name__}: {e}"}
-    if workers is not None:
-        workers.stop()
     out = Path(os.environ.get("OUT", ".")) / f"gpu_moe_q8-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(res, indent=1))
-    print("exact:", res["exact"], res.get("cpu_workers_error", res.get("cpu_workers")))
+    print("exact:", res["exact"], res.get("cpu_workers_error", ""), "probe:", res.get("cpu_probe"))
     print(f"{'arm':10s} {'W=1 us':>10s} {'W=8 us':>10s} {'GB/s W=1':>9s}")
     for name, v in res["arms"].items():
         cells = [f"{v[W]['us']:10.1f}" if "us" in v[W] else f"{'err':>10s}" for W in (1, 8)]

@@ -34,13 +34,13 @@ from alphallama.offload.plan import make_plan
 from alphallama.runtime import gpu_model
 
 
-def _engine(path: str, ctx: int, device: str, slots: int | None):
+def _engine(path: str, ctx: int, device: str, slots: int | None, cpu_tier: bool = False, threads: int | None = None):
     from alphallama.chat import ChatTemplate
     from alphallama.engine import Engine
     from alphallama.tokenizer import Tokenizer
     f = GGUFFile(path)
     t0 = time.perf_counter()
-    model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots)
+    model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots, cpu_tier=cpu_tier, cpu_threads=threads)
     load_s = time.perf_counter() - t0
     eng = Engine(f, model, Tokenizer.from_metadata(f.metadata), ChatTemplate.from_gguf_metadata(f.metadata, None), ctx)
     return eng, load_s, model.capture_s
@@ -96,6 +96,10 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25])
+    ap.add_argument("--quotas", type=int, nargs="*", default=[-1, 0, 4],
+                    help="CPU-tier arms per budget: host pairs per layer the CPU takes (-1 all, 0 none: PCIe)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU workers (default: the probe's count)")
+    ap.add_argument("--no-control", action="store_true", help="skip the resident control (time)")
     ap.add_argument("--buckets", type=int, nargs="*", default=[1, 64],
                     help="graph widths captured (decode needs 1; fewer widths = shorter capture)")
     args = ap.parse_args()
@@ -110,13 +114,17 @@ def main() -> int:
     print(f"wrote {path} ({args.layers} layers) in {res['write_s']:.1f} s", flush=True)
     prompt = torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
 
-    eng, load_s, cap_s = _engine(path, args.ctx, args.device, None)
-    ref_logits = _first_logits(eng, prompt)
-    ref = _decode(eng, prompt, args.tokens)
-    rows = [{"config": "resident (no store)", "slots": None, "load_s": load_s, "capture_s": cap_s,
-             **{k: v for k, v in ref.items() if k != "tokens"}}]
-    print(json.dumps(rows[-1]), flush=True)
-    del eng
+    rows = []
+    ref = {"tokens": None}
+    ref_logits = None
+    if not args.no_control:
+        eng, load_s, cap_s = _engine(path, args.ctx, args.device, None)
+        ref_logits = _first_logits(eng, prompt)
+        ref = _decode(eng, prompt, args.tokens)
+        rows.append({"config": "resident (no store)", "slots": None, "load_s": load_s, "capture_s": cap_s,
+                     **{k: v for k, v in ref.items() if k != "tokens"}})
+        print(json.dumps(rows[-1]), flush=True)
+        del eng
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -124,7 +132,12 @@ def main() -> int:
     s = base.sizes
     fixed = s.dense + s.kv + s.workspace
     res["sizes"] = s.__dict__
+    name = f"gpu_offload-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+    def save(rows):   # after every row: a run cut short by the call's limit keeps what it measured
+        (out_dir / name).write_text(json.dumps({**res, "rows": rows}, indent=1, default=str))
     store_logits: dict[int, torch.Tensor] = {}
+    store_tokens: dict[int, list] = {}
     for frac in args.fractions:
         gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
         plan = make_plan(path, ctx=args.ctx, gpu_mem=gpu_mem)
@@ -133,41 +146,55 @@ def main() -> int:
                "plan_layout": plan.layout, "plan_slots": plan.slots, "slots": slots,
                "host_threads": {"launch": 1, "cpu_workers": 0, "copy_streams": 1, "plan_cpu_threads": plan.cpu_threads}}
         try:
-            eng, load_s, cap_s = _engine(path, args.ctx, args.device, slots)
-            st = eng.model.store
+            eng, load_s, cap_s = _engine(path, args.ctx, args.device, slots, cpu_tier=True, threads=args.threads)
+            st, model = eng.model.store, eng.model
             row["resident_fraction"] = st.slots / s.n_experts
             row["bank_bytes"], row["host_bytes"] = st.bank_bytes, st.host_bytes
+            row["load_s"], row["capture_s"] = load_s, cap_s
+            if model.cpu_experts is not None:
+                row["host_threads"].update(cpu_workers=model.cpu_experts.threads, worker_cpus=model.cpu_experts.cpus)
             logits = _first_logits(eng, prompt)
-            st.policy.stats.__init__()
-            out = _decode(eng, prompt, args.tokens)
-            st.before_round()
-            row.update(load_s=load_s, capture_s=cap_s, **{k: v for k, v in out.items() if k != "tokens"},
-                       **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
-                       first_logits_bitwise_equal=bool(torch.equal(logits, ref_logits)),
-                       # the store's own kernels at another residency: where an expert lives must not matter
-                       first_logits_equal_to_first_store_row=bool(
-                           torch.equal(logits, store_logits.setdefault(0, logits))),
-                       tokens_equal=out["tokens"] == ref["tokens"])
-            del eng, st
+            row["first_logits_equal_to_first_store_row"] = bool(torch.equal(logits, store_logits.setdefault(0, logits)))
+            arms = args.quotas if model.cpu_link is not None else [None]
+            for q in arms:
+                arm = dict(row, config=row["config"] + (f", CPU quota {q}" if q is not None else ", no CPU tier"),
+                           quota=q)
+                if q is not None:
+                    model.cpu_link.set_quota(q)
+                st.before_round()
+                st.policy.stats.__init__()
+                out = _decode(eng, prompt, args.tokens)
+                st.before_round()
+                arm.update(**{k: v for k, v in out.items() if k != "tokens"},
+                           **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
+                           tokens_equal_control=out["tokens"] == ref["tokens"],
+                           # the contract at another residency and CPU share: the same tokens
+                           tokens_equal_first_store_arm=out["tokens"] == store_tokens.setdefault(0, out["tokens"]))
+                rows.append(arm)
+                print(json.dumps(arm), flush=True)
+                save(rows)
+            del eng, st, model
         except Exception as e:   # keep the rows measured so far
             row["error"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
     res["rows"] = rows
     try:
         res["cpu_expert"] = cpu_expert_ms(path, base.cpu_threads)
+        from alphallama.offload.native.probe import probe
+        res["cpu_probe"] = probe()
     except Exception as e:
         res["cpu_expert"] = {"error": f"{type(e).__name__}: {e}"}
     res["host_end"] = host_state(sys.argv).get("gpus") if args.device == "cuda" else None
-    name = f"gpu_offload-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     (out_dir / name).write_text(json.dumps(res, indent=1, default=str))
-    print(f"{'config':44} {'slots':>6} {'hit':>6} {'tok/s':>8} {'ms/rnd':>7} {'adm':>5} {'equal':>6}")
+    print(f"{'config':58} {'slots':>6} {'hit':>6} {'tok/s':>8} {'ms/rnd':>7} {'adm':>5} {'thr':>4} {'same':>5}")
     for r in rows:
-        print(f"{r['config']:44} {str(r.get('slots')):>6} {r.get('hit_rate', 1.0):6.2f} {r.get('tok_s', 0):8.1f} "
-              f"{r.get('ms_per_round', 0):7.2f} {r.get('admissions', 0):5} {str(r.get('tokens_equal', '-')):>6}"
+        print(f"{r['config']:58} {str(r.get('slots')):>6} {r.get('hit_rate', 1.0):6.2f} {r.get('tok_s', 0):8.1f} "
+              f"{r.get('ms_per_round', 0):7.2f} {r.get('admissions', 0):5} "
+              f"{str(r.get('host_threads', {}).get('cpu_workers', '-')):>4} "
+              f"{str(r.get('tokens_equal_first_store_arm', '-')):>5}"
               + (f"  {r['error']}" if "error" in r else ""))
     print("cpu expert:", res["cpu_expert"])
     return 0
