@@ -166,7 +166,8 @@ def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = Fals
                 t1 = time.perf_counter()
                 run()
                 torch.cuda.synchronize()
-                first_s = time.perf_counter() - t1       # includes Triton compiles on first use
+                first_s = time.perf_counter() - t1       # includes Triton compiles (and graph capture) on first use
+                out[name]["graphs_active"] = model.scratch.graphs   # False after a capture that failed (warned)
                 torch.cuda.synchronize()
                 t1 = time.perf_counter()
                 h = run()

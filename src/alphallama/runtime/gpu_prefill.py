@@ -22,6 +22,7 @@ own order, SDPA is not the split-KV kernel); gpu_model.py says what that changes
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -195,7 +196,12 @@ def _graphs_for(m, cache, T: int, logits: bool, pos: int) -> ChunkGraphs | None:
     key = (T, logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))  # the graphs hold these addresses
     if key not in s.captured:
         s.captured.clear()
-        s.captured[key] = ChunkGraphs(m, cache, T, logits, pos)
+        try:
+            s.captured[key] = ChunkGraphs(m, cache, T, logits, pos)
+        except Exception as e:  # noqa: BLE001 - a capture the runtime refuses: the eager path is always there
+            s.graphs = False    # (the warm-up wrote only K/V rows this chunk is about to write again)
+            warnings.warn(f"prefill CUDA graphs off: capture failed ({e!r})", RuntimeWarning, stacklevel=2)
+            return None
     return s.captured[key]
 
 
