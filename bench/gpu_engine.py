@@ -60,7 +60,8 @@ TILES = [OLD_TILE, (2, 128, 4, False, False), (2, 128, 4, False, True), (2, 128,
 # the graph arms last: a failed capture must not take the others with it
 ARMS = [("serial", False, OLD_TILE, 512, None, False), ("serial_tile", False, None, 512, None, False),
         ("overlap", True, None, 512, None, False), ("overlap_c1024", True, None, 1024, [4096], False),
-        ("graphs", False, None, 512, None, True), ("graphs_c1024", False, None, 1024, [4096], True)]
+        ("graphs", False, None, 512, None, True), ("graphs_overlap", True, None, 512, None, True),
+        ("graphs_c1024", False, None, 1024, [4096], True)]
 
 
 def _graph_ms(fn, reps: int = 5) -> float:

@@ -251,12 +251,27 @@ class Scratch:
 
     def plan(self, units: list[Unit]) -> None:
         """The GEMMs to come, in order: the first is dequantized now, each next one while
-        the previous GEMM runs. Replaces any earlier plan."""
+        the previous GEMM runs. Replaces any earlier plan. The side stream first waits
+        for all work issued so far (whatever read the buffers: GEMMs, a graph replay),
+        so no earlier event is waited on: inside a CUDA graph capture this is the fork
+        that brings the side stream into the capture (`join` ends it)."""
         self._setup()
         self._free.extend(b for _, b in self._held)   # dequantized but never used: free again
         self._held.clear()
+        if self._side is not None:
+            self._side.wait_stream(torch.cuda.current_stream(self.device))
+            self._read = [None] * self.n_buffers
         self._queue = deque(units)
         self._prefetch()
+
+    def join(self) -> None:
+        """End of a captured stretch: the current stream waits for the side stream (so the
+        capture takes all its work in) and nothing stays dequantized ahead."""
+        self._free.extend(b for _, b in self._held)
+        self._held.clear()
+        self._queue.clear()
+        if self._side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
 
     def expect(self, units: list[Unit]) -> None:
         """Units to come before the rest of the plan (known late: MoE experts)."""

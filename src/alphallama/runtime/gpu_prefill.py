@@ -97,10 +97,12 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
 
 
 def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Tensor, cache, logits: bool,
-             rows_per_thread: int | None = None):
+             rows_per_thread: int | None = None, plan: bool = True):
     """Between two attentions: layer i-1 from its attention output a (i > 0), then layer
     i up to its roped q [T, H, hd] (its K/V written at pos_t), or for i = n_layers the
-    head (logits [T, V] or None). x [T, D] fp32 is the residual, updated in place."""
+    head (logits [T, V] or None). x [T, D] fp32 is the residual, updated in place.
+    plan: hand the scratch the GEMMs up to the next MoE layer's experts where they start
+    (False: the caller plans, e.g. one stretch at a time)."""
     c, s, act = m.cfg, m.scratch, m.scratch.dtype
     if i == 0:
         h = add_rmsnorm(x, None, m.layers[0].attn_norm, c.norm_eps, act)                 # [T, D]
@@ -113,7 +115,7 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
             d = gemm_linear(L.down, silu_mul(gemm_linear(L.gate_up, h, s), act), s)       # [T, D]
         nxt = m.layers[i].attn_norm if i < len(m.layers) else m.output_norm
         h = add_rmsnorm(x, d, nxt, c.norm_eps, act)
-    if i == 0 or m.layers[i - 1].moe is not None:
+    if plan and (i == 0 or m.layers[i - 1].moe is not None):
         s.plan(plan_from(m, i, logits, s))           # the GEMMs up to the next MoE layer's experts
     if i == len(m.layers):
         return gemm_linear(m.output, h, s) if logits else None
@@ -145,6 +147,17 @@ def _capture(fn, pool):
     return g.replay, out
 
 
+def _stretch_units(m, i: int, logits: bool, s: Scratch) -> list:
+    """The GEMM units of _segment(i) of a dense model, in call order."""
+    units = []
+    if i > 0:
+        L = m.layers[i - 1]
+        units += s.units(L.o.weights) + s.units(L.gate_up.weights) + s.units(L.down.weights)
+    if i < len(m.layers):
+        return units + s.units(m.layers[i].qkv.weights)
+    return units + (s.units(m.output.weights) if logits else [])
+
+
 class ChunkGraphs:
     """A dense model's prefill chunk of T rows as CUDA graphs, for one KV cache: one graph
     per stretch between two attentions (_segment), attention eagerly in between (its
@@ -152,8 +165,8 @@ class ChunkGraphs:
     attentions instead of ~60 launches a layer (an eager 512-row chunk of the 8B shape
     took the H200's host ~57 ms to issue against ~30 ms of GPU work). Static inputs: the
     residual x, the position, the attention output a; each graph's output is the next
-    attention's q (the last one's: the logits or None). Serial scratch only (the side
-    stream's events would have to be captured too)."""
+    attention's q (the last one's: the logits or None). With the scratch's overlap, each
+    graph holds its own stretch's dequantize-ahead on the side stream."""
 
     def __init__(self, m, cache, T: int, logits: bool, pos: int):
         c = m.cfg
@@ -161,8 +174,15 @@ class ChunkGraphs:
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
         self.pos = torch.full((1,), pos, dtype=torch.int32, device=m.device)  # warm-up writes K/V rows the chunk owns
         self.a = torch.zeros(T, c.n_heads * c.head_dim, dtype=m.scratch.dtype, device=m.device)  # [T, H*hd]
-        n = len(m.layers)
-        seg = lambda i: _segment(m, i, self.x, self.a if i else None, self.pos, cache, logits)  # noqa: E731
+        n, s = len(m.layers), m.scratch
+
+        def seg(i):
+            # one plan per graph (with overlap, the side stream forks from the capture at
+            # the plan and joins it at the end: a graph holds all of its stretch's work)
+            s.plan(_stretch_units(m, i, logits, s))
+            out = _segment(m, i, self.x, self.a if i else None, self.pos, cache, logits, plan=False)
+            s.join()
+            return out
         _warm_up(lambda: [seg(i) for i in range(n + 1)], m.device)   # compiles every kernel first
         pool = _graph_pool()                             # shared: replayed in capture order
         self.replays, self.outs = [], []
@@ -189,8 +209,7 @@ def _graphs_for(m, cache, T: int, logits: bool, pos: int) -> ChunkGraphs | None:
     """The captured chunk for these shapes and this cache (captured on first use; one
     kept), or None where graphs do not apply."""
     s = m.scratch
-    if not (s.graphs and m.device.type == "cuda" and not s.overlap and T == m.prefill_chunk
-            and all(L.moe is None for L in m.layers)):
+    if not (s.graphs and m.device.type == "cuda" and T == m.prefill_chunk and all(L.moe is None for L in m.layers)):
         return None
     s.units(m.layers[0].o.weights)                       # buffers allocated before any capture
     key = (T, logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))  # the graphs hold these addresses
