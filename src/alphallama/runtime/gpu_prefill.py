@@ -140,10 +140,19 @@ def _graph_pool():
 
 
 def _capture(fn, pool):
-    """fn's launches as a CUDA graph -> (replay, fn's output: a static tensor or None)."""
+    """fn's launches as a CUDA graph -> (replay, fn's output: a static tensor or None).
+    capture_begin/end on a side stream rather than torch.cuda.graph(), whose entry runs
+    gc.collect() and empties the allocator's cache: once per stretch, n_layers + 1 times."""
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool):
-        out = fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        g.capture_begin(pool=pool)
+        try:
+            out = fn()
+        finally:
+            g.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
     return g.replay, out
 
 
