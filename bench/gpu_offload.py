@@ -96,8 +96,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25])
-    ap.add_argument("--quotas", type=int, nargs="*", default=[-1, 0, 4],
-                    help="CPU-tier arms per budget: host pairs per layer the CPU takes (-1 all, 0 none: PCIe)")
+    ap.add_argument("--shares", type=float, nargs="*", default=[1.0, 0.0, 0.6],
+                    help="CPU-tier arms per budget: share of a layer's host pairs the CPU takes (0: all over PCIe)")
     ap.add_argument("--threads", type=int, default=None, help="CPU workers (default: the probe's count)")
     ap.add_argument("--no-control", action="store_true", help="skip the resident control (time)")
     ap.add_argument("--buckets", type=int, nargs="*", default=[1, 64],
@@ -155,14 +155,13 @@ def main() -> int:
                 row["host_threads"].update(cpu_workers=model.cpu_experts.threads, worker_cpus=model.cpu_experts.cpus)
             logits = _first_logits(eng, prompt)
             row["first_logits_equal_to_first_store_row"] = bool(torch.equal(logits, store_logits.setdefault(0, logits)))
-            arms = args.quotas if model.cpu_link is not None else [None]
+            arms = args.shares if model.cpu_link is not None else [None]
             for q in arms:
-                arm = dict(row, config=row["config"] + (f", CPU quota {q}" if q is not None else ", no CPU tier"),
-                           quota=q)
+                arm = dict(row, config=row["config"] + (f", CPU share {q:.2f}" if q is not None else ", no CPU tier"),
+                           cpu_share=q)
                 if q is not None:
-                    model.cpu_link.set_quota(q)
-                st.before_round()
-                st.policy.stats.__init__()
+                    model.cpu_link.set_share(q)
+                st.reset()   # every arm from the start layout and a fresh policy
                 out = _decode(eng, prompt, args.tokens)
                 st.before_round()
                 arm.update(**{k: v for k, v in out.items() if k != "tokens"},

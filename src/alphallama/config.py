@@ -152,7 +152,7 @@ class OffloadDefaults:
     probe_bytes: int = 256 << 20          # buffer the bandwidth probe streams through
     probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best
     cpu_tier: bool = True                 # host-tier experts computed by the CPU workers (else read over PCIe)
-    cpu_quota: int = -1                   # host (row, rank) pairs per layer the CPU takes; -1: all (rest over PCIe)
+    cpu_share: float = 0.6                # of a layer's host (row, rank) pairs, the CPU takes this share, PCIe the rest
     auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
 
 

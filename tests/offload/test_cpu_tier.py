@@ -1,7 +1,7 @@
 """The mailbox protocol between the MoE kernels and CPU workers, with a Python stand-in
 worker that computes its pairs by the plain-torch contract (the native workers have
 their own tests against the same reference). A layer's output must be the reference's
-bits whichever pairs the CPU took (quota), on CPU (interpreter) and on a GPU, where the
+bits whichever pairs the CPU took (its share), on CPU (interpreter) and on a GPU, where the
 combine spins on the mailbox inside a captured CUDA graph."""
 from __future__ import annotations
 
@@ -70,21 +70,21 @@ def _cpu_copy(w):
     return QuantWeight(w.qtype, w.shape, {n: p.cpu() for n, p in w.planes.items()})
 
 
-@pytest.mark.parametrize("quota", [-1, 1, 0])
-def test_cpu_pairs_give_the_reference_bits(quota):
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.0])
+def test_cpu_pairs_give_the_reference_bits(share):
     gu, dn, bgu, bdn, table, link, worker = _setup()
     try:
-        link.set_quota(quota)
+        link.set_share(share)
         g = torch.Generator().manual_seed(22)
         h = torch.randn(3, 256, generator=g).to(DEV)
         experts = torch.tensor([[1, 0], [3, 2], [2, 1]], dtype=torch.int32, device=DEV)
         weights = torch.rand(3, 2, generator=g).to(DEV)
-        tiers = tiers_torch(experts.cpu(), table.cpu(), quota)
+        tiers = tiers_torch(experts.cpu(), table.cpu(), int(link.share.item()))
         out = moe_q8(h, weights, experts, gu, dn, bgu, bdn, table, layer=5, link=link)
         ref = moe_q8_ref(h, gu, dn, experts, weights)
         assert torch.equal(out.cpu(), ref)
         n_cpu = int((tiers == 2).sum())
-        assert n_cpu == {-1: 5, 1: 1, 0: 0}[quota]
+        assert n_cpu == {1.0: 5, 0.5: 3, 0.0: 0}[share]            # 5 host pairs: (5 * 128 + 128) >> 8 = 3
         assert worker.answered == (1 if n_cpu else 0) and all(x == 5 for x in worker.layers_seen)
     finally:
         worker.stop = True
@@ -116,7 +116,7 @@ def test_cpu_pairs_inside_a_cuda_graph():
             torch.cuda.synchronize()
             link.check()
             assert torch.equal(out.cpu(), moe_q8_ref(h, gu, dn, experts, weights))
-            busy = bool((tiers_torch(experts.cpu(), table.cpu(), -1) == 2).any())
+            busy = bool((tiers_torch(experts.cpu(), table.cpu(), 256) == 2).any())
             assert worker.answered == before + int(busy)
     finally:
         worker.stop = True

@@ -131,3 +131,22 @@ def test_routes_recorded_for_the_policy(micro_moe):
             counts[layer, e] += 1
     np.testing.assert_allclose(m.store.policy.score, counts)
     assert m.store.stats.lookups == 2 * 2 * 2
+
+
+def test_reset_returns_to_the_start_layout(micro_moe):
+    m = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=3, cpu_tier=False)
+    s = m.store
+    start = s.table.clone()
+    s.policy.margin = 0.0
+    s.admit_bytes_per_round, s.chunk_bytes = 1 << 20, 1 << 20
+    cache = m.new_cache(64)
+    for i, t in enumerate(TOKENS):
+        m.forward(torch.tensor([t]), i, cache)
+    assert s.stats.admissions >= 1 and not torch.equal(s.table, start)
+    s.reset()
+    assert torch.equal(s.table, start) and s.stats.admissions == 0 and s.stats.lookups == 0
+    for c in s.classes:   # the start layout's bytes are back in their slots
+        for slot, flat in enumerate(c.owners):
+            layer, e = divmod(int(flat), s.E)
+            for n, p in s.layer(layer).host_down.planes.items():
+                assert torch.equal(c.bank_down.planes[n][slot], p[e])

@@ -220,18 +220,20 @@ def _ld_acquire_sys(ptr):
 
 
 @triton.jit
-def _post_kernel(experts, table, tier, quota, seq, mids, mtask, ctl, n_pairs, layer, W,
+def _post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, layer, W,
                  BP: tl.constexpr, POST: tl.constexpr, GPU: tl.constexpr):
-    """One program: each pair's tier; the first `quota` host pairs (all if < 0) go to
-    the CPU. If any did: ids and tasks into the mailbox, then REQ = ++seq, last."""
+    """One program: each pair's tier; of the n host pairs the first
+    (n * share + 128) >> 8 (share in 0..256) go to the CPU, the rest are read over
+    PCIe. If the CPU got any: ids and tasks into the mailbox, then REQ = ++seq, last."""
     p = tl.arange(0, BP)
     live = p < n_pairs
     e = tl.load(experts + p, mask=live, other=0)
     slot = tl.load(table + e, mask=live, other=0)
     host = live & (slot < 0)
-    q = tl.load(quota)
+    n_host = tl.sum(host.to(tl.int32), axis=0)
+    limit = (n_host * tl.load(share) + 128) >> 8
     rank = tl.cumsum(host.to(tl.int32), axis=0) - 1
-    cpu = host & ((rank < q) | (q < 0)) & POST
+    cpu = host & (rank < limit) & POST
     t = tl.where(slot >= 0, 0, tl.where(cpu, 2, 1))
     tl.store(tier + p, t, mask=live)
     if POST:

@@ -50,7 +50,7 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     tier = torch.empty((W, k), dtype=torch.int32, device=dev)                   # [W, k]
     gpu = h.is_cuda
     if post:
-        _post_kernel[(1,)](experts, table, tier, link.quota, link.seq, mb.ids, mb.task, mb.ctl, W * k, layer, W,
+        _post_kernel[(1,)](experts, table, tier, link.share, link.seq, mb.ids, mb.task, mb.ctl, W * k, layer, W,
                            BP=triton.next_power_of_2(mb.max_w * k), POST=True, GPU=gpu, num_warps=NUM_WARPS)
     else:
         _post_kernel[(1,)](experts, table, tier, table, table, tier, tier, tier, W * k, layer, W,
@@ -75,21 +75,26 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     return out
 
 
-def tiers_torch(experts: torch.Tensor, table: torch.Tensor, quota: int | None) -> torch.Tensor:
-    """The post kernel's tier rule: [W, k] int32 (quota None: no CPU workers; < 0: all host pairs)."""
+def cpu_limit(n_host: int, share: int) -> int:
+    """Host pairs the CPU takes of n_host, share in 0..256 (the post kernel's rule)."""
+    return (n_host * share + 128) >> 8
+
+
+def tiers_torch(experts: torch.Tensor, table: torch.Tensor, share: int | None) -> torch.Tensor:
+    """The post kernel's tier rule: [W, k] int32 (share None: no CPU workers; else 0..256)."""
     slot = table.long()[experts.long()]                                          # [W, k]
     host = slot < 0
     cpu = torch.zeros_like(host)
-    if quota is not None:
+    if share is not None:
         rank = host.flatten().int().cumsum(0).reshape(host.shape) - 1
-        cpu = host & ((rank < quota) | (quota < 0))
+        cpu = host & (rank < cpu_limit(int(host.sum()), share))
     return torch.where(slot >= 0, TIER_BANK, torch.where(cpu, TIER_CPU, TIER_HOST)).to(torch.int32)
 
 
 def _moe_q8_torch(h, weights, experts, host_gate_up, host_down, bank_gate_up, bank_down, table, layer, link):
     W, D = h.shape
     k = experts.shape[1]
-    tier = tiers_torch(experts, table, None if link is None else int(link.quota.item()))
+    tier = tiers_torch(experts, table, None if link is None else int(link.share.item()))
     if link is not None and bool((tier == TIER_CPU).any()):
         link.post_host(h, experts, tier == TIER_CPU, layer)
     y = torch.zeros((W, k, D), dtype=torch.float32)

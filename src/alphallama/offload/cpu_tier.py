@@ -2,7 +2,7 @@
 workers, and the host-side half of the mailbox protocol (offload/mailbox.py).
 
 On the GPU the post, the sequence number and the wait all happen inside the round's
-graph (kernels/expert_q8_gpu.py); `seq` and `quota` are device tensors (graph inputs).
+graph (kernels/expert_q8_gpu.py); `seq` and `share` are device tensors (graph inputs).
 Without a GPU (tests, the interpreter) the same protocol runs from the host:
 `post_host` and `wait_host`.
 """
@@ -24,17 +24,20 @@ class CpuWorkersError(RuntimeError):
 
 
 class CpuLink:
-    def __init__(self, mailbox: Mailbox, device, quota: int = -1):
-        """quota: host pairs per layer post that go to the CPU (first in row, rank order);
-        -1: all; 0: none (all read in place over PCIe)."""
+    def __init__(self, mailbox: Mailbox, device, share: float = 1.0):
+        """share: the fraction of a layer's host pairs the CPU computes (the first, in row,
+        rank order); the GPU reads the others in place over PCIe, at the same time."""
         self.mailbox = mailbox
         self.device = torch.device(device)
         self.seq = torch.zeros(1, dtype=torch.int32, device=self.device)          # last REQ posted
-        self.quota = torch.full((1,), quota, dtype=torch.int32, device=self.device)
+        self.share = torch.zeros(1, dtype=torch.int32, device=self.device)        # 0..256
+        self.set_share(share)
 
-    def set_quota(self, quota: int) -> None:
+    def set_share(self, share: float) -> None:
         """Between rounds (a graph input: no recapture)."""
-        self.quota.fill_(quota)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"the CPU share of host experts is a fraction in [0, 1], got {share}")
+        self.share.fill_(round(share * 256))
 
     def post_host(self, h: torch.Tensor, experts: torch.Tensor, cpu: torch.Tensor, layer: int) -> None:
         """The GPU's post from the host: h [W, D], experts [W, k], cpu [W, k] bool."""

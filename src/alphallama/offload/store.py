@@ -156,6 +156,7 @@ class ExpertStore:
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self._pending_routes: tuple[int, np.ndarray, object] | None = None   # (W, resident snapshot, event)
         self._admissions: list[_Admission] = []
+        self._half_life = half_life
         self.policy = UsagePolicy(n_layers, self.E, half_life, margin)
         self._split_and_fill(slots)
 
@@ -171,11 +172,28 @@ class ExpertStore:
         for c, s in zip(self.classes, shares):
             c.bank_gate_up = _bank_like(c.host_gate_up, s, self.device)
             c.bank_down = _bank_like(c.host_down, s, self.device)
-            c.owners = np.full(s, -1, dtype=np.int64)
-            for slot in range(s):
+        self.slots = sum(shares)
+        self._fill_start()
+
+    def _fill_start(self) -> None:
+        for c in self.classes:
+            c.owners = np.full(c.bank_gate_up.shape[0], -1, dtype=np.int64)
+            for slot in range(c.owners.size):
                 layer, e = c.layers[slot % len(c.layers)], slot // len(c.layers)
                 self._copy_now(c, slot, layer * self.E + e)
-        self.slots = sum(shares)
+
+    def reset(self) -> None:
+        """Back to the start layout with a fresh policy (benchmarks: every arm from the
+        same state). Waits for queued admissions."""
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
+            torch.cuda.synchronize(self.device)
+        self._admissions.clear()
+        self._pending_routes = None
+        self.table.fill_(-1)
+        self.resident[:] = False
+        self.policy = UsagePolicy(self.table.shape[0], self.E, self._half_life, self.policy.margin)
+        self._fill_start()
 
     def _sources(self, c: ExpertClass, slot: int, flat: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(bank slot plane, host plane) pairs of one expert."""

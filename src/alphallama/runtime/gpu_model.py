@@ -252,7 +252,7 @@ class GPUModel:
             if progress is not None:
                 progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)
             return
-        self.cpu_link = CpuLink(mailbox, self.device, DEFAULTS.offload.cpu_quota)
+        self.cpu_link = CpuLink(mailbox, self.device, DEFAULTS.offload.cpu_share)
         for L in self.layers:
             if L.moe is not None:
                 L.moe.link = self.cpu_link
