@@ -39,7 +39,8 @@ from .qweight import QuantWeight
 # (bench/results/gpu_engine-qwen3-8b-20261130-002535.json, before WHOLE and HW existed):
 # (2, 128, 4) the best of 7 tiles, 15.05 ms for all layer weights against 15.88 for
 # (4, 64, 4); all 7 within 15-16.3 ms (~0.9 TB/s written): the tile is not the limit.
-DEQ_TILE = (2, 128, 4, False, False)
+DEQ_TILE = (1, 128, 4, True, True)   # H200 at 010209d: 4.73 ms for the 8B shape, 2.94 TB/s written (the old
+                                     # (2, 128, 4, False, False): 14.8 ms); bench/results/gpu_engine-qwen3-8b-20261130-005214.json
 DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs
 
 
