@@ -181,7 +181,7 @@ def main() -> int:
             torch.cuda.empty_cache()
     res["rows"] = rows
     try:
-        res["cpu_expert"] = cpu_expert_ms(path, base.cpu_threads)
+        res["cpu_expert"] = cpu_expert_ms(path, max(base.cpu_threads, 1))
         from alphallama.offload.native.probe import probe
         res["cpu_probe"] = probe()
     except Exception as e:

@@ -148,7 +148,6 @@ class OffloadDefaults:
     admit_chunk_bytes: int = 1 << 20      # one queued host->VRAM copy
     score_half_life: float = 32.0         # rounds: usage counts decay so the bank follows the context
     admit_margin: float = 0.25            # a candidate must beat the weakest resident by this fraction
-    max_cpu_threads: int = 8              # host workers: a few saturate host memory bandwidth
     cpu_threads: int | None = None        # CPU expert workers; None: the bandwidth probe's count (offload/native)
     probe_bytes: int = 256 << 20          # buffer the bandwidth probe streams through
     probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best

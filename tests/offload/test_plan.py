@@ -3,6 +3,8 @@ every supported architecture; the layout at several budgets; a clear error when 
 the dense part does not fit; `alphallama plan`; flags and ALPHA_AUTO."""
 from __future__ import annotations
 
+import os
+
 import argparse
 import math
 
@@ -68,6 +70,10 @@ def test_layouts_at_several_budgets(model):
         assert p.slots == (budget - fixed) // s.expert_slot
         assert p.slots * s.expert_slot <= budget - fixed
         assert "offload" in p.describe() and f"{p.slots} of {s.n_experts}" in p.describe()
+        # CPU expert workers (this host has a C compiler): sized by the probe, never every cpu
+        cpus = len(os.sched_getaffinity(0))
+        assert 1 <= p.cpu_threads <= max(cpus - 1, 1)
+        assert f"+ {p.cpu_threads} CPU expert workers" in p.describe() and "computed by CPU workers" in p.describe()
     with pytest.raises(PlanError, match="too small for the dense part" if moe else "too small for the model"):
         make_plan(model, ctx=CTX, gpu_mem=fixed - 1)
 

@@ -150,3 +150,18 @@ def test_reset_returns_to_the_start_layout(micro_moe):
             layer, e = divmod(int(flat), s.E)
             for n, p in s.layer(layer).host_down.planes.items():
                 assert torch.equal(c.bank_down.planes[n][slot], p[e])
+
+
+def test_long_prompt_prefill_through_the_store(micro_moe):
+    """More than 64 rows take the GEMM prefill also with a store: each hit expert from its
+    slot or straight from the host tier, the same bits as the resident model's prefill,
+    and the bank untouched."""
+    f = GGUFFile(micro_moe)
+    prompt = torch.tensor([(7 * i + 3) % 250 for i in range(80)])
+    ref = GPUModel(f, 128, device="cpu")
+    want = ref.forward(prompt, 0, ref.new_cache(128))[0].clone()
+    m = GPUModel(f, 128, device="cpu", expert_slots=5, cpu_tier=False)
+    table = m.store.table.clone()
+    got = m.forward(prompt, 0, m.new_cache(128))[0]
+    assert torch.equal(got, want)
+    assert torch.equal(m.store.table, table)

@@ -13,7 +13,6 @@ the bank; offload/store.py), `cpu` (no GPU: the reference runtime).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -94,11 +93,24 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace)
 
 
-def host_threads() -> int:
-    """CPU workers for the host: the cores this process may use less one for the thread
-    that launches rounds, capped (a few threads saturate host memory bandwidth)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores - 1, DEFAULTS.offload.max_cpu_threads))
+def host_threads() -> tuple[int, str]:
+    """(CPU expert workers, why that many): the fewest threads that reach the host's
+    memory bandwidth (offload/native/probe.py, measured once per host and cached; or
+    config offload.cpu_threads), on cpus other than the launch thread's; 0 where the
+    workers cannot be built (no C compiler): the host tier is then read over PCIe only."""
+    if not DEFAULTS.offload.cpu_tier:
+        return 0, "CPU tier off (config offload.cpu_tier)"
+    try:
+        from .native.build import NativeBuildError
+        from .native.probe import worker_cpus
+    except ImportError as e:
+        return 0, f"no CPU expert workers ({e})"
+    try:
+        n = len(worker_cpus())
+    except (NativeBuildError, OSError) as e:
+        return 0, f"no CPU expert workers ({e})"
+    how = "config offload.cpu_threads" if DEFAULTS.offload.cpu_threads else "the host's memory bandwidth (probe)"
+    return n, f"sized by {how}, launch thread kept apart"
 
 
 def host_available() -> int | None:
@@ -135,7 +147,8 @@ class Plan:
     budget_source: str
     layout: str           # resident | offload | cpu
     slots: int            # expert bank slots (offload); all experts when resident
-    cpu_threads: int
+    cpu_threads: int      # CPU expert workers (offload; 0: none)
+    cpu_threads_why: str
     mtp_depth: int        # in-file MTP layers (0: none)
     mode: str = "exact"
 
@@ -166,9 +179,15 @@ class Plan:
             bank = self.slots * s.expert_slot
             lines.append(f"layout     offload: {self.slots} of {s.n_experts} expert slots in VRAM "
                          f"({100 * self.resident_fraction:.0f}%, {g(bank)}); every expert in pinned RAM "
-                         f"({g(s.experts)}), read in place over PCIe where it has no slot")
-            lines.append(f"host       the launch thread + 1 copy stream for admissions (host cores: "
-                         f"{self.cpu_threads} besides the launch thread, no CPU expert workers)")
+                         f"({g(s.experts)})")
+            if self.cpu_threads:
+                share = DEFAULTS.offload.cpu_share
+                lines.append(f"host tier  experts without a slot: {100 * share:.0f}% of each layer's computed by "
+                             f"CPU workers where they sit, the rest read in place over PCIe by the GPU")
+            else:
+                lines.append("host tier  experts without a slot: read in place over PCIe by the GPU")
+            lines.append(f"threads    1 launch thread + {self.cpu_threads} CPU expert workers "
+                         f"({self.cpu_threads_why}) + 1 copy stream for admissions")
         else:
             lines.append("layout     cpu (reference runtime)")
         lines.append(f"mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
@@ -185,11 +204,12 @@ def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, dev
     budget, source = device_budget(gpu_mem) if device != "cpu" else (None, "--device cpu")
     mtp = int(f.metadata.get(f"{cfg.arch}.nextn_predict_layers", 0) or 0)
     common = dict(path=path, arch=cfg.arch, ctx=ctx, sizes=s, budget=budget, budget_source=source,
-                  cpu_threads=host_threads(), mtp_depth=mtp)
+                  mtp_depth=mtp)
+    threads = dict(cpu_threads=0, cpu_threads_why="")
     if budget is None:
-        return Plan(layout="cpu", slots=s.n_experts, **common)
+        return Plan(layout="cpu", slots=s.n_experts, **common, **threads)
     if s.total <= budget:
-        return Plan(layout="resident", slots=s.n_experts, **common)
+        return Plan(layout="resident", slots=s.n_experts, **common, **threads)
     fixed = s.dense + s.kv + s.workspace
     if not cfg.is_moe or budget < fixed:
         g = human
@@ -206,4 +226,5 @@ def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, dev
     if avail is not None and s.experts > avail:
         raise PlanError(f"{path}: the experts ({human(s.experts)}) do not fit the host's available "
                         f"RAM ({human(avail)}) either")
-    return Plan(layout="offload", slots=int(min(slots, s.n_experts - 1)), **common)
+    n, why = host_threads()
+    return Plan(layout="offload", slots=int(min(slots, s.n_experts - 1)), **common, cpu_threads=n, cpu_threads_why=why)

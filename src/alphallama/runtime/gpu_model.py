@@ -114,6 +114,16 @@ class MoE:
         # what one row reads: the router and k of the E experts
         self.nbytes = self.router.nbytes + expert_bytes * top_k // E
 
+    def expert_weights(self, e: int, slot: int = -1) -> tuple[QuantWeight, QuantWeight]:
+        """Expert e's (gate_up [2F, D], down [D, F]): resident, else from bank slot `slot`
+        (>= 0) or the store's host tier."""
+        if self.store is None:
+            return self.gate_up.expert(e), self.down.expert(e)
+        v = self.store.layer(self.layer)
+        if slot >= 0:
+            return v.bank_gate_up.expert(slot), v.bank_down.expert(slot)
+        return v.host_gate_up.expert(e), v.host_down.expert(e)
+
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor:
         """h [W, D] -> [W, D] fp32."""
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
@@ -318,15 +328,16 @@ class GPUModel:
     def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache,
                 logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Rows at pos..pos+T-1: up to 64 through a bucket's graph; more (a prompt) through
-        the tensor-core prefill path if prefill_path is "dequant" and there is no expert
-        store, else in 64-row rounds through the graphs. Returns (logits [T, V], hidden [T, D]) on the device; the graph's outputs are
+        the tensor-core prefill path if prefill_path is "dequant" (with an expert store too:
+        each hit expert read once per chunk from its slot or the host tier), else in 64-row
+        rounds through the graphs. Returns (logits [T, V], hidden [T, D]) on the device; the graph's outputs are
         static buffers, valid until the next call. logits=False returns None for them
         (the graphs compute the head anyway)."""
         T = tokens.shape[0]
         if pos > cache.length or pos + T > cache.max_len:
             raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
         tokens = tokens.to(self.device)
-        if T > MAX_W and self.prefill_path == "dequant" and self.store is None:
+        if T > MAX_W and self.prefill_path == "dequant":
             return self._prefill(tokens, pos, cache, logits)
         outs = []
         for s in range(0, T, MAX_W):

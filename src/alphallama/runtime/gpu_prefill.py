@@ -14,7 +14,10 @@ expert runs as two GEMMs on its dequantized gate|up and down over its rows (one
 host sync per layer for the list of experts hit; the experts' weights then join the
 plan). Each pair's output is written
 once and the k of a row are summed in slot order: deterministic, no atomics. With
-an expert store the model keeps the decode path for prefill altogether.
+an expert store, an expert without a bank slot is dequantized straight from the host
+tier (pinned RAM, over PCIe) into the scratch: a long prompt reads each hit expert once
+per chunk instead of once per (row, rank) pair, and the bank is not disturbed, so
+decode finds it as the policy left it. (The scratch sits inside the plan's reserve.)
 
 These rows' bits differ from what the decode graphs would compute (cuBLAS sums in its
 own order, SDPA is not the split-KV kernel); gpu_model.py says what that changes.
@@ -76,18 +79,23 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
 
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
-    """A gpu_model.MoE (experts resident) over a chunk, experts grouped: [T, D] -> [T, D] fp32."""
+    """A gpu_model.MoE over a chunk, experts grouped: [T, D] -> [T, D] fp32. With an
+    expert store each hit expert is dequantized from its bank slot or, if it has none,
+    straight from the host tier over PCIe: once per chunk, not once per (row, rank)
+    pair as the decode kernels would read it, and the bank is left as it is."""
     T = h.shape[0]
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
     flat = experts.flatten().long()                                            # [T * k]
-    y = torch.empty(T * moe.top_k, moe.down.N, dtype=torch.float32, device=h.device)  # [T * k, D]
+    E = moe.router.N
     order = torch.argsort(flat, stable=True)                                   # [T * k] pairs grouped by expert
-    counts = torch.bincount(flat, minlength=moe.gate_up.shape[0]).tolist()     # one host sync per layer
+    counts = torch.bincount(flat, minlength=E).tolist()                        # one host sync per layer
+    slots = moe.store.table[moe.layer].tolist() if moe.store is not None else [-1] * E
     starts = [0, *itertools.accumulate(counts)]
     hit = [e for e, n in enumerate(counts) if n]
-    units = [(scratch.units([moe.gate_up.expert(e)], cache=False), scratch.units([moe.down.expert(e)], cache=False))
-             for e in hit]
+    ws = [moe.expert_weights(e, slots[e]) for e in hit]                        # (gate_up [2F, D], down [D, F])
+    y = torch.empty(T * moe.top_k, ws[0][1].N, dtype=torch.float32, device=h.device)  # [T * k, D]
+    units = [(scratch.units([gu], cache=False), scratch.units([dn], cache=False)) for gu, dn in ws]
     scratch.expect([u for gu_dn in units for part in gu_dn for u in part])
     for e, (gu_units, dn_units) in zip(hit, units):
         pairs = order[starts[e]:starts[e] + counts[e]]                         # [n] (row, slot) pairs
