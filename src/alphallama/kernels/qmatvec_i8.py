@@ -1,0 +1,356 @@
+"""qmatvec_i8: x [W, K] @ w[N, K]^T -> [W, N] float32 under the expert contract
+(expert_q8.py), with int8 activations and dp4a.
+
+Why: qmatmul dequantizes every weight to float and does one FMA per weight per row,
+5-6 SASS instructions per weight at W=1 (kernels/NOTES.md): issue-bound. Here a weight
+stays an integer code. `w & 0x0F0F0F0F` puts 4 codes of a qs word in 4 byte lanes and
+one dp4a multiplies them with 4 int8 activations and adds to an int32: about 3
+instructions per 8 codes for the lanes (shared by all x rows) and one dp4a per 4 codes
+per x row. Only the per-slot scale work is float.
+
+    prepare  (one program per row and block of x): the contract's q8 of x (quantize_q8's
+             rule), its bytes stored in each format's dp4a lane order (`lane_perm`),
+             and per slot the record (sum of its q, dx of its 32-block)
+    gemv     (one program per BN weight rows and BW x rows): per step NT slots; per
+             slot and x row isum = sum_lanes dp4a(codes, x) - BIAS * xsum (exact), then
+             the contract's float32 sequence t = A * isum [- B * xsum], term = t * dx,
+             8-slot chunks summed pairwise, acc = acc + chunk in slot order
+
+Integer sums are exact in any order; the float part follows the contract to the bit,
+so a row equals expert_q8.matvec_q8 and its bits do not depend on W or its column.
+Compiled with enable_fp_fusion=False, without tl.fma (the contract has no fused ops).
+Under TRITON_INTERPRET=1 (no inline asm) the same integers come from plain shifts and
+multiplies (the DP4A constexpr).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
+from .expert_q8_gpu import CODES, _quantize_block
+from .formats import slot_positions
+from .qweight import QuantWeight
+
+MAX_BW = 16             # x rows per program (one named accumulator each below)
+NUM_WARPS = 4
+CHUNKS_PER_STEP = 4     # NT = CHUNK * this slots per step (fewer for short rows)
+ROWS_PER_PROGRAM = 16   # BN
+PREP_BLOCK = 256        # x values per prepare program (32 if K is not a multiple)
+
+
+# -- activations: the contract's q8, in dp4a lane order -----------------------------------
+def lane_perm(slot: int, V: int, bits: int) -> torch.Tensor:
+    """Byte p of a slot's packed activations holds the q8 of k position perm[p]: int64 [slot].
+    4-bit codes: word 2v + e (e = 0: fields 0,2,4,6 of qs word v, i.e. w & 0x0F0F0F0F;
+    e = 1: fields 1,3,5,7, (w >> 4) & 0x0F0F0F0F), byte j = field 2j + e. 8-bit: word v,
+    byte j = field j of qs word v."""
+    P = 32 // bits
+    pos = slot_positions(V, P)                                        # [V, P]
+    if bits == 8:
+        return pos.flatten()
+    v, e, j = torch.meshgrid(torch.arange(V), torch.arange(2), torch.arange(P // 2), indexing="ij")
+    return pos[v, 2 * j + e].flatten()                                 # [(v, e, j)] = [slot]
+
+
+@triton.jit
+def _prepare_kernel(x, xp, xsd, inv_perm, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLOT: tl.constexpr):
+    """Program (row m, block b of BQ values): q8 of x[m, block] -> xp (lane order), and
+    per slot the int32 pair (sum of q, bits of dx)."""
+    m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1)
+    k = b * BQ + tl.arange(0, BQ)                                     # [BQ]
+    a = tl.load(x + m * stride_x + k).to(tl.float32)
+    q, dx = _quantize_block(tl.reshape(a, (BQ // QBLOCK, QBLOCK)))    # [BQ/32, 32] int32, [BQ/32]
+    q = tl.reshape(q, (BQ,))
+    dest = (k // SLOT) * SLOT + tl.load(inv_perm + k % SLOT)          # [BQ]: the byte's lane position
+    tl.store(xp + m * K + dest, q.to(tl.int8))
+    xsum = tl.sum(tl.reshape(q, (BQ // SLOT, SLOT)), axis=1)          # [BQ/SLOT]
+    if SLOT == 16:
+        dxs = tl.reshape(tl.join(dx, dx), (BQ // SLOT,))              # two slots per 32-block
+    else:
+        dxs = dx
+    rec = tl.join(xsum, dxs.to(tl.int32, bitcast=True))               # [BQ/SLOT, 2]
+    s = b * (BQ // SLOT) + tl.arange(0, BQ // SLOT)
+    tl.store(xsd + m * (K // SLOT) * 2 + s[:, None] * 2 + tl.arange(0, 2)[None, :], rec)
+
+
+# -- the GEMV ------------------------------------------------------------------------------
+@triton.jit
+def _dp4a(a, b, c, DP4A: tl.constexpr):
+    """c + sum over the 4 byte lanes of a (unsigned) times b (signed): int32."""
+    if DP4A:
+        out = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        out = c + ((a & 0xFF) * ((b << 24) >> 24)) + (((a >> 8) & 0xFF) * ((b << 16) >> 24)) \
+            + (((a >> 16) & 0xFF) * ((b << 8) >> 24)) + (((a >> 24) & 0xFF) * (b >> 24))
+    return out
+
+
+@triton.jit
+def _lanes(words, h, BITS: tl.constexpr, HBITS: tl.constexpr):
+    """words [NT, BN, V] (+ the slot's qh word h [NT, BN]) -> the codes in byte lanes:
+    (lo, hi) [NT, BN, V] int32 (8-bit codes: (words, words))."""
+    if BITS == 8:
+        lo = words
+        hi = words
+    else:
+        lo = words & 0x0F0F0F0F
+        hi = (words >> 4) & 0x0F0F0F0F
+        if HBITS > 0:
+            # top bits of field i of word v sit at bit 4 i + HBITS v of h; byte j of lo is
+            # field 2j (top bits at 8j + HBITS v), of hi field 2j + 1 (at 8j + 4 + HBITS v)
+            HM: tl.constexpr = ((1 << HBITS) - 1) * 0x10101010
+            v = tl.arange(0, words.shape[2])[None, None, :] * HBITS   # [1, 1, V]
+            hh = h[:, :, None]                                         # [NT, BN, 1]
+            lo = lo | ((hh << (4 - v)) & HM)
+            hi = hi | ((hh >> v) & HM)
+    return lo, hi
+
+
+@triton.jit
+def _chunks(acc, t, C: tl.constexpr):
+    """acc [BN] + the C 8-slot chunks of t [BN, 8C], each summed pairwise
+    ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)), added chunk after chunk."""
+    BN: tl.constexpr = t.shape[0]
+    a, b = tl.split(tl.reshape(t, (BN, 4 * C, 2)))
+    a, b = tl.split(tl.reshape(a + b, (BN, 2 * C, 2)))
+    a, b = tl.split(tl.reshape(a + b, (BN, C, 2)))
+    c = a + b                                                          # [BN, C]
+    if C == 1:
+        acc = acc + tl.reshape(c, (BN,))
+    elif C == 2:
+        c0, c1 = tl.split(c)
+        acc = (acc + c0) + c1
+    elif C == 4:
+        e, o = tl.split(tl.reshape(c, (BN, 2, 2)))                     # chunks (0, 2), (1, 3)
+        c0, c2 = tl.split(e)
+        c1, c3 = tl.split(o)
+        acc = (((acc + c0) + c1) + c2) + c3
+    else:
+        tl.static_assert(C == 8, "CHUNKS_PER_STEP must be 1, 2, 4 or 8")
+        e, o = tl.split(tl.reshape(c, (BN, 4, 2)))                     # chunks (0, 2, 4, 6), (1, 3, 5, 7)
+        ee, eo = tl.split(tl.reshape(e, (BN, 2, 2)))                   # (0, 4), (2, 6)
+        oe, oo = tl.split(tl.reshape(o, (BN, 2, 2)))                   # (1, 5), (3, 7)
+        c0, c4 = tl.split(ee)
+        c2, c6 = tl.split(eo)
+        c1, c5 = tl.split(oe)
+        c3, c7 = tl.split(oo)
+        acc = (((((((acc + c0) + c1) + c2) + c3) + c4) + c5) + c6) + c7
+    return acc
+
+
+@triton.jit
+def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+              BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
+    """One x row's contribution from NT slots: acc [BN] -> acc [BN]. u [NT]: the slots."""
+    NT: tl.constexpr = lo.shape[0]
+    V: tl.constexpr = lo.shape[2]
+    XW: tl.constexpr = 2 * V if BITS == 4 else V                       # activation words per slot
+    u3 = u[:, None, None]                                              # [NT, 1, 1]
+    koff = tl.arange(0, XW)[None, None, :]                             # [1, 1, XW]
+    roff = u[:, None] * 2 + tl.arange(0, 2)[None, :]                   # [NT, 2]
+    if EVEN:
+        xv = tl.load(xp_row + u3 * XW + koff)                          # [NT, 1, XW] int32
+        rec = tl.load(xsd_row + roff)                                  # [NT, 2]
+    else:
+        xv = tl.load(xp_row + u3 * XW + koff, mask=u3 < n_slots, other=0)
+        rec = tl.load(xsd_row + roff, mask=u[:, None] < n_slots, other=0)
+    xsum, dxb = tl.split(rec)                                          # [NT] each
+    dx = dxb.to(tl.float32, bitcast=True)
+    if BITS == 4:
+        x_lo, x_hi = tl.split(tl.reshape(xv, (NT, 1, V, 2)))           # [NT, 1, V] each
+        isum = _dp4a(hi, x_hi, _dp4a(lo, x_lo, 0, DP4A), DP4A)         # [NT, BN, V]
+    else:
+        isum = _dp4a(lo, xv, 0, DP4A)
+    isum = tl.sum(isum, axis=2)                                        # [NT, BN] exact
+    if BIAS != 0:
+        isum = isum - BIAS * xsum[:, None]                             # codes c = q - BIAS
+    t = s1 * isum.to(tl.float32)                                       # A * isum
+    if HAS_MIN:
+        t = t - s2 * xsum.to(tl.float32)[:, None]                      # - B * xsum
+    t = t * dx[:, None]
+    if not EVEN:
+        t = tl.where((u < n_slots)[:, None], t, 0.0)                   # padded slots: +0
+    return _chunks(acc, tl.trans(t), NT // 8)
+
+
+@triton.jit
+def _store(out, acc, m, W, N, n_out):
+    tl.store(out + m.to(tl.int64) * N + n_out, acc, mask=(n_out < N) & (m < W))
+
+
+@triton.jit(do_not_specialize=["one"])
+def _qmatvec_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                       V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
+                       DP4A: tl.constexpr):
+    EVEN: tl.constexpr = n_slots % NT == 0
+    XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
+    n_wt = tl.cdiv(W, BW)
+    pid_n = tl.program_id(0) // n_wt
+    m0 = (tl.program_id(0) % n_wt) * BW
+    n_out = pid_n * BN + tl.arange(0, BN)                              # [BN]
+    row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]               # [1, BN]; past N: recomputed, not stored
+    # x rows past W recompute row W-1 and are not stored
+    r0 = tl.minimum(m0 + 0, W - 1).to(tl.int64)
+    r1 = tl.minimum(m0 + 1, W - 1).to(tl.int64)
+    r2 = tl.minimum(m0 + 2, W - 1).to(tl.int64)
+    r3 = tl.minimum(m0 + 3, W - 1).to(tl.int64)
+    r4 = tl.minimum(m0 + 4, W - 1).to(tl.int64)
+    r5 = tl.minimum(m0 + 5, W - 1).to(tl.int64)
+    r6 = tl.minimum(m0 + 6, W - 1).to(tl.int64)
+    r7 = tl.minimum(m0 + 7, W - 1).to(tl.int64)
+    r8 = tl.minimum(m0 + 8, W - 1).to(tl.int64)
+    r9 = tl.minimum(m0 + 9, W - 1).to(tl.int64)
+    r10 = tl.minimum(m0 + 10, W - 1).to(tl.int64)
+    r11 = tl.minimum(m0 + 11, W - 1).to(tl.int64)
+    r12 = tl.minimum(m0 + 12, W - 1).to(tl.int64)
+    r13 = tl.minimum(m0 + 13, W - 1).to(tl.int64)
+    r14 = tl.minimum(m0 + 14, W - 1).to(tl.int64)
+    r15 = tl.minimum(m0 + 15, W - 1).to(tl.int64)
+    acc0 = tl.zeros([BN], tl.float32)
+    acc1 = tl.zeros([BN], tl.float32)
+    acc2 = tl.zeros([BN], tl.float32)
+    acc3 = tl.zeros([BN], tl.float32)
+    acc4 = tl.zeros([BN], tl.float32)
+    acc5 = tl.zeros([BN], tl.float32)
+    acc6 = tl.zeros([BN], tl.float32)
+    acc7 = tl.zeros([BN], tl.float32)
+    acc8 = tl.zeros([BN], tl.float32)
+    acc9 = tl.zeros([BN], tl.float32)
+    acc10 = tl.zeros([BN], tl.float32)
+    acc11 = tl.zeros([BN], tl.float32)
+    acc12 = tl.zeros([BN], tl.float32)
+    acc13 = tl.zeros([BN], tl.float32)
+    acc14 = tl.zeros([BN], tl.float32)
+    acc15 = tl.zeros([BN], tl.float32)
+    XS: tl.constexpr = n_slots * 2
+    for s0 in range(0, n_slots, NT):
+        words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
+        lo, hi = _lanes(words, h, BITS, HBITS)
+        u = s0 + tl.arange(0, NT)                                      # [NT]
+        acc0 = _row_step(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
+                         HAS_MIN, DP4A)
+        if BW > 1:
+            acc1 = _row_step(acc1, lo, hi, s1, s2, xp + r1 * XROW, xsd + r1 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+        if BW > 2:
+            acc2 = _row_step(acc2, lo, hi, s1, s2, xp + r2 * XROW, xsd + r2 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc3 = _row_step(acc3, lo, hi, s1, s2, xp + r3 * XROW, xsd + r3 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+        if BW > 4:
+            acc4 = _row_step(acc4, lo, hi, s1, s2, xp + r4 * XROW, xsd + r4 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc5 = _row_step(acc5, lo, hi, s1, s2, xp + r5 * XROW, xsd + r5 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc6 = _row_step(acc6, lo, hi, s1, s2, xp + r6 * XROW, xsd + r6 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+        if BW > 8:
+            acc8 = _row_step(acc8, lo, hi, s1, s2, xp + r8 * XROW, xsd + r8 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc9 = _row_step(acc9, lo, hi, s1, s2, xp + r9 * XROW, xsd + r9 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc10 = _row_step(acc10, lo, hi, s1, s2, xp + r10 * XROW, xsd + r10 * XS, u, EVEN, n_slots, BITS,
+                              BIAS, HAS_MIN, DP4A)
+            acc11 = _row_step(acc11, lo, hi, s1, s2, xp + r11 * XROW, xsd + r11 * XS, u, EVEN, n_slots, BITS,
+                              BIAS, HAS_MIN, DP4A)
+            acc12 = _row_step(acc12, lo, hi, s1, s2, xp + r12 * XROW, xsd + r12 * XS, u, EVEN, n_slots, BITS,
+                              BIAS, HAS_MIN, DP4A)
+            acc13 = _row_step(acc13, lo, hi, s1, s2, xp + r13 * XROW, xsd + r13 * XS, u, EVEN, n_slots, BITS,
+                              BIAS, HAS_MIN, DP4A)
+            acc14 = _row_step(acc14, lo, hi, s1, s2, xp + r14 * XROW, xsd + r14 * XS, u, EVEN, n_slots, BITS,
+                              BIAS, HAS_MIN, DP4A)
+            acc15 = _row_step(acc15, lo, hi, s1, s2, xp + r15 * XROW, xsd + r15 * XS, u, EVEN, n_slots, BITS,
+                              BIAS, HAS_MIN, DP4A)
+    _store(out, acc0, m0 + 0, W, N, n_out)
+    if BW > 1:
+        _store(out, acc1, m0 + 1, W, N, n_out)
+    if BW > 2:
+        _store(out, acc2, m0 + 2, W, N, n_out)
+        _store(out, acc3, m0 + 3, W, N, n_out)
+    if BW > 4:
+        _store(out, acc4, m0 + 4, W, N, n_out)
+        _store(out, acc5, m0 + 5, W, N, n_out)
+        _store(out, acc6, m0 + 6, W, N, n_out)
+        _store(out, acc7, m0 + 7, W, N, n_out)
+    if BW > 8:
+        _store(out, acc8, m0 + 8, W, N, n_out)
+        _store(out, acc9, m0 + 9, W, N, n_out)
+        _store(out, acc10, m0 + 10, W, N, n_out)
+        _store(out, acc11, m0 + 11, W, N, n_out)
+        _store(out, acc12, m0 + 12, W, N, n_out)
+        _store(out, acc13, m0 + 13, W, N, n_out)
+        _store(out, acc14, m0 + 14, W, N, n_out)
+        _store(out, acc15, m0 + 15, W, N, n_out)
+
+
+# -- host side -------------------------------------------------------------------------------
+def tile_i8(w: QuantWeight, chunks_per_step: int = CHUNKS_PER_STEP, rows: int = ROWS_PER_PROGRAM,
+            num_warps: int = NUM_WARPS) -> tuple[int, int, int]:
+    """(BN, NT, num_warps): a function of the weight alone (never of W). The bits do not
+    depend on it either (the contract fixes the order), only the speed."""
+    NT = CHUNK * min(chunks_per_step, triton.next_power_of_2(triton.cdiv(w.n_slots, CHUNK)))
+    return rows, NT, num_warps
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [W, K] -> (xp int32 [W, K/4]: the q8 bytes in w's lane order, xsd int32
+    [W, n_slots, 2]: per slot (sum of q, bits of dx))."""
+    W, K = x.shape
+    fmt = w.fmt
+    bits = CODES[w.qtype][0]
+    perm = lane_perm(fmt.slot, fmt.V, bits)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(fmt.slot)
+    xp = torch.empty((W, K // 4), dtype=torch.int32, device=x.device)
+    xsd = torch.empty((W, K // fmt.slot, 2), dtype=torch.int32, device=x.device)
+    BQ = PREP_BLOCK if K % PREP_BLOCK == 0 else QBLOCK
+    _prepare_kernel[(W, K // BQ)](x, xp.view(torch.int8), xsd, inv.to(torch.int32).to(x.device), x.stride(0), K=K, BQ=BQ,
+                                  SLOT=fmt.slot, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return xp, xsd
+
+
+def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
+               chunks_per_step: int = CHUNKS_PER_STEP, rows: int = ROWS_PER_PROGRAM,
+               num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """x [W, K] (any float dtype) @ w^T -> [W, N] float32 under the expert contract: row m
+    equals expert_q8.matvec_q8(*quantize_q8(x[m:m+1])[i][0], w) bit for bit, whatever W
+    and m. Runs on CUDA or under the Triton interpreter."""
+    if not supports(w):
+        raise ValueError(f"qmatvec_i8 has no integer form of {w.qtype.name} "
+                         f"(supported: {', '.join(t.name for t in CODES)})")
+    if len(w.shape) != 2:
+        raise ValueError(f"qmatvec_i8 takes a 2-D weight; use w.expert(e) for {w.shape}")
+    if x.dim() != 2 or x.shape[1] != w.K:
+        raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape}")
+    if w.K % QBLOCK or XS_GROUP != 16 or CHUNK != 8:
+        raise ValueError(f"the expert contract needs K % {QBLOCK} == 0, got K={w.K}")
+    if not _use_triton(x):
+        raise RuntimeError("qmatvec_i8 runs on CUDA or under TRITON_INTERPRET=1")
+    W, N = x.shape[0], w.N
+    if out is None:
+        out = torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
+    elif out.shape != (W, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 [{W}, {N}], got {out.dtype} {tuple(out.shape)}")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    xp, xsd = prepare_i8(x, w)
+    BN, NT, nw = tile_i8(w, chunks_per_step, rows, num_warps)
+    BW = min(MAX_BW, triton.next_power_of_2(W))
+    bits, hbits, bias, has_min = CODES[w.qtype]
+    grid = (triton.cdiv(N, BN) * triton.cdiv(W, BW),)
+    _qmatvec_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
+                             V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=BN, NT=NT, BW=BW,
+                             DP4A=x.is_cuda, num_warps=nw, enable_fp_fusion=False)
+    return out
