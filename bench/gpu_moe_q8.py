@@ -89,6 +89,8 @@ def main() -> None:
     res["exact"]["host"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, on_host, 0).cpu(), ref))
     mixed = torch.where(torch.arange(E, device=dev) % 2 == 0, resident, on_host).to(torch.int32)
     res["exact"]["mixed"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, mixed, 0).cpu(), ref))
+    for c in (2, 4):
+        res["exact"][f"mixed-c{c}"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, mixed, 0, chunks=c).cpu(), ref))
 
     link = None
     pools: dict[int, object] = {}
@@ -118,6 +120,10 @@ def main() -> None:
             "moe-pcie": lambda: moe_down(moe_gate_up(x, hgu, ex, torch.bfloat16, 4, on_host, gu), hdn, ex, wt, 4,
                                          on_host, dn),
             "q8-pcie": lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0),
+            "q8-c2": lambda: moe_q8(x, wt, ex, gu, dn, gu, dn, resident, 0, chunks=2),
+            "q8-c4": lambda: moe_q8(x, wt, ex, gu, dn, gu, dn, resident, 0, chunks=4),
+            "q8-pcie-c2": lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0, chunks=2),
+            "q8-pcie-c4": lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0, chunks=4),
         }
         for n in counts:   # every host pair to the CPU workers, n threads
             arms[f"q8-cpu{n}"] = (n, lambda: moe_q8(x, wt, ex, hgu, hdn, gu, dn, on_host, 0, link))

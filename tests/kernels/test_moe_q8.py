@@ -35,8 +35,9 @@ def _bank(w: QuantWeight, experts: list[int]) -> QuantWeight:
     return QuantWeight(w.qtype, (len(experts), *w.shape[1:]), {n: p[experts].clone() for n, p in w.planes.items()})
 
 
-@pytest.mark.parametrize("gt,dt", CASES, ids=[f"{a.name}-{b.name}" for a, b in CASES])
-def test_moe_q8_matches_reference(gt, dt):
+@pytest.mark.parametrize("gt,dt,chunks", [(*c, 1) for c in CASES] + [(T.Q4_K, T.Q6_K, 2), (T.Q5_K, T.Q8_0, 4)],
+                         ids=[f"{a.name}-{b.name}" for a, b in CASES] + ["Q4_K-Q6_K-c2", "Q5_K-Q8_0-c4"])
+def test_moe_q8_matches_reference(gt, dt, chunks):
     E, D, F, k, W = 4, 256, 256, 2, 3
     gu, dn = _layer(gt, dt, E, D, F, seed=11)
     bank_gu, bank_dn = _bank(gu, [2, 0]), _bank(dn, [2, 0])
@@ -46,10 +47,10 @@ def test_moe_q8_matches_reference(gt, dt):
     h[1, :32] = 0                                                                # an all-zero block
     experts = torch.tensor([[0, 1], [3, 2], [2, 0]], dtype=torch.int32, device=DEV)
     weights = torch.rand(W, k, generator=g).to(DEV)
-    out = moe_q8(h, weights, experts, gu, dn, bank_gu, bank_dn, table, layer=0)
+    out = moe_q8(h, weights, experts, gu, dn, bank_gu, bank_dn, table, layer=0, chunks=chunks)
     ref = moe_q8_ref(h, gu, dn, experts, weights)
     assert out.dtype == torch.float32
     assert torch.equal(out.cpu(), ref), f"max diff {(out.cpu() - ref).abs().max():.3g}"
     # the same row alone, and at another position: the same bits
-    one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0)
+    one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0, chunks=chunks)
     assert torch.equal(one.cpu()[0], out.cpu()[2])

@@ -73,14 +73,32 @@ def _quantize_block(a):
 
 @triton.jit
 def _pairwise8(t):
-    """t [BN, 8] -> [BN]: ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))."""
+    """t [BN, C, 8] -> [BN, C]: each chunk ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))."""
     BN: tl.constexpr = t.shape[0]
-    a, b = tl.split(tl.reshape(t, (BN, 4, 2)))
+    C: tl.constexpr = t.shape[1]
+    a, b = tl.split(tl.reshape(t, (BN, C, 4, 2)))
     t4 = a + b
-    a, b = tl.split(tl.reshape(t4, (BN, 2, 2)))
+    a, b = tl.split(tl.reshape(t4, (BN, C, 2, 2)))
     t2 = a + b
     a, b = tl.split(t2)
     return a + b
+
+
+@triton.jit
+def _add_chunks(acc, c):
+    """acc [BN] + the chunk sums c [BN, C] one after the other, chunk 0 first (C in 1, 2, 4)."""
+    C: tl.constexpr = c.shape[1]
+    if C == 1:
+        acc = acc + tl.reshape(c, (c.shape[0],))
+    elif C == 2:
+        c0, c1 = tl.split(c)
+        acc = (acc + c0) + c1
+    else:
+        e, o = tl.split(tl.reshape(c, (c.shape[0], 2, 2)))   # e: chunks 0, 2; o: chunks 1, 3
+        c0, c2 = tl.split(e)
+        c1, c3 = tl.split(o)
+        acc = (((acc + c0) + c1) + c2) + c3
+    return acc
 
 
 @triton.jit
@@ -120,7 +138,9 @@ def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.conste
             t = t - s2 * xsum.to(tl.float32)[:, None]
         dxs = tl.load(dx_row + us * SLOT // 32, mask=live, other=0.0)  # [NT]
         t = tl.where(live[:, None], t * dxs[:, None], 0.0)
-        acc = acc + _pairwise8(tl.trans(t))
+        # NT = 8 C slots: C contract chunks per step (more bytes in flight per program);
+        # a chunk wholly past n_slots adds +0, an identity here (acc is never -0)
+        acc = _add_chunks(acc, _pairwise8(tl.reshape(tl.trans(t), (BN, NT // 8, 8))))
     return acc
 
 
@@ -284,11 +304,14 @@ def _combine_kernel(y, ycpu, weights, tier, out, seq, ctl, D, TOP_K: tl.constexp
     tl.store(out + m * D + n, acc, mask=n < D)
 
 
-def layout_args(w: QuantWeight) -> dict:
+CHUNKS_PER_STEP = 1   # C: contract chunks a program loads per step (1, 2 or 4; no bit depends on it)
+
+
+def layout_args(w: QuantWeight, chunks: int | None = None) -> dict:
     """A weight's constexprs for _matvec."""
     bits, hbits, bias, has_min = CODES[w.qtype]
     fmt = w.fmt
     if CHUNK != 8 or QBLOCK != 32 or XS_GROUP != 16:
         raise AssertionError("the kernels are written for CHUNK 8, QBLOCK 32, XS_GROUP 16")
     return dict(n_slots=w.n_slots, LOAD=fmt.triton_load, V=fmt.V, P=fmt.P, SLOT=fmt.slot, BITS=bits, HBITS=hbits,
-                BIAS=bias, HAS_MIN=has_min, NT=CHUNK)
+                BIAS=bias, HAS_MIN=has_min, NT=CHUNK * (chunks or CHUNKS_PER_STEP))

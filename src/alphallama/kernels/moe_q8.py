@@ -27,10 +27,11 @@ def contract_ok(gate_up: QuantWeight, down: QuantWeight) -> bool:
 
 def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_gate_up: QuantWeight,
            host_down: QuantWeight, bank_gate_up: QuantWeight, bank_down: QuantWeight, table: torch.Tensor,
-           layer: int, link=None) -> torch.Tensor:
+           layer: int, link=None, chunks: int | None = None) -> torch.Tensor:
     """h [W, D] (bf16/fp32), weights/experts [W, k] (the router's) -> [W, D] float32.
     host_* [E, ...] are the layer's host tier, bank_* the shared bank, table [E] int32
-    the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None."""
+    the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None.
+    chunks: contract chunks per kernel step (a speed knob; no bit depends on it)."""
     if not _use_triton(h):
         return _moe_q8_torch(h, weights, experts, host_gate_up, host_down, bank_gate_up, bank_down, table,
                              layer, link)
@@ -60,11 +61,11 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     axs = torch.empty((W, k, F // 16), dtype=torch.int32, device=dev)
     _gate_up_kernel[(W * k * (F // BN_GATE),)](
         xq, dx, xs, aq, adx, axs, experts, tier, table, *host_gate_up.plane_args(), *bank_gate_up.plane_args(),
-        F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up), num_warps=NUM_WARPS, enable_fp_fusion=False)
+        F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False)
     y = torch.empty((W, k, D), dtype=torch.float32, device=dev)                 # [W, k, D]
     _down_kernel[(W * k * triton.cdiv(D, BN_DOWN),)](
         aq, adx, axs, y, experts, tier, table, *host_down.plane_args(), *bank_down.plane_args(), D, 1,
-        BN=BN_DOWN, **layout_args(host_down), num_warps=NUM_WARPS, enable_fp_fusion=False)
+        BN=BN_DOWN, **layout_args(host_down, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False)
     if post and not gpu:
         link.wait_host()          # the interpreter cannot spin on memory another thread writes
     out = torch.empty((W, D), dtype=torch.float32, device=dev)
