@@ -25,6 +25,7 @@ multiplies (the DP4A constexpr).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -37,23 +38,22 @@ from .qweight import QuantWeight
 
 MAX_BW = 16             # x rows per program (one named accumulator each below)
 NUM_WARPS = 4
-CHUNKS_PER_STEP = 4     # NT = CHUNK * this slots per step (fewer for short rows)
-ROWS_PER_PROGRAM = 16   # BN
 PREP_BLOCK = 256        # x values per prepare program (32 if K is not a multiple)
 
 
 # -- activations: the contract's q8, in dp4a lane order -----------------------------------
 def lane_perm(slot: int, V: int, bits: int) -> torch.Tensor:
     """Byte p of a slot's packed activations holds the q8 of k position perm[p]: int64 [slot].
-    4-bit codes: word 2v + e (e = 0: fields 0,2,4,6 of qs word v, i.e. w & 0x0F0F0F0F;
-    e = 1: fields 1,3,5,7, (w >> 4) & 0x0F0F0F0F), byte j = field 2j + e. 8-bit: word v,
-    byte j = field j of qs word v."""
+    4-bit codes: word e V + v (e = 0: fields 0,2,4,6 of qs word v, i.e. w & 0x0F0F0F0F;
+    e = 1: fields 1,3,5,7, (w >> 4) & 0x0F0F0F0F), byte j = field 2j + e: the lo and hi
+    words are two V-word vectors, loaded like the V qs words. 8-bit: word v, byte j =
+    field j of qs word v."""
     P = 32 // bits
     pos = slot_positions(V, P)                                        # [V, P]
     if bits == 8:
         return pos.flatten()
-    v, e, j = torch.meshgrid(torch.arange(V), torch.arange(2), torch.arange(P // 2), indexing="ij")
-    return pos[v, 2 * j + e].flatten()                                 # [(v, e, j)] = [slot]
+    e, v, j = torch.meshgrid(torch.arange(2), torch.arange(V), torch.arange(P // 2), indexing="ij")
+    return pos[v, 2 * j + e].flatten()                                 # [(e, v, j)] = [slot]
 
 
 @triton.jit
@@ -64,7 +64,7 @@ def _prepare_kernel(x, xp, xsd, inv_perm, stride_x, K: tl.constexpr, BQ: tl.cons
     b = tl.program_id(1)
     k = b * BQ + tl.arange(0, BQ)                                     # [BQ]
     a = tl.load(x + m * stride_x + k).to(tl.float32)
-    q, dx = _quantize_block(tl.reshape(a, (BQ // QBLOCK, QBLOCK)))    # [BQ/32, 32] int32, [BQ/32]
+    q, dx = _quantize_block(tl.reshape(a, (BQ // 32, 32)))            # [BQ/32, 32] int32, [BQ/32]: QBLOCK
     q = tl.reshape(q, (BQ,))
     dest = (k // SLOT) * SLOT + tl.load(inv_perm + k % SLOT)          # [BQ]: the byte's lane position
     tl.store(xp + m * K + dest, q.to(tl.int8))
@@ -89,6 +89,27 @@ def _dp4a(a, b, c, DP4A: tl.constexpr):
         out = c + ((a & 0xFF) * ((b << 24) >> 24)) + (((a >> 8) & 0xFF) * ((b << 16) >> 24)) \
             + (((a >> 16) & 0xFF) * ((b << 8) >> 24)) + (((a >> 24) & 0xFF) * (b >> 24))
     return out
+
+
+@triton.jit
+def _dot_words(a, b, c, DP4A: tl.constexpr):
+    """c + the dp4a of a [NT, BN, V] with b [NT, 1, V] summed over V, as one chain of
+    dp4a (the V words are in one thread: the splits are free): [NT, BN] int32."""
+    V: tl.constexpr = a.shape[2]
+    if V == 4:
+        a02, a13 = tl.split(tl.reshape(a, (a.shape[0], a.shape[1], 2, 2)))
+        b02, b13 = tl.split(tl.reshape(b, (b.shape[0], 1, 2, 2)))
+        a0, a2 = tl.split(a02)
+        a1, a3 = tl.split(a13)
+        b0, b2 = tl.split(b02)
+        b1, b3 = tl.split(b13)
+        c = _dp4a(a3, b3, _dp4a(a2, b2, _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
+    else:
+        tl.static_assert(V == 2, "V is 2 or 4")
+        a0, a1 = tl.split(a)
+        b0, b1 = tl.split(b)
+        c = _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A)
+    return c
 
 
 @triton.jit
@@ -152,22 +173,24 @@ def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slo
     V: tl.constexpr = lo.shape[2]
     XW: tl.constexpr = 2 * V if BITS == 4 else V                       # activation words per slot
     u3 = u[:, None, None]                                              # [NT, 1, 1]
-    koff = tl.arange(0, XW)[None, None, :]                             # [1, 1, XW]
+    xoff = u3 * XW + tl.arange(0, V)[None, None, :]                    # [NT, 1, V]: the lo words
     roff = u[:, None] * 2 + tl.arange(0, 2)[None, :]                   # [NT, 2]
     if EVEN:
-        xv = tl.load(xp_row + u3 * XW + koff)                          # [NT, 1, XW] int32
+        x_lo = tl.load(xp_row + xoff)                                  # [NT, 1, V] int32
         rec = tl.load(xsd_row + roff)                                  # [NT, 2]
     else:
-        xv = tl.load(xp_row + u3 * XW + koff, mask=u3 < n_slots, other=0)
+        x_lo = tl.load(xp_row + xoff, mask=u3 < n_slots, other=0)
         rec = tl.load(xsd_row + roff, mask=u[:, None] < n_slots, other=0)
     xsum, dxb = tl.split(rec)                                          # [NT] each
     dx = dxb.to(tl.float32, bitcast=True)
     if BITS == 4:
-        x_lo, x_hi = tl.split(tl.reshape(xv, (NT, 1, V, 2)))           # [NT, 1, V] each
-        isum = _dp4a(hi, x_hi, _dp4a(lo, x_lo, 0, DP4A), DP4A)         # [NT, BN, V]
+        if EVEN:
+            x_hi = tl.load(xp_row + xoff + V)                          # [NT, 1, V]: the hi words
+        else:
+            x_hi = tl.load(xp_row + xoff + V, mask=u3 < n_slots, other=0)
+        isum = _dot_words(hi, x_hi, _dot_words(lo, x_lo, 0, DP4A), DP4A)   # [NT, BN]
     else:
-        isum = _dp4a(lo, xv, 0, DP4A)
-    isum = tl.sum(isum, axis=2)                                        # [NT, BN] exact
+        isum = _dot_words(lo, x_lo, 0, DP4A)
     if BIAS != 0:
         isum = isum - BIAS * xsum[:, None]                             # codes c = q - BIAS
     t = s1 * isum.to(tl.float32)                                       # A * isum
@@ -188,7 +211,7 @@ def _store(out, acc, m, W, N, n_out):
 def _qmatvec_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
-                       DP4A: tl.constexpr):
+                       PREFETCH: tl.constexpr, DP4A: tl.constexpr):
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     n_wt = tl.cdiv(W, BW)
@@ -230,8 +253,17 @@ def _qmatvec_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.cons
     acc14 = tl.zeros([BN], tl.float32)
     acc15 = tl.zeros([BN], tl.float32)
     XS: tl.constexpr = n_slots * 2
+    LAST: tl.constexpr = (n_slots - 1) // NT * NT                      # the last step's first slot
+    if PREFETCH:
+        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
     for s0 in range(0, n_slots, NT):
-        words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
+        if PREFETCH:
+            # the next step's weights are asked for before this step's arithmetic: twice
+            # the bytes in flight per thread (the last step re-reads itself, in bounds)
+            words, h, s1, s2 = nwords, nh, ns1, ns2
+            nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
+        else:
+            words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
         lo, hi = _lanes(words, h, BITS, HBITS)
         u = s0 + tl.arange(0, NT)                                      # [NT]
         acc0 = _row_step(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
@@ -293,12 +325,34 @@ def _qmatvec_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.cons
 
 
 # -- host side -------------------------------------------------------------------------------
-def tile_i8(w: QuantWeight, chunks_per_step: int = CHUNKS_PER_STEP, rows: int = ROWS_PER_PROGRAM,
-            num_warps: int = NUM_WARPS) -> tuple[int, int, int]:
-    """(BN, NT, num_warps): a function of the weight alone (never of W). The bits do not
-    depend on it either (the contract fixes the order), only the speed."""
-    NT = CHUNK * min(chunks_per_step, triton.next_power_of_2(triton.cdiv(w.n_slots, CHUNK)))
-    return rows, NT, num_warps
+@dataclass(frozen=True)
+class Tile:
+    """How the work is cut: speed only. The contract fixes every operation's order, so a
+    row's bits are the same under any tile (tested), unlike qmatmul's tiles."""
+    BN: int = 16            # weight rows per program
+    NT: int = 32            # slots per step (a multiple of CHUNK)
+    BW: int = 8             # x rows per program (at most MAX_BW)
+    num_warps: int = NUM_WARPS
+    prefetch: bool = True   # load the next step's weights before this step's arithmetic
+
+
+def tile_i8(w: QuantWeight, W: int) -> Tile:
+    """The default tile (offline SASS counts for sm_90, Q4_K K=12288: NT=32 x BN=16 is
+    ~2.0 instructions per weight at W=1, ~8.6 at W=8 over 8 rows; W > 8 takes 16 x rows
+    per program with NT=8 x BN=32 (228 registers, no spills))."""
+    if W > 8:
+        t = Tile(BN=32, NT=8, BW=16)
+    else:
+        t = Tile(BW=triton.next_power_of_2(W))
+    return fit(t, w)
+
+
+def fit(t: Tile, w: QuantWeight) -> Tile:
+    """No more slots per step than the row has (rounded up to whole chunks, a power of 2)."""
+    NT = min(t.NT, CHUNK * triton.next_power_of_2(triton.cdiv(w.n_slots, CHUNK)))
+    if NT % CHUNK or NT // CHUNK not in (1, 2, 4, 8) or t.BW > MAX_BW or t.BW & (t.BW - 1):
+        raise ValueError(f"bad tile {t}")
+    return replace(t, NT=NT)
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -323,8 +377,7 @@ def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Ten
 
 
 def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
-               chunks_per_step: int = CHUNKS_PER_STEP, rows: int = ROWS_PER_PROGRAM,
-               num_warps: int = NUM_WARPS) -> torch.Tensor:
+               tile: Tile | None = None) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 under the expert contract: row m
     equals expert_q8.matvec_q8(*quantize_q8(x[m:m+1])[i][0], w) bit for bit, whatever W
     and m. Runs on CUDA or under the Triton interpreter."""
@@ -346,11 +399,11 @@ def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
         raise ValueError(f"out must be a contiguous float32 [{W}, {N}], got {out.dtype} {tuple(out.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()
     xp, xsd = prepare_i8(x, w)
-    BN, NT, nw = tile_i8(w, chunks_per_step, rows, num_warps)
-    BW = min(MAX_BW, triton.next_power_of_2(W))
+    t = tile_i8(w, W) if tile is None else fit(tile, w)
     bits, hbits, bias, has_min = CODES[w.qtype]
-    grid = (triton.cdiv(N, BN) * triton.cdiv(W, BW),)
+    grid = (triton.cdiv(N, t.BN) * triton.cdiv(W, t.BW),)
     _qmatvec_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
-                             V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=BN, NT=NT, BW=BW,
-                             DP4A=x.is_cuda, num_warps=nw, enable_fp_fusion=False)
+                             V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
+                             BW=t.BW, PREFETCH=t.prefetch, DP4A=x.is_cuda, num_warps=t.num_warps,
+                             enable_fp_fusion=False)
     return out
