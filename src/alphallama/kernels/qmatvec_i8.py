@@ -57,7 +57,8 @@ def lane_perm(slot: int, V: int, bits: int) -> torch.Tensor:
 
 
 @triton.jit
-def _prepare_kernel(x, xp, xsd, inv_perm, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLOT: tl.constexpr):
+def _prepare_kernel(x, xp, xsd, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr,
+                    BITS: tl.constexpr):
     """Program (row m, block b of BQ values): q8 of x[m, block] -> xp (lane order), and
     per slot the int32 pair (sum of q, bits of dx)."""
     m = tl.program_id(0).to(tl.int64)
@@ -66,7 +67,14 @@ def _prepare_kernel(x, xp, xsd, inv_perm, stride_x, K: tl.constexpr, BQ: tl.cons
     a = tl.load(x + m * stride_x + k).to(tl.float32)
     q, dx = _quantize_block(tl.reshape(a, (BQ // 32, 32)))            # [BQ/32, 32] int32, [BQ/32]: QBLOCK
     q = tl.reshape(q, (BQ,))
-    dest = (k // SLOT) * SLOT + tl.load(inv_perm + k % SLOT)          # [BQ]: the byte's lane position
+    # the inverse of lane_perm: k = (j // 2) 2V + 2v + (j % 2) for field j of qs word v
+    r = k % (2 * V)
+    jh = (k % SLOT) // (2 * V)
+    if BITS == 4:
+        lane = ((r % 2) * V + r // 2) * 4 + jh                        # word e V + v, byte j // 2
+    else:
+        lane = (r // 2) * 4 + 2 * jh + r % 2                           # word v, byte j
+    dest = (k // SLOT) * SLOT + lane                                   # [BQ]: the byte's lane position
     tl.store(xp + m * K + dest, q.to(tl.int8))
     xsum = tl.sum(tl.reshape(q, (BQ // SLOT, SLOT)), axis=1)          # [BQ/SLOT]
     if SLOT == 16:
@@ -364,15 +372,11 @@ def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Ten
     [W, n_slots, 2]: per slot (sum of q, bits of dx))."""
     W, K = x.shape
     fmt = w.fmt
-    bits = CODES[w.qtype][0]
-    perm = lane_perm(fmt.slot, fmt.V, bits)
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(fmt.slot)
     xp = torch.empty((W, K // 4), dtype=torch.int32, device=x.device)
     xsd = torch.empty((W, K // fmt.slot, 2), dtype=torch.int32, device=x.device)
     BQ = PREP_BLOCK if K % PREP_BLOCK == 0 else QBLOCK
-    _prepare_kernel[(W, K // BQ)](x, xp.view(torch.int8), xsd, inv.to(torch.int32).to(x.device), x.stride(0), K=K, BQ=BQ,
-                                  SLOT=fmt.slot, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    _prepare_kernel[(W, K // BQ)](x, xp.view(torch.int8), xsd, x.stride(0), K=K, BQ=BQ, SLOT=fmt.slot,
+                                  V=fmt.V, BITS=CODES[w.qtype][0], num_warps=NUM_WARPS, enable_fp_fusion=False)
     return xp, xsd
 
 
