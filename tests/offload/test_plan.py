@@ -121,6 +121,9 @@ def test_offload_plan_sets_the_slots(tmp_path):
     plan = make_plan(str(path), ctx=CTX, gpu_mem=s.dense + s.kv + s.workspace + s.experts // 4)
     kw = engine_kwargs(argparse.Namespace(ctx_size=None, device="auto"), plan)
     assert kw["expert_slots"] == plan.slots == math.floor(s.experts // 4 / s.expert_slot)
+    assert kw["cpu_threads"] == plan.cpu_threads >= 1        # the workers the plan sized
+    from alphallama.offload.apply import summary
+    assert f"computed by {plan.cpu_threads} CPU workers" in summary(plan)
     if not torch.cuda.is_available():   # run/serve on a CPU box: the budget does not apply
         cpu_args = argparse.Namespace(ctx_size=CTX, device="auto", gpu_mem=1 << 20)
         assert plan_from_args(cpu_args, str(path)).layout == "cpu"

@@ -50,8 +50,10 @@ def summary(plan: Plan | None) -> str:
     if plan is None:
         return f"automatic plan off ({DEFAULTS.offload.auto_env}=0)"
     if plan.layout == "offload":
+        rest = (f"the rest computed by {plan.cpu_threads} CPU workers and read over PCIe"
+                if plan.cpu_threads else "the rest read from host RAM over PCIe")
         return (f"offload: {plan.slots}/{plan.sizes.n_experts} expert slots in VRAM "
-                f"({100 * plan.resident_fraction:.0f}%), the rest read from host RAM")
+                f"({100 * plan.resident_fraction:.0f}%), {rest}")
     return plan.layout
 
 
@@ -64,4 +66,5 @@ def engine_kwargs(args, plan: Plan | None) -> dict:
         kw["ctx_size"] = plan.ctx
     if plan.layout == "offload":
         kw["expert_slots"] = plan.slots
+        kw["cpu_threads"] = plan.cpu_threads or None
     return kw
