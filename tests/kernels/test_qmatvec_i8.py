@@ -46,7 +46,8 @@ def reference(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
 
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     same = a.cpu().view(torch.int32) == b.cpu().view(torch.int32)
-    assert same.all(), f"{what}: {int((~same).sum())} of {same.numel()} differ, rows {(~same).any(1).nonzero()[:, 0].tolist()}"
+    rows = (~same).any(1).nonzero()[:, 0].tolist()
+    assert same.all(), f"{what}: {int((~same).sum())} of {same.numel()} differ, rows {rows}"
 
 
 def test_lane_perm_is_a_permutation_of_the_slot():
@@ -89,7 +90,8 @@ def test_any_tile_same_bits():
         assert_same_bits(qmatvec_i8(x, w, tile=t), ref, str(t))
 
 
-@pytest.mark.parametrize("qtype,k", [(T.Q6_K, 768), (T.Q4_0, 896), (T.Q8_0, 96)], ids=["Q6_K-768", "Q4_0-896", "Q8_0-96"])
+@pytest.mark.parametrize("qtype,k", [(T.Q6_K, 768), (T.Q4_0, 896), (T.Q8_0, 96)],
+                         ids=["Q6_K-768", "Q4_0-896", "Q8_0-96"])
 def test_ragged_shapes(qtype, k):
     """Slot counts that are not a multiple of the step (masked, padded chunks), N not a
     multiple of BN, x with a row stride larger than K."""

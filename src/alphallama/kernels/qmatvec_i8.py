@@ -1,12 +1,11 @@
 """qmatvec_i8: x [W, K] @ w[N, K]^T -> [W, N] float32 under the expert contract
 (expert_q8.py), with int8 activations and dp4a.
 
-Why: qmatmul dequantizes every weight to float and does one FMA per weight per row,
-5-6 SASS instructions per weight at W=1 (kernels/NOTES.md): issue-bound. Here a weight
-stays an integer code. `w & 0x0F0F0F0F` puts 4 codes of a qs word in 4 byte lanes and
-one dp4a multiplies them with 4 int8 activations and adds to an int32: about 3
-instructions per 8 codes for the lanes (shared by all x rows) and one dp4a per 4 codes
-per x row. Only the per-slot scale work is float.
+Why: qmatmul spends 5-6 SASS instructions per weight (kernels/NOTES.md). Here
+`w & 0x0F0F0F0F` puts 4 codes of a qs word in 4 byte lanes and one dp4a multiplies them
+with 4 int8 activations into an int32; only the per-slot scale work is float.
+Measured (H200, bench/gpu_qmatvec_i8.py): Q4_K 4096x12288 W=1 16.5 us = 1.76 TB/s,
+no faster than qmatmul; W=8 2.6x W=1 (qmatmul 4.4x). tile_i8 says more.
 
     prepare  (one program per row and block of x): the contract's q8 of x (quantize_q8's
              rule), its bytes stored in each format's dp4a lane order (`lane_perm`),
@@ -345,14 +344,12 @@ class Tile:
 
 
 def tile_i8(w: QuantWeight, W: int) -> Tile:
-    """The default tile (offline SASS counts for sm_90, Q4_K K=12288: NT=32 x BN=16 is
-    ~2.0 instructions per weight at W=1, ~8.6 at W=8 over 8 rows; W > 8 takes 16 x rows
-    per program with NT=8 x BN=32 (228 registers, no spills))."""
-    if W > 8:
-        t = Tile(BN=32, NT=8, BW=16)
-    else:
-        t = Tile(BW=triton.next_power_of_2(W))
-    return fit(t, w)
+    """The default tile. H200 (bench/results/gpu_qmatvec_i8-20261130-010828.json), Q4_K
+    N=4096 K=12288: NT=32 x BN=16 (256 programs) 16.5 us at W=1, 43.1 at W=8; NT=8 x
+    BN=64 (64 programs) 41.4 / 141.8; no prefetch 16.6 / 43.8. W=16 in one program (NT=8,
+    BN=32, 128 programs) took 221.6 us, starved of programs: W > 8 now runs programs of
+    8 x rows (the W=8 tile twice over the weight; not yet measured)."""
+    return fit(Tile(BW=min(8, triton.next_power_of_2(W))), w)
 
 
 def fit(t: Tile, w: QuantWeight) -> Tile:
@@ -361,10 +358,6 @@ def fit(t: Tile, w: QuantWeight) -> Tile:
     if NT % CHUNK or NT // CHUNK not in (1, 2, 4, 8) or t.BW > MAX_BW or t.BW & (t.BW - 1):
         raise ValueError(f"bad tile {t}")
     return replace(t, NT=NT)
-
-
-def _use_triton(x: torch.Tensor) -> bool:
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -383,8 +376,8 @@ def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Ten
 def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
                tile: Tile | None = None) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 under the expert contract: row m
-    equals expert_q8.matvec_q8(*quantize_q8(x[m:m+1])[i][0], w) bit for bit, whatever W
-    and m. Runs on CUDA or under the Triton interpreter."""
+    equals expert_q8.matvec_q8 of quantize_q8(x[m]) bit for bit, whatever W, m and tile.
+    Runs on CUDA or under the Triton interpreter."""
     if not supports(w):
         raise ValueError(f"qmatvec_i8 has no integer form of {w.qtype.name} "
                          f"(supported: {', '.join(t.name for t in CODES)})")
@@ -394,7 +387,7 @@ def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
         raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape}")
     if w.K % QBLOCK or XS_GROUP != 16 or CHUNK != 8:
         raise ValueError(f"the expert contract needs K % {QBLOCK} == 0, got K={w.K}")
-    if not _use_triton(x):
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("qmatvec_i8 runs on CUDA or under TRITON_INTERPRET=1")
     W, N = x.shape[0], w.N
     if out is None:
