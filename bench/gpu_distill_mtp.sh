@@ -9,7 +9,7 @@
 #
 # Writes to $OUT: <name>.partNN + <name>.sha256 (the sidecar, <= 15 MiB a part),
 # distill_curves.json (curves, held-out evaluation, host), distill.log.
-# Join here: python -m alphallama.train.distill_parts join DIR/<name>.sha256 <model dir>/<name>
+# Join here: python -m alphallama.train join DIR/<name>.sha256 -o <model dir>/<name>
 set -euo pipefail
 MODEL=${1:-/tmp/models/qwen.gguf}
 BUDGET=${2:-240}

@@ -24,7 +24,7 @@ qwen)
   tail -20 $D/stdout.txt
   N=qwen2.5-coder-0.5b-instruct.mtp.gguf
   cp $D/$N.part* $D/$N.sha256 $D/distill_curves.json "$OUT"/
-  python3 -m alphallama.train.distill_parts join $D/$N.sha256 /tmp/models/qwen.mtp.gguf || exit 3
+  python3 -m alphallama.train join $D/$N.sha256 -o /tmp/models/qwen.mtp.gguf || exit 3
   timeout 230 python3 bench/spec_suite.py -m $Q --draft-head /tmp/models/qwen.mtp.gguf --device cuda \
       --out "$OUT" --tag h200 2>&1 | tail -40
   ;;

@@ -20,7 +20,7 @@ from alphallama.train.distill_eval import _rounds
 from alphallama.train.distill_generate import generate_batch
 from alphallama.train.distill_init import init_from_teacher
 from alphallama.train.distill_loss import distill_kl
-from alphallama.train.distill_parts import join_parts, split_file
+from alphallama.train.parts import join_parts, split_file
 from alphallama.train.distill_requests import KINDS, functions_of
 from alphallama.train.distill_teacher import Teacher
 from alphallama.train.mtp import MTPConfig, MTPHead

@@ -16,11 +16,12 @@ from alphallama.gguf.arch import expected_tensors, load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.model.loader import load_model
 from alphallama.train.bpe import gguf_tokenizer_kv, train_bpe
-from alphallama.train.export import export, join_parts, sha256_file, split_file
+from alphallama.train.export import export
 from alphallama.train.instruct import chat_template_text
 from alphallama.train.loop import losses
 from alphallama.train.model import MoEConfig, MoEModel
 from alphallama.train.mtp import MTPConfig, MTPHead
+from alphallama.train.parts import join_parts, sha256_file, split_file
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 CFG = MoEConfig(vocab_size=600, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
@@ -86,15 +87,41 @@ def test_a_few_steps_lower_the_loss(tok_kv):
     assert all(a < b - 0.3 for a, b in zip([m.item() for m in mtp], first[1]))
 
 
-def test_split_and_join(tmp_path):
+@pytest.mark.parametrize("size, sizes", [(10_000, [4096, 4096, 1808]), (8192, [4096, 4096]), (0, [0])])
+def test_split_and_join(tmp_path, size, sizes):
+    import hashlib
     p = tmp_path / "f.bin"
-    p.write_bytes(np.random.default_rng(0).integers(0, 256, 10_000, dtype=np.uint8).tobytes())
-    parts = split_file(p, 4096)
-    assert [q.stat().st_size for q in parts] == [4096, 4096, 1808]
-    out = join_parts(parts[0], tmp_path / "g.bin", sha256_file(p))
-    assert out.read_bytes() == p.read_bytes()
-    with pytest.raises(ValueError):
-        join_parts(parts[0], tmp_path / "h.bin", "0" * 64)
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    p.write_bytes(data)
+    out = tmp_path / "parts"
+    out.mkdir()
+    sums = split_file(p, out, 4096)
+    parts = sorted(out.glob("f.bin.part*"))
+    assert [q.name for q in parts] == [f"f.bin.part{i:02d}" for i in range(len(sizes))]
+    assert [q.stat().st_size for q in parts] == sizes
+    lines = [line.split() for line in sums.read_text().splitlines()]
+    assert lines == [[hashlib.sha256(q.read_bytes()).hexdigest(), q.name] for q in parts] \
+        + [[hashlib.sha256(data).hexdigest(), "f.bin"]]
+    assert join_parts(sums, tmp_path / "g.bin") == sha256_file(p)
+    assert (tmp_path / "g.bin").read_bytes() == data
+
+
+def test_join_refuses_damage(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(bytes(range(256)) * 40)
+    sums = split_file(p, tmp_path, 4096)
+    lines = sums.read_text().splitlines()
+    sums.write_text("\n".join(lines[:-1] + ["0" * 64 + "  f.bin"]) + "\n")   # parts fine, whole wrong
+    with pytest.raises(ValueError, match="joined file's sha256"):
+        join_parts(sums, tmp_path / "g.bin")
+    assert not (tmp_path / "g.bin").exists() and not (tmp_path / "g.bin.partial").exists()
+    sums.write_text("\n".join(lines) + "\n")
+    (tmp_path / "f.bin.part01").unlink()
+    with pytest.raises(ValueError, match="part01: missing part"):
+        join_parts(sums, tmp_path / "g.bin")
+    sums.write_text("not a checksum line\n")
+    with pytest.raises(ValueError, match="expected `<sha256>  <file name>`"):
+        join_parts(sums, tmp_path / "g.bin")
 
 
 def test_tiny_pipeline_run(tmp_path):
@@ -109,15 +136,23 @@ def test_tiny_pipeline_run(tmp_path):
             "--tokenizer-sample-mb", "1", "--instruct-examples", "16", "--vocab-size", "400", "--ctx", "32",
             "--d-model", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
             "--experts", "2", "--experts-used", "1", "--expert-ffn", "32", "--mtp-ffn", "32", "--batch-size", "2",
-            "--max-steps", "3", "--workers", "1", "--warmup-steps", "1", "--quant", "F32", "--commit", "abc"]
+            "--max-steps", "3", "--workers", "1", "--warmup-steps", "1", "--quant", "F32", "--commit", "abc",
+            "--split-mib", "0.01"]   # parts of 10 KiB: both GGUFs come out split
     assert main(args) == 0
     report = json.loads((out / "train.json").read_text())
     assert report["state"]["step"] == 3 and report["curves"]["val"]
-    f = GGUFFile(str(out / "alphallama-embedded.gguf"))
-    md = f.metadata
+    names = {p.name for p in out.iterdir()}
+    joined = {}
+    for stem in ("alphallama-embedded.gguf", "alphallama-embedded.mtp.gguf"):
+        assert stem not in names and f"{stem}.part00" in names and f"{stem}.part01" in names
+        joined[stem] = tmp_path / stem
+        assert main(["join", str(out / f"{stem}.sha256"), "-o", str(joined[stem])]) == 0
+        assert sha256_file(joined[stem]) == report["files"][stem]
+    md = GGUFFile(str(joined["alphallama-embedded.gguf"])).metadata
     assert md["alphallama.training.corpus_manifest_sha256"] == sha256_file(out / "manifest.tsv.gz")
     assert md["alphallama.training.steps"] == 3 and md["alphallama.training.commit"] == "abc"
-    assert "SHA256SUMS" in {p.name for p in out.iterdir()}
+    assert GGUFFile(str(joined["alphallama-embedded.mtp.gguf"])).metadata["alphallama.training.commit"] == "abc"
+    assert main(["join", str(out / "missing.sha256"), "-o", str(tmp_path / "x")]) == 2   # a clear error
     # held-out files never reach the training stream
     d = torch.load(work / "data.pt", weights_only=False)
     from tokenizers import Tokenizer as HF

@@ -1,6 +1,7 @@
 """`python -m alphallama.train run --out DIR [...]`: build the corpus, train the tokenizer,
-the model and its MTP head, and export the GGUF pair. See README.md, "Training the
-embedded model"."""
+the model and its MTP head, and export the GGUF pair. `python -m alphallama.train join
+DIR/NAME.sha256 -o FILE` joins parts (parts.py), checking each and the whole. See
+README.md, "Training the embedded model"."""
 from __future__ import annotations
 
 import argparse
@@ -16,10 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="corpus -> tokenizer -> training -> GGUF + MTP sidecar")
     pipeline.add_arguments(r, DEFAULTS.train)
-    join = sub.add_parser("join", help="join NAME.part0, .part1, ... checking SHA256SUMS")
-    join.add_argument("first_part")
-    join.add_argument("-o", "--output", required=True)
-    join.add_argument("--sums", required=True, help="the SHA256SUMS file written by `run`")
+    join = sub.add_parser("join", help="join NAME.part00, .part01, ... checking each part's and the whole "
+                                       "file's sha256 (the parts of `run` and of distill_mtp)")
+    join.add_argument("sums", help="the NAME.sha256 file written beside the parts")
+    join.add_argument("-o", "--output", required=True, help="the joined file")
     args = p.parse_args(argv)
     try:
         if args.cmd == "join":
@@ -31,17 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _join(args) -> int:
-    from pathlib import Path
-
-    from .export import join_parts
-    sums = dict(reversed(line.split(None, 1)) for line in Path(args.sums).read_text().splitlines() if line)
-    sums = {k.strip(): v for k, v in sums.items()}
-    first = Path(args.first_part)
-    name = first.name[:first.name.rindex(".part")]
-    if name not in sums:
-        raise ValueError(f"{args.sums} lists no sha256 for {name}")
-    join_parts(first, args.output, sums[name])
-    print(f"joined {args.output} (sha256 ok)")
+    from .parts import join_parts
+    digest = join_parts(args.sums, args.output)
+    print(f"joined {args.output} (sha256 {digest}, every part checked)")
     return 0
 
 

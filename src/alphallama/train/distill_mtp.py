@@ -7,7 +7,7 @@ answers itself (greedy); the MTP head (train/mtp.py, docs/MTP.md semantics, dept
 1..K with hidden states fed back) learns, at every position p and depth k, the
 teacher's own distribution at p (distill_loss.py). Writes to --out: the sidecar
 `<stem>.mtp.gguf` split into parts with a .sha256 list (join with
-`python -m alphallama.train.distill_parts join`), the training curves and held-out
+`python -m alphallama.train join`), the training curves and held-out
 evaluation as JSON; bench/gpu_distill_mtp.sh runs it on the device.
 
 Phases (one process; every phase logs its time): corpus (train/corpus.py, files held
@@ -52,10 +52,10 @@ from .distill_eval import evaluate, pack_answers, summary
 from .distill_generate import generate_all
 from .distill_init import INITS
 from .distill_loss import distill_kl
-from .distill_parts import split_file
 from .distill_requests import make_requests
 from .distill_teacher import Teacher
 from .mtp import MTPConfig, MTPHead, write_sidecar
+from .parts import split_file
 
 D = DEFAULTS.distill
 

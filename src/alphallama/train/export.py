@@ -1,11 +1,9 @@
 """Writing the trained model: the main GGUF (only the tensors llama.cpp loads for
-`qwen3moe`), the MTP sidecar `<stem>.mtp.gguf` beside it, provenance metadata in both,
-and splitting files into parts with checksums (files come back from the device at most
-16 MiB each) and joining them again.
+`qwen3moe`), the MTP sidecar `<stem>.mtp.gguf` beside it, provenance metadata in both.
+Splitting them into checked parts for the trip back from the device is parts.py's.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -78,44 +76,3 @@ def export(out_dir: str | Path, stem: str, model: MoEModel, head: MTPHead, token
     write_sidecar(side, head, arch="qwen3moe", n_layers=model.cfg.n_layers, ctx_len=model.cfg.ctx_len,
                   metadata=metadata, qtype=qtype)
     return main, side
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def split_file(path: str | Path, part_bytes: int) -> list[Path]:
-    """`path` -> path.part0, .part1, ... of at most part_bytes each (the original is kept)."""
-    path = Path(path)
-    parts = []
-    with open(path, "rb") as f:
-        for i, block in enumerate(iter(lambda: f.read(part_bytes), b"")):
-            p = path.with_name(f"{path.name}.part{i}")
-            p.write_bytes(block)
-            parts.append(p)
-    return parts
-
-
-def join_parts(first_part: str | Path, out: str | Path, sha256: str) -> Path:
-    """Join name.part0, name.part1, ... into `out` and check the whole file's sha256."""
-    first_part = Path(first_part)
-    base = first_part.name[:first_part.name.rindex(".part")]
-    out = Path(out)
-    tmp = out.with_name(out.name + ".partial")
-    with open(tmp, "wb") as f:
-        i = 0
-        while (p := first_part.with_name(f"{base}.part{i}")).exists():
-            f.write(p.read_bytes())
-            i += 1
-    if i == 0:
-        raise FileNotFoundError(f"no parts {base}.part0 ... next to {first_part}")
-    got = sha256_file(tmp)
-    if got != sha256:
-        tmp.unlink()
-        raise ValueError(f"joined {i} parts of {base}: sha256 {got} != expected {sha256}")
-    tmp.replace(out)
-    return out

@@ -22,11 +22,12 @@ import torch
 from .bpe import gguf_tokenizer_kv, train_bpe
 from .corpus import collect, default_roots, write_manifest
 from .data import rendered_examples, tokenize_docs
-from .export import export, sha256_file, split_file
+from .export import export
 from .instruct import chat_template_text
 from .loop import Hyper, train
 from .model import MoEConfig, MoEModel
 from .mtp import MTPConfig, MTPHead
+from .parts import sha256_file, split_file
 
 
 def _log(msg: str) -> None:
@@ -153,10 +154,11 @@ def run(args) -> int:
     for name in ("manifest.tsv.gz", "heldout.jsonl.gz"):
         (out / name).write_bytes((work / name).read_bytes())
     sums = {p.name: sha256_file(p) for p in (main, side)}
-    if args.split_mib and main.stat().st_size > args.split_mib * 2**20:
-        split_file(main, int(args.split_mib * 2**20))
-        main.unlink()
-    (out / "SHA256SUMS").write_text("".join(f"{h}  {n}\n" for n, h in sums.items()))
+    part_bytes = int(args.split_mib * 2**20)
+    for p in (main, side):   # NAME.partNN + NAME.sha256 (parts.py) for what is too big to come back whole
+        if part_bytes and p.stat().st_size > part_bytes:
+            split_file(p, out, part_bytes)
+            p.unlink()
     timings["export_s"] = time.time() - t
     report = {"date": date, "command": command, "commit": args.commit, "device": gpu,
               "torch": torch.__version__, "config": asdict(cfg), "mtp_d_ff": args.mtp_ffn,
@@ -205,7 +207,8 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--max-steps", type=int, default=None)
     a("--log-every", type=int, default=T.log_every)
     a("--quant", default="Q8_0", choices=["Q8_0", "F16", "F32"])
-    a("--split-mib", type=float, default=15.5, help="split the model GGUF into parts of this size (0: never)")
+    a("--split-mib", type=float, default=15.5,
+      help="split each exported GGUF bigger than this into NAME.partNN of this size + NAME.sha256 (0: never)")
     a("--device", default="auto")
     a("--workers", type=int, default=16, help="processes making instruction examples")
     a("--seed", type=int, default=T.seed)
