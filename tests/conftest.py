@@ -7,6 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU the Triton kernels run in the interpreter. This must hold before any
+# module decorates a kernel (the first import of alphallama.kernels decides it for the
+# whole run), so it is set here rather than in each test module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ALPHA_SHARED", ROOT.parent / "shared"))
 DATA = SHARED / "data"
