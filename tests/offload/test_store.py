@@ -165,3 +165,23 @@ def test_long_prompt_prefill_through_the_store(micro_moe):
     got = m.forward(prompt, 0, m.new_cache(128))[0]
     assert torch.equal(got, want)
     assert torch.equal(m.store.table, table)
+
+
+def test_launch_thread_kept_apart_from_the_workers(micro_moe):
+    import os
+    import threading
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one cpu: nothing to keep apart")
+    out = {}
+
+    m = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=0, cpu_tier=True)
+
+    def launch():   # a thread of its own, so pinning it leaves the test runner alone
+        m._keep_launch_thread_apart()   # what every CUDA round does first in its launching thread
+        out["mine"], out["workers"] = os.sched_getaffinity(0), set(m.cpu_experts.cpus)
+    t = threading.Thread(target=launch)
+    t.start()
+    t.join()
+    m.cpu_experts.stop()
+    assert out["mine"] and not (out["mine"] & out["workers"])
+    assert out["mine"] | out["workers"] <= set(os.sched_getaffinity(0))

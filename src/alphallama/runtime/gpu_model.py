@@ -30,6 +30,8 @@ position buffers copied into before replay, captured once at load). Without CUDA
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -213,6 +215,8 @@ class GPUModel:
                 progress(f"layer {i}", 0)
         self.cpu_link: CpuLink | None = None
         self.cpu_experts = None
+        self._launch_cpus: set[int] = set()
+        self._pinned_threads: set[int] = set()
         if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
             self._start_cpu_tier(cpu_threads, progress)
         self.output_norm = vec("output_norm.weight")
@@ -249,6 +253,7 @@ class GPUModel:
         else (or without a C compiler) the host tier stays read in place over PCIe."""
         from ..offload.native.workers import CpuExperts
         from ..offload.native.build import NativeBuildError
+        from ..offload.native.probe import allowed_cpus
         views = [self.store.layer(i) for i in self.store.moe_layers.tolist()]
         if not all(contract_ok(v.host_gate_up, v.host_down) for v in views):
             if progress is not None:
@@ -263,9 +268,20 @@ class GPUModel:
                 progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)
             return
         self.cpu_link = CpuLink(mailbox, self.device, DEFAULTS.offload.cpu_share)
+        # the thread that launches rounds keeps to the cpus the workers left free
+        self._launch_cpus = set(allowed_cpus()) - set(self.cpu_experts.cpus)
         for L in self.layers:
             if L.moe is not None:
                 L.moe.link = self.cpu_link
+
+    def _keep_launch_thread_apart(self) -> None:
+        """Pin the calling (round-launching) thread, once, to the cpus the CPU workers do
+        not use, so they never share a core with it (Linux; elsewhere a no-op)."""
+        tid = threading.get_ident()
+        if tid in self._pinned_threads or not self._launch_cpus or not hasattr(os, "sched_setaffinity"):
+            return
+        os.sched_setaffinity(0, self._launch_cpus)    # 0: this thread
+        self._pinned_threads.add(tid)
 
     # -- the round ---------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> KVCache:
@@ -348,6 +364,8 @@ class GPUModel:
                 self.store.before_round()
                 if self.cpu_link is not None:
                     self.cpu_link.check()
+                    if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
+                        self._keep_launch_thread_apart()
             if self.use_graphs and cache is self.cache:
                 b = bucket_of(W)
                 self._tokens[:W].copy_(part)
