@@ -17,7 +17,6 @@ Writes $OUT/gpu_kernels.json (or bench/results/ when OUT is unset) and prints a 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from gguf import quants as gguf_quants  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
+from alphallama.bench.hostinfo import host_state  # noqa: E402
 from alphallama.kernels import QuantWeight, qmatmul, tile  # noqa: E402
 
 QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0]
@@ -129,6 +129,14 @@ def _run(cmd: list[str]) -> str:
         return f"({e})"
 
 
+def run_header(props) -> dict:
+    """What a kernel bench's JSON starts with: the project's host_state (date, command,
+    git, host, versions, GPU driver/clocks/power), the SM count and the commit measured
+    (GIT_COMMIT: the device copy is not a git checkout)."""
+    return {**host_state(), "gpu_name": props.name, "sms": props.multi_processor_count,
+            "commit": os.environ.get("GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer types and widths")
@@ -138,14 +146,7 @@ def main() -> None:
     g = torch.Generator(device=DEV).manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     res: dict = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": props.name, "sms": props.multi_processor_count,
-        "nvidia_smi": _run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm,"
-                            "power.draw,temperature.gpu,pcie.link.gen.current", "--format=csv"]),
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "python": sys.version.split()[0],
-        "commit": os.environ.get("GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"]),
-        "command": " ".join(sys.argv),
+        **run_header(props),
         "correctness": [], "rotation": [], "timing": [],
     }
     copy_bw = copy_bandwidth()

@@ -15,7 +15,6 @@ Writes $OUT/gpu_qmatvec_i8.json (or bench/results/ when OUT is unset) and prints
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from gpu_kernels import _run, copies_for, copy_bandwidth, random_raw, time_graph  # noqa: E402
+from gpu_kernels import copies_for, copy_bandwidth, random_raw, run_header, time_graph  # noqa: E402
 from alphallama.kernels import QuantWeight, qmatmul  # noqa: E402
 from alphallama.kernels.expert_q8 import matvec_q8, quantize_q8  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import Tile, qmatvec_i8, tile_i8  # noqa: E402
@@ -73,13 +72,8 @@ def main() -> None:
     g = torch.Generator(device=DEV).manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     res: dict = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": props.name, "sms": props.multi_processor_count,
-        "nvidia_smi": _run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm,"
-                            "power.draw,temperature.gpu", "--format=csv"]),
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "commit": os.environ.get("GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"]),
-        "command": " ".join(sys.argv), "exact": [], "timing": [],
+        **run_header(props),
+        "exact": [], "timing": [],
         "method": "us per call = CUDA-graph replay time / calls, calls cycle over weight copies (> 4x L2); "
                   "qmatvec_i8 includes its prepare kernel; TB/s = planes' bytes / time",
     }
