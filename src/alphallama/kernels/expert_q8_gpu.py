@@ -29,8 +29,7 @@ NUM_WARPS = 4
 BN_GATE = 32        # gate|up rows per program: a multiple of the 32-value activation block
 BN_DOWN = 32
 BD_COMBINE = 256
-SPIN_LIMIT = 1 << 26   # polls before the combine gives up on the CPU (and flags ERR)
-ERR = 40               # mailbox control word: the GPU gave up waiting
+SPIN_LIMIT = 1 << 26   # polls before the combine gives up on the CPU (and flags the mailbox's ERR)
 
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN): field width, top bits in qh, code offset, min term
 CODES: dict[T, tuple[int, int, int, bool]] = {
@@ -241,10 +240,12 @@ def _ld_acquire_sys(ptr):
 
 @triton.jit
 def _post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, layer, W,
-                 BP: tl.constexpr, POST: tl.constexpr, GPU: tl.constexpr):
+                 BP: tl.constexpr, POST: tl.constexpr, GPU: tl.constexpr, REQ: tl.constexpr, LAYER: tl.constexpr,
+                 ROWS: tl.constexpr):
     """One program: each pair's tier; of the n host pairs the first
     (n * share + 128) >> 8 (share in 0..256) go to the CPU, the rest are read over
-    PCIe. If the CPU got any: ids and tasks into the mailbox, then REQ = ++seq, last."""
+    PCIe. If the CPU got any: ids and tasks into the mailbox, then REQ = ++seq, last.
+    REQ, LAYER, ROWS: the control words' indices (offload/mailbox.py)."""
     p = tl.arange(0, BP)
     live = p < n_pairs
     e = tl.load(experts + p, mask=live, other=0)
@@ -263,20 +264,20 @@ def _post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, la
             tl.store(mtask + p, cpu.to(tl.int32), mask=live)
             s = tl.load(seq) + 1
             tl.store(seq, s)
-            tl.store(ctl + 1, layer)
-            tl.store(ctl + 2, W)
+            tl.store(ctl + LAYER, layer)
+            tl.store(ctl + ROWS, W)
             tl.debug_barrier()
             if GPU:
-                _st_release_sys(ctl + tl.zeros([1], tl.int32), tl.full([1], s, tl.int32))
+                _st_release_sys(ctl + REQ + tl.zeros([1], tl.int32), tl.full([1], s, tl.int32))
             else:
-                tl.store(ctl, s)
+                tl.store(ctl + REQ, s)
 
 
 @triton.jit
 def _combine_kernel(y, ycpu, weights, tier, out, seq, ctl, D, TOP_K: tl.constexpr, BD: tl.constexpr,
-                    WAIT: tl.constexpr, LIMIT: tl.constexpr):
+                    WAIT: tl.constexpr, LIMIT: tl.constexpr, DONE: tl.constexpr, ERR: tl.constexpr):
     """Program (row, block of BD): wait for the CPU if the row has a CPU pair, then
-    acc = acc + w_r * y_r over the ranks in order."""
+    acc = acc + w_r * y_r over the ranks in order. DONE, ERR: control word indices."""
     n_db = tl.cdiv(D, BD)
     m = (tl.program_id(0) // n_db).to(tl.int64)
     n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)             # [BD]
@@ -284,14 +285,14 @@ def _combine_kernel(y, ycpu, weights, tier, out, seq, ctl, D, TOP_K: tl.constexp
     if WAIT:
         if tl.max(tl.load(tier + m * TOP_K + r), axis=0) == 2:
             s = tl.load(seq)
-            flag = tl.zeros([1], tl.int32) + ctl + 16
+            flag = tl.zeros([1], tl.int32) + ctl + DONE
             done = tl.max(_ld_acquire_sys(flag), axis=0)
             i = 0
             while (done != s) & (i < LIMIT):
                 done = tl.max(_ld_acquire_sys(flag), axis=0)
                 i += 1
             if done != s:
-                tl.store(ctl + 40, 1)
+                tl.store(ctl + ERR, 1)
     acc = tl.zeros([BD], tl.float32)
     for k in tl.static_range(TOP_K):
         w = tl.load(weights + m * TOP_K + k)

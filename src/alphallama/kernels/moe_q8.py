@@ -15,7 +15,9 @@ from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT,
                             _gate_up_kernel, _post_kernel, _quantize_kernel, layout_args)
 from .qmatmul import _use_triton
 from .qweight import QuantWeight
+from ..offload.mailbox import DONE, ERR, LAYER, REQ, ROWS
 
+POST_CTL = dict(REQ=REQ, LAYER=LAYER, ROWS=ROWS)   # the post kernel's control words
 TIER_BANK, TIER_HOST, TIER_CPU = 0, 1, 2
 
 
@@ -52,10 +54,10 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     gpu = h.is_cuda
     if post:
         _post_kernel[(1,)](experts, table, tier, link.share, link.seq, mb.ids, mb.task, mb.ctl, W * k, layer, W,
-                           BP=triton.next_power_of_2(mb.max_w * k), POST=True, GPU=gpu, num_warps=NUM_WARPS)
+                           BP=triton.next_power_of_2(mb.max_w * k), POST=True, GPU=gpu, num_warps=NUM_WARPS, **POST_CTL)
     else:
         _post_kernel[(1,)](experts, table, tier, table, table, tier, tier, tier, W * k, layer, W,
-                           BP=triton.next_power_of_2(W * k), POST=False, GPU=gpu, num_warps=NUM_WARPS)
+                           BP=triton.next_power_of_2(W * k), POST=False, GPU=gpu, num_warps=NUM_WARPS, **POST_CTL)
     aq = torch.empty((W, k, F), dtype=torch.int8, device=dev)                   # [W, k, F]
     adx = torch.empty((W, k, F // 32), dtype=torch.float32, device=dev)
     axs = torch.empty((W, k, F // 16), dtype=torch.int32, device=dev)
@@ -72,7 +74,8 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     ycpu = mb.y if post else y
     _combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         y, ycpu, weights.float().contiguous(), tier, out, link.seq if post else tier, mb.ctl if post else tier, D,
-        TOP_K=k, BD=BD_COMBINE, WAIT=post and gpu, LIMIT=SPIN_LIMIT, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        TOP_K=k, BD=BD_COMBINE, WAIT=post and gpu, LIMIT=SPIN_LIMIT, DONE=DONE, ERR=ERR, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
     return out
 
 

@@ -13,9 +13,8 @@ import time
 import torch
 
 from ..kernels.expert_q8 import quantize_q8
-from .mailbox import DONE, LAYER, REQ, ROWS, Mailbox
+from .mailbox import DONE, ERR, LAYER, REQ, ROWS, Mailbox
 
-ERR = 40            # control word the GPU sets when it gave up waiting (expert_q8_gpu.ERR)
 WAIT_TIMEOUT_S = 30.0
 
 

@@ -15,6 +15,7 @@ Control words (int32, each on its own 64-byte line):
     ROWS  W, rows posted
     DONE  = REQ once the CPU's results are in `y`, written last by the CPU
     STOP  set to 1 by the host to stop the workers
+    ERR   set to 1 by the GPU when it gave up waiting for DONE (the host raises)
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 
 from .store import _pin
 
-REQ, LAYER, ROWS, DONE, STOP = 0, 1, 2, 16, 32
+REQ, LAYER, ROWS, DONE, STOP, ERR = 0, 1, 2, 16, 32, 40
 CTL_WORDS = 48
 
 
