@@ -17,31 +17,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.bench.engine_bench import time_cuda
 from alphallama.bench.hostinfo import host_state
-from alphallama.gguf.quants import QUANTS
 from alphallama.kernels.expert_q8 import moe_q8 as moe_q8_ref
 from alphallama.kernels.moe import moe_down, moe_gate_up
 from alphallama.kernels.moe_q8 import moe_q8
 from alphallama.kernels.qweight import QuantWeight
 from alphallama.offload.store import _pin
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernels import random_raw  # noqa: E402
+
 
 def random_weight(qtype: T, shape: tuple[int, ...], seed: int, device) -> QuantWeight:
-    """Random GGUF blocks (small fp16 scales) re-laid on `device`."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    block, size = GGML_QUANT_SIZES[qtype]
-    nb = shape[0] * shape[1] * shape[2] // block
-    raw = torch.randint(0, 256, (nb, size), dtype=torch.uint8, device=device, generator=g)
-    for off in QUANTS[qtype].f16_fields:
-        s = (torch.rand(nb, device=device, generator=g) * 2 - 1) * 2e-3
-        raw[:, off:off + 2] = s.to(torch.float16).reshape(nb, 1).view(torch.uint8)
+    """Random GGUF blocks (gpu_kernels.random_raw: small fp16 scales) re-laid on `device`."""
+    raw = random_raw(qtype, shape[0] * shape[1], shape[2], torch.Generator(device=device).manual_seed(seed))
     return QuantWeight.from_raw(raw, qtype, shape, device)
 
 
@@ -93,7 +90,6 @@ def main() -> None:
         res["exact"][f"mixed-c{c}"] = bool(torch.equal(moe_q8(h, wt, ex, hgu, hdn, gu, dn, mixed, 0, chunks=c).cpu(), ref))
 
     link = None
-    pools: dict[int, object] = {}
     try:
         from alphallama.offload.cpu_tier import CpuLink
         from alphallama.offload.mailbox import Mailbox
