@@ -54,3 +54,17 @@ def test_moe_q8_matches_reference(gt, dt, chunks):
     # the same row alone, and at another position: the same bits
     one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0, chunks=chunks)
     assert torch.equal(one.cpu()[0], out.cpu()[2])
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="the plain-torch path is taken for CPU tensors without the interpreter")
+def test_without_triton_the_reference_and_no_cpu_tier(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")   # read at call time (qmatmul._use_triton)
+    gu, dn = _layer(T.Q4_K, T.Q6_K, 3, 256, 256, seed=13)
+    table = torch.tensor([0, -1, -1], dtype=torch.int32)
+    h = torch.randn(2, 256, generator=torch.Generator().manual_seed(14))
+    experts = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
+    weights = torch.rand(2, 2, generator=torch.Generator().manual_seed(15))
+    out = moe_q8(h, weights, experts, gu, dn, _bank(gu, [0]), _bank(dn, [0]), table, layer=0)
+    assert torch.equal(out, moe_q8_ref(h, gu, dn, experts, weights))
+    with pytest.raises(ValueError, match="needs the Triton kernels"):
+        moe_q8(h, weights, experts, gu, dn, _bank(gu, [0]), _bank(dn, [0]), table, layer=0, link=object())

@@ -1,5 +1,5 @@
 """A MoE layer over an expert store under the expert contract (expert_q8.py): the
-launches of expert_q8_gpu.py, or the same steps in plain torch without a GPU.
+launches of expert_q8_gpu.py (without CUDA or the interpreter: the plain-torch reference).
 
 Each (row, rank) pair is computed by the tier its expert is in: the VRAM bank, the
 host tier read in place over PCIe, or the CPU workers (through `link`, a CpuLink of
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .expert_q8 import combine, expert_ffn, quantize_q8, supports
+from .expert_q8 import moe_q8 as moe_q8_ref, supports
 from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT, _combine_kernel, _down_kernel,
                             _gate_up_kernel, _post_kernel, _quantize_kernel, layout_args)
 from .qmatmul import _use_triton
@@ -35,8 +35,11 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None.
     chunks: contract chunks per kernel step (a speed knob; no bit depends on it)."""
     if not _use_triton(h):
-        return _moe_q8_torch(h, weights, experts, host_gate_up, host_down, bank_gate_up, bank_down, table,
-                             layer, link)
+        # the plain-torch contract: a bank slot holds its expert's host bytes, so the
+        # host tier alone gives the same bits; the CPU workers' protocol needs the kernels
+        if link is not None:
+            raise ValueError("the CPU expert tier needs the Triton kernels (CUDA or TRITON_INTERPRET=1)")
+        return moe_q8_ref(h, host_gate_up, host_down, experts, weights).to(h.device)
     W, D = h.shape
     k = experts.shape[1]
     F = host_down.K
@@ -95,27 +98,4 @@ def tiers_torch(experts: torch.Tensor, table: torch.Tensor, share: int | None) -
     return torch.where(slot >= 0, TIER_BANK, torch.where(cpu, TIER_CPU, TIER_HOST)).to(torch.int32)
 
 
-def _moe_q8_torch(h, weights, experts, host_gate_up, host_down, bank_gate_up, bank_down, table, layer, link):
-    W, D = h.shape
-    k = experts.shape[1]
-    tier = tiers_torch(experts, table, None if link is None else int(link.share.item()))
-    if link is not None and bool((tier == TIER_CPU).any()):
-        link.post_host(h, experts, tier == TIER_CPU, layer)
-    y = torch.zeros((W, k, D), dtype=torch.float32)
-    for m in range(W):
-        for r in range(k):
-            if tier[m, r] == TIER_CPU:
-                continue
-            e = int(experts[m, r])
-            s = int(table[e])
-            gu, dn = (bank_gate_up.expert(s), bank_down.expert(s)) if s >= 0 else \
-                (host_gate_up.expert(e), host_down.expert(e))
-            y[m, r] = expert_ffn(h[m].float().cpu(), gu, dn)
-    if link is not None and bool((tier == TIER_CPU).any()):
-        link.wait_host()
-        cpu = (tier == TIER_CPU).cpu()
-        y[cpu] = link.mailbox.y[:W][cpu]
-    return combine(y, weights.cpu()).to(h.device)
-
-
-__all__ = ["moe_q8", "contract_ok", "tiers_torch", "quantize_q8"]
+__all__ = ["moe_q8", "contract_ok", "tiers_torch"]

@@ -3,8 +3,8 @@ workers, and the host-side half of the mailbox protocol (offload/mailbox.py).
 
 On the GPU the post, the sequence number and the wait all happen inside the round's
 graph (kernels/expert_q8_gpu.py); `seq` and `share` are device tensors (graph inputs).
-Without a GPU (tests, the interpreter) the same protocol runs from the host:
-`post_host` and `wait_host`.
+Under the Triton interpreter the kernels post, and the host waits (`wait_host`): an
+interpreted kernel cannot spin on memory another thread writes.
 """
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import time
 
 import torch
 
-from ..kernels.expert_q8 import quantize_q8
-from .mailbox import DONE, ERR, LAYER, REQ, ROWS, Mailbox
+from .mailbox import DONE, ERR, Mailbox
 
 WAIT_TIMEOUT_S = 30.0
 
@@ -37,19 +36,6 @@ class CpuLink:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the CPU share of host experts is a fraction in [0, 1], got {share}")
         self.share.fill_(round(share * 256))
-
-    def post_host(self, h: torch.Tensor, experts: torch.Tensor, cpu: torch.Tensor, layer: int) -> None:
-        """The GPU's post from the host: h [W, D], experts [W, k], cpu [W, k] bool."""
-        mb = self.mailbox
-        W = h.shape[0]
-        xq, dx, xs = quantize_q8(h.float().cpu())
-        mb.xq[:W], mb.dx[:W], mb.xs[:W] = xq, dx, xs
-        mb.ids[:W] = experts.cpu()
-        mb.task[:W] = cpu.cpu().to(torch.int32)
-        s = int(self.seq.item()) + 1
-        self.seq.fill_(s)
-        mb.ctl[LAYER], mb.ctl[ROWS] = layer, W
-        mb.ctl[REQ] = s            # last: x86 keeps stores in order, the workers load REQ with acquire
 
     def wait_host(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         """Until the workers answered the last post (DONE == seq)."""

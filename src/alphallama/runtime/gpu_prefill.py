@@ -89,8 +89,12 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
     flat = experts.flatten().long()                                            # [T * k]
     E = moe.router.N
     order = torch.argsort(flat, stable=True)                                   # [T * k] pairs grouped by expert
-    counts = torch.bincount(flat, minlength=E).tolist()                        # one host sync per layer
-    slots = moe.store.table[moe.layer].tolist() if moe.store is not None else [-1] * E
+    counts = torch.bincount(flat, minlength=E)                                 # [E]
+    if moe.store is not None:   # the experts' slots come back with the counts: still one host sync per layer
+        both = torch.cat([counts, moe.store.table[moe.layer].to(counts.dtype)]).tolist()
+        counts, slots = both[:E], both[E:]
+    else:
+        counts, slots = counts.tolist(), [-1] * E
     starts = [0, *itertools.accumulate(counts)]
     hit = [e for e, n in enumerate(counts) if n]
     ws = [moe.expert_weights(e, slots[e]) for e in hit]                        # (gate_up [2F, D], down [D, F])
