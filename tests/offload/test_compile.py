@@ -68,3 +68,46 @@ def test_moe_kernels_compile_for_sm90(table):
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def compile_contract() -> None:
+    """The expert contract's kernels (kernels/expert_q8_gpu.py) with the mailbox words."""
+    from alphallama.kernels import expert_q8_gpu as q8
+    from alphallama.offload.mailbox import DONE, ERR, LAYER, REQ, ROWS
+    opts = {"num_warps": q8.NUM_WARPS, "enable_fp_fusion": False}
+
+    def build(kernel, types, const):
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        names = [n for n in kernel.arg_names if n not in const]
+        assert len(names) == len(types), (names, types)
+        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kernel.arg_names}
+        cx = {(kernel.arg_names.index(k),): v for k, v in const.items()}
+        triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                       options=opts)
+    for qtype, K in ((T.Q4_K, 2048), (T.Q6_K, 768), (T.Q8_0, 768)):
+        f = FORMATS[qtype]
+        w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
+        planes = _plane_types(qtype, K) * 2
+        const = dict(q8.layout_args(w), BN=q8.BN_GATE)
+        acts = ["*i8", "*fp32", "*i32"]
+        build(q8._gate_up_kernel, [*acts, *acts, "*i32", "*i32", "*i32", *planes, "i32", "i32"], dict(const, TOP_K=8))
+        build(q8._down_kernel, [*acts, "*fp32", "*i32", "*i32", "*i32", *planes, "i32", "i32"], const)
+    build(q8._quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
+          dict(K=2048, POST=True))
+    build(q8._post_kernel, ["*i32"] * 8 + ["i32"] * 3,
+          dict(BP=512, POST=True, GPU=True, REQ=REQ, LAYER=LAYER, ROWS=ROWS))
+    build(q8._combine_kernel, ["*fp32", "*fp32", "*fp32", "*i32", "*fp32", "*i32", "*i32", "i32"],
+          dict(TOP_K=8, BD=q8.BD_COMBINE, WAIT=True, LIMIT=q8.SPIN_LIMIT, DONE=DONE, ERR=ERR))
+
+
+def test_contract_kernels_compile_for_sm90():
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no CUDA backend to compile with")
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_compile; " \
+           f"test_compile.compile_contract()"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -17,7 +17,6 @@ the plain-torch reference, whichever tier computed it and whatever W is.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
@@ -71,32 +70,34 @@ def _quantize_block(a):
 
 
 @triton.jit
-def _pairwise8(t):
-    """t [BN, C, 8] -> [BN, C]: each chunk ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))."""
+def _chunks(acc, t, C: tl.constexpr):
+    """acc [BN] + the C 8-slot chunks of t [BN, 8C], each summed pairwise
+    ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)), added chunk after chunk."""
     BN: tl.constexpr = t.shape[0]
-    C: tl.constexpr = t.shape[1]
-    a, b = tl.split(tl.reshape(t, (BN, C, 4, 2)))
-    t4 = a + b
-    a, b = tl.split(tl.reshape(t4, (BN, C, 2, 2)))
-    t2 = a + b
-    a, b = tl.split(t2)
-    return a + b
-
-
-@triton.jit
-def _add_chunks(acc, c):
-    """acc [BN] + the chunk sums c [BN, C] one after the other, chunk 0 first (C in 1, 2, 4)."""
-    C: tl.constexpr = c.shape[1]
+    a, b = tl.split(tl.reshape(t, (BN, 4 * C, 2)))
+    a, b = tl.split(tl.reshape(a + b, (BN, 2 * C, 2)))
+    a, b = tl.split(tl.reshape(a + b, (BN, C, 2)))
+    c = a + b                                                          # [BN, C]
     if C == 1:
-        acc = acc + tl.reshape(c, (c.shape[0],))
+        acc = acc + tl.reshape(c, (BN,))
     elif C == 2:
         c0, c1 = tl.split(c)
         acc = (acc + c0) + c1
-    else:
-        e, o = tl.split(tl.reshape(c, (c.shape[0], 2, 2)))   # e: chunks 0, 2; o: chunks 1, 3
+    elif C == 4:
+        e, o = tl.split(tl.reshape(c, (BN, 2, 2)))                     # chunks (0, 2), (1, 3)
         c0, c2 = tl.split(e)
         c1, c3 = tl.split(o)
         acc = (((acc + c0) + c1) + c2) + c3
+    else:
+        tl.static_assert(C == 8, "CHUNKS_PER_STEP must be 1, 2, 4 or 8")
+        e, o = tl.split(tl.reshape(c, (BN, 4, 2)))                     # chunks (0, 2, 4, 6), (1, 3, 5, 7)
+        ee, eo = tl.split(tl.reshape(e, (BN, 2, 2)))                   # (0, 4), (2, 6)
+        oe, oo = tl.split(tl.reshape(o, (BN, 2, 2)))                   # (1, 5), (3, 7)
+        c0, c4 = tl.split(ee)
+        c2, c6 = tl.split(eo)
+        c1, c5 = tl.split(oe)
+        c3, c7 = tl.split(oo)
+        acc = (((((((acc + c0) + c1) + c2) + c3) + c4) + c5) + c6) + c7
     return acc
 
 
@@ -139,7 +140,7 @@ def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.conste
         t = tl.where(live[:, None], t * dxs[:, None], 0.0)
         # NT = 8 C slots: C contract chunks per step (more bytes in flight per program);
         # a chunk wholly past n_slots adds +0, an identity here (acc is never -0)
-        acc = _add_chunks(acc, _pairwise8(tl.reshape(tl.trans(t), (BN, NT // 8, 8))))
+        acc = _chunks(acc, tl.trans(t), NT // 8)
     return acc
 
 

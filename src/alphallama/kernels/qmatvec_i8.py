@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
-from .expert_q8_gpu import CODES, _quantize_block
+from .expert_q8_gpu import CODES, _chunks, _quantize_block
 from .formats import slot_positions
 from .qweight import QuantWeight
 
@@ -138,38 +138,6 @@ def _lanes(words, h, BITS: tl.constexpr, HBITS: tl.constexpr):
             lo = lo | ((hh << (4 - v)) & HM)
             hi = hi | ((hh >> v) & HM)
     return lo, hi
-
-
-@triton.jit
-def _chunks(acc, t, C: tl.constexpr):
-    """acc [BN] + the C 8-slot chunks of t [BN, 8C], each summed pairwise
-    ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)), added chunk after chunk."""
-    BN: tl.constexpr = t.shape[0]
-    a, b = tl.split(tl.reshape(t, (BN, 4 * C, 2)))
-    a, b = tl.split(tl.reshape(a + b, (BN, 2 * C, 2)))
-    a, b = tl.split(tl.reshape(a + b, (BN, C, 2)))
-    c = a + b                                                          # [BN, C]
-    if C == 1:
-        acc = acc + tl.reshape(c, (BN,))
-    elif C == 2:
-        c0, c1 = tl.split(c)
-        acc = (acc + c0) + c1
-    elif C == 4:
-        e, o = tl.split(tl.reshape(c, (BN, 2, 2)))                     # chunks (0, 2), (1, 3)
-        c0, c2 = tl.split(e)
-        c1, c3 = tl.split(o)
-        acc = (((acc + c0) + c1) + c2) + c3
-    else:
-        tl.static_assert(C == 8, "CHUNKS_PER_STEP must be 1, 2, 4 or 8")
-        e, o = tl.split(tl.reshape(c, (BN, 4, 2)))                     # chunks (0, 2, 4, 6), (1, 3, 5, 7)
-        ee, eo = tl.split(tl.reshape(e, (BN, 2, 2)))                   # (0, 4), (2, 6)
-        oe, oo = tl.split(tl.reshape(o, (BN, 2, 2)))                   # (1, 5), (3, 7)
-        c0, c4 = tl.split(ee)
-        c2, c6 = tl.split(eo)
-        c1, c5 = tl.split(oe)
-        c3, c7 = tl.split(oo)
-        acc = (((((((acc + c0) + c1) + c2) + c3) + c4) + c5) + c6) + c7
-    return acc
 
 
 @triton.jit
