@@ -140,11 +140,12 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
             rows_per_thread: int = ROWS_PER_THREAD, slots_per_step: int = SLOTS_PER_STEP,
-            num_warps: int = NUM_WARPS) -> torch.Tensor:
+            num_warps: int = NUM_WARPS, maxnreg: int | None = None) -> torch.Tensor:
     """x [W, K] (bf16/fp16/fp32) @ w^T -> [W, N] float32 (into `out` if given, a
     contiguous [W, N] float32). A row's result is bit-identical for every W and
     position (Triton path). The last three are tuning knobs that change the bits: a
-    weight must always be used with the same values. Without CUDA or the Triton
+    weight must always be used with the same values (maxnreg, a register cap for
+    occupancy, does not change them). Without CUDA or the Triton
     interpreter, falls back to `qmatmul_torch` (not position-invariant).
 
     Compiled with enable_fp_fusion=False: every multiply-add that should be fused is
@@ -169,7 +170,8 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     fmt = w.fmt
     _qmatmul_kernel[grid](x, out, *w.plane_args(), W, N, x.stride(0), 1, n_slots=w.n_slots,
                           LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, BW=BW,
-                          num_warps=num_warps, enable_fp_fusion=False)
+                          num_warps=num_warps, enable_fp_fusion=False,
+                          **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return out
 
 
