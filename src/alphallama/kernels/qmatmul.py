@@ -21,6 +21,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .qweight import QuantWeight
 
@@ -57,7 +58,11 @@ def _store_row(out, acc, m, W, N, n_out):
 @triton.jit(do_not_specialize=["one"])
 def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.constexpr,
                     LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-                    BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr):
+                    BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr, PDL: tl.constexpr = 0):
+    # PDL (programmatic dependent launch; the launch sets launch_pdl): 0 off; 1 let the
+    # next kernel launch now and wait for the previous one before any load; 2 the same,
+    # but the first step's weights (which no earlier kernel writes) are asked for before
+    # the wait, so their latency overlaps the previous kernel's tail.
     # n_slots is a compile-time constant: a model has a handful of distinct K, the
     # compiler folds the strides, and the interpreter (numpy >= 2.4) cannot loop to a
     # run-time bound. `one` is a run-time 1 (formats.slot_field says why).
@@ -89,8 +94,20 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
     PAIR: tl.constexpr = P > 1
     # k offsets of a field pair (2m, 2m+1) of the V words: 2v and 2v+1, so 2V in a row
     koff = tl.arange(0, 2 * V if PAIR else V)[None, None, :]  # [1, 1, 2V]
+    if PDL > 0:
+        gdc_launch_dependents()
+    if PDL == 2:
+        pw, ph, p1, p2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
+    if PDL > 0:
+        gdc_wait()
     for s0 in range(0, n_slots, NT):
-        words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
+        if PDL == 2:
+            if s0 == 0:
+                words, h, s1, s2 = pw, ph, p1, p2
+            else:
+                words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
+        else:
+            words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
         u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
         xmask = u < n_slots
         for i in tl.static_range(0, P, 2 if PAIR else 1):
@@ -140,7 +157,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
             rows_per_thread: int = ROWS_PER_THREAD, slots_per_step: int = SLOTS_PER_STEP,
-            num_warps: int = NUM_WARPS, maxnreg: int | None = None) -> torch.Tensor:
+            num_warps: int = NUM_WARPS, maxnreg: int | None = None, pdl: int = 0) -> torch.Tensor:
     """x [W, K] (bf16/fp16/fp32) @ w^T -> [W, N] float32 (into `out` if given, a
     contiguous [W, N] float32). A row's result is bit-identical for every W and
     position (Triton path). The last three are tuning knobs that change the bits: a
@@ -170,8 +187,9 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     fmt = w.fmt
     _qmatmul_kernel[grid](x, out, *w.plane_args(), W, N, x.stride(0), 1, n_slots=w.n_slots,
                           LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, BW=BW,
-                          num_warps=num_warps, enable_fp_fusion=False,
-                          **({} if maxnreg is None else {"maxnreg": maxnreg}))
+                          num_warps=num_warps, enable_fp_fusion=False, PDL=pdl if x.is_cuda else 0,
+                          **({} if maxnreg is None else {"maxnreg": maxnreg}),
+                          **({"launch_pdl": True} if pdl and x.is_cuda else {}))
     return out
 
 
