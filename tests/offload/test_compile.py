@@ -54,7 +54,10 @@ def compile_all(table: bool) -> None:
         if kind == "gate_up":
             _compile(moe._gate_up_kernel, ["*bf16", "*bf16", "*i32", "*i32", *planes, "i32", "i32", "i32"], const)
         else:
-            _compile(moe._down_kernel, ["*bf16", "*fp32", "*fp32", "*i32", "*i32", *planes, "i32", "i32"], const)
+            const.pop("TOP_K")
+            _compile(moe._down_part_kernel, ["*bf16", "*fp32", "*i32", "*i32", *planes, "i32", "i32"], const)
+    _compile(moe._down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
+    _compile(moe._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
 
 
 @pytest.mark.parametrize("table", [False, True], ids=["resident", "table"])

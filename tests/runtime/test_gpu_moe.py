@@ -74,7 +74,8 @@ def test_down_matches_reference(qtype):
 
 
 def test_kernels_are_row_invariant():
-    """Each row's bits are the same in a round of 4 as alone (any column)."""
+    """Each row's bits are the same in a round of 4 as alone (any column). The down's
+    rotation test and its bits against the kernel it replaced: tests/kernels/test_moe_down.py."""
     E, F, D, W, k = 4, 16, 256, 4, 2
     gu = expert_weight(T.Q4_K, (E, 2 * F, D), seed=7)
     down = expert_weight(T.Q6_K, (E, D, 256), seed=8)

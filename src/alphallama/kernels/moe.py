@@ -1,8 +1,9 @@
-"""Routed experts (MoE FFN) on the device, in three launches after the router GEMV:
+"""Routed experts (MoE FFN) on the device, in four launches after the router GEMV:
 
     route:   router logits [W, E] -> softmax, top-k, renormalise -> weights, expert ids [W, k]
     gate_up: for every (row, rank): silu(x @ gate[e]^T) * (x @ up[e]^T)   -> act [W, k, F]
-    down:    for every row: sum over ranks j of weight_j * (act_j @ down[e_j]^T) -> [W, D]
+    down:    for every (row, rank): act_j @ down[e_j]^T -> [W, k, D]; then for every row
+             the sum over ranks j of weight_j * that, in rank order        -> [W, D]
 
 Nothing leaves the device (expert ids are read by the kernels from a device tensor),
 so the layer is captured in the round's CUDA graph like the dense FFN.
@@ -17,9 +18,10 @@ no new graph.
 The GEMVs are qmatmul's (qmatmul.py): the same per-format load/field functions, the
 same tile per weight (qmatmul.tile), explicit FMAs in k order into a [NT, BN, V]
 accumulator, compiled with enable_fp_fusion=False. Each program serves one x row
-(gate_up: one (row, rank) pair; down: one row, its k experts in ascending rank),
-so a row's bits depend only on that row: the same whatever W and its column. There
-is no weight-tile sharing between rows (rows mostly pick different experts anyway).
+(gate_up and down: one (row, rank) pair and a block of output rows; the down's
+weighted sum over ranks: one row, in ascending rank), so a row's bits depend only on
+that row: the same whatever W and its column. There is no weight-tile sharing
+between rows (rows mostly pick different experts anyway).
 """
 from __future__ import annotations
 
@@ -49,8 +51,10 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
     w = tl.zeros([BLOCK_K], tl.float32)
     ids = tl.zeros([BLOCK_K], tl.int32)
     for r in tl.static_range(TOP_K):
-        best = tl.argmax(p, 0)
-        w = tl.where(j == r, tl.max(p, 0), w)
+        # one reduction gives the value and its index (ties: the lower id), as argmax
+        # and max did in two; the maximum is exact, so the bits are the same
+        best_p, best = tl.max(p, 0, return_indices=True, return_indices_tie_break_left=True)
+        w = tl.where(j == r, best_p, w)
         ids = tl.where(j == r, best, ids)
         p = tl.where(e == best, -1.0, p)
     if NORM:
@@ -216,36 +220,51 @@ def moe_gate_up_ref(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor
 
 
 # -- down projection + weighted sum over the selected experts -------------------------------
+BD_COMBINE = 256        # output values per program of the rank sum
+
+
 @triton.jit(do_not_specialize=["one"])
-def _down_kernel(act, out, weights, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
-                 TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
-                 FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
-    """Program (row, n block): its TOP_K experts in ascending rank, each reduced to [BN]
-    and added as weight * value with one FMA, so the sum's order is fixed (and does not
-    depend on which tier each expert's weights come from)."""
+def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
+                      TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr,
+                      V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+    """Program (pair, n block), pair = row * TOP_K + rank: one expert's GEMV of BN
+    output rows, reduced to [BN] and stored unweighted. The ranks of a row run side by
+    side (W * TOP_K * N / BN programs); the weighted sum is _down_combine_kernel's."""
     n_nb = tl.cdiv(N, BN)
-    m = (tl.program_id(0) // n_nb).to(tl.int64)
+    pair = (tl.program_id(0) // n_nb).to(tl.int64)
     n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)  # [BN]
     nn = tl.minimum(n_out, N - 1)[None, :]   # [1, BN]; past N: recompute N-1, not stored
     K: tl.constexpr = n_slots * V * P
-    y = tl.zeros([BN], tl.float32)
-    for r in tl.static_range(TOP_K):
-        e = tl.load(experts + m * TOP_K + r).to(tl.int64)
-        wr = tl.load(weights + m * TOP_K + r)
-        a_row = act + (m * TOP_K + r) * K
-        if TABLE:
-            slot = tl.load(table + e).to(tl.int64)
-            if slot >= 0:
-                acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, bqs, bqh, bsc, bsd, slot * N + nn, one,
-                               n_slots, LOAD, FIELD, V, P, NT)
-            else:
-                acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
-                               n_slots, LOAD, FIELD, V, P, NT)
+    e = tl.load(experts + pair).to(tl.int64)
+    a_row = act + pair * K
+    if TABLE:
+        slot = tl.load(table + e).to(tl.int64)
+        if slot >= 0:
+            acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, bqs, bqh, bsc, bsd, slot * N + nn, one,
+                           n_slots, LOAD, FIELD, V, P, NT)
         else:
             acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
                            n_slots, LOAD, FIELD, V, P, NT)
-        y = tl.fma(tl.sum(tl.sum(acc, axis=2), axis=0), wr, y)
-    tl.store(out + m * N + n_out, y, mask=n_out < N)
+    else:
+        acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
+                       n_slots, LOAD, FIELD, V, P, NT)
+    tl.store(part + pair * N + n_out, tl.sum(tl.sum(acc, axis=2), axis=0), mask=n_out < N)  # [BN]
+
+
+@triton.jit
+def _down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr):
+    """Program (row, block of BD): y = 0, then y = fma(part_r, weight_r, y) for the
+    ranks in ascending order: the sum's order is fixed (and does not depend on which
+    tier each expert's weights came from)."""
+    n_db = tl.cdiv(N, BD)
+    m = (tl.program_id(0) // n_db).to(tl.int64)
+    n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)  # [BD]
+    y = tl.zeros([BD], tl.float32)
+    for r in tl.static_range(TOP_K):
+        wr = tl.load(weights + m * TOP_K + r)
+        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0)  # [BD]
+        y = tl.fma(v, wr, y)
+    tl.store(out + m * N + n, y, mask=n < N)
 
 
 def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
@@ -253,7 +272,8 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
              bank: QuantWeight | None = None) -> torch.Tensor:
     """act [W, k, F] (bf16/fp32), down [E, D, F], experts [W, k] int32, weights [W, k]
     fp32 -> sum_j weights[:, j] * (act[:, j] @ down[experts[:, j]]^T): [W, D] fp32.
-    table/bank: as moe_gate_up."""
+    table/bank: as moe_gate_up. Two launches: every (row, rank, n block) GEMV in
+    parallel into a [W, k, D] fp32 buffer, then the weighted sum over the ranks."""
     W, k, F = act.shape
     if len(down.shape) != 3 or down.K != F or experts.shape != (W, k) or weights.shape != (W, k):
         raise ValueError(f"act {tuple(act.shape)}, experts {tuple(experts.shape)}, weights "
@@ -262,14 +282,16 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
     if not _use_triton(act):
         return moe_down_ref(act, _resolve(down, table, bank), experts, weights)
     D = down.N
-    out = torch.empty((W, D), dtype=torch.float32, device=act.device)  # [W, D]
+    part = torch.empty((W, k, D), dtype=torch.float32, device=act.device)  # [W, k, D]
+    out = torch.empty((W, D), dtype=torch.float32, device=act.device)      # [W, D]
     BN, NT, num_warps = tile(down, rows_per_thread, num_warps=NUM_WARPS)
     fmt = down.fmt
-    _down_kernel[(W * triton.cdiv(D, BN),)](
-        act.contiguous(), out, weights.float().contiguous(), experts.contiguous(),
-        *_bank_args(down, table, bank), D, 1, TOP_K=k, TABLE=table is not None, n_slots=down.n_slots,
-        LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, num_warps=num_warps,
-        enable_fp_fusion=False)
+    _down_part_kernel[(W * k * triton.cdiv(D, BN),)](
+        act.contiguous(), part, experts.contiguous(), *_bank_args(down, table, bank), D, 1,
+        TABLE=table is not None, n_slots=down.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V,
+        P=fmt.P, BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
+    _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
+        part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False)
     return out
 
 
