@@ -1,0 +1,196 @@
+"""qgemv_i8: the decode GEMV on int8 activations: x [W, K] @ w[N, K]^T -> [W, N] float32.
+
+Why not qmatmul: on an H200 its Q4_K GEMV spends ~6 instructions per weight
+(dequantize to fp32, FMA) and issues only ~53% of cycles at 80 registers a thread, so
+it reads 1.8 TB/s of a 4.2 TB/s copy rate whatever its tile (bench/results/
+gpu_qmatmul_sweep-*). Here a weight costs about one instruction: `w & 0x0F0F0F0F` (and
+`(w >> 4) & ...`) puts a qs word's codes in byte lanes and one dp4a multiplies four of
+them with four int8 activations. Activations come quantized (qmatvec_i8.prepare_i8:
+per 32 values one scale dx, bytes in the weight format's lane order, and per slot the
+record (sum of its q, dx)). Per slot and x row:
+
+    isum = sum of dp4a over the slot's words  [- BIAS * xsum]       (exact integer)
+    t    = A * float(isum) [- B * float(xsum)]                       (A, B: the format's slot scales)
+    acc[slot lane] = fma(t, dx, acc[slot lane])                      (slots of a lane in k order)
+
+and once at the end the lanes of a row are summed (tl.sum over the slot axis). Unlike
+qmatvec_i8 (the expert contract, which fixes one float order for GPU and CPU and pays
+for it with layout shuffles through shared memory), the float order here is the
+kernel's own: a function of the tile, which depends on the weight's (type, N, K) only.
+
+Exact mode: every x row runs the same code on tensors of the same shapes (a named
+accumulator per row, as in qmatmul), so a row's bits do not depend on W or its column.
+Compiled with enable_fp_fusion=False; the one fusion wanted is written as tl.fma.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .expert_q8 import QBLOCK, supports
+from .expert_q8_gpu import CODES
+from .qmatvec_i8 import _dot_words, _lanes, prepare_i8
+from .qweight import QuantWeight
+
+MAX_BW = 8
+
+
+@triton.jit
+def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+              BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
+    """acc [NT, BN] + one x row's terms of the NT slots u [NT] (lo/hi [NT, BN, V] codes)."""
+    V: tl.constexpr = lo.shape[2]
+    XW: tl.constexpr = 2 * V if BITS == 4 else V                       # activation words per slot
+    u3 = u[:, None, None]                                              # [NT, 1, 1]
+    xoff = u3 * XW + tl.arange(0, V)[None, None, :]                    # [NT, 1, V]
+    roff = u[:, None] * 2 + tl.arange(0, 2)[None, :]                   # [NT, 2]
+    if EVEN:
+        x_lo = tl.load(xp_row + xoff)                                  # [NT, 1, V] int32
+        rec = tl.load(xsd_row + roff)                                  # [NT, 2]
+    else:
+        x_lo = tl.load(xp_row + xoff, mask=u3 < n_slots, other=0)
+        rec = tl.load(xsd_row + roff, mask=u[:, None] < n_slots, other=0)
+    xsum, dxb = tl.split(rec)                                          # [NT] each
+    dx = dxb.to(tl.float32, bitcast=True)                              # padded slots: 0
+    if BITS == 4:
+        if EVEN:
+            x_hi = tl.load(xp_row + xoff + V)
+        else:
+            x_hi = tl.load(xp_row + xoff + V, mask=u3 < n_slots, other=0)
+        isum = _dot_words(hi, x_hi, _dot_words(lo, x_lo, 0, DP4A), DP4A)   # [NT, BN]
+    else:
+        isum = _dot_words(lo, x_lo, 0, DP4A)
+    if BIAS != 0:
+        isum = isum - BIAS * xsum[:, None]
+    t = s1 * isum.to(tl.float32)                                       # [NT, BN]
+    if HAS_MIN:
+        t = t - s2 * xsum.to(tl.float32)[:, None]
+    return tl.fma(t, dx[:, None], acc)
+
+
+@triton.jit
+def _store(out, acc, m, W, N, n_out):
+    tl.store(out + m.to(tl.int64) * N + n_out, tl.sum(acc, axis=0), mask=(n_out < N) & (m < W))
+
+
+@triton.jit(do_not_specialize=["one"])
+def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
+                     PREFETCH: tl.constexpr, DP4A: tl.constexpr):
+    EVEN: tl.constexpr = n_slots % NT == 0
+    XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
+    XS: tl.constexpr = n_slots * 2
+    LAST: tl.constexpr = (n_slots - 1) // NT * NT
+    n_wt = tl.cdiv(W, BW)
+    pid_n = tl.program_id(0) // n_wt
+    m0 = (tl.program_id(0) % n_wt) * BW
+    n_out = pid_n * BN + tl.arange(0, BN)                              # [BN]
+    row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]               # [1, BN]; past N: recomputed, not stored
+    # x rows past W recompute row W-1 and are not stored
+    r0 = tl.minimum(m0 + 0, W - 1).to(tl.int64)
+    r1 = tl.minimum(m0 + 1, W - 1).to(tl.int64)
+    r2 = tl.minimum(m0 + 2, W - 1).to(tl.int64)
+    r3 = tl.minimum(m0 + 3, W - 1).to(tl.int64)
+    r4 = tl.minimum(m0 + 4, W - 1).to(tl.int64)
+    r5 = tl.minimum(m0 + 5, W - 1).to(tl.int64)
+    r6 = tl.minimum(m0 + 6, W - 1).to(tl.int64)
+    r7 = tl.minimum(m0 + 7, W - 1).to(tl.int64)
+    acc0 = tl.zeros([NT, BN], tl.float32)
+    acc1 = tl.zeros([NT, BN], tl.float32)
+    acc2 = tl.zeros([NT, BN], tl.float32)
+    acc3 = tl.zeros([NT, BN], tl.float32)
+    acc4 = tl.zeros([NT, BN], tl.float32)
+    acc5 = tl.zeros([NT, BN], tl.float32)
+    acc6 = tl.zeros([NT, BN], tl.float32)
+    acc7 = tl.zeros([NT, BN], tl.float32)
+    if PREFETCH:
+        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
+    for s0 in range(0, n_slots, NT):
+        if PREFETCH:
+            # the next step's weights are asked for before this step's arithmetic
+            words, h, s1, s2 = nwords, nh, ns1, ns2
+            nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
+        else:
+            words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
+        lo, hi = _lanes(words, h, BITS, HBITS)
+        u = s0 + tl.arange(0, NT)                                      # [NT]
+        acc0 = _row_step(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
+                         HAS_MIN, DP4A)
+        if BW > 1:
+            acc1 = _row_step(acc1, lo, hi, s1, s2, xp + r1 * XROW, xsd + r1 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+        if BW > 2:
+            acc2 = _row_step(acc2, lo, hi, s1, s2, xp + r2 * XROW, xsd + r2 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc3 = _row_step(acc3, lo, hi, s1, s2, xp + r3 * XROW, xsd + r3 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+        if BW > 4:
+            acc4 = _row_step(acc4, lo, hi, s1, s2, xp + r4 * XROW, xsd + r4 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc5 = _row_step(acc5, lo, hi, s1, s2, xp + r5 * XROW, xsd + r5 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc6 = _row_step(acc6, lo, hi, s1, s2, xp + r6 * XROW, xsd + r6 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+            acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
+                             HAS_MIN, DP4A)
+    _store(out, acc0, m0 + 0, W, N, n_out)
+    if BW > 1:
+        _store(out, acc1, m0 + 1, W, N, n_out)
+    if BW > 2:
+        _store(out, acc2, m0 + 2, W, N, n_out)
+        _store(out, acc3, m0 + 3, W, N, n_out)
+    if BW > 4:
+        _store(out, acc4, m0 + 4, W, N, n_out)
+        _store(out, acc5, m0 + 5, W, N, n_out)
+        _store(out, acc6, m0 + 6, W, N, n_out)
+        _store(out, acc7, m0 + 7, W, N, n_out)
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    """How the work is cut. NT (slots per step) is part of a weight's float order (the
+    lanes' partial sums), so it is a function of the weight alone; BN, BW, warps and
+    prefetch are speed only (a row's bits do not change with them: tested)."""
+    BN: int = 8             # weight rows per program
+    NT: int = 32            # slots per step: one per lane of a warp
+    num_warps: int = 4
+    prefetch: bool = True
+
+
+def gemv_tile(w: QuantWeight) -> GemvTile:
+    NT = min(32, triton.next_power_of_2(w.n_slots))
+    return GemvTile(NT=NT)
+
+
+def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
+             tile: GemvTile | None = None, prepared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """x [W, K] (any float dtype) @ w^T -> [W, N] float32 on int8 activations (quantized
+    here unless `prepared` = prepare_i8(x, w) is given). Row m's bits do not depend on W
+    or m. Runs on CUDA or under the Triton interpreter."""
+    if not supports(w):
+        raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name} "
+                         f"(supported: {', '.join(t.name for t in CODES)})")
+    if len(w.shape) != 2:
+        raise ValueError(f"qgemv_i8 takes a 2-D weight; use w.expert(e) for {w.shape}")
+    if x.dim() != 2 or x.shape[1] != w.K or w.K % QBLOCK:
+        raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape} (K a multiple of {QBLOCK})")
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError("qgemv_i8 runs on CUDA or under TRITON_INTERPRET=1")
+    W, N = x.shape[0], w.N
+    if out is None:
+        out = torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
+    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w)
+    t = tile or gemv_tile(w)
+    BW = min(MAX_BW, triton.next_power_of_2(W))
+    bits, hbits, bias, has_min = CODES[w.qtype]
+    grid = (triton.cdiv(N, t.BN) * triton.cdiv(W, BW),)
+    _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
+                           V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
+                           BW=BW, PREFETCH=t.prefetch, DP4A=x.is_cuda, num_warps=t.num_warps,
+                           enable_fp_fusion=False)
+    return out

@@ -1,0 +1,58 @@
+"""qgemv_i8 (the decode GEMV on int8 activations) against a float64 product of the same
+quantized activations with gguf's dequantized weights, and row invariance: every row of
+a W-row call bit-identical to that row alone, whatever its column, and whatever the
+speed-only tile knobs (BN, warps, prefetch). CPU: the Triton interpreter (dp4a's integer
+fallback); on a GPU the same tests run compiled."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
+
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
+from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
+from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
+from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference64(x: torch.Tensor, raw, qtype, n, k) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 [W, N] of q8(x) @ w^T, the bound scale |q8(x)| @ |w|^T)."""
+    xq, dx, _ = quantize_q8(x.cpu().float())
+    xd = (xq.double().reshape(x.shape[0], -1, 32) * dx.double()[..., None]).reshape(x.shape[0], k)
+    wd = gguf_dequant(raw, qtype).double().reshape(n, k)
+    return xd @ wd.T, xd.abs() @ wd.abs().T
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=IDS)
+def test_matches_float64_of_the_quantized_activations(qtype):
+    n, k = 48, 768                                   # 768: n_slots not a multiple of NT (masked step)
+    raw, w = _weight(qtype, n, k, seed=3)
+    x = _x(3, k, seed=4)
+    out = torch.full((3, n), float("nan"), device=DEV)
+    qgemv_i8(x, w, out=out)
+    ref, scale = reference64(x, raw, qtype, n, k)
+    err = ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+    assert torch.isfinite(out).all() and err < 2e-6, err
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=["Q4_K", "Q6_K", "Q8_0"])
+def test_rows_are_invariant_to_width_column_and_speed_knobs(qtype):
+    n, k = 40, 512
+    _, w = _weight(qtype, n, k, seed=5)
+    x = _x(11, k, seed=6)
+    alone = torch.stack([qgemv_i8(x[m:m + 1], w)[0] for m in range(11)])
+    for W in (2, 5, 11):
+        for shift in (0, 3):
+            rows = torch.roll(torch.arange(11), shift)[:W]
+            assert_same_bits(qgemv_i8(x[rows], w), alone[rows], f"{qtype.name} W={W} shift={shift}")
+    base = gemv_tile(w)
+    for t in (GemvTile(BN=4, NT=base.NT, num_warps=2, prefetch=False), GemvTile(BN=16, NT=base.NT, num_warps=8)):
+        assert_same_bits(qgemv_i8(x, w, tile=t), alone, f"{qtype.name} {t}")
