@@ -2,13 +2,27 @@
 
 W query rows at positions pos..pos+W-1 attend causally to keys 0..pos+row. One program
 per (row, kv head, split): it loads the row's `group` query heads that share the kv
-head (padded to 16 for tl.dot) and runs an online softmax over its split's keys. A
-combine kernel merges the splits in order.
+head (padded to 16 for tl.dot), so each K/V tile is read once for the whole group, and
+runs an online softmax over its split's keys. A combine kernel merges the splits.
 
-Row invariance (exact mode): a program handles exactly one query row, the split
-boundaries sit at fixed absolute positions (multiples of SPLIT), and tile shapes do not
-depend on W; so a row's result depends only on its own query and its own keys, never
-on the round's width or the row's column.
+The split size is a function of the row's own length L = pos + row + 1 only:
+split(L) = BLOCK_N * cdiv(L, BLOCK_N * MAX_SPLITS), the smallest whole number of tiles
+that needs at most MAX_SPLITS splits. A row has cdiv(L, BLOCK_N) live splits up to
+BLOCK_N * MAX_SPLITS keys (16 at depth 512), more than MAX_SPLITS / 2 beyond: a short
+context spreads over many SMs instead of walking its keys in a few programs, and a long
+one keeps each program's serial walk at split(L) / BLOCK_N tiles. (A power-of-two split
+would fall back to about MAX_SPLITS / 2 live splits at every doubling; this rule falls to
+MAX_SPLITS * (T - 1) / T at its T-th step.)
+The fp32 partials cost group / split(L) of the K/V bytes (at most 1 / 8 for 8 query
+heads per kv head past depth 2048), written and read back through L2.
+The grid is fixed, (W, n_kv, MAX_SPLITS), the same at every position (CUDA-graph
+capturable); programs past a row's live splits exit at once and write nothing.
+
+Row invariance (exact mode): a program handles exactly one query row; its split
+boundaries, tile boundaries and the combine's live set are functions of L alone; tile
+shapes and the combine's reduction tree are constexprs (independent of W and max_len).
+So a row's bits depend only on its query, its keys 0..L-1 and L: never on the round's
+width, the row's column or the cache's capacity.
 """
 from __future__ import annotations
 
@@ -16,70 +30,96 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT = 512      # keys per split: the split depends on the length only
-BLOCK_N = 64     # keys per inner tile
+BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512
+MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
+NUM_WARPS = 4
+
+
+def split_size(length: int) -> int:
+    """Keys per split for a row that sees `length` keys: the kernels' rule, in Python."""
+    return BLOCK_N * triton.cdiv(length, BLOCK_N * MAX_SPLITS)
+
+
+def live_splits(length: int) -> int:
+    return triton.cdiv(length, split_size(length))
+
+
+@triton.jit
+def _split_size(length, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    return BLOCK_N * tl.cdiv(length, BLOCK_N * MAX_SPLITS)
 
 
 @triton.jit
 def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
-                       stride_ow, stride_oh, stride_os, n_splits: tl.constexpr,
+                       stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                       SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
     length = tl.load(pos_ptr) + row + 1          # keys this row may see
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, HD)
-    heads = kvh * GROUP + g
-    gmask = g < GROUP
-    o_ptrs = O + row * stride_ow + heads[:, None] * stride_oh + s * stride_os + d[None, :]
-    ml_off = (row * N_HEADS + heads) * n_splits + s            # M, L: [W, H, S] contiguous
-    start = s * SPLIT
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, HD], tl.float32)
-    if start < length:
+    split = _split_size(length, BLOCK_N, MAX_SPLITS)
+    start = s * split
+    if start < length:                            # a live split; the others exit at once
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, HD)
+        heads = kvh * GROUP + g
+        gmask = g < GROUP
         q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         q = (q * scale).to(tl.float16)                                      # [G_PAD, HD]
-        end = tl.minimum(start + SPLIT, length)
-        # a fixed trip count (tiles past `end` are fully masked and change nothing):
-        # the loop shape is the same for every row, width and position
-        for t in range(0, SPLIT // BLOCK_N):
-            n = start + t * BLOCK_N + tl.arange(0, BLOCK_N)
+        end = tl.minimum(start + split, length)
+        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, HD], tl.float32)
+        # A while loop: its trip count, split / BLOCK_N, is known only on the device, and
+        # the interpreter cannot take a run-time range() bound (numpy >= 2.4). Every tile
+        # holds at least one live key, so m_i is finite after the first.
+        n0 = start
+        while n0 < end:
+            n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
+            # K and V issued together: two tiles in flight per program
             k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=nmask[:, None], other=0.0)
+            v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=nmask[:, None], other=0.0)
             sc = tl.dot(q, tl.trans(k))                                     # [G_PAD, BLOCK_N]
             sc = tl.where(nmask[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
             alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, None])
+            p = tl.exp(sc - m_new[:, None])                                 # masked keys: 0
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=nmask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)        # [G_PAD, HD]
             m_i = m_new
-    tl.store(o_ptrs, acc, mask=gmask[:, None])
-    tl.store(M + ml_off, m_i, mask=gmask)
-    tl.store(L + ml_off, l_i, mask=gmask)
+            n0 += BLOCK_N
+        ml_off = (row * N_HEADS + heads) * MAX_SPLITS + s                  # M, L: [W, H, MAX_SPLITS]
+        tl.store(O + row * stride_ow + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
+                 mask=gmask[:, None])
+        tl.store(M + ml_off, m_i, mask=gmask)
+        tl.store(L + ml_off, l_i, mask=gmask)
 
 
 @triton.jit
-def _attn_combine_kernel(O, M, L, OUT, n_splits: tl.constexpr, stride_ow, stride_oh, stride_os, stride_outw,
-                         HD: tl.constexpr, N_HEADS: tl.constexpr):
+def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os, stride_outw,
+                         N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
+    written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
+    adds exactly the live partials, and which splits are live depends on L alone."""
     row = tl.program_id(0)
     h = tl.program_id(1)
+    length = tl.load(pos_ptr) + row + 1
+    n_live = tl.cdiv(length, _split_size(length, BLOCK_N, MAX_SPLITS))
+    s = tl.arange(0, MAX_SPLITS)
     d = tl.arange(0, HD)
-    base = (row * N_HEADS + h) * n_splits
-    m = tl.load(M + base)
-    for s in range(1, n_splits):
-        m = tl.maximum(m, tl.load(M + base + s))
-    acc = tl.zeros([HD], tl.float32)
-    l_sum = 0.0
-    for s in range(0, n_splits):                  # fixed order: invariant
-        w = tl.exp(tl.load(M + base + s) - m)
-        l_sum += tl.load(L + base + s) * w
-        acc += tl.load(O + row * stride_ow + h * stride_oh + s * stride_os + d) * w
+    live = s < n_live
+    ml_off = (row * N_HEADS + h) * MAX_SPLITS + s
+    m_s = tl.load(M + ml_off, mask=live, other=float("-inf"))                        # [MAX_SPLITS]
+    l_s = tl.load(L + ml_off, mask=live, other=0.0)
+    o_s = tl.load(O + row * stride_ow + h * stride_oh + s[:, None] * stride_os + d[None, :],
+                  mask=live[:, None], other=0.0)                                      # [MAX_SPLITS, HD]
+    m = tl.max(m_s, 0)
+    w = tl.where(live, tl.exp(m_s - m), 0.0)
+    l_sum = tl.sum(l_s * w, 0)
+    acc = tl.sum(o_s * w[:, None], 0)                                                 # [HD]
     tl.store(OUT + row * stride_outw + h * HD + d, (acc / l_sum).to(OUT.dtype.element_ty))
 
 
@@ -87,23 +127,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_len: int, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
-    -> [W, n_heads * hd] in out_dtype. The grid covers max_len, so it is the same for every
-    position (capturable); splits past a row's length exit at once."""
+    -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
+    callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity."""
     W, n_heads, hd = q.shape
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv
-    n_splits = triton.cdiv(max_len, SPLIT)
-    o = torch.empty(W, n_heads, n_splits, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
-    m = torch.empty(W, n_heads, n_splits, device=q.device, dtype=torch.float32)
+    o = torch.empty(W, n_heads, MAX_SPLITS, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
+    m = torch.empty(W, n_heads, MAX_SPLITS, device=q.device, dtype=torch.float32)       # [W, H, S]
     l = torch.empty_like(m)
     out = torch.empty(W, n_heads * hd, device=q.device, dtype=out_dtype)
-    _attn_split_kernel[(W, n_kv, n_splits)](
+    _attn_split_kernel[(W, n_kv, MAX_SPLITS)](
         q, k_cache, v_cache, o, m, l, pos, hd ** -0.5,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        o.stride(0), o.stride(1), o.stride(2), n_splits,
-        N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd, SPLIT=SPLIT, BLOCK_N=BLOCK_N)
-    _attn_combine_kernel[(W, n_heads)](o, m, l, out, n_splits, o.stride(0), o.stride(1), o.stride(2),
-                                       out.stride(0), HD=hd, N_HEADS=n_heads)
+        o.stride(0), o.stride(1), o.stride(2),
+        N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
+        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
+    _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
+                                       N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
+                                       num_warps=NUM_WARPS)
     return out
 
 

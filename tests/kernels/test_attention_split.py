@@ -1,0 +1,130 @@
+"""Split-KV decode attention (kernels/attention.py): the split rule, exact-mode bits of a
+row against the round's width, the row's column, the cache's capacity and what lies past
+the row's keys, at lengths that straddle the split size's changes; the float64 reference;
+and the sm_90 compile of both kernels (offline, as tests/offload/test_compile.py does)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+
+from alphallama.kernels import attention as A
+from alphallama.kernels.attention import decode_attention, decode_attention_ref, live_splits, split_size
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+STEP = A.BLOCK_N * A.MAX_SPLITS          # the split size grows by BLOCK_N every STEP keys
+
+
+def test_split_rule():
+    for n in range(1, 6 * STEP + 2):
+        s, live = split_size(n), live_splits(n)
+        assert s % A.BLOCK_N == 0 and live <= A.MAX_SPLITS
+        # the smallest multiple of BLOCK_N that needs no more than MAX_SPLITS splits
+        assert s == A.BLOCK_N or triton.cdiv(n, s - A.BLOCK_N) > A.MAX_SPLITS
+        # enough live splits to spread a row over the GPU: all tiles up to STEP, then > MAX_SPLITS / 2
+        assert live == triton.cdiv(n, A.BLOCK_N) if n <= STEP else live > A.MAX_SPLITS // 2
+    assert live_splits(512) == 512 // A.BLOCK_N
+
+
+@pytest.fixture
+def small_splits(monkeypatch):
+    """Small constants (the launcher reads them at each call): the split size then changes
+    every 64 keys, so a few cheap interpreter runs cross several changes. The invariance
+    argument does not depend on the constants' values."""
+    monkeypatch.setattr(A, "BLOCK_N", 16)
+    monkeypatch.setattr(A, "MAX_SPLITS", 4)
+
+
+def _row_alone_and_in_rounds(length: int, H: int, n_kv: int, hd: int, rounds, out_dtype=torch.float32, tol=2e-3):
+    """The row at position length-1 with fixed query and keys, in each round (W, the row's
+    column, spare capacity past the round); every other row's query, every key past the
+    row's own and the capacity change from round to round. -> the row's outputs."""
+    g = torch.Generator().manual_seed(length)
+    q_row = torch.randn(H, hd, generator=g)
+    keys = torch.randn(2, n_kv, length, hd, generator=g).half()     # the row's own K, V
+    got = []
+    for W, col, spare in rounds:
+        pos = length - 1 - col
+        if pos < 0:
+            continue
+        cap = pos + W + spare
+        kc = torch.randn(n_kv, cap, hd, generator=g).half()           # other rows' keys and junk past them
+        vc = torch.randn(n_kv, cap, hd, generator=g).half()
+        kc[:, :length], vc[:, :length] = keys[0], keys[1]
+        q = torch.randn(W, H, hd, generator=g)
+        q[col] = q_row
+        out = decode_attention(q.to(DEV), kc.to(DEV), vc.to(DEV), torch.tensor([pos], dtype=torch.int32, device=DEV),
+                               cap, out_dtype).cpu()
+        ref = decode_attention_ref(q.half().float(), kc, vc, pos)
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+        got.append(out[col])
+    assert len(got) >= 2
+    return got
+
+
+def _changes(limit: int) -> list[int]:
+    return [n for n in range(2, limit) if split_size(n) != split_size(n - 1)]
+
+
+@pytest.mark.parametrize("at", ["short", "change"])
+def test_row_bits_depend_on_its_length_only(small_splits, at):
+    if at == "short":     # one tile, one split, a split boundary
+        lengths = [1, A.BLOCK_N, A.BLOCK_N + 1]
+    else:                 # the last length before and the first after each of the first two changes
+        lengths = [n + d for n in _changes(2 * A.BLOCK_N * A.MAX_SPLITS + 2) for d in (-1, 0)]
+        assert len(lengths) == 4
+    for length in lengths:
+        got = _row_alone_and_in_rounds(length, 4, 2, 32, ((1, 0, 0), (3, 2, 5), (4, 0, 300)))
+        for o in got[1:]:
+            assert torch.equal(o, got[0]), length
+
+
+def test_row_bits_at_the_real_split_change():
+    """The module's own constants, a row on each side of the first change, with 8 query
+    heads per kv head (the 30B-A3B ratio) and a bf16 output."""
+    for length in (STEP, STEP + 1):
+        a, b = _row_alone_and_in_rounds(length, 8, 1, 32, ((1, 0, 0), (2, length - STEP, 40)), torch.bfloat16, 1e-2)
+        assert torch.equal(a, b), length
+
+
+def compile_all() -> None:
+    """Both kernels for sm_90 at the decode shapes (fp32 queries, bf16 or fp32 output)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def build(kernel, types, const):
+        names = [n for n in kernel.arg_names if n not in const]
+        assert len(names) == len(types), (names, types)
+        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kernel.arg_names}
+        cx = {(kernel.arg_names.index(k),): v for k, v in const.items()}
+        # as the JIT specializes them at these shapes: 16-byte aligned pointers, strides multiples of 16
+        # (without them it compiles 2-byte K/V loads: not the kernel the GPU runs)
+        at = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
+              for n in names if sig[n][0] == "*" or sig[n] == "i32"}
+        triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=cx, attrs=at), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": A.NUM_WARPS})
+    blocks = dict(BLOCK_N=A.BLOCK_N, MAX_SPLITS=A.MAX_SPLITS)
+    for H, n_kv, hd, out in ((32, 8, 128, "*bf16"), (32, 4, 128, "*fp32")):   # Qwen3-8B, Qwen3-30B-A3B
+        group = H // n_kv
+        ptrs = ["*fp32", "*fp16", "*fp16", "*fp32", "*fp32", "*fp32", "*i32"]     # Q K V O M L pos
+        build(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
+              dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, **blocks))
+        build(A._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", out, "*i32"] + ["i32"] * 4,
+              dict(N_HEADS=H, HD=hd, **blocks))
+
+
+def test_kernels_compile_for_sm90():
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no CUDA backend to compile with")
+    # a child process: this session's kernels were decorated under the interpreter
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_attention_split as t; " \
+           f"t.compile_all()"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
