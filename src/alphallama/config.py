@@ -19,6 +19,8 @@ class SamplingDefaults:
 class EngineDefaults:
     ctx_size: int = 4096          # capped by the model's own context length
     prefill_chunk: int = 512      # rows per prefill forward pass
+    decode_gemv: str = "i8"       # GPU decode GEMVs: "i8" (int8 activations, dp4a: kernels/qgemv_i8.py; 1.3-1.75x
+                                  # qmatmul on the H200) | "f32" (kernels/qmatmul.py: fp32 dequantize + FMA)
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);

@@ -79,7 +79,26 @@ def rotation_check(model, cache, depth: int, widths: list[int], vocab: int) -> d
     return out
 
 
-def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], rot_widths: list[int]) -> dict:
+def control_gemv(f, ctx: int, depth: int, reps: int, gemv: str) -> dict:
+    """ms per round at W=1 and W=8 with the other dense GEMV (the same-session control arm)."""
+    from ..runtime.gpu_model import GPUModel
+    model = GPUModel(f, ctx, "cuda", decode_gemv=gemv)
+    cache = model.new_cache(ctx)
+    g = torch.Generator().manual_seed(1)
+    model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)
+    out = {}
+    for b in (1, 8):
+        graph = model.graphs[b][0]
+
+        def replay():
+            model._pos.fill_(depth)
+            graph.replay()
+        out[b] = time_cuda(replay, reps)
+    return {"decode_gemv": gemv, "ms_per_round": out}
+
+
+def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], rot_widths: list[int],
+          control: bool = True) -> dict:
     from ..gguf.reader import GGUFFile
     from ..runtime.gpu_model import BUCKETS, GPUModel
     t0 = time.perf_counter()
@@ -123,6 +142,12 @@ def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], 
         ms = time_cuda(do_prefill, 3)
         pre[n] = {"ms": ms, "tok_s": n / ms * 1000}
     rot = rotation_check(model, cache, depth, rot_widths, cfg.vocab_size)
+    gemv = model.decode_gemv
+    ctl = None
+    if control:
+        del model, cache
+        torch.cuda.empty_cache()
+        ctl = control_gemv(f, ctx, depth, reps, "f32" if gemv == "i8" else "i8")
     return {
         "model": model_path, "config": cfg.__dict__, "ctx": ctx, "depth": depth,
         "load_s": load_s, "graph_capture_s": model.capture_s,
@@ -134,6 +159,8 @@ def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], 
         "w8_over_w1": rounds[8] / rounds[1],
         "eager_ms_per_round": eager, "graph_speedup": {b: eager[b] / rounds[b] for b in eager},
         "prefill": pre, "rotation_bitwise_equal": rot,
+        "decode_gemv": gemv, "control_gemv": ctl,
+        "control_ratio": {b: ctl["ms_per_round"][b] / rounds[b] for b in (1, 8)} if ctl else None,
     }
 
 
@@ -149,7 +176,8 @@ def run(args) -> int:
         print(f"{w:>4} {ms:9.3f} {w / ms * 1000:22.0f}")
     print(f"plain {res['tok_s_plain']:.0f} tok/s = {100 * res['share_of_floor_plain']:.0f}% of the floor "
           f"({res['floor_tok_s']:.0f} tok/s at {res['copy_bandwidth_GBps']:.0f} GB/s); W8/W1 {res['w8_over_w1']:.2f}; "
-          f"graphs x{res['graph_speedup'][1]:.2f}; prefill {res['prefill']}; rotation {res['rotation_bitwise_equal']}")
+          f"graphs x{res['graph_speedup'][1]:.2f}; {res['decode_gemv']} GEMV vs control "
+          f"{res['control_gemv']['decode_gemv'] if res['control_gemv'] else '-'}: x{res['control_ratio']}; prefill {res['prefill']}; rotation {res['rotation_bitwise_equal']}")
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1, default=str))
     return 0 if all(res["rotation_bitwise_equal"].values()) else 1

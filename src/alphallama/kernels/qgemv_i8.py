@@ -73,12 +73,12 @@ def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slo
 
 
 @triton.jit
-def _store(out, acc, m, W, N, n_out):
-    tl.store(out + m.to(tl.int64) * N + n_out, tl.sum(acc, axis=0), mask=(n_out < N) & (m < W))
+def _store(out, acc, m, W, N, n_out, stride_out):
+    tl.store(out + m.to(tl.int64) * stride_out + n_out, tl.sum(acc, axis=0), mask=(n_out < N) & (m < W))
 
 
 @triton.jit(do_not_specialize=["one"])
-def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                      V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr):
@@ -138,17 +138,17 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.conste
                              HAS_MIN, DP4A)
             acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-    _store(out, acc0, m0 + 0, W, N, n_out)
+    _store(out, acc0, m0 + 0, W, N, n_out, stride_out)
     if BW > 1:
-        _store(out, acc1, m0 + 1, W, N, n_out)
+        _store(out, acc1, m0 + 1, W, N, n_out, stride_out)
     if BW > 2:
-        _store(out, acc2, m0 + 2, W, N, n_out)
-        _store(out, acc3, m0 + 3, W, N, n_out)
+        _store(out, acc2, m0 + 2, W, N, n_out, stride_out)
+        _store(out, acc3, m0 + 3, W, N, n_out, stride_out)
     if BW > 4:
-        _store(out, acc4, m0 + 4, W, N, n_out)
-        _store(out, acc5, m0 + 5, W, N, n_out)
-        _store(out, acc6, m0 + 6, W, N, n_out)
-        _store(out, acc7, m0 + 7, W, N, n_out)
+        _store(out, acc4, m0 + 4, W, N, n_out, stride_out)
+        _store(out, acc5, m0 + 5, W, N, n_out, stride_out)
+        _store(out, acc6, m0 + 6, W, N, n_out, stride_out)
+        _store(out, acc7, m0 + 7, W, N, n_out, stride_out)
 
 
 @dataclass(frozen=True)
@@ -162,15 +162,20 @@ class GemvTile:
     prefetch: bool = True
 
 
-def gemv_tile(w: QuantWeight) -> GemvTile:
+def gemv_tile(w: QuantWeight, W: int = 1) -> GemvTile:
+    """H200 (bench/results/gpu_qgemv_i8-20261130-022241.json, 8B-shape matrices): at W=1
+    4-row programs (8 or 16 for the 150k-row head) read 3.0-4.1 TB/s; at W > 1 16-row
+    programs share each weight tile among more x rows. NT = 32 for every weight."""
     NT = min(32, triton.next_power_of_2(w.n_slots))
-    return GemvTile(NT=NT)
+    BN = (4 if w.N <= 32768 else 16) if W == 1 else 16
+    return GemvTile(BN=BN, NT=NT)
 
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
              tile: GemvTile | None = None, prepared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 on int8 activations (quantized
-    here unless `prepared` = prepare_i8(x, w) is given). Row m's bits do not depend on W
+    here unless `prepared` = prepare_i8(x, w) is given). `out` may be a column slice of
+    a wider buffer (row stride free, unit column stride). Row m's bits do not depend on W
     or m. Runs on CUDA or under the Triton interpreter."""
     if not supports(w):
         raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name} "
@@ -184,12 +189,16 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     W, N = x.shape[0], w.N
     if out is None:
         out = torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
+    elif out.shape != (W, N) or out.dtype != torch.float32 or out.stride(1) != 1:
+        raise ValueError(f"out must be float32 [{W}, {N}] with unit column stride, got {out.dtype} {tuple(out.shape)}")
     xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w)
-    t = tile or gemv_tile(w)
+    t = tile or gemv_tile(w, W)
+    if tile is None and not x.is_cuda:      # the interpreter pays per program; BN is speed-only
+        t = GemvTile(BN=min(128, triton.next_power_of_2(N)), NT=t.NT, num_warps=t.num_warps, prefetch=t.prefetch)
     BW = min(MAX_BW, triton.next_power_of_2(W))
     bits, hbits, bias, has_min = CODES[w.qtype]
     grid = (triton.cdiv(N, t.BN) * triton.cdiv(W, BW),)
-    _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
+    _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, out.stride(0), 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
                            V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
                            BW=BW, PREFETCH=t.prefetch, DP4A=x.is_cuda, num_warps=t.num_warps,
                            enable_fp_fusion=False)

@@ -44,7 +44,10 @@ from ..kernels.attention import decode_attention
 from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_q8 import contract_ok, moe_q8
+from ..kernels.expert_q8 import supports as i8_supports
+from ..kernels.qgemv_i8 import qgemv_i8
 from ..kernels.qmatmul import qmatmul
+from ..kernels.qmatvec_i8 import prepare_i8
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
 from ..config import DEFAULTS
@@ -74,9 +77,14 @@ def _concat_rows(parts: list[TensorInfo]) -> tuple[torch.Tensor, tuple[int, int]
 
 class Linear:
     """One or more GGUF matrices applied to the same input; outputs concatenated.
-    Matrices of the same type are fused into one weight (one launch)."""
+    Matrices of the same type are fused into one weight (one launch).
 
-    def __init__(self, parts: list[TensorInfo], device):
+    gemv "i8": the input is quantized to int8 once per lane order (kernels/qmatvec_i8:
+    one order per slot shape, shared by e.g. Q4_K and Q5_K) and each weight's dp4a GEMV
+    writes its columns of one output buffer (no concatenation); weights without an
+    integer form (F16, F32) take qmatmul."""
+
+    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32"):
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -88,10 +96,27 @@ class Linear:
             raw, shape = _concat_rows(g)
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
+        self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
+        self.N = sum(w.N for w in self.weights)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if not any(self.i8):
+            outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
+        prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        n0 = 0
+        for w, i8 in zip(self.weights, self.i8):
+            part = out[:, n0:n0 + w.N]
+            if i8:
+                key = (w.fmt.slot, w.fmt.V, w.fmt.P)       # the lane order of prepare_i8
+                if key not in prepared:
+                    prepared[key] = prepare_i8(x, w)
+                qgemv_i8(x, w, out=part, prepared=prepared[key])
+            else:
+                part.copy_(qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD))
+            n0 += w.N
+        return out
 
 
 class MoE:
@@ -168,17 +193,22 @@ class GPUModel:
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
-                 prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None):
+                 prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
+                 decode_gemv: str | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
-        in the bank (offload/native; None: config.py, the probe's thread count)."""
+        in the bank (offload/native; None: config.py, the probe's thread count).
+        decode_gemv: "i8" | "f32", the dense layers' GEMV (config.py, Linear)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
         self.cfg: ModelConfig = cfg
         self.device = torch.device(device)
+        gemv = self.decode_gemv = decode_gemv or DEFAULTS.engine.decode_gemv
+        if gemv not in ("i8", "f32"):
+            raise ValueError(f"decode_gemv must be 'i8' or 'f32', got {gemv!r}")
         self.max_len = max_len
         t = f.tensors
         vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
@@ -201,14 +231,14 @@ class GPUModel:
                           self.store, i)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
-                qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device),
+                qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
                 qkv_bias=bias,
                 q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                o=Linear([t[p + "attn_output.weight"]], self.device),
+                o=Linear([t[p + "attn_output.weight"]], self.device, gemv),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device) if dense else None,
-                down=Linear([t[p + "ffn_down.weight"]], self.device) if dense else None,
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv) if dense else None,
+                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv) if dense else None,
                 moe=moe,
             ))
             if progress is not None:
@@ -220,7 +250,7 @@ class GPUModel:
         if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
             self._start_cpu_tier(cpu_threads, progress)
         self.output_norm = vec("output_norm.weight")
-        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device)
+        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv)
         emb = t["token_embd.weight"]
         self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
         self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)  # [V, row_bytes]
