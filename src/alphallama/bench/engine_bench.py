@@ -142,7 +142,7 @@ def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], 
         ms = time_cuda(do_prefill, 3)
         pre[n] = {"ms": ms, "tok_s": n / ms * 1000}
     rot = rotation_check(model, cache, depth, rot_widths, cfg.vocab_size)
-    gemv = model.decode_gemv
+    gemv, capture_s = model.decode_gemv, model.capture_s
     ctl = None
     if control:
         del model, cache
@@ -150,7 +150,7 @@ def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], 
         ctl = control_gemv(f, ctx, depth, reps, "f32" if gemv == "i8" else "i8")
     return {
         "model": model_path, "config": cfg.__dict__, "ctx": ctx, "depth": depth,
-        "load_s": load_s, "graph_capture_s": model.capture_s,
+        "load_s": load_s, "graph_capture_s": capture_s,
         "copy_bandwidth_GBps": bw / 1e9, "weight_bytes": weight_bytes, "active_bytes_per_token": active,
         "floor_ms_per_token": floor_ms, "floor_tok_s": 1000 / floor_ms,
         "ms_per_round": rounds,

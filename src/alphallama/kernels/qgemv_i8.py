@@ -153,22 +153,23 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
 
 @dataclass(frozen=True)
 class GemvTile:
-    """How the work is cut. NT (slots per step) is part of a weight's float order (the
-    lanes' partial sums), so it is a function of the weight alone; BN, BW, warps and
-    prefetch are speed only (a row's bits do not change with them: tested)."""
+    """How the work is cut: part of a weight's float order (the lanes' partial sums and
+    the layout of their final sum), so a function of the weight alone (gemv_tile). The
+    x rows per program (BW, from W) only change how many rows share a weight tile."""
     BN: int = 8             # weight rows per program
     NT: int = 32            # slots per step: one per lane of a warp
     num_warps: int = 4
     prefetch: bool = True
 
 
-def gemv_tile(w: QuantWeight, W: int = 1) -> GemvTile:
-    """H200 (bench/results/gpu_qgemv_i8-20261130-022241.json, 8B-shape matrices): at W=1
-    4-row programs (8 or 16 for the 150k-row head) read 3.0-4.1 TB/s; at W > 1 16-row
-    programs share each weight tile among more x rows. NT = 32 for every weight."""
+def gemv_tile(w: QuantWeight) -> GemvTile:
+    """A function of the weight only: the layout Triton picks for a tile, and so the
+    order of the final lane sum, may change with BN (seen on the H200: rows of Q4_K
+    and Q6_K changed bits between BN 4 and 16). H200 (bench/results/gpu_qgemv_i8-
+    20261130-022241.json, 8B-shape matrices, W=1): 4-row programs read 3.0-3.4 TB/s,
+    16-row ones 4.1 TB/s on the 150k-row head."""
     NT = min(32, triton.next_power_of_2(w.n_slots))
-    BN = (4 if w.N <= 32768 else 16) if W == 1 else 16
-    return GemvTile(BN=BN, NT=NT)
+    return GemvTile(BN=4 if w.N <= 32768 else 16, NT=NT)
 
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
@@ -192,8 +193,8 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     elif out.shape != (W, N) or out.dtype != torch.float32 or out.stride(1) != 1:
         raise ValueError(f"out must be float32 [{W}, {N}] with unit column stride, got {out.dtype} {tuple(out.shape)}")
     xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w)
-    t = tile or gemv_tile(w, W)
-    if tile is None and not x.is_cuda:      # the interpreter pays per program; BN is speed-only
+    t = tile or gemv_tile(w)
+    if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
         t = GemvTile(BN=min(128, triton.next_power_of_2(N)), NT=t.NT, num_warps=t.num_warps, prefetch=t.prefetch)
     BW = min(MAX_BW, triton.next_power_of_2(W))
     bits, hbits, bias, has_min = CODES[w.qtype]
