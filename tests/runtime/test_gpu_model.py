@@ -33,9 +33,16 @@ def test_logits_match_reference(models):
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     lg, _ = gpu.forward(toks, 0, gpu.new_cache(128))
-    # fp16 K/V and fp16 attention inputs against an fp32 reference
-    torch.testing.assert_close(lg.cpu(), lr, atol=2e-2 * lr.abs().max().item(), rtol=0)
-    assert torch.equal(lg.argmax(-1).cpu(), lr.argmax(-1))
+    # fp16 K/V and fp16 attention inputs against an fp32 reference; the dense GEMVs take
+    # int8 activations (one scale per 32 values, as llama.cpp's q8_1: kernels/qgemv_i8.py),
+    # a relative error of up to 2**-8 per activation, so 4% of the largest logit
+    atol = 4e-2 * lr.abs().max().item()
+    torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
+    # the same argmax wherever the reference's top two are further apart than twice that
+    top2 = lr.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * atol
+    assert clear.any()
+    assert torch.equal(lg.argmax(-1).cpu()[clear], lr.argmax(-1)[clear])
 
 
 def test_round_equals_single_rows(models):
