@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .expert_q8 import QBLOCK, supports
 from .expert_q8_gpu import CODES
-from .qmatvec_i8 import _dot_words, _lanes, prepare_i8
+from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
 from .qweight import QuantWeight
 
 MAX_BW = 8
@@ -42,33 +42,8 @@ MAX_BW = 8
 @triton.jit
 def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
               BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
-    """acc [NT, BN] + one x row's terms of the NT slots u [NT] (lo/hi [NT, BN, V] codes)."""
-    V: tl.constexpr = lo.shape[2]
-    XW: tl.constexpr = 2 * V if BITS == 4 else V                       # activation words per slot
-    u3 = u[:, None, None]                                              # [NT, 1, 1]
-    xoff = u3 * XW + tl.arange(0, V)[None, None, :]                    # [NT, 1, V]
-    roff = u[:, None] * 2 + tl.arange(0, 2)[None, :]                   # [NT, 2]
-    if EVEN:
-        x_lo = tl.load(xp_row + xoff)                                  # [NT, 1, V] int32
-        rec = tl.load(xsd_row + roff)                                  # [NT, 2]
-    else:
-        x_lo = tl.load(xp_row + xoff, mask=u3 < n_slots, other=0)
-        rec = tl.load(xsd_row + roff, mask=u[:, None] < n_slots, other=0)
-    xsum, dxb = tl.split(rec)                                          # [NT] each
-    dx = dxb.to(tl.float32, bitcast=True)                              # padded slots: 0
-    if BITS == 4:
-        if EVEN:
-            x_hi = tl.load(xp_row + xoff + V)
-        else:
-            x_hi = tl.load(xp_row + xoff + V, mask=u3 < n_slots, other=0)
-        isum = _dot_words(hi, x_hi, _dot_words(lo, x_lo, 0, DP4A), DP4A)   # [NT, BN]
-    else:
-        isum = _dot_words(lo, x_lo, 0, DP4A)
-    if BIAS != 0:
-        isum = isum - BIAS * xsum[:, None]
-    t = s1 * isum.to(tl.float32)                                       # [NT, BN]
-    if HAS_MIN:
-        t = t - s2 * xsum.to(tl.float32)[:, None]
+    """acc [NT, BN] + one x row's terms of the NT slots u [NT] (padded slots: dx = 0)."""
+    t, dx = _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
     return tl.fma(t, dx[:, None], acc)
 
 

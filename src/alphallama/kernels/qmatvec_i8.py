@@ -141,10 +141,10 @@ def _lanes(words, h, BITS: tl.constexpr, HBITS: tl.constexpr):
 
 
 @triton.jit
-def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
-              BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
-    """One x row's contribution from NT slots: acc [BN] -> acc [BN]. u [NT]: the slots."""
-    NT: tl.constexpr = lo.shape[0]
+def _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+                BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
+    """One x row against NT slots u [NT] (codes lo/hi [NT, BN, V]): (t = A * isum
+    [- B * xsum] [NT, BN], dx [NT]), the integer part exact. Shared with qgemv_i8."""
     V: tl.constexpr = lo.shape[2]
     XW: tl.constexpr = 2 * V if BITS == 4 else V                       # activation words per slot
     u3 = u[:, None, None]                                              # [NT, 1, 1]
@@ -171,6 +171,15 @@ def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slo
     t = s1 * isum.to(tl.float32)                                       # A * isum
     if HAS_MIN:
         t = t - s2 * xsum.to(tl.float32)[:, None]                      # - B * xsum
+    return t, dx
+
+
+@triton.jit
+def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+              BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
+    """One x row's contribution from NT slots: acc [BN] -> acc [BN]. u [NT]: the slots."""
+    NT: tl.constexpr = lo.shape[0]
+    t, dx = _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
     t = t * dx[:, None]
     if not EVEN:
         t = tl.where((u < n_slots)[:, None], t, 0.0)                   # padded slots: +0
