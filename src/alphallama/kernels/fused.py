@@ -9,10 +9,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .qmatvec_i8 import emit_q8, new_q8
+
+Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
+
 
 # -- residual add + RMSNorm -------------------------------------------------------------
 @triton.jit
-def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, HAS_Y: tl.constexpr):
+def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, HAS_Y: tl.constexpr,
+                        XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
+                        SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
+                        SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4):
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     mask = d < D
@@ -21,7 +28,26 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
         x += tl.load(Y + row * D + d, mask=mask, other=0.0)
         tl.store(X + row * D + d, x, mask=mask)
     r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
-    tl.store(H + row * D + d, (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty), mask=mask)
+    h = (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty)
+    tl.store(H + row * D + d, h, mask=mask)
+    # the int8 activations of the next GEMVs, from the values just stored (what a separate
+    # prepare launch would read back): up to two lane orders
+    if NQ > 0:
+        emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP1, XS1, D, SLOT1, V1, BITS1, BLOCK != D)
+    if NQ > 1:
+        emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP2, XS2, D, SLOT2, V2, BITS2, BLOCK != D)
+
+
+def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
+    """Buffers for up to two lane orders and the kernel arguments that name them."""
+    if len(orders) > 2:
+        raise ValueError(f"at most two lane orders per producer, got {orders}")
+    q8 = {o: new_q8(W, K, o, device) for o in orders}
+    args: dict = {"NQ": len(orders)}
+    for i, o in enumerate(orders, 1):
+        xp, xsd = q8[o]
+        args.update({f"XP{i}": xp.view(torch.int8), f"XS{i}": xsd, f"SLOT{i}": o[0], f"V{i}": o[1], f"BITS{i}": o[2]})
+    return q8, args
 
 
 def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
@@ -35,6 +61,21 @@ def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: f
     return out
 
 
+def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
+                   out_dtype: torch.dtype, orders: tuple) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+    """add_rmsnorm, and in the same launch the int8 activations of its output for each
+    lane order in `orders` (at most two; qmatvec_i8.lane_order): bit for bit what
+    prepare_i8 would make of the returned tensor. -> (h [W, D], {order: (xp, xsd)})."""
+    W, D = x.shape
+    if D % 32:
+        raise ValueError(f"int8 activations need D % 32 == 0, got {D}")
+    out = torch.empty(W, D, device=x.device, dtype=out_dtype)
+    q8, args = _q8_args(W, D, tuple(orders), x.device)
+    _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
+                              HAS_Y=y is not None, enable_fp_fusion=False, **args)
+    return out, q8
+
+
 def add_rmsnorm_ref(x, y, w, eps):
     x = x + y if y is not None else x
     return x, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -42,14 +83,19 @@ def add_rmsnorm_ref(x, y, w, eps):
 
 # -- SiLU(gate) * up ----------------------------------------------------------------------
 @triton.jit
-def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
+                     XP1=None, XS1=None, NQ: tl.constexpr = 0,
+                     SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     f = blk * BLOCK + tl.arange(0, BLOCK)
     mask = f < F
     g = tl.load(GU + row * 2 * F + f, mask=mask, other=0.0)
     u = tl.load(GU + row * 2 * F + F + f, mask=mask, other=0.0)
-    tl.store(OUT + row * F + f, (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty), mask=mask)
+    a = (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty)
+    tl.store(OUT + row * F + f, a, mask=mask)
+    if NQ > 0:                       # the down GEMV's int8 activations (see _add_rmsnorm_kernel)
+        emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
 
 
 def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -60,6 +106,20 @@ def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.
     BLOCK = 1024
     _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK)
     return out
+
+
+def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+    """silu_mul, and the int8 activations of its output in (at most) one lane order, in
+    the same launch. -> (act [W, F], {order: (xp, xsd)})."""
+    W, F2 = gu.shape
+    F = F2 // 2
+    if F % 32 or len(orders) > 1:
+        raise ValueError(f"silu_mul_q8 needs F % 32 == 0 and at most one lane order, got {F}, {orders}")
+    out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
+    q8, args = _q8_args(W, F, tuple(orders), gu.device)
+    BLOCK = 1024
+    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args)
+    return out, q8
 
 
 def silu_mul_ref(gu):

@@ -56,14 +56,15 @@ def lane_perm(slot: int, V: int, bits: int) -> torch.Tensor:
 
 
 @triton.jit
-def _prepare_kernel(x, xp, xsd, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr,
-                    BITS: tl.constexpr):
-    """Program (row m, block b of BQ values): q8 of x[m, block] -> xp (lane order), and
-    per slot the int32 pair (sum of q, bits of dx)."""
-    m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    k = b * BQ + tl.arange(0, BQ)                                     # [BQ]
-    a = tl.load(x + m * stride_x + k).to(tl.float32)
+def emit_q8(a, k0, m, xp, xsd, K: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr, BITS: tl.constexpr,
+            MASKED: tl.constexpr = False):
+    """The contract's q8 of a [BQ] float32 (x[m, k0:k0+BQ], k0 a multiple of 32) -> xp
+    (int8 [W, K]: the bytes in lane order) and xsd (int32 [W, K/SLOT, 2]: per slot (sum
+    of q, bits of dx)). MASKED: k may run past K (a row's padding, where a must be 0);
+    nothing is stored past it. Shared by the prepare kernel and the producers that fuse
+    it (kernels/fused.py)."""
+    BQ: tl.constexpr = a.shape[0]
+    k = k0 + tl.arange(0, BQ)                                          # [BQ]
     q, dx = _quantize_block(tl.reshape(a, (BQ // 32, 32)))            # [BQ/32, 32] int32, [BQ/32]: QBLOCK
     q = tl.reshape(q, (BQ,))
     # the inverse of lane_perm: k = (j // 2) 2V + 2v + (j % 2) for field j of qs word v
@@ -74,15 +75,31 @@ def _prepare_kernel(x, xp, xsd, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLO
     else:
         lane = (r // 2) * 4 + 2 * jh + r % 2                           # word v, byte j
     dest = (k // SLOT) * SLOT + lane                                   # [BQ]: the byte's lane position
-    tl.store(xp + m * K + dest, q.to(tl.int8))
     xsum = tl.sum(tl.reshape(q, (BQ // SLOT, SLOT)), axis=1)          # [BQ/SLOT]
     if SLOT == 16:
         dxs = tl.reshape(tl.join(dx, dx), (BQ // SLOT,))              # two slots per 32-block
     else:
         dxs = dx
     rec = tl.join(xsum, dxs.to(tl.int32, bitcast=True))               # [BQ/SLOT, 2]
-    s = b * (BQ // SLOT) + tl.arange(0, BQ // SLOT)
-    tl.store(xsd + m * (K // SLOT) * 2 + s[:, None] * 2 + tl.arange(0, 2)[None, :], rec)
+    s = k0 // SLOT + tl.arange(0, BQ // SLOT)                          # [BQ/SLOT]: the slots
+    roff = m * (K // SLOT) * 2 + s[:, None] * 2 + tl.arange(0, 2)[None, :]
+    if MASKED:
+        tl.store(xp + m * K + dest, q.to(tl.int8), mask=k < K)
+        tl.store(xsd + roff, rec, mask=(s < K // SLOT)[:, None])
+    else:
+        tl.store(xp + m * K + dest, q.to(tl.int8))
+        tl.store(xsd + roff, rec)
+
+
+@triton.jit
+def _prepare_kernel(x, xp, xsd, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr,
+                    BITS: tl.constexpr):
+    """Program (row m, block b of BQ values): q8 of x[m, block] -> xp (lane order), and
+    per slot the int32 pair (sum of q, bits of dx)."""
+    m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1)
+    k = b * BQ + tl.arange(0, BQ)                                     # [BQ]
+    emit_q8(tl.load(x + m * stride_x + k).to(tl.float32), b * BQ, m, xp, xsd, K, SLOT, V, BITS)
 
 
 # -- the GEMV ------------------------------------------------------------------------------
@@ -337,16 +354,27 @@ def fit(t: Tile, w: QuantWeight) -> Tile:
     return replace(t, NT=NT)
 
 
+def lane_order(w: QuantWeight) -> tuple[int, int, int]:
+    """(slot, V, bits): what the activations' byte order depends on (Q4_K, Q5_K, Q4_0 and
+    Q5_0 share one; Q6_K and Q8_0 each have their own)."""
+    return w.fmt.slot, w.fmt.V, CODES[w.qtype][0]
+
+
+def new_q8(W: int, K: int, order: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty q8 activations for `order`: (xp int32 [W, K/4], xsd int32 [W, K/slot, 2])."""
+    return (torch.empty((W, K // 4), dtype=torch.int32, device=device),
+            torch.empty((W, K // order[0], 2), dtype=torch.int32, device=device))
+
+
 def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """x [W, K] -> (xp int32 [W, K/4]: the q8 bytes in w's lane order, xsd int32
     [W, n_slots, 2]: per slot (sum of q, bits of dx))."""
     W, K = x.shape
-    fmt = w.fmt
-    xp = torch.empty((W, K // 4), dtype=torch.int32, device=x.device)
-    xsd = torch.empty((W, K // fmt.slot, 2), dtype=torch.int32, device=x.device)
+    slot, V, bits = order = lane_order(w)
+    xp, xsd = new_q8(W, K, order, x.device)
     BQ = PREP_BLOCK if K % PREP_BLOCK == 0 else QBLOCK
-    _prepare_kernel[(W, K // BQ)](x, xp.view(torch.int8), xsd, x.stride(0), K=K, BQ=BQ, SLOT=fmt.slot,
-                                  V=fmt.V, BITS=CODES[w.qtype][0], num_warps=NUM_WARPS, enable_fp_fusion=False)
+    _prepare_kernel[(W, K // BQ)](x, xp.view(torch.int8), xsd, x.stride(0), K=K, BQ=BQ, SLOT=slot,
+                                  V=V, BITS=bits, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return xp, xsd
 
 

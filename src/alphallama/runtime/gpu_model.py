@@ -41,13 +41,13 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention
-from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
+from ..kernels.fused import add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8
 from ..kernels.qmatmul import qmatmul
-from ..kernels.qmatvec_i8 import prepare_i8
+from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
 from ..config import DEFAULTS
@@ -98,18 +98,22 @@ class Linear:
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
         self.N = sum(w.N for w in self.weights)
+        # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
+        self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, q8: dict | None = None) -> torch.Tensor:
+        """x [W, K] -> [W, N] fp32; q8: x's int8 activations by lane order, if its producer
+        made them (else they are made here, one prepare launch per order)."""
         if not any(self.i8):
             outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
-        prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = dict(q8 or {})
         n0 = 0
         for w, i8 in zip(self.weights, self.i8):
             part = out[:, n0:n0 + w.N]
             if i8:
-                key = (w.fmt.slot, w.fmt.V, w.fmt.P)       # the lane order of prepare_i8
+                key = lane_order(w)
                 if key not in prepared:
                     prepared[key] = prepare_i8(x, w)
                 qgemv_i8(x, w, out=part, prepared=prepared[key])
@@ -267,6 +271,8 @@ class GPUModel:
         # per weight tile; 2.4x faster at W=1 than fp32, kernels/NOTES.md); the residual
         # stream stays fp32. The CPU interpreter (tests) keeps fp32.
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        # producers emit the int8 activations (no prepare launch) where the widths allow
+        self._fuse_q8 = cfg.d_model % 32 == 0 and (cfg.is_moe or cfg.d_ff % 32 == 0)
         self.capture_s = 0.0
         e = DEFAULTS.engine
         self.prefill_path = prefill_path or e.prefill_path
@@ -333,20 +339,34 @@ class GPUModel:
         x = dequantize(self.embd[tokens], self.embd_qtype, (W, c.d_model))        # [W, D]
         kv_len = cache.k.shape[2]
         act = self.act_dtype
-        h = add_rmsnorm(x, None, self.layers[0].attn_norm, c.norm_eps, act)
+        # each norm (and the SiLU) also emits the next GEMV's int8 activations (Linear.orders)
+        h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
-            qkv = L.qkv(h)                                                          # [W, (H + 2 n_kv) hd]
+            qkv = L.qkv(h, q8)                                                      # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)   # [W, H, hd]
             a = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act)      # [W, H*hd]
-            h = add_rmsnorm(x, L.o(a), L.ffn_norm, c.norm_eps, act)                # x += o(a)
+            h, q8 = self._norm(x, L.o(a), L.ffn_norm, L.gate_up)                   # x += o(a)
             if L.moe is not None:
                 d = L.moe(h, act)                                                  # [W, D]
+            elif L.down.orders and self._fuse_q8:
+                s, q8 = silu_mul_q8(L.gate_up(h, q8), act, L.down.orders)          # [W, F]
+                d = L.down(s, q8)                                                  # [W, D]
             else:
-                d = L.down(silu_mul(L.gate_up(h), act))                            # [W, D]
-            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
-            h = add_rmsnorm(x, d, nxt, c.norm_eps, act)
-        return self.output(h), x
+                d = L.down(silu_mul(L.gate_up(h, q8), act))
+            last = i + 1 == len(self.layers)
+            nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
+                                                                          self.layers[i + 1].qkv)
+            h, q8 = self._norm(x, d, nxt, consumer)
+        return self.output(h, q8), x
+
+    def _norm(self, x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor,
+              consumer: Linear | None) -> tuple[torch.Tensor, dict | None]:
+        """x += y; rmsnorm(x) * w, with the int8 activations `consumer` takes (if any)."""
+        c = self.cfg
+        if consumer is None or not consumer.orders or not self._fuse_q8:
+            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype), None
+        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, consumer.orders[:2])
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""

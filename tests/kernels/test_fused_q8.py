@@ -1,0 +1,101 @@
+"""The producers that emit int8 activations in the same launch (add_rmsnorm_q8,
+silu_mul_q8) give bit for bit what the separate prepare launch (prepare_i8) makes of
+their output, for every lane order, with and without row padding (D not a power of 2,
+F not a multiple of the SiLU block); and their float outputs match the references."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
+
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+from alphallama.kernels.fused import add_rmsnorm_q8, add_rmsnorm_ref, silu_mul_q8, silu_mul_ref  # noqa: E402
+from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
+from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ACT = torch.bfloat16 if DEV == "cuda" else torch.float32
+
+
+def _order_weights(K):
+    """A weight of each lane order at width K (Q4_K's order is also Q5_K's, Q4_0's, Q5_0's)."""
+    return {lane_order(w): w for w in (_weight(q, 8, K, seed=1)[1] for q in (T.Q4_K, T.Q6_K, T.Q8_0))}
+
+
+def _same(a: tuple, b: tuple, what: str) -> None:
+    for x, y, name in zip(a, b, ("xp", "xsd")):
+        assert torch.equal(x, y), f"{what}: {name} differs in {int((x != y).sum())} of {x.numel()}"
+
+
+@pytest.mark.parametrize("D", [768, 256 * 3 + 32 * 4])      # 768 = 3 x 256; 896: Qwen2.5-0.5B's width
+def test_add_rmsnorm_q8_equals_prepare(D):
+    g = torch.Generator().manual_seed(D)
+    x = torch.randn(3, D, generator=g).to(DEV)
+    y = torch.randn(3, D, generator=g).to(DEV)
+    w = (torch.rand(D, generator=g) + 0.5).to(DEV)
+    ws = _order_weights(D) if D % 256 == 0 else {lane_order(_weight(T.Q8_0, 8, D, seed=1)[1]):
+                                                 _weight(T.Q8_0, 8, D, seed=1)[1]}
+    orders = list(ws)
+    for pair in (orders[:2], orders[-1:]):
+        x1 = x.clone()
+        h, q8 = add_rmsnorm_q8(x1, y, w, 1e-6, ACT, tuple(pair))
+        xr, hr = add_rmsnorm_ref(x, y, w, 1e-6)
+        torch.testing.assert_close(x1, xr)                                 # the residual, in place
+        torch.testing.assert_close(h.float(), hr, atol=1e-2, rtol=1e-2)
+        for o in pair:
+            _same(q8[o], prepare_i8(h, ws[o]), f"D={D} order {o}")
+
+
+@pytest.mark.parametrize("F", [1024, 1024 + 256 + 32 * 3])     # one whole block; a ragged last block
+def test_silu_mul_q8_equals_prepare(F):
+    g = torch.Generator().manual_seed(F)
+    gu = (torch.randn(2, 2 * F, generator=g) * 3).to(DEV)
+    w = _weight(T.Q6_K if F % 256 == 0 else T.Q8_0, 8, F, seed=2)[1]
+    o = lane_order(w)
+    a, q8 = silu_mul_q8(gu, ACT, (o,))
+    torch.testing.assert_close(a.float(), silu_mul_ref(gu), atol=2e-2, rtol=1e-2)
+    _same(q8[o], prepare_i8(a, w), f"F={F}")
+
+
+def compile_sm90() -> None:
+    """Both producers with their q8 outputs, for sm_90 (child process, no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from alphallama.kernels import fused
+
+    def build(kern, types, const):
+        names = [n for n in kern.arg_names if n not in const]
+        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kern.arg_names}
+        attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types) if t[0] == "*"}
+        cx = {(kern.arg_names.index(k),): v for k, v in const.items()}
+        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "enable_fp_fusion": False})
+
+    for D in (4096, 896):
+        build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"],
+              dict(D=D, BLOCK=triton.next_power_of_2(D), HAS_Y=True, NQ=2, SLOT1=32, V1=4, BITS1=4,
+                   SLOT2=16, V2=2, BITS2=4))
+    for F in (12288, 4864):
+        build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
+                                                                            BITS1=4))
+
+
+def test_compiles_for_sm90():
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no CUDA backend to compile with")
+    import subprocess
+    import sys
+    code = "from tests.kernels.test_fused_q8 import compile_sm90; compile_sm90()"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
