@@ -1,5 +1,5 @@
 """The producers that emit int8 activations in the same launch (add_rmsnorm_q8,
-silu_mul_q8) give bit for bit what the separate prepare launch (prepare_i8) makes of
+silu_mul_q8, decode_attention_q8) give bit for bit what the separate prepare launch (prepare_i8) makes of
 their output, for every lane order, with and without row padding (D not a power of 2,
 F not a multiple of the SiLU block); and their float outputs match the references."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
+from alphallama.kernels.attention import decode_attention_q8, decode_attention_ref  # noqa: E402
 from alphallama.kernels.fused import add_rmsnorm_q8, add_rmsnorm_ref, silu_mul_q8, silu_mul_ref  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
@@ -62,6 +63,26 @@ def test_silu_mul_q8_equals_prepare(F):
     _same(q8[o], prepare_i8(a, w), f"F={F}")
 
 
+def test_attention_q8_equals_prepare_and_is_row_invariant():
+    g = torch.Generator().manual_seed(7)
+    n_heads, n_kv, hd, pos, W = 4, 2, 64, 37, 3
+    k = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
+    v = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
+    q = torch.randn(W, n_heads, hd, generator=g).to(DEV)
+    pos_t = torch.tensor([pos], dtype=torch.int32, device=DEV)
+    w = _weight(T.Q4_K, 8, n_heads * hd, seed=3)[1]
+    o = lane_order(w)
+    out, q8 = decode_attention_q8(q, k, v, pos_t, ACT, (o,))
+    torch.testing.assert_close(out.float().cpu(), decode_attention_ref(q.cpu(), k.cpu(), v.cpu(), pos),
+                               atol=2e-2, rtol=2e-2)
+    _same(q8[o], prepare_i8(out, w), "attention output")
+    for r in range(W):                                  # each row alone (at its own position) gives the same bits
+        one, q8_one = decode_attention_q8(q[r:r + 1], k, v, torch.tensor([pos + r], dtype=torch.int32, device=DEV),
+                                          ACT, (o,))
+        assert torch.equal(one[0], out[r])
+        _same(tuple(t[0] for t in q8_one[o]), tuple(t[r] for t in q8[o]), f"row {r}")
+
+
 def compile_sm90() -> None:
     """Both producers with their q8 outputs, for sm_90 (child process, no GPU needed)."""
     import triton
@@ -85,6 +106,11 @@ def compile_sm90() -> None:
     for F in (12288, 4864):
         build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))
+    from alphallama.kernels import attention
+    build(attention._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "*i32", "i32", "i32", "i32", "i32",
+                                           "*i8", "*i32"],
+          dict(N_HEADS=32, HD=128, BLOCK_N=attention.BLOCK_N, MAX_SPLITS=attention.MAX_SPLITS, NQ=1, SLOT1=32, V1=4,
+               BITS1=4))
 
 
 def test_compiles_for_sm90():

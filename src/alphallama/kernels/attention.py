@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .qmatvec_i8 import emit_q8, new_q8
+
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512
 MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
 NUM_WARPS = 4
@@ -100,7 +102,9 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
 
 @triton.jit
 def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os, stride_outw,
-                         N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                         N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                         XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
+                         BITS1: tl.constexpr = 4):
     """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
     written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
     adds exactly the live partials, and which splits are live depends on L alone."""
@@ -120,7 +124,10 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
     w = tl.where(live, tl.exp(m_s - m), 0.0)
     l_sum = tl.sum(l_s * w, 0)
     acc = tl.sum(o_s * w[:, None], 0)                                                 # [HD]
-    tl.store(OUT + row * stride_outw + h * HD + d, (acc / l_sum).to(OUT.dtype.element_ty))
+    out = (acc / l_sum).to(OUT.dtype.element_ty)
+    tl.store(OUT + row * stride_outw + h * HD + d, out)
+    if NQ > 0:                       # the o projection's int8 activations (kernels/fused.py)
+        emit_q8(out.to(tl.float32), h * HD, row.to(tl.int64), XP1, XS1, N_HEADS * HD, SLOT1, V1, BITS1)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
@@ -129,7 +136,27 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, ())[0]
+
+
+def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                        out_dtype: torch.dtype, orders: tuple) -> tuple[torch.Tensor, dict]:
+    """decode_attention, and the int8 activations of its output in (at most) one lane
+    order, made by the combine launch (bit for bit prepare_i8 of the output; that launch
+    is compiled without fp fusion, as the quantization needs). -> (out, {order: q8})."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders))
+
+
+def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple) -> tuple[torch.Tensor, dict]:
     W, n_heads, hd = q.shape
+    if orders and (hd % 32 or len(orders) > 1):
+        raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
+    q8: dict = {o: new_q8(W, n_heads * hd, o, q.device) for o in orders}
+    qargs = {}
+    for order in orders:
+        xp, xsd = q8[order]
+        qargs = {"XP1": xp.view(torch.int8), "XS1": xsd, "NQ": 1, "SLOT1": order[0], "V1": order[1],
+                 "BITS1": order[2], "enable_fp_fusion": False}
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv
     o = torch.empty(W, n_heads, MAX_SPLITS, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
@@ -144,8 +171,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
-                                       num_warps=NUM_WARPS)
-    return out
+                                       num_warps=NUM_WARPS, **qargs)
+    return out, q8
 
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:

@@ -40,7 +40,7 @@ import torch
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.attention import decode_attention
+from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_q8 import contract_ok, moe_q8
@@ -272,7 +272,7 @@ class GPUModel:
         # stream stays fp32. The CPU interpreter (tests) keeps fp32.
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow
-        self._fuse_q8 = cfg.d_model % 32 == 0 and (cfg.is_moe or cfg.d_ff % 32 == 0)
+        self._fuse_q8 = cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0 and (cfg.is_moe or cfg.d_ff % 32 == 0)
         self.capture_s = 0.0
         e = DEFAULTS.engine
         self.prefill_path = prefill_path or e.prefill_path
@@ -345,8 +345,11 @@ class GPUModel:
             qkv = L.qkv(h, q8)                                                      # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)   # [W, H, hd]
-            a = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act)      # [W, H*hd]
-            h, q8 = self._norm(x, L.o(a), L.ffn_norm, L.gate_up)                   # x += o(a)
+            if L.o.orders and self._fuse_q8:
+                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1])   # [W, H*hd]
+            else:
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act), None
+            h, q8 = self._norm(x, L.o(a, q8), L.ffn_norm, L.gate_up)               # x += o(a)
             if L.moe is not None:
                 d = L.moe(h, act)                                                  # [W, D]
             elif L.down.orders and self._fuse_q8:
