@@ -21,6 +21,8 @@ class EngineDefaults:
     prefill_chunk: int = 512      # rows per prefill forward pass
     decode_gemv: str = "i8"       # GPU decode GEMVs: "i8" (int8 activations, dp4a: kernels/qgemv_i8.py; 1.3-1.75x
                                   # qmatmul on the H200) | "f32" (kernels/qmatmul.py: fp32 dequantize + FMA)
+    fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
+                                  # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);

@@ -272,7 +272,8 @@ class GPUModel:
         # stream stays fp32. The CPU interpreter (tests) keeps fp32.
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow
-        self._fuse_q8 = cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0 and (cfg.is_moe or cfg.d_ff % 32 == 0)
+        self._fuse_q8 = (DEFAULTS.engine.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
+                         and (cfg.is_moe or cfg.d_ff % 32 == 0))
         self.capture_s = 0.0
         e = DEFAULTS.engine
         self.prefill_path = prefill_path or e.prefill_path
