@@ -21,6 +21,8 @@ class EngineDefaults:
     prefill_chunk: int = 512      # rows per prefill forward pass
     decode_gemv: str = "i8"       # GPU decode GEMVs: "i8" (int8 activations, dp4a: kernels/qgemv_i8.py; 1.3-1.75x
                                   # qmatmul on the H200) | "f32" (kernels/qmatmul.py: fp32 dequantize + FMA)
+    moe_gemv: str = "f32"         # routed experts (resident or bank/host tiers, not the CPU workers): "i8" runs them
+                                  # on int8 activations (kernels/moe_i8.py; not yet timed on a GPU) | "f32"
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)

@@ -45,6 +45,25 @@ def test_logits_match_reference(models):
     assert torch.equal(lg.argmax(-1).cpu()[clear], lr.argmax(-1)[clear])
 
 
+def test_moe_on_int8_activations(tmp_path):
+    """The routed experts on int8 activations (moe_gemv "i8") against the reference, and
+    a round equal to its rows run alone."""
+    path = tmp_path / "moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=3), path)
+    f = GGUFFile(path)
+    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV, moe_gemv="i8")
+    assert all(L.moe.i8 for L in gpu.layers)
+    toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    cache = gpu.new_cache(128)
+    lg, _ = gpu.forward(toks, 0, cache)
+    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+    lg = lg.clone()
+    cache.truncate(2)
+    singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
+    assert torch.equal(singles, lg[2:])
+
+
 def test_round_equals_single_rows(models):
     _, gpu = models
     cache = gpu.new_cache(128)

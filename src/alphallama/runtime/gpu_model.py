@@ -43,6 +43,7 @@ from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
+from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8
@@ -130,7 +131,7 @@ class MoE:
     experts live there: the kernels take each from its VRAM slot or the host tier."""
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
-                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0):
+                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32"):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         self.store, self.layer = store, layer
@@ -142,6 +143,11 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
+        # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
+        # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
+        gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
+        self.i8 = gemv == "i8" and moe_i8_ok(gu, dn)
+        self.orders = (moe_i8_order(gu),) if self.i8 else ()
         # what one row reads: the router and k of the E experts
         self.nbytes = self.router.nbytes + expert_bytes * top_k // E
 
@@ -155,9 +161,11 @@ class MoE:
             return v.bank_gate_up.expert(slot), v.bank_down.expert(slot)
         return v.host_gate_up.expert(e), v.host_down.expert(e)
 
-    def __call__(self, h: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor:
-        """h [W, D] -> [W, D] fp32."""
+    def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None) -> torch.Tensor:
+        """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made."""
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
+        if self.i8 and self.link is None:
+            return self._experts_i8(h, logits, act_dtype, q8)
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
             act = moe_gate_up(h, self.gate_up, experts, act_dtype, rows_per_thread=ROWS_PER_THREAD)  # [W, k, F]
@@ -171,6 +179,20 @@ class MoE:
                           self.layer, self.link)
         act = moe_gate_up(h, v.host_gate_up, experts, act_dtype, ROWS_PER_THREAD, v.table, v.bank_gate_up)
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
+
+    def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
+                    q8: dict | None) -> torch.Tensor:
+        if self.store is None:
+            weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
+            gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
+        else:
+            v = self.store.layer(self.layer)
+            weights, experts = moe_route(logits, self.top_k, self.norm,
+                                         experts_out=self.store.routes[self.layer, :h.shape[0]])
+            gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
+        x8 = (q8 or {}).get(self.orders[0]) or prepare_i8(h, gu.expert(0))
+        act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu)             # [W, k, F]
+        return moe_down_i8(act, dn, experts, weights, table, bdn)
 
 
 @dataclass
@@ -198,21 +220,23 @@ class GPUModel:
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
-                 decode_gemv: str | None = None):
+                 decode_gemv: str | None = None, moe_gemv: str | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
-        decode_gemv: "i8" | "f32", the dense layers' GEMV (config.py, Linear)."""
+        decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
+        (config.py; Linear, MoE)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
         self.cfg: ModelConfig = cfg
         self.device = torch.device(device)
         gemv = self.decode_gemv = decode_gemv or DEFAULTS.engine.decode_gemv
-        if gemv not in ("i8", "f32"):
-            raise ValueError(f"decode_gemv must be 'i8' or 'f32', got {gemv!r}")
+        moe_gemv = moe_gemv or DEFAULTS.engine.moe_gemv
+        if gemv not in ("i8", "f32") or moe_gemv not in ("i8", "f32"):
+            raise ValueError(f"decode_gemv and moe_gemv are 'i8' or 'f32', got {gemv!r}, {moe_gemv!r}")
         self.max_len = max_len
         t = f.tensors
         vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
@@ -232,7 +256,7 @@ class GPUModel:
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i)
+                          self.store, i, moe_gemv)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
@@ -350,9 +374,9 @@ class GPUModel:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1])   # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act), None
-            h, q8 = self._norm(x, L.o(a, q8), L.ffn_norm, L.gate_up)               # x += o(a)
+            h, q8 = self._norm(x, L.o(a, q8), L.ffn_norm, L.gate_up or L.moe)      # x += o(a)
             if L.moe is not None:
-                d = L.moe(h, act)                                                  # [W, D]
+                d = L.moe(h, act, q8)                                              # [W, D]
             elif L.down.orders and self._fuse_q8:
                 s, q8 = silu_mul_q8(L.gate_up(h, q8), act, L.down.orders)          # [W, F]
                 d = L.down(s, q8)                                                  # [W, D]
@@ -365,7 +389,7 @@ class GPUModel:
         return self.output(h, q8), x
 
     def _norm(self, x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor,
-              consumer: Linear | None) -> tuple[torch.Tensor, dict | None]:
+              consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
         """x += y; rmsnorm(x) * w, with the int8 activations `consumer` takes (if any)."""
         c = self.cfg
         if consumer is None or not consumer.orders or not self._fuse_q8:

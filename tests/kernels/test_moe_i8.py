@@ -1,0 +1,132 @@
+"""moe_i8 (routed experts on int8 activations): gate_up against float64 of the same
+int8 input, down against float64 of its own int8 activations, row invariance (a row's
+bits whatever W and its column) and tier invariance (an expert read from a bank slot
+gives the bits it gives from the host planes). CPU: the Triton interpreter."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
+
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
+from alphallama.kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_order  # noqa: E402
+from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from tests.kernels.test_qmatmul import random_raw  # noqa: E402
+from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+E, F, D, K = 5, 256, 256, 256
+
+
+def _experts(qtype, n, k, seed):
+    return QuantWeight.from_raw(random_raw(qtype, E * n, k, seed), qtype, (E, n, k), DEV)
+
+
+def _q8_float64(x):
+    xq, dx, _ = quantize_q8(x.cpu().float())
+    return (xq.double().reshape(x.shape[0], -1, 32) * dx.double()[..., None]).reshape(x.shape)
+
+
+def _setup(W=3):
+    gate_up, down = _experts(T.Q4_K, 2 * F, K, 1), _experts(T.Q6_K, D, F, 2)
+    x = _x(W, K, seed=3)
+    experts = torch.tensor([[0, 3], [2, 0], [4, 1]][:W], dtype=torch.int32, device=DEV)
+    weights = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.5, 0.5]][:W], device=DEV)
+    return gate_up, down, x, experts, weights
+
+
+def test_gate_up_and_down_match_float64():
+    gate_up, down, x, experts, weights = _setup()
+    q8 = prepare_i8(x, gate_up.expert(0))
+    act = moe_gate_up_i8(q8, gate_up, experts, torch.float32)                 # [W, k, F]
+    xd = _q8_float64(x)                                                       # [W, K]
+    gu = gate_up.dequantize().double().cpu()[experts.long().cpu()]            # [W, k, 2F, K]
+    y = torch.einsum("wk,wjnk->wjn", xd, gu)
+    ref = torch.nn.functional.silu(y[..., :F]) * y[..., F:]
+    scale = torch.einsum("wk,wjnk->wjn", xd.abs(), gu.abs())
+    assert ((act.cpu().double() - ref).abs() <= 1e-5 * (scale[..., :F] * scale[..., F:] + scale[..., F:])).all()
+    out = moe_down_i8(act, down, experts, weights)                            # [W, D]
+    ad = _q8_float64(act.reshape(-1, F)).reshape(act.shape)                   # the kernel's own int8 act
+    dw = down.dequantize().double().cpu()[experts.long().cpu()]               # [W, k, D, F]
+    ref = (torch.einsum("wjf,wjdf->wjd", ad, dw) * weights.cpu().double()[..., None]).sum(1)
+    bound = (torch.einsum("wjf,wjdf->wjd", ad.abs(), dw.abs()) * weights.cpu().double()[..., None]).sum(1)
+    assert ((out.cpu().double() - ref).abs() <= 1e-5 * bound + 1e-30).all()
+
+
+def test_rows_are_invariant_and_tiers_agree():
+    gate_up, down, x, experts, weights = _setup()
+    def run(x, ex, w, table=None, bank_gu=None, bank_dn=None, gu=gate_up, dn=down):
+        q8 = prepare_i8(x, gu.expert(0))
+        return moe_down_i8(moe_gate_up_i8(q8, gu, ex, torch.float32, table, bank_gu), dn, ex, w, table, bank_dn)
+    full = run(x, experts, weights)
+    for r in range(3):                                                        # each row alone
+        assert_same_bits(run(x[r:r + 1], experts[r:r + 1], weights[r:r + 1])[0:1], full[r:r + 1], f"row {r}")
+    rows = torch.tensor([2, 0])                                               # another width, other columns
+    assert_same_bits(run(x[rows], experts[rows.to(DEV)], weights[rows.to(DEV)]), full[rows], "rows 2, 0")
+    # experts 0 and 4 in a bank (slots 1 and 0), their host copies zeroed: same bits
+    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
+    def split(w):
+        bank = QuantWeight(w.qtype, (2, *w.shape[1:]), {n: p[[4, 0]].clone() for n, p in w.planes.items()})
+        host = {n: p.clone() for n, p in w.planes.items()}
+        for p in host.values():
+            p[[0, 4]] = 0
+        return QuantWeight(w.qtype, w.shape, host), bank
+    (hgu, bgu), (hdn, bdn) = split(gate_up), split(down)
+    assert_same_bits(run(x, experts, weights, table, bgu, bdn, hgu, hdn), full, "bank/host tiers")
+
+
+def test_order_is_the_gate_up_weights():
+    gate_up, *_ = _setup()
+    assert moe_i8_order(gate_up) == (32, 4, 4)
+
+
+def compile_sm90() -> None:
+    """Both kernels for sm_90, with and without the expert table (child process)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from alphallama.kernels import moe_i8
+    from alphallama.kernels.formats import PLANES
+    from alphallama.kernels.qweight import FORMATS
+
+    def build(kern, types, const):
+        names = [n for n in kern.arg_names if n not in const]
+        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kern.arg_names}
+        attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types) if t[0] == "*"}
+        cx = {(kern.arg_names.index(k),): v for k, v in const.items()}
+        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "enable_fp_fusion": False})
+
+    ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
+    for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
+        f = FORMATS[qtype]
+        packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
+        planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES] * 2
+        w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
+        for table in (False, True):
+            const = moe_i8._consts(w, 64, True)
+            const.update(TABLE=table, **({"TOP_K": 8} if kern is moe_i8._gate_up_i8_kernel else {}))
+            out = "*bf16" if kern is moe_i8._gate_up_i8_kernel else "*fp32"
+            build(kern, ["*i32", "*i32", out, "*i32", "*i32", *planes, "i32", "i32"], const)
+
+
+def test_compiles_for_sm90():
+    import subprocess
+    import sys
+    import pytest
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no CUDA backend to compile with")
+    code = "from tests.kernels.test_moe_i8 import compile_sm90; compile_sm90()"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
