@@ -23,6 +23,8 @@ class EngineDefaults:
                                   # qmatmul on the H200) | "f32" (kernels/qmatmul.py: fp32 dequantize + FMA)
     moe_gemv: str = "f32"         # routed experts (resident or bank/host tiers, not the CPU workers): "i8" runs them
                                   # on int8 activations (kernels/moe_i8.py; not yet timed on a GPU) | "f32"
+    pdl: bool = False             # GPU decode kernels with programmatic dependent launch (kernels/pdl.py): each may
+                                  # start during the previous one's tail; compiled and tested on CPU, not yet timed
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)

@@ -112,9 +112,9 @@ def compile_all() -> None:
         group = H // n_kv
         ptrs = ["*fp32", "*fp16", "*fp16", "*fp32", "*fp32", "*fp32", "*i32"]     # Q K V O M L pos
         build(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
-              dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, **blocks))
+              dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, PDL=False, **blocks))
         build(A._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", out, "*i32"] + ["i32"] * 4,
-              dict(N_HEADS=H, HD=hd, XP1=None, XS1=None, NQ=0, SLOT1=32, V1=4, BITS1=4, **blocks))   # no q8 output
+              dict(N_HEADS=H, HD=hd, XP1=None, XS1=None, NQ=0, SLOT1=32, V1=4, BITS1=4, PDL=False, **blocks))   # no q8 output
 
 
 def test_kernels_compile_for_sm90():

@@ -17,6 +17,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 from alphallama.kernels.attention import decode_attention_q8, decode_attention_ref  # noqa: E402
 from alphallama.kernels.fused import add_rmsnorm_q8, add_rmsnorm_ref, silu_mul_q8, silu_mul_ref  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,20 +85,11 @@ def test_attention_q8_equals_prepare_and_is_row_invariant():
 
 
 def compile_sm90() -> None:
-    """Both producers with their q8 outputs, for sm_90 (child process, no GPU needed)."""
+    """Both producers and the attention combine with their q8 outputs, for sm_90."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from alphallama.kernels import fused
-
-    def build(kern, types, const):
-        names = [n for n in kern.arg_names if n not in const]
-        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kern.arg_names}
-        attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types) if t[0] == "*"}
-        cx = {(kern.arg_names.index(k),): v for k, v in const.items()}
-        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "enable_fp_fusion": False})
+    from alphallama.kernels import attention, fused
+    from tests.kernels.sm90 import compile_sm90 as build
 
     for D in (4096, 896):
         build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"],
@@ -106,7 +98,6 @@ def compile_sm90() -> None:
     for F in (12288, 4864):
         build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))
-    from alphallama.kernels import attention
     build(attention._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "*i32", "i32", "i32", "i32", "i32",
                                            "*i8", "*i32"],
           dict(N_HEADS=32, HD=128, BLOCK_N=attention.BLOCK_N, MAX_SPLITS=attention.MAX_SPLITS, NQ=1, SLOT1=32, V1=4,
@@ -114,14 +105,4 @@ def compile_sm90() -> None:
 
 
 def test_compiles_for_sm90():
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    import subprocess
-    import sys
-    code = "from tests.kernels.test_fused_q8 import compile_sm90; compile_sm90()"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("test_fused_q8")

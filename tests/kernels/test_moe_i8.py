@@ -17,6 +17,7 @@ from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
 from alphallama.kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_order  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits  # noqa: E402
 
@@ -88,21 +89,10 @@ def test_order_is_the_gate_up_weights():
 
 def compile_sm90() -> None:
     """Both kernels for sm_90, with and without the expert table (child process)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from alphallama.kernels import moe_i8
     from alphallama.kernels.formats import PLANES
     from alphallama.kernels.qweight import FORMATS
-
-    def build(kern, types, const):
-        names = [n for n in kern.arg_names if n not in const]
-        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kern.arg_names}
-        attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types) if t[0] == "*"}
-        cx = {(kern.arg_names.index(k),): v for k, v in const.items()}
-        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "enable_fp_fusion": False})
+    from tests.kernels.sm90 import compile_sm90 as build
 
     ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
@@ -110,23 +100,12 @@ def compile_sm90() -> None:
         packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
         planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES] * 2
         w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
+        gate_up = kern is moe_i8._gate_up_i8_kernel
         for table in (False, True):
-            const = moe_i8._consts(w, 64, True)
-            const.update(TABLE=table, **({"TOP_K": 8} if kern is moe_i8._gate_up_i8_kernel else {}))
-            out = "*bf16" if kern is moe_i8._gate_up_i8_kernel else "*fp32"
-            build(kern, ["*i32", "*i32", out, "*i32", "*i32", *planes, "i32", "i32"], const)
+            const = {**moe_i8._consts(w, 64, True), "TABLE": table, **({"TOP_K": 8} if gate_up else {})}
+            build(kern, ["*i32", "*i32", "*bf16" if gate_up else "*fp32", "*i32", "*i32", *planes, "i32", "i32"],
+                  const)
 
 
 def test_compiles_for_sm90():
-    import subprocess
-    import sys
-    import pytest
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    code = "from tests.kernels.test_moe_i8 import compile_sm90; compile_sm90()"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("test_moe_i8")

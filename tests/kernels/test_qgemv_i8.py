@@ -17,6 +17,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
 from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,43 +60,23 @@ def test_rows_are_invariant_to_width_and_column(qtype):
 
 
 def compile_sm90() -> None:
-    """Compile the GEMV for sm_90 at the 8B shape's K, W=1 and W=8 (child process)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """The GEMV for sm_90 at the 8B shape's K, W=1, 2 and 8 (child process)."""
     from alphallama.kernels import qgemv_i8 as mod
     from alphallama.kernels.expert_q8_gpu import CODES
     from alphallama.kernels.formats import PLANES
     from alphallama.kernels.qweight import FORMATS
+    from tests.kernels.sm90 import compile_sm90 as build
 
-    kern = mod._qgemv_i8_kernel
+    ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
     for qtype, K, BW in ((T.Q4_K, 4096, 1), (T.Q6_K, 12288, 8), (T.Q8_0, 4096, 2)):
         f = FORMATS[qtype]
         packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
-        ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
         planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]   # absent planes: qs (plane_args)
         bits, hbits, bias, has_min = CODES[qtype]
-        const = dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                     HAS_MIN=has_min, BN=4, NT=32, BW=BW, PREFETCH=True, DP4A=True)
-        types = ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"]
-        names = [n for n in kern.arg_names if n not in const]
-        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kern.arg_names}
-        attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types) if t[0] == "*"}
-        cx = {(kern.arg_names.index(k),): v for k, v in const.items()}
-        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "enable_fp_fusion": False})
+        build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
+              dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
+                   HAS_MIN=has_min, BN=4, NT=32, BW=BW, PREFETCH=True, DP4A=True))
 
 
 def test_compiles_for_sm90():
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    import subprocess
-    import sys
-    code = "from tests.kernels.test_qgemv_i8 import compile_sm90; compile_sm90()"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("test_qgemv_i8")

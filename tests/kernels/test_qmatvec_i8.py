@@ -169,4 +169,4 @@ def compile_sm90() -> None:
         build(mod._qmatvec_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32"],
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
                    BN=16, NT=32, BW=BW, PREFETCH=True, DP4A=True))
-        build(mod._prepare_kernel, ["*bf16", "*i8", "*i32", "i32"], dict(K=K, BQ=256, SLOT=f.slot, V=f.V, BITS=bits))
+        build(mod._prepare_kernel, ["*bf16", "*i8", "*i32", "i32"], dict(K=K, BQ=256, SLOT=f.slot, V=f.V, BITS=bits, PDL=False))

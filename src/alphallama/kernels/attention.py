@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import emit_q8, new_q8
 
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512
@@ -56,7 +57,8 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -104,10 +106,11 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
 def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os, stride_outw,
                          N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                          XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
-                         BITS1: tl.constexpr = 4):
+                         BITS1: tl.constexpr = 4, PDL: tl.constexpr = False):
     """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
     written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
     adds exactly the live partials, and which splits are live depends on L alone."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     h = tl.program_id(1)
     length = tl.load(pos_ptr) + row + 1
@@ -131,23 +134,23 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                     max_len: int, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, ())[0]
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                        out_dtype: torch.dtype, orders: tuple) -> tuple[torch.Tensor, dict]:
+                        out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine launch (bit for bit prepare_i8 of the output; that launch
     is compiled without fp fusion, as the quantization needs). -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders))
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl)
 
 
-def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple) -> tuple[torch.Tensor, dict]:
+def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool) -> tuple[torch.Tensor, dict]:
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
@@ -168,10 +171,10 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple) -> tuple[torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         o.stride(0), o.stride(1), o.stride(2),
         N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
-        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
+        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
-                                       num_warps=NUM_WARPS, **qargs)
+                                       num_warps=NUM_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
     return out, q8
 
 

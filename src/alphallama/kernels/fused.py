@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import emit_q8, new_q8
 
 Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
@@ -19,7 +20,9 @@ Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), q
 def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, HAS_Y: tl.constexpr,
                         XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                        SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4):
+                        SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
+                        PDL: tl.constexpr = False):
+    pdl_start(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     mask = d < D
@@ -51,18 +54,18 @@ def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
 
 
 def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
-                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
     """x += y (in place, when y is given); returns rmsnorm(x) * w in out_dtype (bf16 on
     the GPU: the quantized GEMV reads half the activation bytes). x, y: [W, D] fp32."""
     W, D = x.shape
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None)
+                              HAS_Y=y is not None, **pdl_kwargs(pdl, x.device))
     return out
 
 
 def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
-                   out_dtype: torch.dtype, orders: tuple) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+                   out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
     lane order in `orders` (at most two; qmatvec_i8.lane_order): bit for bit what
     prepare_i8 would make of the returned tensor. -> (h [W, D], {order: (xp, xsd)})."""
@@ -72,7 +75,7 @@ def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     q8, args = _q8_args(W, D, tuple(orders), x.device)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, enable_fp_fusion=False, **args)
+                              HAS_Y=y is not None, enable_fp_fusion=False, **args, **pdl_kwargs(pdl, x.device))
     return out, q8
 
 
@@ -85,7 +88,9 @@ def add_rmsnorm_ref(x, y, w, eps):
 @triton.jit
 def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
                      XP1=None, XS1=None, NQ: tl.constexpr = 0,
-                     SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4):
+                     SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
+                     PDL: tl.constexpr = False):
+    pdl_start(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
     f = blk * BLOCK + tl.arange(0, BLOCK)
@@ -98,17 +103,18 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
         emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
 
 
-def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
     """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F] in out_dtype."""
     W, F2 = gu.shape
     F = F2 // 2
     out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
     BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK)
+    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **pdl_kwargs(pdl, gu.device))
     return out
 
 
-def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
+                pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """silu_mul, and the int8 activations of its output in (at most) one lane order, in
     the same launch. -> (act [W, F], {order: (xp, xsd)})."""
     W, F2 = gu.shape
@@ -118,7 +124,8 @@ def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple) -> tupl
     out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
     q8, args = _q8_args(W, F, tuple(orders), gu.device)
     BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args)
+    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args,
+                                                 **pdl_kwargs(pdl, gu.device))
     return out, q8
 
 
@@ -132,8 +139,9 @@ def silu_mul_ref(gu):
 def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
                      stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n,
                      N_HEADS: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, head) over the fused [W, (H + 2*n_kv) * hd] projection."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)                     # 0..H-1 query, H..H+n_kv-1 key, then value
     pos = tl.load(pos_ptr) + row
@@ -176,7 +184,7 @@ def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
 def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None,
              k_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, pos: torch.Tensor, n_heads: int, n_kv: int, hd: int, eps: float,
-             neox: bool) -> torch.Tensor:
+             neox: bool, pdl: bool = False) -> torch.Tensor:
     """qkv: [W, (H + 2 n_kv) hd] fp32 -> roped q [W, H, hd] fp32; k, v written (fp16) into
     k_cache/v_cache [n_kv, max_len, hd] at rows pos..pos+W-1. cos/sin: [max_len, hd/2]."""
     W = qkv.shape[0]
@@ -186,5 +194,6 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor 
         qkv, bias if bias is not None else dummy, q_norm if q_norm is not None else dummy,
         k_norm if k_norm is not None else dummy, cos, sin, q, k_cache, v_cache, pos, eps,
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        N_HEADS=n_heads, N_KV=n_kv, HD=hd, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None, NEOX=neox)
+        N_HEADS=n_heads, N_KV=n_kv, HD=hd, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None, NEOX=neox,
+        **pdl_kwargs(pdl, qkv.device))
     return q

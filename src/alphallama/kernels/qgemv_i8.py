@@ -34,6 +34,7 @@ import triton.language as tl
 from .expert_q8 import QBLOCK, supports
 from .expert_q8_gpu import CODES
 from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
+from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from .qweight import QuantWeight
 
 MAX_BW = 8
@@ -56,7 +57,7 @@ def _store(out, acc, m, W, N, n_out, stride_out):
 def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                      V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
-                     PREFETCH: tl.constexpr, DP4A: tl.constexpr):
+                     PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
@@ -83,8 +84,10 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     acc5 = tl.zeros([NT, BN], tl.float32)
     acc6 = tl.zeros([NT, BN], tl.float32)
     acc7 = tl.zeros([NT, BN], tl.float32)
+    pdl_trigger(PDL)
     if PREFETCH:
         nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
+    pdl_wait(PDL)                    # the weights above are no earlier kernel's output; x is
     for s0 in range(0, n_slots, NT):
         if PREFETCH:
             # the next step's weights are asked for before this step's arithmetic
@@ -148,7 +151,8 @@ def gemv_tile(w: QuantWeight) -> GemvTile:
 
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
-             tile: GemvTile | None = None, prepared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             tile: GemvTile | None = None, prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
+             pdl: bool = False) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 on int8 activations (quantized
     here unless `prepared` = prepare_i8(x, w) is given). `out` may be a column slice of
     a wider buffer (row stride free, unit column stride). Row m's bits do not depend on W
@@ -167,7 +171,7 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
         out = torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
     elif out.shape != (W, N) or out.dtype != torch.float32 or out.stride(1) != 1:
         raise ValueError(f"out must be float32 [{W}, {N}] with unit column stride, got {out.dtype} {tuple(out.shape)}")
-    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w)
+    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     t = tile or gemv_tile(w)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
         t = GemvTile(BN=min(128, triton.next_power_of_2(N)), NT=t.NT, num_warps=t.num_warps, prefetch=t.prefetch)
@@ -177,5 +181,5 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, out.stride(0), 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
                            V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
                            BW=BW, PREFETCH=t.prefetch, DP4A=x.is_cuda, num_warps=t.num_warps,
-                           enable_fp_fusion=False)
+                           enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
     return out

@@ -33,6 +33,7 @@ import triton.language as tl
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
 from .expert_q8_gpu import CODES, _chunks, _quantize_block
 from .formats import slot_positions
+from .pdl import pdl_kwargs, pdl_start
 from .qweight import QuantWeight
 
 MAX_BW = 16             # x rows per program (one named accumulator each below)
@@ -93,9 +94,10 @@ def emit_q8(a, k0, m, xp, xsd, K: tl.constexpr, SLOT: tl.constexpr, V: tl.conste
 
 @triton.jit
 def _prepare_kernel(x, xp, xsd, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr,
-                    BITS: tl.constexpr):
+                    BITS: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row m, block b of BQ values): q8 of x[m, block] -> xp (lane order), and
     per slot the int32 pair (sum of q, bits of dx)."""
+    pdl_start(PDL)
     m = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
     k = b * BQ + tl.arange(0, BQ)                                     # [BQ]
@@ -366,7 +368,7 @@ def new_q8(W: int, K: int, order: tuple[int, int, int], device) -> tuple[torch.T
             torch.empty((W, K // order[0], 2), dtype=torch.int32, device=device))
 
 
-def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_i8(x: torch.Tensor, w: QuantWeight, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [W, K] -> (xp int32 [W, K/4]: the q8 bytes in w's lane order, xsd int32
     [W, n_slots, 2]: per slot (sum of q, bits of dx))."""
     W, K = x.shape
@@ -374,7 +376,8 @@ def prepare_i8(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Ten
     xp, xsd = new_q8(W, K, order, x.device)
     BQ = PREP_BLOCK if K % PREP_BLOCK == 0 else QBLOCK
     _prepare_kernel[(W, K // BQ)](x, xp.view(torch.int8), xsd, x.stride(0), K=K, BQ=BQ, SLOT=slot,
-                                  V=V, BITS=bits, num_warps=NUM_WARPS, enable_fp_fusion=False)
+                                  V=V, BITS=bits, num_warps=NUM_WARPS, enable_fp_fusion=False,
+                                  **pdl_kwargs(pdl, x.device))
     return xp, xsd
 
 

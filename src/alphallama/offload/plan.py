@@ -171,7 +171,7 @@ class Plan:
                                                    if s.n_experts else " (dense model)"),
                  f"kv cache   {g(s.kv)} at context {self.ctx}",
                  f"workspace  {g(s.workspace)}",
-                 f"device     " + (f"{g(self.budget)} usable ({self.budget_source})" if self.budget is not None
+                 "device     " + (f"{g(self.budget)} usable ({self.budget_source})" if self.budget is not None
                                    else "no GPU (cpu runtime)")]
         if self.layout == "resident":
             lines.append(f"layout     all resident ({g(s.total)} on the device)")
@@ -190,7 +190,7 @@ class Plan:
                          f"({self.cpu_threads_why}) + 1 copy stream for admissions")
         else:
             lines.append("layout     cpu (reference runtime)")
-        lines.append(f"mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
+        lines.append("mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
         lines.append(f"mode       {self.mode}")
         return "\n".join(lines)
 

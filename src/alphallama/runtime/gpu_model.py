@@ -102,7 +102,7 @@ class Linear:
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
         self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
 
-    def __call__(self, x: torch.Tensor, q8: dict | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> torch.Tensor:
         """x [W, K] -> [W, N] fp32; q8: x's int8 activations by lane order, if its producer
         made them (else they are made here, one prepare launch per order)."""
         if not any(self.i8):
@@ -116,8 +116,8 @@ class Linear:
             if i8:
                 key = lane_order(w)
                 if key not in prepared:
-                    prepared[key] = prepare_i8(x, w)
-                qgemv_i8(x, w, out=part, prepared=prepared[key])
+                    prepared[key] = prepare_i8(x, w, pdl)
+                qgemv_i8(x, w, out=part, prepared=prepared[key], pdl=pdl)
             else:
                 part.copy_(qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD))
             n0 += w.N
@@ -296,6 +296,8 @@ class GPUModel:
         # stream stays fp32. The CPU interpreter (tests) keeps fp32.
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow
+        # programmatic dependent launch between the round's kernels (kernels/pdl.py)
+        self.pdl = DEFAULTS.engine.pdl and self.device.type == "cuda"
         self._fuse_q8 = (DEFAULTS.engine.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         self.capture_s = 0.0
@@ -365,36 +367,37 @@ class GPUModel:
         kv_len = cache.k.shape[2]
         act = self.act_dtype
         # each norm (and the SiLU) also emits the next GEMV's int8 activations (Linear.orders)
+        pdl = self.pdl
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
-            qkv = L.qkv(h, q8)                                                      # [W, (H + 2 n_kv) hd]
+            qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
-                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)   # [W, H, hd]
+                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             if L.o.orders and self._fuse_q8:
-                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1])   # [W, H*hd]
+                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl)   # [W, H*hd]
             else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act), None
-            h, q8 = self._norm(x, L.o(a, q8), L.ffn_norm, L.gate_up or L.moe)      # x += o(a)
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl), None
+            h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:
                 d = L.moe(h, act, q8)                                              # [W, D]
             elif L.down.orders and self._fuse_q8:
-                s, q8 = silu_mul_q8(L.gate_up(h, q8), act, L.down.orders)          # [W, F]
-                d = L.down(s, q8)                                                  # [W, D]
+                s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
+                d = L.down(s, q8, pdl)                                             # [W, D]
             else:
-                d = L.down(silu_mul(L.gate_up(h, q8), act))
+                d = L.down(silu_mul(L.gate_up(h, q8, pdl), act, pdl), None, pdl)
             last = i + 1 == len(self.layers)
             nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
                                                                           self.layers[i + 1].qkv)
             h, q8 = self._norm(x, d, nxt, consumer)
-        return self.output(h, q8), x
+        return self.output(h, q8, pdl), x
 
     def _norm(self, x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor,
               consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
         """x += y; rmsnorm(x) * w, with the int8 activations `consumer` takes (if any)."""
         c = self.cfg
         if consumer is None or not consumer.orders or not self._fuse_q8:
-            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype), None
-        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, consumer.orders[:2])
+            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl), None
+        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, consumer.orders[:2], self.pdl)
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
