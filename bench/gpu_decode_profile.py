@@ -51,8 +51,7 @@ def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: boo
     path = f"/tmp/prof-{preset}.gguf"
     if not os.path.exists(path):
         write_synthetic(PRESETS[preset](n_layers=layers), path)
-    model = GPUModel(GGUFFile(path), 4096, "cuda")
-    model._fuse_q8 &= fuse_q8        # control arm: a prepare launch per GEMV input instead
+    model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8)   # off: a prepare launch per GEMV input
     cache = model.new_cache(4096)
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)

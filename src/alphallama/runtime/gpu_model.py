@@ -220,14 +220,15 @@ class GPUModel:
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
-                 decode_gemv: str | None = None, moe_gemv: str | None = None):
+                 decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
+                 pdl: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE)."""
+        (config.py; Linear, MoE). fuse_q8 / pdl: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -297,8 +298,9 @@ class GPUModel:
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow
         # programmatic dependent launch between the round's kernels (kernels/pdl.py)
-        self.pdl = DEFAULTS.engine.pdl and self.device.type == "cuda"
-        self._fuse_q8 = (DEFAULTS.engine.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
+        self.pdl = (DEFAULTS.engine.pdl if pdl is None else pdl) and self.device.type == "cuda"
+        fuse_q8 = DEFAULTS.engine.fuse_q8 if fuse_q8 is None else fuse_q8
+        self._fuse_q8 = (fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         self.capture_s = 0.0
         e = DEFAULTS.engine

@@ -1,0 +1,118 @@
+"""The decode options side by side, one device call: ms per round at W = 1, 2, 4, 8 for
+each arm on a synthetic shape (all arms in one process, same file, same depth), the
+share of the bandwidth floor, and the exactness checks at full size: every arm's W=8
+rows bit-identical to the same rows run alone, and the PDL arms bit-identical to their
+arm without PDL (same kernels, only the launch differs).
+
+    GIT_COMMIT=... PYTHONUNBUFFERED=1 python bench/gpu_decode_arms.py --preset qwen3-8b [--layers N]
+
+Arms (GPUModel keywords): f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs,
+a prepare launch per input), i8+fuse (the producers emit the int8 activations: the
+default), i8+fuse+pdl (programmatic dependent launch), and for MoE shapes +moe_i8 (the
+routed experts on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from alphallama.bench.engine_bench import copy_bandwidth, kv_bytes_per_token, time_cuda
+from alphallama.bench.hostinfo import host_state
+from alphallama.gguf.arch import load_config
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.runtime.gpu_model import GPUModel
+
+ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
+        "i8": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=False, pdl=False),
+        "i8+fuse": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=False),
+        "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True)}
+MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=False),
+            "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True)}
+WIDTHS = (1, 2, 4, 8)
+
+
+def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
+    model = GPUModel(f, 4096 if device == "cuda" else 256, device, **kw)
+    cache = model.new_cache()
+    g = torch.Generator().manual_seed(1)
+    model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)
+    out = {"capture_s": model.capture_s, "ms_per_round": {}}
+    for W in WIDTHS:
+        if device != "cuda":            # a smoke run (CPU, the interpreter): one eager round
+            t0 = time.perf_counter()
+            model.forward(toks[:W], depth, cache)
+            cache.truncate(depth)
+            out["ms_per_round"][W] = (time.perf_counter() - t0) * 1000
+            continue
+        graph = model.graphs[W][0]
+
+        def replay():
+            model._pos.fill_(depth)
+            graph.replay()
+        out["ms_per_round"][W] = time_cuda(replay, reps)
+    cache.length = depth
+    wide = model.forward(toks, depth, cache)[0].clone()                     # [8, V]
+    cache.truncate(depth)
+    alone = torch.cat([model.forward(toks[i:i + 1], depth + i, cache)[0].clone() for i in range(len(toks))])
+    out["rotation_w8_equal"] = bool(torch.equal(wide, alone))
+    out["logits_w8"] = wide.cpu()
+    out["weight_bytes"] = model.weight_bytes
+    out["cfg"] = model.cfg
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-8b")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--depth", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--arms", nargs="*", default=None)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (tiny presets)")
+    args = ap.parse_args()
+    path = f"/tmp/arms-{args.preset}.gguf"
+    write_synthetic(PRESETS[args.preset](**({"n_layers": args.layers} if args.layers else {})), path)
+    f = GGUFFile(path)
+    arms = {**ARMS, **(MOE_ARMS if load_config(f).is_moe else {})}
+    if args.arms:
+        arms = {k: v for k, v in arms.items() if k in args.arms}
+    bw = copy_bandwidth() if args.device == "cuda" else 1e9
+    res = {"host": host_state(sys.argv), "commit": os.environ.get("GIT_COMMIT"), "preset": args.preset,
+           "layers": args.layers, "depth": args.depth, "copy_bandwidth_GBps": bw / 1e9, "arms": {}}
+    toks = torch.randint(min(1000, load_config(f).vocab_size), (8,), generator=torch.Generator().manual_seed(2))
+    logits = {}
+    for name, kw in arms.items():
+        try:
+            r = run_arm(f, kw, args.depth, args.reps, toks, args.device)
+        except Exception as e:  # noqa: BLE001
+            res["arms"][name] = {"error": repr(e)[:500]}
+            print(f"{name}: {e!r}", flush=True)
+            continue
+        logits[name] = r.pop("logits_w8")
+        cfg = r.pop("cfg")
+        floor_ms = (r["weight_bytes"] + kv_bytes_per_token(cfg, args.depth)) / bw * 1000
+        ms1 = r["ms_per_round"][1]
+        r.update(floor_ms=floor_ms, tok_s_plain=1000 / ms1, share_of_floor=floor_ms / ms1,
+                 w8_over_w1=r["ms_per_round"][8] / ms1, options=kw)
+        base = name.replace("+pdl", "")
+        if base != name and base in logits:
+            r["bitwise_equal_to_" + base] = bool(torch.equal(logits[name], logits[base]))
+        res["arms"][name] = r
+        print(f"{name:22s} " + " ".join(f"W{W} {ms:6.3f}" for W, ms in r["ms_per_round"].items())
+              + f" ms | {r['tok_s_plain']:.0f} tok/s, {100 * r['share_of_floor']:.0f}% of floor, "
+                f"W8/W1 {r['w8_over_w1']:.2f}, rotation {r['rotation_w8_equal']}", flush=True)
+        torch.cuda.empty_cache()
+    out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_arms-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
