@@ -141,9 +141,8 @@ class GemvTile:
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
-    """A function of the weight only: the layout Triton picks for a tile, and so the
-    order of the final lane sum, may change with BN (seen on the H200: rows of Q4_K
-    and Q6_K changed bits between BN 4 and 16). H200 (bench/results/gpu_qgemv_i8-
+    """A function of the weight only: on the H200 a Q4_K row changed bits when BN
+    followed W (4 at W=1, 16 above; cause not isolated, kernels/NOTES.md). H200 (bench/results/gpu_qgemv_i8-
     20261130-022241.json, 8B-shape matrices, W=1): 4-row programs read 3.0-3.4 TB/s,
     16-row ones 4.1 TB/s on the 150k-row head."""
     NT = min(32, triton.next_power_of_2(w.n_slots))
