@@ -43,6 +43,18 @@ def test_matches_float64_of_the_quantized_activations(qtype):
     assert torch.isfinite(out).all() and err < 2e-6, err
 
 
+def test_wide_q6_k_tile():
+    """Q6_K rows of >= 512 slots take 64 slots a step (the measured faster tile); it is
+    still checked against float64 here."""
+    n, k = 8, 8192
+    raw, w = _weight(T.Q6_K, n, k, seed=7)
+    assert gemv_tile(w).NT == 64 and gemv_tile(_weight(T.Q6_K, n, 4096, seed=7)[1]).NT == 32
+    x = _x(2, k, seed=8)
+    ref, scale = reference64(x, raw, T.Q6_K, n, k)
+    out = qgemv_i8(x, w, tile=gemv_tile(w))
+    assert ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=["Q4_K", "Q6_K", "Q8_0"])
 def test_rows_are_invariant_to_width_and_column(qtype):
     n, k = 40, 512
@@ -68,14 +80,15 @@ def compile_sm90() -> None:
     from tests.kernels.sm90 import compile_sm90 as build
 
     ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
-    for qtype, K, BW in ((T.Q4_K, 4096, 1), (T.Q6_K, 12288, 8), (T.Q8_0, 4096, 2)):
+    for qtype, K, BW, NT in ((T.Q4_K, 4096, 1, 32), (T.Q6_K, 12288, 8, 64), (T.Q6_K, 12288, 1, 64),
+                             (T.Q8_0, 4096, 2, 32)):
         f = FORMATS[qtype]
         packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
         planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]   # absent planes: qs (plane_args)
         bits, hbits, bias, has_min = CODES[qtype]
         build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                   HAS_MIN=has_min, BN=4, NT=32, BW=BW, PREFETCH=True, DP4A=True))
+                   HAS_MIN=has_min, BN=4, NT=NT, BW=BW, PREFETCH=True, DP4A=True))
 
 
 def test_compiles_for_sm90():
