@@ -368,8 +368,9 @@ class GPUModel:
         x = dequantize(self.embd[tokens], self.embd_qtype, (W, c.d_model))        # [W, D]
         kv_len = cache.k.shape[2]
         act = self.act_dtype
-        # each norm (and the SiLU) also emits the next GEMV's int8 activations (Linear.orders)
         pdl = self.pdl
+        # each norm, the SiLU and the attention combine also emit the int8 activations of
+        # the GEMVs that read their output (q8: {lane order: (xp, xsd)}, Linear.orders)
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
