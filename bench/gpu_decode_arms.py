@@ -7,8 +7,8 @@ arm without PDL (same kernels, only the launch differs).
     GIT_COMMIT=... PYTHONUNBUFFERED=1 python bench/gpu_decode_arms.py --preset qwen3-8b [--layers N]
 
 Arms (GPUModel keywords): f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs,
-a prepare launch per input), i8+fuse (the producers emit the int8 activations: the
-default), i8+fuse+pdl (programmatic dependent launch), and for MoE shapes +moe_i8 (the
+a prepare launch per input), i8+fuse (the producers emit the int8 activations),
+i8+fuse+pdl (programmatic dependent launch), mma+fuse+pdl (the tensor-core GEMV), and for MoE shapes +moe_i8 (the
 routed experts on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
 """
 from __future__ import annotations
@@ -32,10 +32,12 @@ from alphallama.runtime.gpu_model import GPUModel
 ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8+fuse": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=False),
-        "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True)}
+        "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True),
+        "mma+fuse+pdl": dict(decode_gemv="mma", moe_gemv="f32", fuse_q8=True, pdl=True)}
 MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=False),
-            "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True)}
-WIDTHS = (1, 2, 4, 8)
+            "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True),
+            "mma+fuse+moe_i8+pdl": dict(decode_gemv="mma", moe_gemv="i8", fuse_q8=True, pdl=True)}
+WIDTHS = (1, 2, 4, 8, 16)
 
 
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
