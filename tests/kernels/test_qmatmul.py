@@ -164,3 +164,28 @@ def test_registry_and_errors():
     _, w = _weight(T.Q4_0, 4, 64)
     with pytest.raises(ValueError, match="does not match"):
         qmatmul(torch.zeros(1, 32, device=DEV), w)
+
+
+@pytest.mark.parametrize("name", ["qmatmul", "qmatvec_i8", "qgemv_i8"])
+def test_gemv_wrappers_check_x_and_out(name):
+    """The checks the GEMV wrappers share (qweight.check_gemv_args): a ValueError naming
+    the kernel for a wrong x shape or out dtype; only qgemv_i8 takes a column slice as out."""
+    from alphallama.kernels.qgemv_i8 import qgemv_i8
+    from alphallama.kernels.qmatvec_i8 import qmatvec_i8
+    fn = {"qmatmul": qmatmul, "qmatvec_i8": qmatvec_i8, "qgemv_i8": qgemv_i8}[name]
+    _, w = _weight(T.Q8_0, 8, 64)
+    x = torch.zeros(2, 64, device=DEV)
+    for bad in (torch.zeros(2, 96, device=DEV), torch.zeros(64, device=DEV)):
+        with pytest.raises(ValueError, match=f"{name}: x .* does not match weight"):
+            fn(bad, w)
+    with pytest.raises(ValueError, match=f"{name}: out must be .*float32 \\[2, 8\\].*got torch.float16"):
+        fn(x, w, out=torch.zeros(2, 8, dtype=torch.float16, device=DEV))
+    with pytest.raises(ValueError, match=f"{name}: out must be"):
+        fn(x, w, out=torch.zeros(8, 2, device=DEV).T)                 # column stride 2
+    wide = torch.full((2, 16), 7.0, device=DEV)
+    if name == "qgemv_i8":
+        assert fn(x, w, out=wide[:, 4:12]).data_ptr() == wide[:, 4:12].data_ptr()
+        assert (wide[:, 4:12] == 0).all() and (wide[:, :4] == 7).all() and (wide[:, 12:] == 7).all()
+    else:
+        with pytest.raises(ValueError, match=f"{name}: out must be a contiguous"):
+            fn(x, w, out=wide[:, 4:12])

@@ -24,7 +24,6 @@ Compiled with enable_fp_fusion=False; the one fusion wanted is written as tl.fma
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +35,7 @@ from .expert_q8 import QBLOCK, supports
 from .expert_q8_gpu import CODES
 from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
-from .qweight import QuantWeight
+from .qweight import QuantWeight, check_gemv_args
 
 MAX_BW = 8
 
@@ -163,17 +162,7 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if not supports(w):
         raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name} "
                          f"(supported: {', '.join(t.name for t in CODES)})")
-    if len(w.shape) != 2:
-        raise ValueError(f"qgemv_i8 takes a 2-D weight; use w.expert(e) for {w.shape}")
-    if x.dim() != 2 or x.shape[1] != w.K or w.K % QBLOCK:
-        raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape} (K a multiple of {QBLOCK})")
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError("qgemv_i8 runs on CUDA or under TRITON_INTERPRET=1")
-    W, N = x.shape[0], w.N
-    if out is None:
-        out = torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
-    elif out.shape != (W, N) or out.dtype != torch.float32 or out.stride(1) != 1:
-        raise ValueError(f"out must be float32 [{W}, {N}] with unit column stride, got {out.dtype} {tuple(out.shape)}")
+    W, N, out = check_gemv_args(x, w, out, "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
     xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     t = tile or gemv_tile(w)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)

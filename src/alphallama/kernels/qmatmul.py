@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .qweight import QuantWeight
+from .qweight import QuantWeight, check_gemv_args
 
 MAX_BW = 8              # x rows per program: one named accumulator each below (fewer
                         # with more weight rows per thread, to stay within 255 registers)
@@ -169,15 +169,7 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     written as tl.fma, and nothing else is left for LLVM or ptxas to contract. Their
     implicit fusion depends on the surrounding code (seen on an H200: rows of Q8_0
     and Q6_K, whose tiles loop over K, changed bits between W=1 and W>=3)."""
-    if len(w.shape) != 2:
-        raise ValueError(f"qmatmul takes a 2-D weight; use w.expert(e) for {w.shape}")
-    if x.dim() != 2 or x.shape[1] != w.K:
-        raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape}")
-    W, N = x.shape[0], w.N
-    if out is None:
-        out = torch.empty((W, N), dtype=torch.float32, device=x.device)  # [W, N]
-    elif out.shape != (W, N) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 [{W}, {N}], got {out.dtype} {tuple(out.shape)}")
+    W, N, out = check_gemv_args(x, w, out, "qmatmul", triton_only=False)   # off Triton: qmatmul_torch
     if not _use_triton(x):
         return out.copy_(qmatmul_torch(x, w))
     x = x if x.stride(1) == 1 else x.contiguous()

@@ -23,7 +23,6 @@ multiplies (the DP4A constexpr).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -34,7 +33,7 @@ from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
 from .expert_q8_gpu import CODES, _chunks, _quantize_block
 from .formats import slot_positions
 from .pdl import pdl_kwargs, pdl_start
-from .qweight import QuantWeight
+from .qweight import QuantWeight, check_gemv_args
 
 MAX_BW = 16             # x rows per program (one named accumulator each below)
 NUM_WARPS = 4
@@ -389,19 +388,10 @@ def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if not supports(w):
         raise ValueError(f"qmatvec_i8 has no integer form of {w.qtype.name} "
                          f"(supported: {', '.join(t.name for t in CODES)})")
-    if len(w.shape) != 2:
-        raise ValueError(f"qmatvec_i8 takes a 2-D weight; use w.expert(e) for {w.shape}")
-    if x.dim() != 2 or x.shape[1] != w.K:
-        raise ValueError(f"x {tuple(x.shape)} does not match weight {w.shape}")
-    if w.K % QBLOCK or XS_GROUP != 16 or CHUNK != 8:
-        raise ValueError(f"the expert contract needs K % {QBLOCK} == 0, got K={w.K}")
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError("qmatvec_i8 runs on CUDA or under TRITON_INTERPRET=1")
-    W, N = x.shape[0], w.N
-    if out is None:
-        out = torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
-    elif out.shape != (W, N) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 [{W}, {N}], got {out.dtype} {tuple(out.shape)}")
+    if XS_GROUP != 16 or CHUNK != 8:
+        raise ValueError(f"qmatvec_i8 is written for the expert contract's XS_GROUP 16 and CHUNK 8, "
+                         f"got {XS_GROUP} and {CHUNK}")
+    W, N, out = check_gemv_args(x, w, out, "qmatvec_i8", k_multiple=QBLOCK)   # K: the contract's q8 blocks
     x = x if x.stride(1) == 1 else x.contiguous()
     xp, xsd = prepare_i8(x, w)
     t = tile_i8(w, W) if tile is None else fit(tile, w)

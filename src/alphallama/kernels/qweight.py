@@ -8,6 +8,7 @@ expert tensors [E, N, K] hold one such weight per expert (`expert(e)`).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,3 +115,34 @@ class QuantWeight:
         """Plain-torch float32 values [*shape], from the planes (the kernels' reference)."""
         flat = {n: p.reshape(-1, p.shape[-1]) for n, p in self.planes.items()}
         return self.fmt.dequantize(flat, self.K).reshape(self.shape)
+
+
+def check_gemv_args(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None, name: str, *,
+                    k_multiple: int = 1, triton_only: bool = True,
+                    out_col_slice: bool = False) -> tuple[int, int, torch.Tensor]:
+    """The argument checks of the GEMV wrappers (x [W, K] @ w^T -> [W, N] float32), in
+    this order; `name` (the kernel) heads the messages. ValueError unless w is a 2-D
+    [N, K] weight, x is [W, K] and K is a multiple of `k_multiple`; RuntimeError if
+    `triton_only` and x is neither on CUDA nor under TRITON_INTERPRET=1 (read at call
+    time); ValueError unless `out` is float32 [W, N] and contiguous, or with
+    `out_col_slice` of unit column stride (any row stride: a column slice of a wider
+    buffer). Returns (W, N, out), with out allocated (contiguous) when None."""
+    if len(w.shape) != 2:
+        raise ValueError(f"{name} takes a 2-D weight; use w.expert(e) for {w.shape}")
+    if x.dim() != 2 or x.shape[1] != w.K:
+        raise ValueError(f"{name}: x {tuple(x.shape)} does not match weight {w.shape}")
+    if w.K % k_multiple:
+        raise ValueError(f"{name} needs K a multiple of {k_multiple}, got K={w.K}")
+    if triton_only and not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError(f"{name} runs on CUDA or under TRITON_INTERPRET=1")
+    W, N = x.shape[0], w.N
+    if out is None:
+        return W, N, torch.empty((W, N), dtype=torch.float32, device=x.device)   # [W, N]
+    if out_col_slice:
+        if out.shape != (W, N) or out.dtype != torch.float32 or out.stride(1) != 1:
+            raise ValueError(f"{name}: out must be float32 [{W}, {N}] with unit column stride, "
+                             f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    elif out.shape != (W, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"{name}: out must be a contiguous float32 [{W}, {N}], "
+                         f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    return W, N, out
