@@ -1,12 +1,8 @@
 """Split-KV decode attention (kernels/attention.py): the split rule, exact-mode bits of a
 row against the round's width, the row's column, the cache's capacity and what lies past
 the row's keys, at lengths that straddle the split size's changes; the float64 reference;
-and the sm_90 compile of both kernels (offline, as tests/offload/test_compile.py does)."""
+and the sm_90 compile of both kernels (offline: tests/kernels/sm90.py)."""
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +10,7 @@ import triton
 
 from alphallama.kernels import attention as A
 from alphallama.kernels.attention import decode_attention, decode_attention_ref, live_splits, split_size
+from tests.kernels.sm90 import run_in_child
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 STEP = A.BLOCK_N * A.MAX_SPLITS          # the split size grows by BLOCK_N every STEP keys
@@ -93,20 +90,13 @@ def test_row_bits_at_the_real_split_change():
 
 def compile_all() -> None:
     """Both kernels for sm_90 at the decode shapes (fp32 queries, bf16 or fp32 output)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from tests.kernels.sm90 import compile_sm90
 
     def build(kernel, types, const):
-        names = [n for n in kernel.arg_names if n not in const]
-        assert len(names) == len(types), (names, types)
-        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kernel.arg_names}
-        cx = {(kernel.arg_names.index(k),): v for k, v in const.items()}
         # as the JIT specializes them at these shapes: 16-byte aligned pointers, strides multiples of 16
-        # (without them it compiles 2-byte K/V loads: not the kernel the GPU runs)
-        at = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
-              for n in names if sig[n][0] == "*" or sig[n] == "i32"}
-        triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=cx, attrs=at), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": A.NUM_WARPS})
+        # (without them it compiles 2-byte K/V loads: not the kernel the GPU runs); launched without
+        # enable_fp_fusion=False (no q8 output), so compiled with fusion on
+        compile_sm90(kernel, types, const, num_warps=A.NUM_WARPS, fp_fusion=True, divisible_ints=True)
     blocks = dict(BLOCK_N=A.BLOCK_N, MAX_SPLITS=A.MAX_SPLITS)
     for H, n_kv, hd, out in ((32, 8, 128, "*bf16"), (32, 4, 128, "*fp32")):   # Qwen3-8B, Qwen3-30B-A3B
         group = H // n_kv
@@ -118,13 +108,4 @@ def compile_all() -> None:
 
 
 def test_kernels_compile_for_sm90():
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    # a child process: this session's kernels were decorated under the interpreter
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_attention_split as t; " \
-           f"t.compile_all()"
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("test_attention_split", "compile_all", timeout=600)   # this session's kernels are interpreted

@@ -5,8 +5,6 @@ integer fallback of dp4a); on a GPU the same tests run compiled with dp4a."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.expert_q8 import QBLOCK, matvec_q8, quantize_q8  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import Tile, lane_perm, qmatvec_i8  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant, random_raw  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -131,33 +130,14 @@ def test_errors():
 def test_compiles_for_sm90():
     """The interpreter runs what the compiler may reject: compile the GEMV (dp4a) and
     the prepare kernel for sm_90 with the ptxas that ships with Triton (no GPU needed)."""
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    code = "from tests.kernels.test_qmatvec_i8 import compile_sm90; compile_sm90()"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("test_qmatvec_i8")
 
 
 def compile_sm90() -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from alphallama.kernels import qmatvec_i8 as mod
     from alphallama.kernels.expert_q8_gpu import CODES
     from alphallama.kernels.qweight import FORMATS
-
-    def build(kern, types, const):
-        names = [n for n in kern.arg_names if n not in const]
-        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kern.arg_names}
-        attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types) if t[0] == "*"}
-        cx = {(kern.arg_names.index(k),): v for k, v in const.items()}
-        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "enable_fp_fusion": False})
+    from tests.kernels.sm90 import compile_sm90 as build
 
     for qtype, K, BW in ((T.Q4_K, 4096, 8), (T.Q6_K, 4096, 1)):
         f = FORMATS[qtype]

@@ -3,23 +3,19 @@
 The Triton interpreter runs what the compiler rejects (a branch whose two sides give a
 variable different integer types ran on CPU and failed on the H200), so the kernels
 are also compiled here, on the CPU, with the ptxas that ships with Triton: no GPU needed.
-The compile runs in a child process: this test session imported the kernels under the
-interpreter, which replaces @triton.jit functions by interpreted ones."""
+The compile (tests/kernels/sm90.py) runs in a child process: this test session imported the
+kernels under the interpreter, which replaces @triton.jit functions by interpreted ones."""
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-import triton
 from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels import moe
 from alphallama.kernels.formats import PLANES
 from alphallama.kernels.qmatmul import tile
 from alphallama.kernels.qweight import FORMATS, QuantWeight
+from tests.kernels.sm90 import compile_sm90, run_in_child
 
 _PTR = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.uint8: "*u8", torch.int8: "*i8",
         torch.float32: "*fp32"}
@@ -33,14 +29,7 @@ def _plane_types(qtype: T, K: int) -> list[str]:
 
 def _compile(kernel, types: list[str], const: dict) -> None:
     """types: the run-time arguments' types in the kernel's order; const: its constexprs."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    names = [n for n in kernel.arg_names if n not in const]
-    assert len(names) == len(types), (names, types)
-    sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kernel.arg_names}
-    constexprs = {(kernel.arg_names.index(k),): v for k, v in const.items()}
-    triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": moe.NUM_WARPS, "enable_fp_fusion": False})
+    compile_sm90(kernel, types, const, num_warps=moe.NUM_WARPS)
 
 
 def compile_all(table: bool) -> None:
@@ -62,32 +51,16 @@ def compile_all(table: bool) -> None:
 
 @pytest.mark.parametrize("table", [False, True], ids=["resident", "table"])
 def test_moe_kernels_compile_for_sm90(table):
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_compile; " \
-           f"test_compile.compile_all({table})"
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("tests.offload.test_compile", "compile_all", (table,))
 
 
 def compile_contract() -> None:
     """The expert contract's kernels (kernels/expert_q8_gpu.py) with the mailbox words."""
     from alphallama.kernels import expert_q8_gpu as q8
     from alphallama.offload.mailbox import DONE, ERR, LAYER, REQ, ROWS
-    opts = {"num_warps": q8.NUM_WARPS, "enable_fp_fusion": False}
 
     def build(kernel, types, const):
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        names = [n for n in kernel.arg_names if n not in const]
-        assert len(names) == len(types), (names, types)
-        sig = {n: "constexpr" if n in const else types[names.index(n)] for n in kernel.arg_names}
-        cx = {(kernel.arg_names.index(k),): v for k, v in const.items()}
-        triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
-                       options=opts)
+        compile_sm90(kernel, types, const, num_warps=q8.NUM_WARPS)
     for qtype, K in ((T.Q4_K, 2048), (T.Q6_K, 768), (T.Q8_0, 768)):
         f = FORMATS[qtype]
         w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
@@ -105,12 +78,4 @@ def compile_contract() -> None:
 
 
 def test_contract_kernels_compile_for_sm90():
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no CUDA backend to compile with")
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_compile; " \
-           f"test_compile.compile_contract()"
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"},
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_in_child("tests.offload.test_compile", "compile_contract", timeout=600)
