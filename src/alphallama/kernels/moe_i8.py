@@ -115,7 +115,7 @@ def _consts(w, N: int, DP4A: bool) -> dict:
 
 
 def moe_i8_ok(gate_up, down) -> bool:
-    """Both expert weights have an integer form (qmatvec_i8.supports)."""
+    """Both expert weights have an integer form (expert_q8.supports)."""
     return supports(gate_up) and supports(down)
 
 
