@@ -8,7 +8,8 @@ arm without PDL (same kernels, only the launch differs).
 
 Arms (GPUModel keywords): f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs,
 a prepare launch per input), i8+fuse (the producers emit the int8 activations),
-i8+fuse+pdl (programmatic dependent launch), mma+fuse+pdl (the tensor-core GEMV), and for MoE shapes +moe_i8 (the
+i8+fuse+pdl (programmatic dependent launch: the default), i8+fuse+pdl/old-tiles (the
+GEMV tiles before 20261130: a same-session control), and for MoE shapes +moe_i8 (the
 routed experts on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
 """
 from __future__ import annotations
@@ -21,26 +22,49 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+from gguf.constants import GGMLQuantizationType
 
 from alphallama.bench.engine_bench import copy_bandwidth, kv_bytes_per_token, time_cuda
 from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
+from alphallama.kernels.qgemv_i8 import GemvTile
 from alphallama.runtime.gpu_model import GPUModel
 
 ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8+fuse": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=False),
         "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True),
-        "mma+fuse+pdl": dict(decode_gemv="mma", moe_gemv="f32", fuse_q8=True, pdl=True)}
+        "i8+fuse+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, old_tiles=True)}
 MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=False),
             "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True),
-            "mma+fuse+moe_i8+pdl": dict(decode_gemv="mma", moe_gemv="i8", fuse_q8=True, pdl=True)}
+            "i8+fuse+moe_i8+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
+                                                 old_tiles=True)}
 WIDTHS = (1, 2, 4, 8, 16)
 
 
+def old_gemv_tile(w):
+    """qgemv_i8's tile rule before 20261130 (4-row programs below 32768 rows): the
+    control arm for the tile change, same session."""
+    wide = w.qtype == GGMLQuantizationType.Q6_K and w.n_slots >= 512
+    return GemvTile(BN=4 if w.N <= 32768 else 16, NT=min(64 if wide else 32, triton.next_power_of_2(w.n_slots)))
+
+
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
+    kw = dict(kw)
+    saved = qgemv_i8_mod.gemv_tile
+    if kw.pop("old_tiles", False):
+        qgemv_i8_mod.gemv_tile = old_gemv_tile
+    try:
+        return _run_arm(f, kw, depth, reps, toks, device)
+    finally:
+        qgemv_i8_mod.gemv_tile = saved
+
+
+def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:
     model = GPUModel(f, 4096 if device == "cuda" else 256, device, **kw)
     cache = model.new_cache()
     g = torch.Generator().manual_seed(1)

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
@@ -53,6 +53,24 @@ def test_wide_q6_k_tile():
     ref, scale = reference64(x, raw, T.Q6_K, n, k)
     out = qgemv_i8(x, w, tile=gemv_tile(w))
     assert ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
+
+
+@pytest.mark.parametrize("tile", [GemvTile(32, 32, 8), GemvTile(16, 32, 8), GemvTile(32, 64, 8)], ids=str)
+def test_many_row_tiles(tile):
+    """The GPU's tiles of 16 and 32 weight rows (8 warps), against float64, with rows past N
+    (40 rows: the last program is partly masked) and slots past the row (Q6_K 768)."""
+    n, k = 40, 768
+    raw, w = _weight(T.Q6_K, n, k, seed=12)
+    x = _x(3, k, seed=13)
+    ref, scale = reference64(x, raw, T.Q6_K, n, k)
+    out = qgemv_i8(x, w, tile=tile)
+    assert ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
+
+
+def test_tile_is_a_function_of_the_weight():
+    """Many-row programs only where there are rows enough for every SM; the head keeps 16."""
+    assert gemv_tile(_weight(T.Q4_K, 8, 256, seed=1)[1]) == GemvTile(4, 8)
+    assert gemv_tile(_weight(T.Q4_K, 4096, 256, seed=1)[1]) == GemvTile(16, 8, 8)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=["Q4_K", "Q6_K", "Q8_0"])

@@ -75,23 +75,3 @@ def test_round_equals_single_rows(models):
     singles = [tuple(t.clone() for t in gpu.forward(rows[i:i + 1], 4 + i, cache)) for i in range(3)]   # graph outputs are static buffers
     assert torch.equal(a, torch.cat([s[0] for s in singles]))
     assert torch.equal(ha, torch.cat([s[1] for s in singles]))
-
-
-@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K")])
-def test_tensor_core_gemv(tmp_path, preset, quant):
-    """The dense GEMVs on the int8 tensor-core kernel (decode_gemv "mma") against the
-    reference, and a round equal to its rows run alone."""
-    path = tmp_path / "m.gguf"
-    write_synthetic(PRESETS[preset](n_layers=1, quant=quant, seed=3), path)
-    f = GGUFFile(path)
-    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV, decode_gemv="mma")
-    assert all(any(lin.i8) and lin.gemv.__name__ == "qgemv_mma" for L in gpu.layers for lin in (L.qkv, L.o, L.down))
-    toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
-    cache = gpu.new_cache(128)
-    lg, _ = gpu.forward(toks, 0, cache)
-    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
-    lg = lg.clone()
-    cache.truncate(2)
-    singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
-    assert torch.equal(singles, lg[2:])

@@ -141,15 +141,29 @@ class GemvTile:
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
-    """A function of the weight only: on the H200 a Q4_K row changed bits when BN
-    followed W (4 at W=1, 16 above; cause not isolated, kernels/NOTES.md). H200 (bench/results/gpu_qgemv_i8-
-    20261130-022241.json, 8B-shape matrices, W=1): 4-row programs read 3.0-3.4 TB/s,
-    16-row ones 4.1 TB/s on the 150k-row head."""
-    # Q6_K rows of >= 512 slots (K >= 8192, e.g. ffn_down): 64 slots a step read 2.8 TB/s
-    # at W=1 against 2.3 for 32 (down 4096x12288: 14.6 vs 17.7 us), the same at W=8 (BN 4)
+    """A function of the weight only: the tile is part of a row's float order, and a W=1
+    round must give the bits a verify round gives. So one tile per weight has to serve
+    every W. H200, 8B-shape matrices, us at W=1 / W=8 (bench/results/gpu_qgemv_tiles-
+    20261130-053023.json; every tile's W=8 rows equal the rows alone):
+
+        gate_up 24576x4096 Q4_K   BN 4: 18.6 / 86.6   BN 32, 8 warps: 18.0 / 55.5
+        down 4096x12288 Q6_K      BN 4 NT 64: 14.8 / 68.9   BN 32 NT 64, 8 warps: 16.4 / 28.8
+        down 4096x12288 Q4_K      BN 4: 9.9 / 53.6    BN 16, 8 warps: 11.9 / 25.0
+        qkv 6144x4096, o 4096^2   BN 4: 6.0 / 23.2, 4.9 / 16.9   BN 16, 8 warps: 6.4 / 17.7, 5.3 / 10.7
+        head 151936x4096 Q6_K     BN 16: 123.5 / 251.7 (the best at both)
+
+    Many-row programs share each activation load among more weight rows (the W > 1 cost
+    is the activations' loads); below ~4096 rows they would leave SMs idle."""
+    # Q6_K rows of >= 512 slots (K >= 8192, e.g. ffn_down): 64 slots a step
     wide = w.qtype == GGMLQuantizationType.Q6_K and w.n_slots >= 512
     NT = min(64 if wide else 32, triton.next_power_of_2(w.n_slots))
-    return GemvTile(BN=4 if w.N <= 32768 else 16, NT=NT)
+    if w.N > 32768:                          # the output head
+        return GemvTile(BN=16, NT=NT)
+    if w.N >= 16384 or (wide and w.N >= 4096):
+        return GemvTile(BN=32, NT=NT, num_warps=8)
+    if w.N >= 4096:
+        return GemvTile(BN=16, NT=NT, num_warps=8)
+    return GemvTile(BN=4, NT=NT)
 
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,

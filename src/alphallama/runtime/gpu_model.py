@@ -47,7 +47,6 @@ from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_orde
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8
-from ..kernels.qgemv_mma import qgemv_mma
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight
@@ -84,8 +83,7 @@ class Linear:
     gemv "i8": the input is quantized to int8 once per lane order (kernels/qmatvec_i8:
     one order per slot shape, shared by e.g. Q4_K and Q5_K) and each weight's dp4a GEMV
     writes its columns of one output buffer (no concatenation); weights without an
-    integer form (F16, F32) take qmatmul. gemv "mma": the same int8 activations through
-    the tensor-core kernel (kernels/qgemv_mma.py), whose cost barely grows with W."""
+    integer form (F16, F32) take qmatmul."""
 
     def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32"):
         groups: list[list[TensorInfo]] = []
@@ -99,8 +97,7 @@ class Linear:
             raw, shape = _concat_rows(g)
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
-        self.i8 = [gemv in ("i8", "mma") and i8_supports(w) for w in self.weights]
-        self.gemv = qgemv_mma if gemv == "mma" else qgemv_i8
+        self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
         self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
@@ -120,7 +117,7 @@ class Linear:
                 key = lane_order(w)
                 if key not in prepared:
                     prepared[key] = prepare_i8(x, w, pdl)
-                self.gemv(x, w, out=part, prepared=prepared[key], pdl=pdl)
+                qgemv_i8(x, w, out=part, prepared=prepared[key], pdl=pdl)
             else:
                 part.copy_(qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD))
             n0 += w.N
@@ -230,7 +227,7 @@ class GPUModel:
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
-        decode_gemv: "i8" | "mma" | "f32", moe_gemv: "i8" | "f32": the dense layers' and the routed experts' GEMVs
+        decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
@@ -239,9 +236,8 @@ class GPUModel:
         self.device = torch.device(device)
         gemv = self.decode_gemv = decode_gemv or DEFAULTS.engine.decode_gemv
         moe_gemv = moe_gemv or DEFAULTS.engine.moe_gemv
-        if gemv not in ("i8", "mma", "f32") or moe_gemv not in ("i8", "f32"):
-            raise ValueError(f"decode_gemv is 'i8', 'mma' or 'f32' and moe_gemv 'i8' or 'f32', "
-                             f"got {gemv!r}, {moe_gemv!r}")
+        if gemv not in ("i8", "f32") or moe_gemv not in ("i8", "f32"):
+            raise ValueError(f"decode_gemv and moe_gemv are 'i8' or 'f32', got {gemv!r}, {moe_gemv!r}")
         self.max_len = max_len
         t = f.tensors
         vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
