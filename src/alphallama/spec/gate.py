@@ -34,7 +34,8 @@ import torch
 from .. import __version__
 from .stats import DepthCounts, match_bucket
 
-COST_VERSION = 1        # bump when what a round does changes enough to invalidate cached tables
+COST_VERSION = 2        # bump when what a round does changes enough to invalidate cached tables
+                        # (2: PDL, int8 experts and the GEMV tiles of 20261130: a W=8 round ~0.6x its old cost)
 MAX_WIDTH = 64
 
 
