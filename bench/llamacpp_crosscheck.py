@@ -102,7 +102,7 @@ def _extra_bufts_list(L):
 
 
 def worker(setting: dict, model_path: str, ref_path: str) -> dict:
-    import llama_cpp as L
+    import llama_cpp as L  # noqa: F401  (fail early, before the workers, if llama-cpp-python is missing)
 
     L.llama_backend_init()
     ref = json.load(open(ref_path))
@@ -269,7 +269,7 @@ def main() -> None:
         print("RESULT " + json.dumps(worker(json.loads(args.worker), args.model, args.reference)), flush=True)
         return
 
-    import llama_cpp as L
+    import llama_cpp as L  # noqa: F401  (fail early, before the workers, if llama-cpp-python is missing)
     today = datetime.date.today()
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"llamacpp-crosscheck-qwen2.5-coder-0.5b-{today:%Y%m%d}.json")
@@ -313,7 +313,7 @@ def main() -> None:
 
 
 def write_doc(out, args, model_path, sha256, ref, results, today) -> None:
-    import llama_cpp as L
+    import llama_cpp as L  # noqa: F401  (fail early, before the workers, if llama-cpp-python is missing)
     order = {s["name"]: i for i, s in enumerate(SETTINGS)}
     results = sorted(results, key=lambda r: order.get(r["name"], len(order)))
 

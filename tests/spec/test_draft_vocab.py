@@ -2,7 +2,6 @@
 exact subset on hand-built vocabularies, and the effect on a real tokenizer."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from alphallama.spec.draft_vocab import DraftVocab, _water_fill, bytes_class, char_class, prompt_scripts

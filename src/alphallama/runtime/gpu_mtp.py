@@ -200,6 +200,7 @@ class GPUMTPHead:
         out = torch.empty(2 * depth, dtype=torch.float64, device=self.device)
         h, hn = hp.index_select(0, self._last), hn.index_select(0, self._last)   # [1, D] the last real row
         pos = self._pos + self._last.to(torch.int32) + self._steps[:depth]         # [depth] the chain's positions
+        tok = None                                                                 # step k > 0 feeds step k-1's pick
         for k in range(depth):
             if k:
                 h, hn = self._block(h, tok, pos[k:k + 1], cache)
