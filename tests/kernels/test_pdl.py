@@ -19,7 +19,8 @@ def test_no_pdl_off_cuda():
 def compile_sm90() -> None:
     from gguf.constants import GGMLQuantizationType as T
 
-    from alphallama.kernels import attention, fused, qgemv_i8, qmatvec_i8
+    from alphallama.kernels import attention, fused, moe, qgemv_i8, qmatvec_i8
+    from alphallama.kernels.qmatmul import _qmatmul_kernel, tile as qmatmul_tile
     from alphallama.kernels.expert_q8_gpu import CODES
     from alphallama.kernels.formats import PLANES
     from alphallama.kernels.qweight import FORMATS
@@ -40,6 +41,20 @@ def compile_sm90() -> None:
                      BN=4, NT=32, BW=1, PREFETCH=True, DP4A=True))
     body = ptx[ptx.index(".entry"):]
     assert body.index("ld.global") < body.index("griddepcontrol.wait"), "weights not fetched before the wait"
+    # the MoE router (F32 weights through qmatmul, PDL mode 2: its weights before the wait),
+    # the routing and the experts' weighted sum
+    fr = FORMATS[T.F32]
+    pr = fr.pack(torch.zeros((128, 2048 // fr.block_size, fr.type_size), dtype=torch.uint8))
+    rplanes = [{torch.float32: "*fp32", torch.int32: "*i32"}.get(pr.get(n, pr["qs"]).dtype, "*i32") for n in PLANES]
+    r_slots = 2048 // fr.slot
+    BN, NT, nw = qmatmul_tile(type("W", (), {"n_slots": r_slots})(), 4)
+    rptx = compile_kernel(_qmatmul_kernel, ["*bf16", "*fp32", *rplanes, "i32", "i32", "i32", "i32"],
+                          dict(n_slots=r_slots, LOAD=fr.triton_load, FIELD=fr.triton_field, V=fr.V, P=fr.P, BN=BN,
+                               NT=NT, BW=1, PDL=2)).asm["ptx"]
+    body = rptx[rptx.index(".entry"):]
+    assert body.index("ld.global") < body.index("griddepcontrol.wait"), "router weights not fetched before the wait"
+    build(moe._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
+    build(moe._down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
     build(qmatvec_i8._prepare_kernel, ["*bf16", "*i8", "*i32", "i32"], dict(K=4096, BQ=256, SLOT=32, V=4, BITS=4))
     build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32"],
           dict(D=4096, BLOCK=4096, HAS_Y=True, XP2=None, XS2=None, NQ=1, SLOT1=32, V1=4, BITS1=4, SLOT2=32, V2=4,

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_kwargs, pdl_start
 from .qmatmul import ROWS_PER_THREAD, _row_fma, _use_triton, tile
 from .qweight import QuantWeight
 
@@ -38,9 +39,10 @@ NUM_WARPS = 4
 # -- router: softmax, top-k, renormalise ----------------------------------------------------
 @triton.jit
 def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+                  BLOCK_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
     """One program per row: softmax over the E logits, then TOP_K rounds of argmax (ties
     go to the lower expert id), the chosen weights renormalised to sum to 1 if NORM."""
+    pdl_start(PDL)                   # reads the router GEMV's output, writes what the last round's experts read
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"))  # [BLOCK_E]
@@ -64,10 +66,10 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
 
 
 def moe_route(logits: torch.Tensor, top_k: int, norm: bool,
-              experts_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              experts_out: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [W, E] fp32 -> (weights [W, k] fp32, expert ids [W, k] int32), by rank.
     experts_out: a contiguous int32 [W, k] to write the ids into (the expert store's
-    record of the round's routing)."""
+    record of the round's routing). pdl: launched with programmatic dependent launch."""
     if not _use_triton(logits):
         w, ids = moe_route_ref(logits, top_k, norm)
         return w, (ids if experts_out is None else experts_out.copy_(ids))
@@ -77,7 +79,7 @@ def moe_route(logits: torch.Tensor, top_k: int, norm: bool,
     experts = experts_out if experts_out is not None else \
         torch.empty((W, top_k), dtype=torch.int32, device=logits.device)          # [W, k]
     _route_kernel[(W,)](logits, weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
-                        BLOCK_K=triton.next_power_of_2(top_k), NORM=norm)
+                        BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, **pdl_kwargs(pdl, logits.device))
     return weights, experts
 
 
@@ -252,10 +254,11 @@ def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, 
 
 
 @triton.jit
-def _down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr):
+def _down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row, block of BD): y = 0, then y = fma(part_r, weight_r, y) for the
     ranks in ascending order: the sum's order is fixed (and does not depend on which
     tier each expert's weights came from)."""
+    pdl_start(PDL)
     n_db = tl.cdiv(N, BD)
     m = (tl.program_id(0) // n_db).to(tl.int64)
     n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)  # [BD]

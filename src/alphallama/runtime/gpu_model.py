@@ -161,11 +161,15 @@ class MoE:
             return v.bank_gate_up.expert(slot), v.bank_down.expert(slot)
         return v.host_gate_up.expert(e), v.host_down.expert(e)
 
-    def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None) -> torch.Tensor:
-        """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made."""
-        logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
+    def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
+                 pdl: bool = False) -> torch.Tensor:
+        """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
+        the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
+        the router asks for its weights before it waits: PDL mode 2)."""
         if self.i8 and self.link is None:
-            return self._experts_i8(h, logits, act_dtype, q8)
+            logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
+            return self._experts_i8(h, logits, act_dtype, q8, pdl)
+        logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
             act = moe_gate_up(h, self.gate_up, experts, act_dtype, rows_per_thread=ROWS_PER_THREAD)  # [W, k, F]
@@ -181,16 +185,16 @@ class MoE:
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
-                    q8: dict | None) -> torch.Tensor:
+                    q8: dict | None, pdl: bool) -> torch.Tensor:
         if self.store is None:
-            weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
+            weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl)  # [W, k] each
             gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
         else:
             v = self.store.layer(self.layer)
             weights, experts = moe_route(logits, self.top_k, self.norm,
-                                         experts_out=self.store.routes[self.layer, :h.shape[0]])
+                                         experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
-        x8 = (q8 or {}).get(self.orders[0]) or prepare_i8(h, gu.expert(0))
+        x8 = (q8 or {}).get(self.orders[0]) or prepare_i8(h, gu.expert(0), pdl)
         act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu)             # [W, k, F]
         return moe_down_i8(act, dn, experts, weights, table, bdn)
 
@@ -382,7 +386,7 @@ class GPUModel:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl), None
             h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:
-                d = L.moe(h, act, q8)                                              # [W, D]
+                d = L.moe(h, act, q8, pdl)                                         # [W, D]
             elif L.down.orders and self._fuse_q8:
                 s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
                 d = L.down(s, q8, pdl)                                             # [W, D]
