@@ -5,7 +5,9 @@
     prepare  the activations [W * k, F] to int8 in the down weight's lane order
     down     program (pair, n block): one expert's rows against its pair's int8 act,
              unweighted                                                          [W, k, D]
-    combine  moe._down_combine_kernel: y = fma(part_r, weight_r, y) in rank order
+    combine  moe._down_combine_kernel: y = fma(part_r, weight_r, y) in rank order; or, with
+             `counters`, in the down launch itself: the last of a (row, n block)'s TOP_K
+             programs to arrive combines that block (_combine_block, the same arithmetic)
 
 Each (pair, n block) runs qgemv_i8's per-slot arithmetic (the same LOAD, lanes, dp4a
 sums and per-lane FMA, one lane sum at the end) on a tile that is a function of the
@@ -76,11 +78,29 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
     tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
 
 
+@triton.jit
+def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr):
+    """Row m's outputs n [BLOCK] (int32): y = 0, then y = fma(part_r, weight_r, y) for the
+    ranks in ascending order: moe._down_combine_kernel's arithmetic, bit for bit (the
+    test checks them against each other). The parts were written by other programs of
+    this launch: loaded through L2 (.cg), never from this SM's L1."""
+    y = tl.zeros(n.shape, tl.float32)                                  # [BLOCK]
+    for r in tl.static_range(TOP_K):
+        wr = tl.load(weights + m * TOP_K + r)
+        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0, cache_modifier=".cg")  # [BLOCK]
+        y = tl.fma(v, wr, y)
+    return y
+
+
 @triton.jit(do_not_specialize=["one"])
 def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
                     TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
-                    HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr):
+                    HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
+                    weights=None, out=None, counters=None, TOP_K: tl.constexpr = 1, COMBINE: tl.constexpr = False):
+    """Program (pair, n block): the pair's unweighted part [BN]. COMBINE: then one
+    arrival on counters[row * n_nb + n block]; the TOP_K-th (last) arrival sums the
+    row's ranks for this n block into out and puts the counter back to 0."""
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
     n_nb = tl.cdiv(N, BN)
     pair = (tl.program_id(0) // n_nb).to(tl.int64)
@@ -101,6 +121,16 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
         y = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
                      BIAS, HAS_MIN, BN, NT, DP4A)
     tl.store(part + pair * N + n_out, y, mask=n_out < N)
+    if COMBINE:
+        m = pair // TOP_K
+        c = counters + m * n_nb + tl.program_id(0) % n_nb
+        tl.debug_barrier()              # every thread's part stores issued before the arrival
+        # acq_rel at gpu scope: releases this CTA's parts (ordered before it by the
+        # barrier) and, on the last arrival, acquires every other rank's
+        old = tl.atomic_add(c, 1, sem="acq_rel", scope="gpu")
+        if old == TOP_K - 1:            # the row's TOP_K ranks of this block are all written
+            tl.store(out + m * N + n_out, _combine_block(part, weights, m, n_out, N, TOP_K), mask=n_out < N)
+            tl.store(c, 0)              # back to 0 for the next call (graph replay: no memset)
 
 
 def _consts(w, N: int, DP4A: bool) -> dict:
@@ -141,21 +171,43 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     return act
 
 
+def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tensor:
+    """Zeroed counters for moe_down_i8(..., counters=) on W rows: [W, cdiv(D, BN)] int32,
+    one per (row, output block of the down tile, which depends on the device)."""
+    dev = torch.device(device)
+    return torch.zeros((W, triton.cdiv(down.N, _consts(down, down.N, dev.type == "cuda")["BN"])),
+                       dtype=torch.int32, device=dev)                          # [W, D/BN]
+
+
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
-                table: torch.Tensor | None = None, bank=None) -> torch.Tensor:
+                table: torch.Tensor | None = None, bank=None, counters: torch.Tensor | None = None) -> torch.Tensor:
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
-    weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32."""
+    weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
+    counters: None, two launches (down, then moe's combine); or a contiguous int32
+    tensor of at least W * cdiv(D, BN) elements (moe_down_i8_counters; a larger one
+    serves smaller W), all 0, and left all 0: one launch whose last-arriving program
+    of each (row, n block) combines it, the same bits. Calls in stream order (a graph's
+    MoE layers) may share one; concurrent calls may not."""
     _check_bank(down, table, bank)
     W, k, F = act.shape
     D = down.N
     dev = act.device
     aq, asd = prepare_i8(act.reshape(W * k, F), down.expert(0))                # [W k, F/4], [W k, F/slot, 2]
     part = torch.empty((W, k, D), dtype=torch.float32, device=dev)             # [W, k, D]
-    c = _consts(down, D, dev.type == "cuda")
-    _down_i8_kernel[(W * k * triton.cdiv(D, c["BN"]),)](
-        aq, asd, part, experts.contiguous(), *_bank_args(down, table, bank), D, 1, TABLE=table is not None,
-        num_warps=NUM_WARPS, enable_fp_fusion=False, **c)
     out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]
+    c = _consts(down, D, dev.type == "cuda")
+    grid = (W * k * triton.cdiv(D, c["BN"]),)
+    args = (aq, asd, part, experts.contiguous(), *_bank_args(down, table, bank), D, 1)
+    if counters is not None:
+        if counters.dtype != torch.int32 or counters.device != dev or not counters.is_contiguous() \
+                or counters.numel() < W * triton.cdiv(D, c["BN"]):
+            raise ValueError(f"counters {counters.dtype} {tuple(counters.shape)} on {counters.device}: need a "
+                             f"contiguous int32 of >= {W * triton.cdiv(D, c['BN'])} on {dev}")
+        _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False,
+                              weights=weights.float().contiguous(), out=out, counters=counters, TOP_K=k,
+                              COMBINE=True, **c)
+        return out
+    _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c)
     _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False)
     return out
