@@ -27,6 +27,9 @@ class EngineDefaults:
     pdl: bool = True              # GPU decode kernels with programmatic dependent launch (kernels/pdl.py): each may
                                   # start during the previous one's tail (H200, W=1: 8B shape 2.37 -> 2.11 ms a
                                   # round, 30B-A3B 2.39 -> 2.15; same bits as without)
+    fuse_combine: bool = False    # one launch where a combine followed a split (the MoE down's rank sum, attention's
+                                  # split merge): the last-arriving program merges, counted by a gpu-scope
+                                  # acq_rel atomic; the same bits (CPU-tested, compiled for sm_90), not yet run on a GPU
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)

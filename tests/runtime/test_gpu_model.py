@@ -75,3 +75,25 @@ def test_round_equals_single_rows(models):
     singles = [tuple(t.clone() for t in gpu.forward(rows[i:i + 1], 4 + i, cache)) for i in range(3)]   # graph outputs are static buffers
     assert torch.equal(a, torch.cat([s[0] for s in singles]))
     assert torch.equal(ha, torch.cat([s[1] for s in singles]))
+
+
+def test_one_launch_combines_give_the_same_bits(tmp_path):
+    """engine.fuse_combine: the MoE down's rank sum done by the last-arriving program
+    (kernels/moe_i8.py counters) gives the two-launch path's logits bit for bit, leaves
+    its counters at zero, and a round still equals its rows run alone."""
+    path = tmp_path / "moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=5), path)
+    f = GGUFFile(path)
+    toks = torch.randint(0, 200, (5,), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    for fuse in (False, True):
+        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", fuse_combine=fuse)
+        assert all((L.moe.counters is not None) == fuse for L in gpu.layers)
+        cache = gpu.new_cache(128)
+        logits[fuse] = gpu.forward(toks, 0, cache)[0].clone()
+        if fuse:
+            assert not gpu.layers[0].moe.counters.any()
+            cache.truncate(2)
+            singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
+            assert torch.equal(singles, logits[True][2:])
+    assert torch.equal(logits[True], logits[False])

@@ -24,6 +24,7 @@ from .expert_q8 import supports
 from .expert_q8_gpu import CODES
 from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
 from .qgemv_i8 import _row_step, gemv_tile
+from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
 
@@ -47,7 +48,9 @@ def _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, L
 def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
-                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr):
+                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     n_fb = tl.cdiv(F, BN)
     pair = tl.program_id(0) // n_fb
@@ -97,10 +100,14 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
                     TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                    weights=None, out=None, counters=None, TOP_K: tl.constexpr = 1, COMBINE: tl.constexpr = False):
+                    weights=None, out=None, counters=None, TOP_K: tl.constexpr = 1, COMBINE: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """Program (pair, n block): the pair's unweighted part [BN]. COMBINE: then one
     arrival on counters[row * n_nb + n block]; the TOP_K-th (last) arrival sums the
-    row's ranks for this n block into out and puts the counter back to 0."""
+    row's ranks for this n block into out and puts the counter back to 0. PDL: the wait
+    is at the top, before the part stores and the arrival (the previous layer's last
+    arrivals reset the counters this launch counts on)."""
+    pdl_start(PDL)
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
     n_nb = tl.cdiv(N, BN)
     pair = (tl.program_id(0) // n_nb).to(tl.int64)
@@ -155,9 +162,10 @@ def moe_i8_order(gate_up) -> tuple[int, int, int]:
 
 
 def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torch.Tensor, act_dtype: torch.dtype,
-                   table: torch.Tensor | None = None, bank=None) -> torch.Tensor:
+                   table: torch.Tensor | None = None, bank=None, pdl: bool = False) -> torch.Tensor:
     """q8: the rows' int8 input in gate_up's lane order (moe_i8_order), gate_up [E, 2F, K],
-    experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype."""
+    experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype. pdl: programmatic
+    dependent launch (kernels/pdl.py)."""
     _check_bank(gate_up, table, bank)
     xp, xsd = q8
     W, k = experts.shape
@@ -167,7 +175,7 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     c = _consts(gate_up, F, dev.type == "cuda")
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
-        TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c)
+        TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pdl_kwargs(pdl, dev))
     return act
 
 
@@ -180,19 +188,22 @@ def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tens
 
 
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
-                table: torch.Tensor | None = None, bank=None, counters: torch.Tensor | None = None) -> torch.Tensor:
+                table: torch.Tensor | None = None, bank=None, counters: torch.Tensor | None = None,
+                pdl: bool = False) -> torch.Tensor:
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
     weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
     counters: None, two launches (down, then moe's combine); or a contiguous int32
     tensor of at least W * cdiv(D, BN) elements (moe_down_i8_counters; a larger one
     serves smaller W), all 0, and left all 0: one launch whose last-arriving program
     of each (row, n block) combines it, the same bits. Calls in stream order (a graph's
-    MoE layers) may share one; concurrent calls may not."""
+    MoE layers) may share one; concurrent calls may not. pdl: every launch with
+    programmatic dependent launch (kernels/pdl.py)."""
     _check_bank(down, table, bank)
     W, k, F = act.shape
     D = down.N
     dev = act.device
-    aq, asd = prepare_i8(act.reshape(W * k, F), down.expert(0))                # [W k, F/4], [W k, F/slot, 2]
+    aq, asd = prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)           # [W k, F/4], [W k, F/slot, 2]
+    pk = pdl_kwargs(pdl, dev)
     part = torch.empty((W, k, D), dtype=torch.float32, device=dev)             # [W, k, D]
     out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]
     c = _consts(down, D, dev.type == "cuda")
@@ -205,9 +216,10 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
                              f"contiguous int32 of >= {W * triton.cdiv(D, c['BN'])} on {dev}")
         _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False,
                               weights=weights.float().contiguous(), out=out, counters=counters, TOP_K=k,
-                              COMBINE=True, **c)
+                              COMBINE=True, **c, **pk)
         return out
-    _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c)
+    _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk)
     _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
-        part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False)
+        part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False,
+        **pk)
     return out

@@ -43,7 +43,7 @@ from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
+from ..kernels.moe_i8 import moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_i8_ok, moe_i8_order
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8
@@ -143,6 +143,7 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
+        self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
@@ -195,8 +196,9 @@ class MoE:
                                          experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
         x8 = (q8 or {}).get(self.orders[0]) or prepare_i8(h, gu.expert(0), pdl)
-        act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu)             # [W, k, F]
-        return moe_down_i8(act, dn, experts, weights, table, bdn)
+        act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
+        counters = self.counters if self.counters is not None and h.shape[0] <= self.counters.shape[0] else None
+        return moe_down_i8(act, dn, experts, weights, table, bdn, counters, pdl)
 
 
 @dataclass
@@ -225,14 +227,14 @@ class GPUModel:
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None):
+                 pdl: bool | None = None, fuse_combine: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl: config.py (None: its default)."""
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -291,6 +293,16 @@ class GPUModel:
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
+        # one-launch combines (the last-arriving program of a block merges it): arrival
+        # counters, zero between calls, shared by the layers (they run in stream order)
+        fuse_combine = DEFAULTS.engine.fuse_combine if fuse_combine is None else fuse_combine
+        moes = [L.moe for L in self.layers if L.moe is not None and L.moe.i8]
+        if fuse_combine and moes:
+            m0 = moes[0]
+            down = m0.down if m0.store is None else m0.store.layer(m0.layer).host_down
+            counters = moe_down_i8_counters(down, MAX_W, self.device)                 # [MAX_W, D/BN]
+            for m in moes:
+                m.counters = counters
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
