@@ -9,8 +9,9 @@ arm without PDL (same kernels, only the launch differs).
 Arms (GPUModel keywords): f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs,
 a prepare launch per input), i8+fuse (the producers emit the int8 activations),
 i8+fuse+pdl (programmatic dependent launch: the default), i8+fuse+pdl/old-tiles (the
-GEMV tiles before 20261130: a same-session control), and for MoE shapes +moe_i8 (the
-routed experts on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
+GEMV tiles before 20261130: a same-session control), +combine (engine.fuse_combine: the
+last-arriving program merges the splits), and for MoE shapes +moe_i8 (the routed experts
+on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
 """
 from __future__ import annotations
 
@@ -38,11 +39,17 @@ ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False)
         "i8": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8+fuse": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=False),
         "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True),
-        "i8+fuse+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, old_tiles=True)}
+        "i8+fuse+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, old_tiles=True),
+        "i8+fuse+pdl+combine": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, fuse_combine=True)}
 MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=False),
             "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True),
             "i8+fuse+moe_i8+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
-                                                 old_tiles=True)}
+                                                 old_tiles=True),
+            "i8+fuse+moe_i8+pdl+combine": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
+                                               fuse_combine=True)}
+# arms that must give another arm's logits bit for bit (only the launches differ)
+SAME_BITS = {"i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
+             "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)
 
 
@@ -127,8 +134,8 @@ def main() -> int:
         ms1 = r["ms_per_round"][1]
         r.update(floor_ms=floor_ms, tok_s_plain=1000 / ms1, share_of_floor=floor_ms / ms1,
                  w8_over_w1=r["ms_per_round"][8] / ms1, options=kw)
-        base = name.replace("+pdl", "")
-        if base != name and base in logits:
+        base = SAME_BITS.get(name)
+        if base in logits:
             r["bitwise_equal_to_" + base] = bool(torch.equal(logits[name], logits[base]))
         res["arms"][name] = r
         print(f"{name:22s} " + " ".join(f"W{W} {ms:6.3f}" for W, ms in r["ms_per_round"].items())

@@ -78,9 +78,10 @@ def test_round_equals_single_rows(models):
 
 
 def test_one_launch_combines_give_the_same_bits(tmp_path):
-    """engine.fuse_combine: the MoE down's rank sum done by the last-arriving program
-    (kernels/moe_i8.py counters) gives the two-launch path's logits bit for bit, leaves
-    its counters at zero, and a round still equals its rows run alone."""
+    """engine.fuse_combine: attention's split merge and the MoE down's rank sum done by
+    the last-arriving program (kernels/attention.py, kernels/moe_i8.py counters) give the
+    two-launch paths' logits bit for bit, leave their counters at zero, and a round still
+    equals its rows run alone."""
     path = tmp_path / "moe.gguf"
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=5), path)
     f = GGUFFile(path)
@@ -92,7 +93,7 @@ def test_one_launch_combines_give_the_same_bits(tmp_path):
         cache = gpu.new_cache(128)
         logits[fuse] = gpu.forward(toks, 0, cache)[0].clone()
         if fuse:
-            assert not gpu.layers[0].moe.counters.any()
+            assert not gpu.layers[0].moe.counters.any() and not gpu._attn_counters.any()
             cache.truncate(2)
             singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
             assert torch.equal(singles, logits[True][2:])

@@ -296,6 +296,8 @@ class GPUModel:
         # one-launch combines (the last-arriving program of a block merges it): arrival
         # counters, zero between calls, shared by the layers (they run in stream order)
         fuse_combine = DEFAULTS.engine.fuse_combine if fuse_combine is None else fuse_combine
+        self._attn_counters = torch.zeros(MAX_W * cfg.n_kv_heads, dtype=torch.int32, device=self.device) \
+            if fuse_combine else None                                                 # [MAX_W n_kv]
         moes = [L.moe for L in self.layers if L.moe is not None and L.moe.i8]
         if fuse_combine and moes:
             m0 = moes[0]
@@ -385,6 +387,8 @@ class GPUModel:
         kv_len = cache.k.shape[2]
         act = self.act_dtype
         pdl = self.pdl
+        cnt = self._attn_counters if self._attn_counters is not None and W * c.n_kv_heads <= \
+            self._attn_counters.numel() else None                                   # one-launch attention
         # each norm, the SiLU and the attention combine also emit the int8 activations of
         # the GEMVs that read their output (q8: {lane order: (xp, xsd)}, Linear.orders)
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
@@ -393,9 +397,10 @@ class GPUModel:
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             if L.o.orders and self._fuse_q8:
-                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl)   # [W, H*hd]
+                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl,
+                                            cnt)                                       # [W, H*hd]
             else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl), None
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt), None
             h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:
                 d = L.moe(h, act, q8, pdl)                                         # [W, D]
