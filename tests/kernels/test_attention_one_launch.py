@@ -174,4 +174,4 @@ def compile_fused() -> None:
 
 
 def test_fused_kernel_compiles_for_sm90():
-    run_in_child("test_attention_fused", "compile_fused", timeout=600)
+    run_in_child("test_attention_one_launch", "compile_fused", timeout=600)
