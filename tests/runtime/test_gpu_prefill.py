@@ -29,7 +29,7 @@ def _load(tmp_path_factory, preset, quant):
     write_synthetic(PRESETS[preset](n_layers=1, quant=quant, seed=3), path)
     f = GGUFFile(path)
     # chunks of 48: the 70 rows are 48 + 22 (a chunk boundary inside one call)
-    return f, load_model(f, CTX), GPUModel(f, CTX, device=DEV, prefill_chunk=48)
+    return f, load_model(f, CTX), GPUModel(f, CTX, device=DEV, prefill_chunk=48, prefill_path="dequant")
 
 
 @pytest.fixture(scope="module", params=[("tiny-qwen3", "Q4_K"), ("tiny-qwen3moe", "Q8_0")],
@@ -134,3 +134,17 @@ def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
         gpu.scratch.overlap = False
     assert torch.equal(graph_cache.k[:, :, :2 * T], eager_cache.k[:, :, :2 * T])
     assert torch.equal(graph_cache.v[:, :, :2 * T], eager_cache.v[:, :, :2 * T])
+
+
+def test_resident_moe_prefills_through_the_decode_graphs(tmp_path):
+    """config prefill_path_moe: a MoE model with every expert resident takes its long
+    prompts through the 64-row rounds (its dequant chunks are host-bound), a dense one
+    the tensor-core path, and an explicit choice wins."""
+    paths = {}
+    for preset in ("tiny-qwen3moe", "tiny-qwen3"):
+        paths[preset] = tmp_path / f"{preset}.gguf"
+        write_synthetic(PRESETS[preset](n_layers=1, quant="Q8_0", seed=3), paths[preset])
+    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV).prefill_path == "gemv"
+    assert GPUModel(GGUFFile(paths["tiny-qwen3"]), CTX, device=DEV).prefill_path == "dequant"
+    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV, prefill_path="dequant").prefill_path == "dequant"
+

@@ -140,7 +140,8 @@ def bench(model_path: str, ctx: int, depth: int, reps: int, prefill: list[int], 
             c2.length = 0
             model.forward(ids, 0, c2)
         ms = time_cuda(do_prefill, 3)
-        pre[n] = {"ms": ms, "tok_s": n / ms * 1000}
+        pre[n] = {"ms": ms, "tok_s": n / ms * 1000, "prefill_path": model.prefill_path,   # runs on different
+                  "prefill_chunk": model.prefill_chunk}                                 # paths told apart
     rot = rotation_check(model, cache, depth, rot_widths, cfg.vocab_size)
     gemv, capture_s = model.decode_gemv, model.capture_s
     ctl = None
