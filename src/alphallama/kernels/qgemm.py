@@ -241,6 +241,16 @@ class Scratch:
             self._ready = [torch.cuda.Event() for _ in self._bufs]
             self._read = [None] * self.n_buffers
 
+    def halves(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two flat parts of elements // 2 each, for a caller that dequantizes into them
+        itself (gpu_prefill.moe_batched) after plan([]) and join(): nothing queued or in
+        flight. With overlap, the two buffers; without, the one buffer's two halves."""
+        self._setup()
+        if len(self._bufs) > 1:
+            return self._bufs[0], self._bufs[1]
+        half = self.elements // 2
+        return self._bufs[0][:half], self._bufs[0][half:]
+
     def units(self, weights: list[QuantWeight], cache: bool = True) -> list[Unit]:
         """The units of a list of weights (a model's Linear: cached by the list's identity;
         cache=False for throw-away lists, e.g. one expert's views)."""

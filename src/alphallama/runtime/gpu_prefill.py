@@ -210,8 +210,7 @@ def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tens
     y = torch.empty(P + 1, D, dtype=torch.float32, device=dev)              # [P + 1, D]; row P: the dump
     scratch.plan([])                                                        # buffers allocated, none held ahead
     scratch.join()                                                          # their last dequantize done
-    bufs = scratch._bufs          # (Scratch has no public accessor: its one or two buffers, `elements` in all)
-    gu_buf, dn_buf = (bufs[0], bufs[1]) if len(bufs) > 1 else (bufs[0], bufs[0][half:])
+    gu_buf, dn_buf = scratch.halves()                                      # [elements / 2] each
     gu_rows, dn_rows = _rows(gu_w), _rows(dn_w)
     for e0 in range(0, E, G):
         hit = [e for e in range(e0, min(e0 + G, E)) if counts[e]]
