@@ -203,7 +203,7 @@ class Scratch:
         self.graphs = DEFAULTS.engine.prefill_graphs if graphs is None else graphs
         self.captured: dict = {}
         self.tile = tile
-        self.mm_out_dtype: bool | None = None   # does torch.mm(out_dtype=float32) work here? (probed once)
+        self._out_fp32: dict = {}                # op -> does op(out_dtype=float32) work here? (probed once)
         self._bufs: list[torch.Tensor] = []
         self._cache: dict[tuple[int, int], tuple[list, list[Unit]]] = {}
         self._queue: deque[Unit] = deque()      # planned units not yet dequantized
@@ -338,16 +338,30 @@ class Scratch:
     def mm(self, x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         """x [T, K] @ wt [n, K]^T -> [T, n] float32; bf16 inputs accumulate in fp32 and,
         where torch supports it, are written as fp32 (no bf16 rounding of the output)."""
-        if x.dtype == torch.float32:
-            return x @ wt.T
-        if self.mm_out_dtype is not False:
+        return self._fp32_product(torch.mm, x, wt.T)
+
+    def bmm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [G, R, K] @ w [G, n, K]^T -> [G, R, n] float32, as mm for each of the G."""
+        return self._fp32_product(torch.bmm, x, w.transpose(1, 2))
+
+    @property
+    def mm_out_dtype(self) -> bool | None:
+        """Whether torch.mm(out_dtype=float32) works here (None: not yet tried)."""
+        return self._out_fp32.get(torch.mm)
+
+    def _fp32_product(self, op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """op(a, b) as float32: written as fp32 by op itself where torch supports it
+        (probed once per op), else rounded to a's dtype and widened."""
+        if a.dtype == torch.float32:
+            return op(a, b)
+        if self._out_fp32.get(op) is not False:
             try:
-                y = torch.mm(x, wt.T, out_dtype=torch.float32)
-                self.mm_out_dtype = True
+                y = op(a, b, out_dtype=torch.float32)
+                self._out_fp32[op] = True
                 return y
             except (TypeError, RuntimeError, NotImplementedError):
-                self.mm_out_dtype = False
-        return (x @ wt.T).float()
+                self._out_fp32[op] = False
+        return op(a, b).float()
 
 
 def qgemm(x: torch.Tensor, w: QuantWeight, scratch: Scratch) -> torch.Tensor:

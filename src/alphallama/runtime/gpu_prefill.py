@@ -150,25 +150,6 @@ def _rows(w: QuantWeight) -> QuantWeight:
     return QuantWeight(w.qtype, (E * N, K), {n: p.view(E * N, p.shape[-1]) for n, p in w.planes.items()})
 
 
-_BMM_OUT_DTYPE: list[bool | None] = [None]    # does torch.bmm(out_dtype=float32) work here? (probed once)
-
-
-def _bmm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [G, R, K] @ w [G, n, K]^T -> [G, R, n] float32, as Scratch.mm for one matrix:
-    bf16 inputs accumulate in fp32 and are written as fp32 where torch supports it."""
-    wt = w.transpose(1, 2)
-    if x.dtype == torch.float32:
-        return torch.bmm(x, wt)
-    if _BMM_OUT_DTYPE[0] is not False:
-        try:
-            y = torch.bmm(x, wt, out_dtype=torch.float32)
-            _BMM_OUT_DTYPE[0] = True
-            return y
-        except (TypeError, RuntimeError, NotImplementedError):
-            _BMM_OUT_DTYPE[0] = False
-    return torch.bmm(x, wt).float()
-
-
 def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, scratch: Scratch,
                 G: int) -> torch.Tensor:
     """The routed rows (weights, experts [T, k]) of h [T, D] through resident experts,
@@ -223,9 +204,9 @@ def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tens
         wdn = dequantize_into(dn_rows, dn_buf[:g * D * Fd].view(g * D, Fd), lo * D, hi * D,
                               scratch.tile).view(g, D, Fd)                   # [g, D, F]
         xg = hz[rows[lo:hi, :Rb]]                                           # [g, Rb, D]
-        gu = _bmm(xg, wgu)                                                  # [g, Rb, 2F] fp32
+        gu = scratch.bmm(xg, wgu)                                           # [g, Rb, 2F] fp32
         act = silu_mul(gu.view(g * Rb, F2), dt).view(g, Rb, F2 // 2)        # [g, Rb, F]
-        y[pad[lo:hi, :Rb]] = _bmm(act, wdn)                                 # [g, Rb, D] to their pairs
+        y[pad[lo:hi, :Rb]] = scratch.bmm(act, wdn)                          # [g, Rb, D] to their pairs
     scratch.plan([])                     # the side stream (overlap) after these GEMMs' reads
     return (y[:P].view(T, k, D) * weights[:, :, None]).sum(1)              # [T, D]
 
