@@ -88,6 +88,13 @@ def test_row_bits_at_the_real_split_change():
         assert torch.equal(a, b), length
 
 
+def combine_q8_sm90() -> tuple[list[str], dict]:
+    """(types, constexprs) of the combine with its q8 output (one Q4_K lane order) at the
+    Qwen3-8B shape, bf16 out, for sm90.compile_sm90: what the q8 and PDL tests compile."""
+    return (["*fp32", "*fp32", "*fp32", "*bf16", "*i32"] + ["i32"] * 4 + ["*i8", "*i32"],
+            dict(N_HEADS=32, HD=128, BLOCK_N=A.BLOCK_N, MAX_SPLITS=A.MAX_SPLITS, NQ=1, SLOT1=32, V1=4, BITS1=4))
+
+
 def compile_all() -> None:
     """Both kernels for sm_90 at the decode shapes (fp32 queries, bf16 or fp32 output)."""
     from tests.kernels.sm90 import compile_sm90

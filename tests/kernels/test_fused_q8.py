@@ -98,10 +98,8 @@ def compile_sm90() -> None:
     for F in (12288, 4864):
         build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))
-    build(attention._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "*i32", "i32", "i32", "i32", "i32",
-                                           "*i8", "*i32"],
-          dict(N_HEADS=32, HD=128, BLOCK_N=attention.BLOCK_N, MAX_SPLITS=attention.MAX_SPLITS, NQ=1, SLOT1=32, V1=4,
-               BITS1=4))
+    from tests.kernels.test_attention_split import combine_q8_sm90
+    build(attention._attn_combine_kernel, *combine_q8_sm90())
 
 
 def test_compiles_for_sm90():
