@@ -20,9 +20,8 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.moe import _down_combine_kernel  # noqa: E402
+from alphallama.kernels.moe import _combine_block, _down_combine_kernel  # noqa: E402
 from alphallama.kernels.moe_i8 import (  # noqa: E402
-    _combine_block,
     moe_down_i8,
     moe_down_i8_counters,
     moe_gate_up_i8,
@@ -136,11 +135,12 @@ def test_fused_combine_is_bit_identical(Dn, monkeypatch):
 
 @triton.jit
 def _combine_probe(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr):
-    """moe._down_combine_kernel's grid and stores around moe_i8._combine_block."""
+    """moe._down_combine_kernel's grid and stores around _combine_block as the one-launch
+    down calls it (parts loaded through L2)."""
     n_db = tl.cdiv(N, BD)
     m = (tl.program_id(0) // n_db).to(tl.int64)
     n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)                     # [BD]
-    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K), mask=n < N)
+    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K, ".cg"), mask=n < N)
 
 
 def test_combine_block_is_moe_combine():

@@ -254,20 +254,27 @@ def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, 
 
 
 @triton.jit
+def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr, CACHE: tl.constexpr):
+    """Row m's outputs n [BLOCK]: y = 0, then y = fma(part_r, weight_r, y) for the ranks
+    in ascending order: the sum's order is fixed (and does not depend on which tier each
+    expert's weights came from). CACHE: the parts' load cache modifier (".cg" where other
+    CTAs of the same launch wrote them: moe_i8's one-launch down)."""
+    y = tl.zeros(n.shape, tl.float32)                                  # [BLOCK]
+    for r in tl.static_range(TOP_K):
+        wr = tl.load(weights + m * TOP_K + r)
+        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0, cache_modifier=CACHE)  # [BLOCK]
+        y = tl.fma(v, wr, y)
+    return y
+
+
+@triton.jit
 def _down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (row, block of BD): y = 0, then y = fma(part_r, weight_r, y) for the
-    ranks in ascending order: the sum's order is fixed (and does not depend on which
-    tier each expert's weights came from)."""
+    """Program (row, block of BD): the row's ranks summed (_combine_block)."""
     pdl_start(PDL)
     n_db = tl.cdiv(N, BD)
     m = (tl.program_id(0) // n_db).to(tl.int64)
     n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)  # [BD]
-    y = tl.zeros([BD], tl.float32)
-    for r in tl.static_range(TOP_K):
-        wr = tl.load(weights + m * TOP_K + r)
-        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0)  # [BD]
-        y = tl.fma(v, wr, y)
-    tl.store(out + m * N + n, y, mask=n < N)
+    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K, ""), mask=n < N)
 
 
 def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,

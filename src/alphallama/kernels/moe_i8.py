@@ -7,7 +7,7 @@
              unweighted                                                          [W, k, D]
     combine  moe._down_combine_kernel: y = fma(part_r, weight_r, y) in rank order; or, with
              `counters`, in the down launch itself: the last of a (row, n block)'s TOP_K
-             programs to arrive combines that block (_combine_block, the same arithmetic)
+             programs to arrive combines that block (moe._combine_block, the same code)
 
 Each (pair, n block) runs qgemv_i8's per-slot arithmetic (the same LOAD, lanes, dp4a
 sums and per-lane FMA, one lane sum at the end) on a tile that is a function of the
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
-from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
+from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel
 from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
@@ -81,20 +81,6 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
     tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
 
 
-@triton.jit
-def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr):
-    """Row m's outputs n [BLOCK] (int32): y = 0, then y = fma(part_r, weight_r, y) for the
-    ranks in ascending order: moe._down_combine_kernel's arithmetic, bit for bit (the
-    test checks them against each other). The parts were written by other programs of
-    this launch: loaded through L2 (.cg), never from this SM's L1."""
-    y = tl.zeros(n.shape, tl.float32)                                  # [BLOCK]
-    for r in tl.static_range(TOP_K):
-        wr = tl.load(weights + m * TOP_K + r)
-        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0, cache_modifier=".cg")  # [BLOCK]
-        y = tl.fma(v, wr, y)
-    return y
-
-
 @triton.jit(do_not_specialize=["one"])
 def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
                     TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
@@ -136,7 +122,8 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
         # barrier) and, on the last arrival, acquires every other rank's
         old = tl.atomic_add(c, 1, sem="acq_rel", scope="gpu")
         if old == TOP_K - 1:            # the row's TOP_K ranks of this block are all written
-            tl.store(out + m * N + n_out, _combine_block(part, weights, m, n_out, N, TOP_K), mask=n_out < N)
+            tl.store(out + m * N + n_out, _combine_block(part, weights, m, n_out, N, TOP_K, ".cg"),
+                     mask=n_out < N)   # other CTAs' parts: through L2, never this SM's L1
             tl.store(c, 0)              # back to 0 for the next call (graph replay: no memset)
 
 
