@@ -158,14 +158,18 @@ def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tens
     pair ids, T * k where an expert has fewer; a batch dequantizes its experts' gate|up
     [G, 2F, D] and down [G, D, F] in one launch each (trimmed to the experts hit),
     gathers its rows into a zero-padded [G, R_b, D] (R_b: the batch's largest count),
-    and runs bmm, silu_mul, bmm, one scatter of the [G, R_b, D] products to their pairs
-    (the padding's go to a dump row). Uses the scratch's buffers on the current stream:
-    anything planned is dropped (the plan ends at this layer's attention output:
-    plan_from) and the next plan starts after these GEMMs. Beyond the scratch, per batch
-    ~624 KiB * R_b at the 30B shape (G 32: xg bf16, gate|up fp32, act bf16, down fp32;
-    78 MiB at R_b 128, 312 MiB if one expert takes all 512 rows), and y [T * k + 1, D]
-    fp32 (32 MiB at T 512). Launches: ~19 a layer (sort, index, one sync, the weighted
-    sum) and 7 a batch with a hit."""
+    and runs bmm, silu_mul, bmm, then gathers the products of its real pairs (a
+    contiguous run of the expert-sorted pairs) into ys; one gather by the inverse of
+    the sort puts them back in pair order. Gathers only (index_select): torch's
+    advanced-index scatter of [G, R_b, D] rows with a dump row for the padding ran at
+    ~100 GB/s on the H200 (30 of ~90 ms of a 512-row chunk of the 30B shape). Uses the
+    scratch's buffers on the current stream: anything planned is dropped (the plan
+    ends at this layer's attention output: plan_from) and the next plan starts after
+    these GEMMs. Beyond the scratch, per batch ~624 KiB * R_b at the 30B shape (G 32:
+    xg bf16, gate|up fp32, act bf16, down fp32; 78 MiB at R_b 128, 312 MiB if one
+    expert takes all 512 rows), and ys, y [T * k, D] fp32 (32 MiB each at T 512).
+    Launches: ~19 a layer (sort, index, one sync, the weighted sum) and 8 a batch with
+    a hit."""
     if moe.store is not None:
         raise ValueError("moe_batched takes resident experts (moe.store is None)")
     gu_w, dn_w = moe.gate_up, moe.down                                      # [E, 2F, D], [E, D, F]
@@ -184,11 +188,12 @@ def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tens
     counts = [b[e + 1] - b[e] for e in range(E)]
     R = max(counts)
     rank = torch.arange(P, device=dev) - bounds[sorted_e]                   # [P] place within its expert
-    pad = torch.full((E, R), P, dtype=torch.long, device=dev)               # [E, R] pair ids; P: none
-    pad[sorted_e, rank] = order
-    rows = pad // k                                                         # [E, R] rows of hz; P // k = T: zeros
+    rows = torch.full((E, R), T, dtype=torch.long, device=dev)              # [E, R] rows of hz; T: zeros
+    rows[sorted_e, rank] = order // k
+    inverse = torch.empty_like(order)                                       # [P] pair -> its sorted place
+    inverse[order] = torch.arange(P, device=dev)
     hz = torch.cat([h.to(dt), torch.zeros(1, D, dtype=dt, device=dev)])     # [T + 1, D]
-    y = torch.empty(P + 1, D, dtype=torch.float32, device=dev)              # [P + 1, D]; row P: the dump
+    ys = torch.empty(P, D, dtype=torch.float32, device=dev)                 # [P, D] products, expert-sorted
     scratch.plan([])                                                        # buffers allocated, none held ahead
     scratch.join()                                                          # their last dequantize done
     gu_buf, dn_buf = scratch.halves()                                      # [elements / 2] each
@@ -203,12 +208,15 @@ def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tens
                               scratch.tile).view(g, F2, D)                   # [g, 2F, D]
         wdn = dequantize_into(dn_rows, dn_buf[:g * D * Fd].view(g * D, Fd), lo * D, hi * D,
                               scratch.tile).view(g, D, Fd)                   # [g, D, F]
-        xg = hz[rows[lo:hi, :Rb]]                                           # [g, Rb, D]
+        xg = hz.index_select(0, rows[lo:hi, :Rb].reshape(-1)).view(g, Rb, D)  # [g, Rb, D]
         gu = scratch.bmm(xg, wgu)                                           # [g, Rb, 2F] fp32
         act = silu_mul(gu.view(g * Rb, F2), dt).view(g, Rb, F2 // 2)        # [g, Rb, F]
-        y[pad[lo:hi, :Rb]] = scratch.bmm(act, wdn)                          # [g, Rb, D] to their pairs
+        out = scratch.bmm(act, wdn).view(g * Rb, D)                         # [g * Rb, D]
+        j0, j1 = b[lo], b[hi]                                               # the batch's sorted pairs
+        torch.index_select(out, 0, (sorted_e[j0:j1] - lo) * Rb + rank[j0:j1], out=ys[j0:j1])
     scratch.plan([])                     # the side stream (overlap) after these GEMMs' reads
-    return (y[:P].view(T, k, D) * weights[:, :, None]).sum(1)              # [T, D]
+    y = ys.index_select(0, inverse)                                         # [P, D] in pair order
+    return (y.view(T, k, D) * weights[:, :, None]).sum(1)                  # [T, D]
 
 
 def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Tensor, cache, logits: bool,
