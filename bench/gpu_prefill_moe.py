@@ -83,6 +83,7 @@ def main() -> int:
             ms = time_cuda(run, 3, warm=0)
         except Exception as e:  # noqa: BLE001
             res["cases"].append({"path": path_name, "chunk": chunk, "n": n, "error": repr(e)})
+            print(f"{path_name:8s} chunk {chunk:5d} n {n:5d}: FAILED {e!r}", flush=True)
             continue
         res["cases"].append({"path": path_name, "chunk": chunk, "n": n, "ms": ms, "tok_s": n / ms * 1000,
                              "host_issue_ms": host * 1000})
