@@ -2,9 +2,12 @@
 
     python3 bench/gpu_prefill_moe.py --preset qwen3-30b-a3b --commit HASH
 
-For prompt sizes x chunk sizes through the tensor-core path ("dequant", experts in
-batches: gpu_prefill.moe_batched) and the decode graphs ("gemv", the control arm):
-ms per call (CUDA events, after a warm call) and the host's time to issue it; then one
+For prompt sizes x chunk sizes through the tensor-core path with the experts as
+grouped GEMMs (moe_gemm.moe_prefill: "fused", "fused_graphs" with the chunk captured),
+in batches (gpu_prefill.moe_batched, the last session's path) and through the decode
+graphs ("gemv"):
+ms per call (CUDA events, after a warm call) and the host's time to issue it; moe_prefill's
+tiles on one layer; then one
 512-row chunk under torch.profiler: the top kernels by device time and the top host
 ops by self CPU time; and one MoE layer alone (moe_grouped at T rows), host and device.
 JSON under $OUT; a short table last.
@@ -24,9 +27,12 @@ from alphallama.bench.engine_bench import time_cuda
 from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.writer import PRESETS, write_synthetic
 
-CASES = [("dequant", 512, 128), ("dequant", 512, 512), ("dequant", 512, 1024), ("dequant", 1024, 1024),
-         ("dequant", 512, 4096), ("dequant", 1024, 4096), ("dequant", 2048, 4096),
-         ("gemv", 512, 128), ("gemv", 512, 512)]
+# (arm, chunk, prompt rows): "fused" = moe_gemm.moe_prefill (graphs: the chunk captured),
+# "batched" = gpu_prefill.moe_batched (one host sync a layer), "gemv" = the 64-row decode graphs
+CASES = [(a, 512, n) for a in ("fused_graphs", "fused", "batched") for n in (128, 512)] + \
+        [("fused_graphs", 1024, 1024), ("fused_graphs", 512, 4096), ("fused_graphs", 2048, 4096),
+         ("fused", 2048, 4096), ("batched", 2048, 4096), ("gemv", 512, 128), ("gemv", 512, 512)]
+TILES = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3), (128, 4, 4), (64, 4, 2)]
 
 
 def _profile(run) -> dict:
@@ -67,8 +73,12 @@ def main() -> int:
     cache = model.new_cache(ctx)
     ids = torch.randint(model.cfg.vocab_size, (4096,), generator=torch.Generator().manual_seed(11))
     res["cases"] = []
+    hidden = {}
     for path_name, chunk, n in CASES:
-        model.prefill_path, model.prefill_chunk = path_name, chunk
+        model.prefill_path, model.prefill_chunk = ("gemv" if path_name == "gemv" else "dequant"), chunk
+        gp.MOE_FUSED = path_name.startswith("fused")
+        model.scratch.graphs = path_name == "fused_graphs"
+        model.scratch.captured.clear()
 
         def run(n=n):
             cache.length = 0
@@ -77,8 +87,10 @@ def main() -> int:
             run()
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            run()
+            h_out = run()
             host = time.perf_counter() - t1
+            if n == 512:
+                hidden[path_name] = h_out.float().clone()
             torch.cuda.synchronize()
             ms = time_cuda(run, 3, warm=0)
         except Exception as e:  # noqa: BLE001
@@ -90,16 +102,37 @@ def main() -> int:
         print(f"{path_name:8s} chunk {chunk:5d} n {n:5d}: {ms:8.1f} ms {n / ms * 1000:8.0f} tok/s "
               f"(host issues it in {host * 1000:.1f} ms)", flush=True)
         save()
+    ref = hidden.get("batched")
+    res["max_rel_diff_to_batched_512"] = {k: ((v - ref).abs().max() / ref.abs().max()).item()
+                                          for k, v in hidden.items() if ref is not None and k != "batched"}
+    print("max |diff| / max |batched| at 512:", res["max_rel_diff_to_batched_512"], flush=True)
     model.prefill_path, model.prefill_chunk = "dequant", 512
+    gp.MOE_FUSED, model.scratch.graphs = True, False
     cache.length = 0
     res["profile_512"] = _profile(lambda: model.forward(ids[:512], 0, cache, logits=False))
     save()
-    # one MoE layer alone at T rows: host issue time and device time
+    # one MoE layer alone at T rows: host issue time and device time; moe_prefill's tiles at 512
     L = next(L for L in model.layers if L.moe is not None)
+    from alphallama.kernels.moe import moe_route
+    from alphallama.kernels.moe_gemm import moe_prefill
+    from alphallama.kernels.qmatmul import qmatmul
+    h = torch.randn(512, model.cfg.d_model, device="cuda").to(model.scratch.dtype)
+    wts, exps = moe_route(qmatmul(h, L.moe.router, rows_per_thread=4), L.moe.top_k, L.moe.norm)
+    res["tiles_512"] = {}
+    for tile in TILES:
+        try:
+            ms = time_cuda(lambda tile=tile: moe_prefill(h, wts, exps, L.moe.gate_up, L.moe.down, tile), 10, warm=2)
+        except Exception as e:  # noqa: BLE001
+            res["tiles_512"][str(tile)] = {"error": repr(e)[:300]}
+            print(f"moe_prefill tile {tile}: FAILED {e!r}"[:300], flush=True)
+            continue
+        res["tiles_512"][str(tile)] = {"ms": ms}
+        print(f"moe_prefill tile {tile}: {ms:.3f} ms a layer at 512 rows", flush=True)
+    save()
     res["moe_layer"] = {}
     for T in (128, 512, 1024):
         h = torch.randn(T, model.cfg.d_model, device="cuda").to(model.scratch.dtype)
-        fn = lambda h=h: gp.moe_grouped(L.moe, h, model.scratch, 4)  # noqa: E731
+        fn = lambda h=h: gp.moe_grouped(L.moe, h, model.scratch, 4)  # noqa: E731  (MOE_FUSED)
         fn()
         torch.cuda.synchronize()
         t1 = time.perf_counter()

@@ -218,6 +218,7 @@ def test_moe_prefill_takes_the_batched_path(tmp_path_factory, monkeypatch):
     the per-expert loop (MOE_BATCHED off) gives close rows."""
     from alphallama.runtime import gpu_prefill as gp
     _, _, gpu = _load(tmp_path_factory, "tiny-qwen3moe", "Q8_0")
+    monkeypatch.setattr(gp, "MOE_FUSED", False)
     calls = []
     real = gp.moe_batched
     monkeypatch.setattr(gp, "moe_batched", lambda *a: calls.append(a[-1]) or real(*a))
@@ -229,3 +230,24 @@ def test_moe_prefill_takes_the_batched_path(tmp_path_factory, monkeypatch):
     _, hl = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
     assert len(calls) == 2
     torch.testing.assert_close(hb, hl, atol=1e-4 * hl.abs().max().item(), rtol=0)
+
+
+def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
+    """By default a resident-expert MoE chunk runs its experts through moe_gemm.moe_prefill
+    (one call a layer and chunk, no host sync), close to the per-expert loop; an expert
+    store's layers never do (their experts are not all on the device)."""
+    from alphallama.runtime import gpu_prefill as gp
+    _, _, gpu = _load(tmp_path_factory, "tiny-qwen3moe", "Q8_0")
+    assert gp.MOE_FUSED and gp._capturable(gpu.layers[0])
+    calls = []
+    real = gp.moe_prefill
+    monkeypatch.setattr(gp, "moe_prefill", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    toks = torch.randint(0, gpu.cfg.vocab_size, (N1,), generator=torch.Generator().manual_seed(5))
+    _, hf = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
+    hf = hf.clone()
+    assert calls == [48, 22]               # chunks of 48 + 22, one MoE layer
+    monkeypatch.setattr(gp, "MOE_FUSED", False)
+    monkeypatch.setattr(gp, "MOE_BATCHED", False)
+    _, hl = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
+    assert len(calls) == 2
+    torch.testing.assert_close(hf, hl, atol=1e-4 * hl.abs().max().item(), rtol=0)

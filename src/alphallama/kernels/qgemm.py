@@ -65,6 +65,23 @@ def _pair(words, h, s1, s2, FIELD: tl.constexpr, m: tl.constexpr, one):
     return tl.reshape(tl.join(w_a, w_b), (w_a.shape[0], w_a.shape[1], 2 * w_a.shape[2]))  # a0 b0 a1 b1 ..
 
 
+@triton.jit
+def slot_values(words, h, s1, s2, FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, one):
+    """The values of NT slots of BN rows in k order: [NT, BN, SLOT] float32 (P in 1, 4, 8).
+    Pairs m = j2 * 2 + j1 (P = 8) are joined as [.., 2V, j1, j2], then put in (m, 2V) order."""
+    if P == 1:
+        w = FIELD(words, h, s1, s2, 0, one)  # [NT, BN, V]: word v is value v of the slot
+    elif P == 8:
+        t = tl.join(tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one)),
+                    tl.join(_pair(words, h, s1, s2, FIELD, 2, one), _pair(words, h, s1, s2, FIELD, 3, one)))
+        w = tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), (t.shape[0], t.shape[1], V * P))
+    else:
+        tl.static_assert(P == 4, "slot_values takes P in 1, 4, 8")
+        t = tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one))
+        w = tl.reshape(tl.permute(t, (0, 1, 3, 2)), (t.shape[0], t.shape[1], V * P))
+    return w
+
+
 @triton.jit(do_not_specialize=["one"])
 def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr,
@@ -82,19 +99,8 @@ def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl
     mask = (u < n_slots) & (n < N)[None, :, None]  # [NT, BN, 1]
     base = out + row[:, :, None] * K + u * SLOT  # [NT, BN, 1]: the slot's first value
     dt: tl.constexpr = out.dtype.element_ty
-    if P == 1:
-        # float formats: word v is value v of the slot
-        w = FIELD(words, h, s1, s2, 0, one)  # [NT, BN, V]
-        tl.store(base + tl.arange(0, V)[None, None, :], _cast(w, dt, HW), mask=mask)
-    elif WHOLE and P == 8:
-        # pairs m = j2 * 2 + j1 joined as [.., 2V, j1, j2], then put in (m, 2V) order
-        t = tl.join(tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one)),
-                    tl.join(_pair(words, h, s1, s2, FIELD, 2, one), _pair(words, h, s1, s2, FIELD, 3, one)))
-        w = tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), (NT, BN, SLOT))  # [NT, BN, SLOT] in k order
-        tl.store(base + tl.arange(0, SLOT)[None, None, :], _cast(w, dt, HW), mask=mask)
-    elif WHOLE and P == 4:
-        t = tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one))
-        w = tl.reshape(tl.permute(t, (0, 1, 3, 2)), (NT, BN, SLOT))  # [NT, BN, SLOT] in k order
+    if P == 1 or WHOLE:
+        w = slot_values(words, h, s1, s2, FIELD, V, P, one)  # [NT, BN, SLOT] in k order
         tl.store(base + tl.arange(0, SLOT)[None, None, :], _cast(w, dt, HW), mask=mask)
     else:
         k2 = tl.arange(0, 2 * V)[None, None, :]  # [1, 1, 2V]

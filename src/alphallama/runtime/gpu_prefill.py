@@ -9,8 +9,12 @@ kernels as in decode. The chunk's GEMMs are known ahead, so they are handed to t
 scratch as a plan: each weight is dequantized while the GEMM before it runs.
 
 MoE layers: the router and the top-k are the decode kernels (a GEMV: the router is
-small); the chunk's (row, slot) pairs are then grouped by expert (one host sync per
-layer for the counts). With every expert resident (moe_batched, MOE_BATCHED) the
+small). With every expert resident the experts run as two grouped GEMMs that
+dequantize weight tiles on the fly (kernels/moe_gemm.py, MOE_FUSED): the pairs are
+put into padded per-expert blocks on the device, no host sync, so such a model's
+chunks are captured as CUDA graphs like a dense model's. Otherwise the chunk's
+(row, slot) pairs are grouped by expert (one host sync per layer for the counts).
+With every expert resident (moe_batched, MOE_BATCHED) the
 experts run in batches of G consecutive ones: each batch's gate|up and down are
 dequantized in one launch each (an [E, N, K] weight's experts are consecutive row
 blocks), its pairs gathered into a zero-padded [G, R, D], and the two GEMMs are
@@ -39,12 +43,16 @@ from torch.nn.attention.bias import causal_lower_right
 from ..gguf.quants import dequantize
 from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
 from ..kernels.moe import moe_route
+from ..kernels.moe_gemm import moe_prefill
 from ..kernels.qgemm import Scratch, dequantize_into
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qweight import QuantWeight
 
-# Resident experts (moe.store is None) through moe_batched; False: the per-expert loop
+# Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (MOE_FUSED: grouped
+# GEMMs dequantizing on the fly, no host sync), else moe_batched; False for both: the per-expert loop
+MOE_FUSED = True
 MOE_BATCHED = True
+MOE_TILE = (64, 4, 3)    # moe_prefill's (BN, warps, stages)
 
 
 def gemm_linear(lin, x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
@@ -94,6 +102,8 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int,
     holds one expert's gate|up (expert_batch); else moe_loop, one expert at a time."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
+    if MOE_FUSED and moe.store is None and batched is None:
+        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down, MOE_TILE)
     if (MOE_BATCHED if batched is None else batched) and moe.store is None:
         G = expert_batch(moe.gate_up.shape, moe.down.shape, scratch.elements)
         if G:
@@ -280,18 +290,22 @@ def _capture(fn, pool):
 
 
 def _stretch_units(m, i: int, logits: bool, s: Scratch) -> list:
-    """The GEMM units of _segment(i) of a dense model, in call order."""
+    """The GEMM units of _segment(i) in call order (an MoE layer's experts use no scratch:
+    moe_prefill)."""
     units = []
     if i > 0:
         L = m.layers[i - 1]
-        units += s.units(L.o.weights) + s.units(L.gate_up.weights) + s.units(L.down.weights)
+        units += s.units(L.o.weights)
+        if L.moe is None:
+            units += s.units(L.gate_up.weights) + s.units(L.down.weights)
     if i < len(m.layers):
         return units + s.units(m.layers[i].qkv.weights)
     return units + (s.units(m.output.weights) if logits else [])
 
 
 class ChunkGraphs:
-    """A dense model's prefill chunk of T rows as CUDA graphs, for one KV cache: one graph
+    """A prefill chunk of T rows as CUDA graphs (dense layers, and MoE layers through
+    moe_prefill: nothing syncs the host), for one KV cache: one graph
     per stretch between two attentions (_segment), attention eagerly in between (its
     shapes change with the position). The host then issues n_layers + 1 replays and the
     attentions instead of ~60 launches a layer (an eager 512-row chunk of the 8B shape
@@ -337,11 +351,16 @@ class ChunkGraphs:
         return (logits.clone() if logits is not None else None), self.x.clone()
 
 
+def _capturable(L) -> bool:
+    """A layer whose chunk needs no host sync: dense, or MoE through moe_prefill."""
+    return L.moe is None or (MOE_FUSED and L.moe.store is None)
+
+
 def _graphs_for(m, cache, T: int, logits: bool, pos: int) -> ChunkGraphs | None:
     """The captured chunk for these shapes and this cache (captured on first use; one
     kept), or None where graphs do not apply."""
     s = m.scratch
-    if not (s.graphs and m.device.type == "cuda" and T == m.prefill_chunk and all(L.moe is None for L in m.layers)):
+    if not (s.graphs and m.device.type == "cuda" and T == m.prefill_chunk and all(map(_capturable, m.layers))):
         return None
     s.units(m.layers[0].o.weights)                       # buffers allocated before any capture
     key = (T, logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))  # the graphs hold these addresses
