@@ -115,7 +115,8 @@ def _launch(a: torch.Tensor, w: QuantWeight, out: torch.Tensor, align: tuple, n_
     extra = {"num_stages": stages} if a.is_cuda else {}
     _moe_gemm_kernel[grid](a, out, slot_pair, block_expert, total, *planes, n_pairs, n_out, N_W, K, a.stride(0), 1,
                            TOP_K=top_k, GATHER=gather, GATED=gated, n_slots=w.n_slots,
-                           PREC="ieee" if a.dtype == torch.float32 else "tf32",   # fp32 in (CPU tests): no tf32 LOAD=fmt.triton_load,
+                           PREC="ieee" if a.dtype == torch.float32 else "tf32",   # fp32 in (CPU tests): no tf32
+                           LOAD=fmt.triton_load,
                            FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BM=BM, BN=BN, NT=NT, num_warps=warps,
                            **extra)
     return out
