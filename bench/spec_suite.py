@@ -45,19 +45,22 @@ def geomean(xs):
 
 
 def parse_arm(text: str, args) -> tuple[str, SpecConfig]:
-    """'ngram', 'mtp,ngram', ... optionally '/nogate' or '/p0.4' (a fixed gate floor)."""
+    """'ngram', 'mtp,ngram', ... optionally '/nogate', '/p0.4' (a fixed gate floor) or
+    '/always' (MTP drafts every round: no switch)."""
     kind, _, opt = text.partition("/")
     if kind not in SPEC_TYPES:
         raise SystemExit(f"spec_suite: unknown arm {text!r} (spec types: {', '.join(SPEC_TYPES)})")
-    gate, p_min = not args.no_gate, args.spec_p_min
+    gate, p_min, switch = not args.no_gate, args.spec_p_min, True
     if opt == "nogate":
         gate = False
+    elif opt == "always":
+        switch = False
     elif opt.startswith("p"):
         p_min = float(opt[1:])
     elif opt:
-        raise SystemExit(f"spec_suite: unknown arm option {opt!r} (nogate | p<floor>)")
+        raise SystemExit(f"spec_suite: unknown arm option {opt!r} (nogate | always | p<floor>)")
     return text, SpecConfig(kind, draft_max=args.draft_max, ngram_min=args.ngram_min, mtp_depth=args.mtp_depth,
-                            mtp_min_p=args.mtp_min_p, p_min=p_min, gate=gate)
+                            mtp_min_p=args.mtp_min_p, mtp_switch=switch, p_min=p_min, gate=gate)
 
 
 def commit() -> str:
@@ -137,7 +140,8 @@ def main() -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("-c", "--ctx", type=int, default=8192)
     p.add_argument("--arms", nargs="+", default=["none", "ngram", "mtp", "mtp,ngram"],
-                   help="spec types, each optionally /nogate or /p<floor>; 'none' (plain) is the control")
+                   help="spec types, each optionally /nogate, /always (MTP every round) or /p<floor>; "
+                        "'none' (plain) is the control")
     p.add_argument("--suite", default=None, help="suite file (default: the public suite)")
     p.add_argument("--max-prompts", type=int, default=0, help="first N prompts only")
     p.add_argument("--per-set", type=int, default=0, help="first N prompts of each set only")
@@ -171,7 +175,7 @@ def main() -> int:
     tables = {}
     for arm in arms:                          # round costs: timed (or read from the cache) before any run
         kinds = SPEC_TYPES[specs[arm].spec_type]
-        if kinds and (len(kinds) > 1 or (specs[arm].gate and specs[arm].p_min is None)):
+        if kinds and (len(kinds) > 1 or specs[arm].switched() or (specs[arm].gate and specs[arm].p_min is None)):
             t = specs[arm].cost_table(eng)
             tables[arm] = {"ms": t.ms, "measured": t.measured, "measure_s": t.measure_s, "from_cache": t.from_cache,
                            "gate": specs[arm].make_gate(t).to_dict()}
@@ -192,7 +196,8 @@ def main() -> int:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "load_s": load_s, "graph_capture_s": getattr(eng.model, "capture_s", None),
             "arms": {a: {"spec_type": s.spec_type, "gate": s.gate, "p_min": s.p_min, "draft_max": s.draft_max,
-                         "mtp_depth": s.mtp_depth, "mtp_min_p": s.mtp_min_p, "mode": s.mode} for a, s in specs.items()},
+                         "mtp_depth": s.mtp_depth, "mtp_min_p": s.mtp_min_p, "mtp_switch": s.switched(),
+                         "mode": s.mode} for a, s in specs.items()},
             "round_costs": tables,
             "policy_learned": {a: [m.policy.to_dict() for m in specs[a].memory.models.values()]
                                for a in arms if a != "none"},

@@ -56,6 +56,7 @@ class SpecDefaults:
     fast: bool = False
     mtp_depth: int = 3            # MTP drafts per round (1..5)
     mtp_min_p: float = 0.5        # MTP stops before a draft whose probability is under this
+    mtp_switch: bool = True       # MTP drafts only while its tokens pay for the head's measured ms (spec/policy.py)
     p_min: float | None = None    # fixed confidence floor for verified drafts; None: priced by the cost table
     gate: bool = True             # confidence-gated verify width (spec/gate.py)
     gate_free: float = 0.10       # gate off when the widest round costs at most this much more than W = 1

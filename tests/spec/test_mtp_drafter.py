@@ -13,6 +13,8 @@ from alphallama.engine import Engine, Generation
 from alphallama.gguf.arch import find_mtp_head
 from alphallama.gguf.writer import PRESETS, write_mtp_sidecar, write_synthetic
 from alphallama.model.mtp import MTPHead
+from alphallama.spec import mtp as spec_mtp
+from alphallama.spec.drafter import Draft
 from alphallama.spec.mtp import MTPDrafter, make_mtp_drafter
 
 
@@ -42,16 +44,19 @@ class MTPSpec:
     recorded: (committed tokens when it drafted, the chain's tokens and probabilities)."""
     fast = False
 
-    def __init__(self, depth=3, min_p=0.0):
-        self.depth, self.min_p, self.rounds = depth, min_p, []
+    def __init__(self, depth=3, min_p=0.0, every=1):
+        self.depth, self.min_p, self.every, self.rounds = depth, min_p, every, []   # every: draft every k-th round
 
     def make_drafter(self, engine):
         d = make_mtp_drafter(engine, self.depth, self.min_p)
-        propose, committed = d.propose, []
+        propose, committed, n = d.propose, [], [0]
         d.begin = (lambda b: lambda ids: (committed.extend(ids), b(ids)))(d.begin)
         d.accept = lambda toks: committed.extend(toks)
 
         def recorded(max_n):
+            n[0] += 1
+            if n[0] % self.every:                # MTP switched off this round: the head is not run
+                return Draft()
             draft = propose(max_n)
             self.rounds.append((list(committed), d.last_tokens, d.last_probs))
             return draft
@@ -145,6 +150,25 @@ def test_prefix_reuse_keeps_the_mtp_cache_consistent(models):
     list(engine.generate(PROMPT[:3] + [400, 401, 402], 8, spec=d))
     check(d)
     assert engine.mtp.seq[:6] == PROMPT[:3] + [400, 401, 402]
+
+
+def test_rounds_without_a_draft_stage_their_rows_for_the_next_one(models, monkeypatch):
+    """Rounds where MTP is not run (the policy switched it off) extend nothing: their rows
+    wait and the next draft makes them with its chain; STAGE_MAX rows make theirs without
+    a draft. Every chain still equals the one computed from scratch."""
+    monkeypatch.setattr(spec_mtp, "STAGE_MAX", 3)
+    engine = Engine.load(str(models / "side.gguf"), ctx_size=256, device="cpu")
+    f, hc = find_mtp_head(engine.gguf, engine.cfg)
+    ref = MTPHead.load(f, hc, engine.model, engine.ctx_size)
+    plain = list(engine.generate(PROMPT, 24))
+    engine.reset()
+    for every in (2, 5):
+        spec = MTPSpec(depth=3, min_p=0.0, every=every)
+        assert list(engine.generate(PROMPT, 24, spec=spec)) == plain
+        assert len(spec.rounds) >= 3
+        for committed, toks, _ in spec.rounds:
+            assert toks == fresh_chain(engine, ref, committed, 3)[0]
+    assert engine.mtp.length + sum(len(t) for _, t, _ in engine.mtp.staged) == len(engine.cached) + 1
 
 
 def test_draft_vocabulary_subset_in_the_engine(models):

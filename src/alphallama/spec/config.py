@@ -2,7 +2,8 @@
 
 Spec types: `none`, `ngram` (the copy drafter), `mtp` (the model's MTP head),
 `mtp,ngram` (both, under the policy of spec/policy.py). Drafts of every type pass the
-confidence gate (spec/gate.py) unless it is off.
+confidence gate (spec/gate.py) unless it is off; MTP drafts only while its measured
+tokens pay for its measured cost (the policy's switch) unless `--spec-mtp-always`.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class SpecConfig:
     fast: bool = D.fast                        # verify rows batched: may differ from plain decoding in near-ties
     mtp_depth: int = D.mtp_depth
     mtp_min_p: float = D.mtp_min_p
+    mtp_switch: bool = D.mtp_switch            # MTP drafts only while it pays for its own cost (spec/policy.py)
     p_min: float | None = D.p_min              # fixed gate floor instead of pricing
     gate: bool = D.gate
     cost_cache_dir: str = D.cost_cache_dir
@@ -76,6 +78,10 @@ class SpecConfig:
 
     def rules(self) -> PolicyRules:
         return PolicyRules(D.long_match, D.copy_margin, D.policy_min_obs)
+
+    def switched(self) -> bool:
+        """Does this config's MTP drafter run under the switch (so a PolicyDrafter and the cost table)?"""
+        return self.mtp_switch and "mtp" in SPEC_TYPES[self.spec_type]
 
     def cost_table(self, engine) -> CostTable:
         """The round cost table for this engine's model and device: from memory, else
@@ -113,14 +119,15 @@ class SpecConfig:
         made = {k: DRAFTERS[k](self, engine) for k in kinds}
         mtp, copy = made.get("mtp"), made.get("ngram")
         policy = mtp is not None and copy is not None
-        if engine is None or not (policy or self.gate):
+        switched = self.switched()
+        if engine is None or not (policy or switched or self.gate):
             return mtp or copy
-        table = self.cost_table(engine) if policy or self.p_min is None else None
+        table = self.cost_table(engine) if policy or switched or self.p_min is None else None
         gate = self.make_gate(table)
-        if not policy and not gate.on:
+        if not (policy or switched or gate.on):
             return mtp or copy
         _, mem = self.memory.for_engine(engine, not self.fast)
-        return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules())
+        return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules(), switch=self.mtp_switch)
 
 
 def _mtp(cfg: SpecConfig, engine) -> Drafter:
@@ -150,6 +157,9 @@ def add_spec_arguments(p) -> None:
     p.add_argument("--spec-mtp-depth", type=int, default=D.mtp_depth, help="MTP drafts per round (1..5)")
     p.add_argument("--spec-mtp-min-p", type=float, default=D.mtp_min_p,
                    help="MTP stops before a draft whose probability is under this")
+    p.add_argument("--spec-mtp-always", action="store_true",
+                   help="MTP drafts every round, even where its measured tokens per round do not pay for the "
+                        "head's measured cost (default: the policy switches it off there)")
     p.add_argument("--spec-p-min", type=float, default=D.p_min,
                    help="verify drafts while their cumulative confidence is at least this (instead of pricing columns)")
     p.add_argument("--no-gate", action="store_true", help="verify every draft (no confidence gate)")
@@ -160,6 +170,6 @@ def add_spec_arguments(p) -> None:
 def spec_from_args(args) -> SpecConfig:
     cfg = SpecConfig(spec_type=args.spec_type, draft_max=args.spec_draft_max, ngram_min=args.spec_ngram_min,
                      fast=args.fast, mtp_depth=args.spec_mtp_depth, mtp_min_p=args.spec_mtp_min_p,
-                     p_min=args.spec_p_min, gate=not args.no_gate)
+                     mtp_switch=not args.spec_mtp_always, p_min=args.spec_p_min, gate=not args.no_gate)
     cfg.validate()
     return cfg

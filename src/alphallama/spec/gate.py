@@ -10,6 +10,10 @@ the n leading drafts that maximize that rate. Adding draft n raises it exactly w
 
 which is DESIGN §5's rule; taking the best prefix instead of stopping at the first
 column that does not pay lets drafts past a dearer width (a new bucket) pay for it.
+A drafter that spent `overhead` ms on this round's drafts (the MTP head's chain; the
+policy measures it) makes every width cost that much more: the rate is
+E_n / (c(n + 1) + overhead), which the round pays whatever it verifies. Whether the
+drafter should run at all is the policy's question (spec/policy.py, `MTPSwitch`).
 
 The gate is off (every draft is verified) where columns are nearly free: when the
 widest round the drafters may ask for costs at most `gate_free` more than W = 1.
@@ -72,14 +76,15 @@ class Gate:
     def on(self) -> bool:
         return self.table is not None or self.p_min is not None
 
-    def width(self, conf: list[float]) -> int:
-        """conf[k-1] = S_k, non-increasing -> the number of drafts to verify."""
+    def width(self, conf: list[float], overhead: float = 0.0) -> int:
+        """conf[k-1] = S_k, non-increasing -> the number of drafts to verify. overhead:
+        ms the round costs on top of the table's verify (spent drafting)."""
         if self.p_min is not None:
             return next((k for k, s in enumerate(conf) if s < self.p_min), len(conf))
         if self.table is None:
             return len(conf)
         e = expected_tokens(conf)
-        rates = [e[n] / self.table.cost(n + 1) for n in range(len(e))]
+        rates = [e[n] / (self.table.cost(n + 1) + overhead) for n in range(len(e))]
         return max(range(len(rates)), key=lambda n: (rates[n], -n))     # ties: the narrower round
 
     def to_dict(self) -> dict:

@@ -7,7 +7,9 @@ Two pieces:
   re-use keeps both caches consistent. The engine hands it the main model's hidden
   states: prefill rows as they are computed, and after each verify round the rows of
   the committed tokens, which wait ("staged") until the next draft makes their entries
-  in the same pass as the chain.
+  in the same pass as the chain. Rounds that do not draft (the policy switched MTP off,
+  spec/policy.py) add to the staged rows instead of extending the cache each round; a
+  later draft, or `STAGE_MAX` rows, makes them in one batch.
 - `MTPDrafter`, one per request (the Drafter protocol of spec/drafter.py): picks the
   draft vocabulary from the prompt's scripts and, each round, runs the chain and stops
   before the first draft whose probability is under min-p.
@@ -24,6 +26,8 @@ from ..config import DEFAULTS
 from .drafter import Draft, common_prefix
 from .draft_vocab import DraftVocab, prompt_scripts
 
+STAGE_MAX = 64      # staged rows that make their entries at once, drafted or not (bounds what is held)
+
 
 class MTPState:
     def __init__(self, head, ctx_size: int, tokenizer, draft_vocab: int = DEFAULTS.mtp.draft_vocab):
@@ -32,7 +36,7 @@ class MTPState:
         self.cache = head.new_cache(ctx_size)
         self.tokenizer = tokenizer
         self.seq: list[int] = []        # x_0..x_{L-1} of the L permanent entries in the cache
-        self.staged: tuple[torch.Tensor, list[int], int] | None = None   # (g [m, D], tokens, first position)
+        self.staged: list[tuple[torch.Tensor, list[int], int]] = []     # (g [m, D], tokens, first position)
         self.wanted = False             # the current request drafts with MTP (make_mtp_drafter sets it)
         self.draft_vocab = draft_vocab
         self._vocab: DraftVocab | None = None
@@ -50,7 +54,7 @@ class MTPState:
     def reset(self) -> None:
         self.cache.truncate(0)
         self.seq = []
-        self.staged = None
+        self.staged = []
 
     # -- prefill ---------------------------------------------------------------------
     def keep_rows(self, ids: list[int], common: int) -> int:
@@ -83,26 +87,37 @@ class MTPState:
     def stage(self, hidden: torch.Tensor, pos: int, tokens: list[int]) -> None:
         """Main-model rows pos-1..pos+m-2 (hidden [m, D]) are committed and followed by
         `tokens` [m]: their entries pos..pos+m-1 are made by the next draft (or flush)."""
-        self.flush()
-        if self.length != pos:
-            raise RuntimeError(f"MTP cache holds {self.length} entries, staged rows start at {pos}")
-        self.staged = (hidden[:len(tokens)].clone(), list(tokens), pos)   # the verify output is reused
+        end = self.staged[-1][2] + len(self.staged[-1][1]) if self.staged else self.length
+        if pos != end:
+            raise RuntimeError(f"MTP cache holds {self.length} entries and rows staged up to {end}, "
+                               f"staged rows start at {pos}")
+        self.staged.append((hidden[:len(tokens)].clone(), list(tokens), pos))   # the verify output is reused
+        if sum(len(t) for _, t, _ in self.staged) >= STAGE_MAX:
+            self.flush()
+
+    def _take(self) -> tuple[torch.Tensor, list[int], int] | None:
+        """Every staged row, as one block (and nothing staged any more)."""
+        if not self.staged:
+            return None
+        parts, self.staged = self.staged, []
+        g = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
+        return g, [t for p in parts for t in p[1]], parts[0][2]
 
     def flush(self) -> None:
-        """Make the staged entries without drafting (a round that did not ask for a draft)."""
-        if self.staged is not None:
-            g, toks, pos = self.staged
-            self.staged = None
+        """Make the staged entries without drafting."""
+        taken = self._take()
+        if taken is not None:
+            g, toks, pos = taken
             self.head.extend(g, torch.tensor(toks), pos, self.cache)
             self.seq.extend(toks)
 
     def draft(self, depth: int) -> tuple[list[int], list[float]]:
         """Make the staged entries and run a chain of `depth` drafts from the last one:
         (tokens, their probabilities). Nothing staged: no drafts."""
-        if self.staged is None:
+        taken = self._take()
+        if taken is None:
             return [], []
-        g, toks, pos = self.staged
-        self.staged = None
+        g, toks, pos = taken
         out = self.head.draft(g, torch.tensor(toks), pos, depth, self.cache)
         self.seq.extend(toks)
         return out

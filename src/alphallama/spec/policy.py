@@ -1,7 +1,8 @@
 """The drafter policy (DESIGN §5): which drafter's drafts a round verifies, and how many.
 
 Each round both drafters propose (the copy's lookup is a few host operations; MTP's
-drafts are wanted anyway for the agreement check). The round prefers MTP and switches
+drafts are wanted anyway for the agreement check), unless MTP is switched off (below:
+then the round is the copy's alone). The round prefers MTP and switches
 to the copy only when a suffix match exists and MTP's first draft agrees with the copy's
 first token. Only a draft MTP would verify (at or above min-p) can veto: a first token
 under min-p is no opinion. (Measured on the H200, Qwen2.5-Coder-0.5B + its distilled head,
@@ -25,10 +26,31 @@ sampling the same scoring is an estimate. What is learned lives in a `PolicyMemo
 that outlives the request (spec/config.py keeps one per model and device).
 
 Both drafters see every committed token, whichever one drafted.
+
+Whether MTP runs at all (`MTPSwitch`): the head's chain is not free (on the H200 with
+Qwen2.5-Coder-0.5B it adds ~0.45 ms to a 0.67 ms round, about what a plain round costs)
+and the round pays it whatever is verified afterwards. The policy times each MTP
+proposal (`DrafterCost`, the median of recent ones) and prices every MTP round with it:
+each round MTP ran gives a paired sample, scored by the ledger: the T tokens it
+committed took the verify ms for its width plus the head's ms; without MTP the same
+T tokens would have cost T times what the round without MTP (the copy's gated draft, or
+a W = 1 round) would have paid per token it commits. (Per token, not per round: the
+round without MTP may commit more than T, and the next MTP round would count those
+again.) When the recent MTP rounds took longer for their tokens than the rounds
+without MTP would have, MTP is switched off: the round is exactly what the copy alone
+(or plain decoding) does, and the head only makes its cache entries, batched
+(spec/mtp.py). It is switched on again for a probe after `probe_wait` rounds, a wait that
+doubles after every on-phase that did not pay overall (up to `probe_wait_max`) and
+starts again from `probe_wait` after one that did. So `mtp,ngram` is the copy alone
+wherever MTP does not pay for itself next to it, and `mtp` is plain decoding wherever
+it does not pay against W = 1 rounds. The switch lives in the `PolicyMemory`, so a new
+request starts where the last one left off; `--spec-mtp-always` turns it off.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .drafter import NO_DRAFT, Draft, Drafter, common_prefix
 from .gate import CopyConfidence, CostTable, Gate, cumulative
@@ -39,6 +61,10 @@ class PolicyRules:
     long_match: int = 6
     copy_margin: float = 0.03
     min_obs: int = 4
+    switch_min_obs: int = 4        # paired samples an on-phase needs before MTP may be switched off
+    switch_horizon: int = 32       # the on-phase's window: a sample's weight decays by 1 - 1/horizon a sample
+    probe_wait: int = 16           # rounds off before MTP is tried again (doubled per on-phase that lost)
+    probe_wait_max: int = 256
 
 
 @dataclass
@@ -59,11 +85,109 @@ class Rate:
 
 
 @dataclass
+class DrafterCost:
+    """ms a drafter's proposals take (the MTP head: its entries, the chain and the host
+    sync that returns it): the median of the last `keep`, so a graph's first replay or
+    a batched extend after rounds without drafts does not move it much."""
+    keep: int = 31
+    samples: list[float] = field(default_factory=list)
+    n: int = 0
+
+    def add(self, ms: float) -> None:
+        self.samples.append(ms)
+        if len(self.samples) > self.keep:
+            del self.samples[0]
+        self.n += 1
+
+    @property
+    def ms(self) -> float:
+        if not self.samples:
+            return 0.0
+        return sorted(self.samples)[len(self.samples) // 2]
+
+
+@dataclass
+class Paired:
+    """The tokens MTP's rounds committed, the ms those rounds took (the head's cost
+    included), and the ms the same tokens would have taken without MTP. Sums;
+    `add(..., decay)` scales the earlier ones first."""
+    tokens: float = 0.0
+    on_ms: float = 0.0
+    off_ms: float = 0.0
+    n: int = 0
+
+    def add(self, tokens: float, on_ms: float, off_ms: float, decay: float = 1.0) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.on_ms = decay * self.on_ms + on_ms
+        self.off_ms = decay * self.off_ms + off_ms
+        self.n += 1
+
+    @property
+    def on_rate(self) -> float:
+        return self.tokens / self.on_ms if self.on_ms > 0 else 0.0
+
+    @property
+    def off_rate(self) -> float:
+        return self.tokens / self.off_ms if self.off_ms > 0 else 0.0
+
+    @property
+    def pays(self) -> bool:
+        """MTP's rounds took less time for their tokens than the rounds without it would have."""
+        return self.on_ms < self.off_ms
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "on_tokens_per_ms": self.on_rate, "off_tokens_per_ms": self.off_rate}
+
+
+@dataclass
+class MTPSwitch:
+    """Whether the MTP head drafts this round (see the module docstring)."""
+    on: bool = True
+    phase_id: int = 0                                     # on-phases so far; samples carry theirs
+    window: Paired = field(default_factory=Paired)        # this on-phase, recent samples weighted more
+    phase: Paired = field(default_factory=Paired)         # this on-phase, every sample alike
+    fails: int = 0                                        # on-phases in a row that did not pay
+    wait: int = 0                                         # rounds left before the next probe (off)
+    switched_off: int = 0
+
+    def allow(self, rules: PolicyRules) -> bool:
+        """Called once per round that could draft: run MTP this round?"""
+        if self.on:
+            if self.window.n >= rules.switch_min_obs and not self.window.pays:
+                self.on = False
+                self.switched_off += 1
+                self.fails = 0 if self.phase.pays else self.fails + 1
+                self.wait = min(rules.probe_wait << self.fails, rules.probe_wait_max)
+            return self.on
+        self.wait -= 1
+        if self.wait > 0:
+            return False
+        self.on = True                                    # a probe: a fresh on-phase
+        self.phase_id += 1
+        self.window, self.phase = Paired(), Paired()
+        return True
+
+    def record(self, phase_id: int, tokens: int, on_ms: float, off_ms: float, rules: PolicyRules) -> None:
+        """A round MTP ran committed `tokens` in `on_ms`; without MTP they would have taken `off_ms`."""
+        if phase_id != self.phase_id or not self.on:      # resolved after its on-phase ended
+            return
+        self.window.add(tokens, on_ms, off_ms, 1.0 - 1.0 / rules.switch_horizon)
+        self.phase.add(tokens, on_ms, off_ms)
+
+    def to_dict(self) -> dict:
+        return {"on": self.on, "on_phases": self.phase_id + 1, "switched_off": self.switched_off,
+                "fails": self.fails, "wait": self.wait, "window": self.window.to_dict(),
+                "phase": self.phase.to_dict()}
+
+
+@dataclass
 class PolicyMemory:
     """What the policy has learned for one model on one device."""
     copy_conf: CopyConfidence = field(default_factory=CopyConfidence)
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)   # (drafter, match length) ->
     decisions: dict[str, int] = field(default_factory=dict)            # why rounds went the way they did
+    mtp_cost: DrafterCost = field(default_factory=DrafterCost)         # ms an MTP proposal takes
+    switch: MTPSwitch = field(default_factory=MTPSwitch)
 
     def rate(self, drafter: str, match_len: int) -> Rate:
         return self.rates.setdefault((drafter, match_len), Rate())
@@ -75,24 +199,36 @@ class PolicyMemory:
         return {"decisions": dict(sorted(self.decisions.items())),
                 "tokens_per_ms": {f"{d}@{m}": {"n": r.n, "tokens_per_ms": r.per_ms}
                                   for (d, m), r in sorted(self.rates.items())},
-                "copy_acceptance": {b: dc.to_dict() for b, dc in self.copy_conf.counts.items()}}
+                "copy_acceptance": {b: dc.to_dict() for b, dc in self.copy_conf.counts.items()},
+                "mtp_ms": {"median": self.mtp_cost.ms, "n": self.mtp_cost.n},
+                "mtp_switch": self.switch.to_dict()}
 
 
 @dataclass
 class Pending:
     start: int                 # where in the sequence the draft's first token would land
     tokens: list[int]
-    what: str                  # "depth": copy acceptance sample | "rate": tokens/ms sample
+    what: str                  # "depth": copy acceptance sample | "rate": tokens/ms sample | "switch": MTP on/off
     drafter: str = ""
     match_len: int = 0
     ms: float = 0.0
+    alt: list[int] = field(default_factory=list)   # "switch": the draft the round would have verified without MTP
+    alt_ms: float = 0.0
+    phase: int = 0
+
+
+def score(tokens: list[int], seq: list[int], start: int) -> tuple[int, bool]:
+    """(drafts the sequence confirms, whether the sequence decides that count yet)."""
+    known = seq[start:start + len(tokens)]
+    n = common_prefix(tokens, known)
+    return n, n == len(tokens) or n < len(known)
 
 
 class Ledger:
     """Proposals waiting for the committed tokens that score them."""
 
-    def __init__(self, memory: PolicyMemory):
-        self.memory = memory
+    def __init__(self, memory: PolicyMemory, rules: PolicyRules = PolicyRules()):
+        self.memory, self.rules = memory, rules
         self.items: list[Pending] = []
 
     def add(self, p: Pending) -> None:
@@ -103,37 +239,48 @@ class Ledger:
         ended, so score what is known (accepted depths only) and drop the rest."""
         keep = []
         for p in self.items:
-            known = seq[p.start:p.start + len(p.tokens)]
-            n = common_prefix(p.tokens, known)
-            decided = n == len(p.tokens) or n < len(known)
+            n, decided = score(p.tokens, seq, p.start)
+            if p.what == "switch":
+                n_alt, alt_decided = score(p.alt, seq, p.start)
+                decided = decided and alt_decided
             if not decided and not final:
                 keep.append(p)
             elif p.what == "depth":
                 self.memory.copy_conf.record(p.match_len, len(p.tokens) if decided else n, n)
-            elif decided:
+            elif not decided:
+                continue
+            elif p.what == "rate":
                 self.memory.rate(p.drafter, p.match_len).add(n + 1, p.ms)
+            elif p.what == "switch":
+                # the same tokens without MTP: at what the round without it would have paid per token
+                self.memory.switch.record(p.phase, n + 1, p.ms, (n + 1) * p.alt_ms / (n_alt + 1), self.rules)
         self.items = keep
 
 
-def gated(d: Draft, conf: list[float], gate: Gate) -> Draft:
-    n = gate.width(conf) if len(d) else 0
+def gated(d: Draft, conf: list[float], gate: Gate, overhead: float = 0.0) -> Draft:
+    n = gate.width(conf, overhead) if len(d) else 0
     if n == len(d):
         return d
     return Draft(d.tokens[:n], d.source if n else "none", d.match_len, d.probs[:n])
 
 
 class PolicyDrafter:
-    """Drafter protocol over an MTP drafter, the copy drafter, or both (the policy)."""
+    """Drafter protocol over an MTP drafter, the copy drafter, or both (the policy).
+    switch: run MTP only while it pays (MTPSwitch); clock: what MTP's proposals are timed by."""
 
     def __init__(self, mtp: Drafter | None, copy: Drafter | None, gate: Gate, memory: PolicyMemory,
-                 table: CostTable | None = None, rules: PolicyRules = PolicyRules()):
+                 table: CostTable | None = None, rules: PolicyRules = PolicyRules(), *, switch: bool = True,
+                 clock: Callable[[], float] = time.perf_counter):
         if mtp is None and copy is None:
             raise ValueError("the policy needs at least one drafter")
-        if mtp is not None and copy is not None and table is None:
-            raise ValueError("choosing between drafters needs the round cost table")
+        if mtp is not None and (copy is not None or switch) and table is None:
+            raise ValueError("pricing MTP drafts (against the copy's, or against their own cost) needs the "
+                             "round cost table")
         self.mtp, self.copy, self.gate, self.memory, self.table, self.rules = mtp, copy, gate, memory, table, rules
+        self.switch = memory.switch if mtp is not None and switch else None
+        self.clock = clock
         self.name = ",".join(d.name for d in (mtp, copy) if d is not None)
-        self.ledger = Ledger(memory)
+        self.ledger = Ledger(memory, rules)
         self.seq: list[int] = []
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -150,8 +297,8 @@ class PolicyDrafter:
         self.seq.extend(tokens)
         self.ledger.resolve(self.seq)
 
-    def _gate_copy(self, c: Draft) -> Draft:
-        return gated(c, self.memory.copy_conf.conf(c.match_len, len(c)), self.gate)
+    def _gate_copy(self, c: Draft, overhead: float = 0.0) -> Draft:
+        return gated(c, self.memory.copy_conf.conf(c.match_len, len(c)), self.gate, overhead)
 
     @staticmethod
     def _mtp_first(m: Draft) -> int | None:
@@ -161,21 +308,34 @@ class PolicyDrafter:
     def _cost(self, d: Draft) -> float:
         return self.table.cost(1 + len(d))
 
+    def _propose_mtp(self, max_n: int) -> tuple[Draft, float]:
+        """MTP's draft and what drafting costs a round (ms, the median of recent proposals)."""
+        t0 = self.clock()
+        m = self.mtp.propose(max_n)
+        self.memory.mtp_cost.add(1000 * (self.clock() - t0))
+        return m, self.memory.mtp_cost.ms
+
     def propose(self, max_n: int) -> Draft:
         c = self.copy.propose(max_n) if self.copy is not None else NO_DRAFT
-        m = self.mtp.propose(max_n) if self.mtp is not None else NO_DRAFT
         start = len(self.seq)
         if len(c):
             self.ledger.add(Pending(start, list(c.tokens), "depth", match_len=c.match_len))
-        gc = self._gate_copy(c)
-        gm = gated(m, cumulative(m.probs), self.gate)
-        if self.copy is None:
-            return gm
+        alone = self._gate_copy(c)                     # what the round verifies without MTP
         if self.mtp is None:
-            return gc
-        return self._choose(m, gm, c, gc, start)
+            return alone
+        if self.switch is not None and not self.switch.allow(self.rules):
+            self.memory.count("mtp off")
+            return alone
+        m, h = self._propose_mtp(max_n)
+        gm = gated(m, cumulative(m.probs), self.gate, h)
+        d = gm if self.copy is None else self._choose(m, gm, c, self._gate_copy(c, h), start, h)
+        if self.switch is not None:                    # this round against the same round without MTP
+            self.ledger.add(Pending(start, list(d.tokens), "switch", ms=self._cost(d) + h, alt=list(alone.tokens),
+                                    alt_ms=self._cost(alone), phase=self.switch.phase_id))
+        return d
 
-    def _choose(self, m: Draft, gm: Draft, c: Draft, gc: Draft, start: int) -> Draft:
+    def _choose(self, m: Draft, gm: Draft, c: Draft, gc: Draft, start: int, h: float) -> Draft:
+        """MTP ran (h ms): its draft or the copy's (both gated with h in the round's cost)."""
         if not len(c):
             self.memory.count("no match")
             return gm
@@ -188,7 +348,7 @@ class PolicyDrafter:
             self.memory.count("long match")
             return gc if len(gc) else gm
         for d, g in (("mtp", gm), ("ngram", gc)):      # a sample for each side at this length
-            self.ledger.add(Pending(start, list(g.tokens), "rate", d, L, self._cost(g)))
+            self.ledger.add(Pending(start, list(g.tokens), "rate", d, L, self._cost(g) + h))
         rc, rm = self.memory.rate("ngram", L), self.memory.rate("mtp", L)
         if min(rc.n, rm.n) < self.rules.min_obs:
             self.memory.count("short match, learning")
