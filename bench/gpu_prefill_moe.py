@@ -56,6 +56,8 @@ def main() -> int:
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--arms", nargs="*", default=None, help="only these arms of CASES")
+    ap.add_argument("--no-tiles", action="store_true")
     args = ap.parse_args()
     from alphallama.gguf.reader import GGUFFile
     from alphallama.runtime import gpu_prefill as gp
@@ -74,7 +76,7 @@ def main() -> int:
     ids = torch.randint(model.cfg.vocab_size, (4096,), generator=torch.Generator().manual_seed(11))
     res["cases"] = []
     hidden = {}
-    for path_name, chunk, n in CASES:
+    for path_name, chunk, n in [c for c in CASES if args.arms is None or c[0] in args.arms]:
         model.prefill_path, model.prefill_chunk = ("gemv" if path_name == "gemv" else "dequant"), chunk
         gp.MOE_FUSED = path_name.startswith("fused")
         model.scratch.graphs = path_name == "fused_graphs"
@@ -119,7 +121,7 @@ def main() -> int:
     h = torch.randn(512, model.cfg.d_model, device="cuda").to(model.scratch.dtype)
     wts, exps = moe_route(qmatmul(h, L.moe.router, rows_per_thread=4), L.moe.top_k, L.moe.norm)
     res["tiles_512"] = {}
-    for tile in TILES:
+    for tile in ([] if args.no_tiles else TILES):
         try:
             ms = time_cuda(lambda tile=tile: moe_prefill(h, wts, exps, L.moe.gate_up, L.moe.down, tile), 10, warm=2)
         except Exception as e:  # noqa: BLE001

@@ -126,7 +126,7 @@ def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
     graph_cache = gpu.new_cache(CTX)
     gpu.scratch.overlap = True              # each stretch planned and joined on its own (two buffers)
     try:
-        chunk = gp.ChunkGraphs(gpu, graph_cache, T, True, 0)
+        chunk = gp.ChunkGraphs(gpu, graph_cache, T, True, 0, 4)
         for s, (le, he) in zip((0, T), eager):
             lg, hg = chunk.run(emb(toks[s:s + T]), s)
             assert torch.equal(lg, le) and torch.equal(hg, he)

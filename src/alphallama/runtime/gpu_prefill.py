@@ -314,7 +314,7 @@ class ChunkGraphs:
     attention's q (the last one's: the logits or None). With the scratch's overlap, each
     graph holds its own stretch's dequantize-ahead on the side stream."""
 
-    def __init__(self, m, cache, T: int, logits: bool, pos: int):
+    def __init__(self, m, cache, T: int, logits: bool, pos: int, rows_per_thread: int):
         c = m.cfg
         self.m, self.cache, self.logits = m, cache, logits
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
@@ -326,7 +326,7 @@ class ChunkGraphs:
             # one plan per graph (with overlap, the side stream forks from the capture at
             # the plan and joins it at the end: a graph holds all of its stretch's work)
             s.plan(_stretch_units(m, i, logits, s))
-            out = _segment(m, i, self.x, self.a if i else None, self.pos, cache, logits, plan=False)
+            out = _segment(m, i, self.x, self.a if i else None, self.pos, cache, logits, rows_per_thread, plan=False)
             s.join()
             return out
         _warm_up(lambda: [seg(i) for i in range(n + 1)], m.device)   # compiles every kernel first
@@ -356,7 +356,7 @@ def _capturable(L) -> bool:
     return L.moe is None or (MOE_FUSED and L.moe.store is None)
 
 
-def _graphs_for(m, cache, T: int, logits: bool, pos: int) -> ChunkGraphs | None:
+def _graphs_for(m, cache, T: int, logits: bool, pos: int, rows_per_thread: int) -> ChunkGraphs | None:
     """The captured chunk for these shapes and this cache (captured on first use; one
     kept), or None where graphs do not apply."""
     s = m.scratch
@@ -367,7 +367,7 @@ def _graphs_for(m, cache, T: int, logits: bool, pos: int) -> ChunkGraphs | None:
     if key not in s.captured:
         s.captured.clear()
         try:
-            s.captured[key] = ChunkGraphs(m, cache, T, logits, pos)
+            s.captured[key] = ChunkGraphs(m, cache, T, logits, pos, rows_per_thread)   # (MoE: the router's)
         except Exception as e:  # noqa: BLE001 - a capture the runtime refuses: the eager path is always there
             s.graphs = False    # (the warm-up wrote only K/V rows this chunk is about to write again)
             warnings.warn(f"prefill CUDA graphs off: capture failed ({e!r})", RuntimeWarning, stacklevel=2)
@@ -383,7 +383,7 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
     T = tokens.shape[0]
     s = m.scratch
     x = dequantize(m.embd[tokens], m.embd_qtype, (T, c.d_model))            # [T, D] fp32 residual
-    graphs = _graphs_for(m, cache, T, logits, pos)
+    graphs = _graphs_for(m, cache, T, logits, pos, rows_per_thread)
     if graphs is not None:
         return graphs.run(x, pos)
     pos_t = torch.full((1,), pos, dtype=torch.int32, device=m.device)      # a fill, not a synchronous copy
