@@ -32,17 +32,14 @@ class EngineDefaults:
                                   # acq_rel atomic; the same bits (CPU-tested, compiled for sm_90), not yet run on a GPU
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
-    prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS) | "gemv" (decode graphs)
-    prefill_path_moe: str = "gemv"  # the same for MoE models with every expert resident. Their "dequant" chunks
-                                    # ran the experts in an eager per-expert loop (~50k launches a 512-token chunk
-                                    # of the 30B-A3B shape: host-bound, 1054 ms at 3e7ff23, where 8 W=64 graph
-                                    # rounds took ~450 ms); now batched (gpu_prefill.moe_batched, ~47 launches a
-                                    # layer), not yet timed: flip to "dequant" when it is. With an expert store
-                                    # "dequant" stays (the rounds would read host-tier experts once per row).
+    prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE
+                                   # experts as grouped GEMMs, kernels/moe_gemm.py) | "gemv" (decode graphs).
+                                   # H200 30B-A3B shape, 512 rows: 36 ms against 278 ms through the graphs
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);
                                      # off: the H200 prefill is host-bound and the events cost more than they hide
-    prefill_graphs: bool = True      # dense models: full prefill chunks replayed as CUDA graphs between attentions
+    prefill_graphs: bool = True      # full prefill chunks replayed as CUDA graphs between attentions (dense and
+                                     # resident-expert MoE models)
                                      # (H200, 8B shape: 26.3k tok/s at 512 against 15.1k eager, same bits)
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given

@@ -136,18 +136,16 @@ def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
     assert torch.equal(graph_cache.v[:, :, :2 * T], eager_cache.v[:, :, :2 * T])
 
 
-def test_resident_moe_prefills_through_the_decode_graphs(tmp_path):
-    """config prefill_path_moe: a MoE model with every expert resident takes its long
-    prompts through the 64-row rounds (its dequant chunks are host-bound), a dense one
-    the tensor-core path, and an explicit choice wins."""
+def test_every_model_prefills_through_the_tensor_cores(tmp_path):
+    """config prefill_path: MoE and dense models take long prompts through the tensor-core
+    path by default (resident experts as grouped GEMMs), and an explicit choice wins."""
     paths = {}
     for preset in ("tiny-qwen3moe", "tiny-qwen3"):
         paths[preset] = tmp_path / f"{preset}.gguf"
         write_synthetic(PRESETS[preset](n_layers=1, quant="Q8_0", seed=3), paths[preset])
-    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV).prefill_path == "gemv"
+    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV).prefill_path == "dequant"
     assert GPUModel(GGUFFile(paths["tiny-qwen3"]), CTX, device=DEV).prefill_path == "dequant"
-    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV, prefill_path="dequant").prefill_path == "dequant"
-
+    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV, prefill_path="gemv").prefill_path == "gemv"
 
 
 @pytest.fixture(scope="module", params=["Q8_0", "Q4_K"])
@@ -158,7 +156,7 @@ def moe_layer(request, tmp_path_factory):
 
 
 def _routing(case: str, T: int, g: torch.Generator) -> torch.Tensor:
-    """Expert ids [T, 2] of 8 experts (batches of 3: 0-2, 3-5, 6-7)."""
+    """Expert ids [T, 2] of 8 experts: all used; holes (1, 4, 5 unused); 3-5 unused; expert 5 in every row."""
     def pick(pool):   # two distinct experts of `pool` per row
         pool = torch.tensor(pool)
         return torch.stack([pool[torch.randperm(len(pool), generator=g)[:2]] for _ in range(T)])
@@ -175,61 +173,23 @@ def _routing(case: str, T: int, g: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", ["all", "holes", "empty_batch", "one_takes_all"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_moe_batched_matches_loop(moe_layer, case, dtype, monkeypatch):
-    """moe_batched (batches of 3 of the 8 experts: uneven) against moe_loop on the same
-    routing, in the scratch dtype of the CPU (fp32) and of the GPU (bf16); each batch
-    with a hit takes two dequantize launches whatever its number of experts."""
+def test_moe_prefill_matches_loop(moe_layer, case, dtype):
+    """moe_gemm.moe_prefill (padded per-expert blocks) against moe_loop on the same
+    routing: unused experts, a run of unused ones, one expert taking every row (more
+    than one block), in the scratch dtype of the CPU (fp32) and of the GPU (bf16)."""
+    from alphallama.kernels.moe_gemm import moe_prefill
     from alphallama.kernels.qgemm import Scratch
     from alphallama.runtime import gpu_prefill as gp
     g = torch.Generator().manual_seed(11)
     T, D = 20, moe_layer.down.N
-    experts = _routing(case, T, g)
-    w = torch.rand(T, 2, generator=g)
-    h = torch.randn(T, D, generator=g).to(dtype)
-    scratch = Scratch(1 << 21, dtype, DEV)
-    launches = []
-    real = gp.dequantize_into
-    monkeypatch.setattr(gp, "dequantize_into", lambda *a: launches.append(a[2:4]) or real(*a))
-    out = gp.moe_batched(moe_layer, h, w, experts, scratch, 3)                       # [T, D]
-    used = sorted(set(experts.flatten().tolist()))
-    batches = sorted({e // 3 for e in used})
-    assert len(launches) == 2 * len(batches)
-    lo_hi = [(min(e for e in used if e // 3 == b), max(e for e in used if e // 3 == b) + 1) for b in batches]
-    assert launches[::2] == [(lo * 512, hi * 512) for lo, hi in lo_hi]             # gate|up rows, trimmed to the hits
-    ref = gp.moe_loop(moe_layer, h, w, experts, scratch)                              # [T, D]
+    experts = _routing(case, T, g).to(DEV)
+    w = torch.rand(T, 2, generator=g).to(DEV)
+    h = torch.randn(T, D, generator=g).to(dtype).to(DEV)
+    out = moe_prefill(h, w, experts, moe_layer.gate_up, moe_layer.down, (32, 4, 2))   # [T, D]
+    ref = gp.moe_loop(moe_layer, h, w, experts, Scratch(1 << 21, dtype, DEV))           # [T, D]
     assert out.dtype == torch.float32 and out.shape == (T, D)
     tol = (1e-5 if dtype == torch.float32 else 2e-2) * ref.abs().max().item()
     torch.testing.assert_close(out, ref, atol=tol, rtol=0)
-
-
-def test_expert_batch_sizes():
-    from alphallama.runtime.gpu_prefill import expert_batch
-    mib = 1 << 20
-    # Qwen3-30B-A3B, 512 MiB of bf16: at most 42 experts a half, so 4 even batches of 32
-    assert expert_batch((128, 1536, 2048), (128, 2048, 768), 512 * mib // 2) == 32
-    assert expert_batch((8, 512, 256), (8, 256, 256), 2 * 3 * 512 * 256) == 3     # 3 + 3 + 2
-    assert expert_batch((8, 512, 256), (8, 256, 256), 2 * 512 * 256 - 1) == 0     # not one expert: the loop
-    assert expert_batch((8, 512, 256), (8, 256, 256), 1 << 30) == 8
-
-
-def test_moe_prefill_takes_the_batched_path(tmp_path_factory, monkeypatch):
-    """GPUModel(prefill_path="dequant") of a resident-expert MoE model runs its chunks
-    through moe_batched (test_prefill_path_matches_reference holds it to the reference);
-    the per-expert loop (MOE_BATCHED off) gives close rows."""
-    from alphallama.runtime import gpu_prefill as gp
-    _, _, gpu = _load(tmp_path_factory, "tiny-qwen3moe", "Q8_0")
-    monkeypatch.setattr(gp, "MOE_FUSED", False)
-    calls = []
-    real = gp.moe_batched
-    monkeypatch.setattr(gp, "moe_batched", lambda *a: calls.append(a[-1]) or real(*a))
-    toks = torch.randint(0, gpu.cfg.vocab_size, (N1,), generator=torch.Generator().manual_seed(5))
-    _, hb = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
-    hb = hb.clone()
-    assert calls == [8, 8]                 # chunks of 48 + 22, one MoE layer: all 8 experts in one batch
-    monkeypatch.setattr(gp, "MOE_BATCHED", False)
-    _, hl = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
-    assert len(calls) == 2
-    torch.testing.assert_close(hb, hl, atol=1e-4 * hl.abs().max().item(), rtol=0)
 
 
 def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
@@ -247,7 +207,6 @@ def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
     hf = hf.clone()
     assert calls == [48, 22]               # chunks of 48 + 22, one MoE layer
     monkeypatch.setattr(gp, "MOE_FUSED", False)
-    monkeypatch.setattr(gp, "MOE_BATCHED", False)
     _, hl = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
     assert len(calls) == 2
     torch.testing.assert_close(hf, hl, atol=1e-4 * hl.abs().max().item(), rtol=0)

@@ -136,6 +136,8 @@ def moe_prefill(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, g
     P = T * k
     BM = block_rows(P, E)
     align = moe_align(experts, E, BM)
+    if not h.is_cuda:
+        h = h.float()   # the interpreter's bf16 tl.dot is not faithful (garbage, seen under Triton 3.6)
     h = h.contiguous()
     act = torch.empty(align[0].shape[0], F2 // 2, dtype=h.dtype, device=h.device)  # [MB * BM, F]
     _launch(h, gate_up, act, align, P, k, True, True, BM, BN, warps, stages)

@@ -247,16 +247,6 @@ class Scratch:
             self._ready = [torch.cuda.Event() for _ in self._bufs]
             self._read = [None] * self.n_buffers
 
-    def halves(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two flat parts of elements // 2 each, for a caller that dequantizes into them
-        itself (gpu_prefill.moe_batched) after plan([]) and join(): nothing queued or in
-        flight. With overlap, the two buffers; without, the one buffer's two halves."""
-        self._setup()
-        if len(self._bufs) > 1:
-            return self._bufs[0], self._bufs[1]
-        half = self.elements // 2
-        return self._bufs[0][:half], self._bufs[0][half:]
-
     def units(self, weights: list[QuantWeight], cache: bool = True) -> list[Unit]:
         """The units of a list of weights (a model's Linear: cached by the list's identity;
         cache=False for throw-away lists, e.g. one expert's views)."""
@@ -345,10 +335,6 @@ class Scratch:
         """x [T, K] @ wt [n, K]^T -> [T, n] float32; bf16 inputs accumulate in fp32 and,
         where torch supports it, are written as fp32 (no bf16 rounding of the output)."""
         return self._fp32_product(torch.mm, x, wt.T)
-
-    def bmm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [G, R, K] @ w [G, n, K]^T -> [G, R, n] float32, as mm for each of the G."""
-        return self._fp32_product(torch.bmm, x, w.transpose(1, 2))
 
     @property
     def mm_out_dtype(self) -> bool | None:

@@ -322,8 +322,7 @@ class GPUModel:
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         self.capture_s = 0.0
         e = DEFAULTS.engine
-        self.prefill_path = prefill_path or (e.prefill_path_moe if cfg.is_moe and self.store is None
-                                             else e.prefill_path)
+        self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
         self.prefill_chunk = prefill_chunk or e.prefill_chunk

@@ -12,16 +12,12 @@ MoE layers: the router and the top-k are the decode kernels (a GEMV: the router 
 small). With every expert resident the experts run as two grouped GEMMs that
 dequantize weight tiles on the fly (kernels/moe_gemm.py, MOE_FUSED): the pairs are
 put into padded per-expert blocks on the device, no host sync, so such a model's
-chunks are captured as CUDA graphs like a dense model's. Otherwise the chunk's
-(row, slot) pairs are grouped by expert (one host sync per layer for the counts).
-With every expert resident (moe_batched, MOE_BATCHED) the
-experts run in batches of G consecutive ones: each batch's gate|up and down are
-dequantized in one launch each (an [E, N, K] weight's experts are consecutive row
-blocks), its pairs gathered into a zero-padded [G, R, D], and the two GEMMs are
-bmm's: ~7 launches a batch, a handful of batches a layer, whatever the expert count.
-Otherwise (moe_loop) each routed expert runs as two GEMMs on its dequantized gate|up
-and down over its rows (the experts' weights join the plan): ~8 launches an expert.
-Each pair's output is written
+chunks are captured as CUDA graphs like a dense model's (H200, 30B-A3B shape, 512
+rows: 36 ms; the earlier batches of dequantized experts with one host sync a layer
+took 110-127 ms, the per-expert loop ~1 s). With an expert store (moe_loop) the
+chunk's (row, slot) pairs are grouped by expert (one host sync per layer for the
+counts) and each routed expert runs as two GEMMs on its dequantized gate|up and down
+over its rows: ~8 launches an expert. Each pair's output is written
 once and the k of a row are summed in slot order: deterministic, no atomics. With
 an expert store, an expert without a bank slot is dequantized straight from the host
 tier (pinned RAM, over PCIe) into the scratch: a long prompt reads each hit expert once
@@ -44,15 +40,14 @@ from ..gguf.quants import dequantize
 from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
 from ..kernels.moe import moe_route
 from ..kernels.moe_gemm import moe_prefill
-from ..kernels.qgemm import Scratch, dequantize_into
+from ..kernels.qgemm import Scratch
 from ..kernels.qmatmul import qmatmul
-from ..kernels.qweight import QuantWeight
 
-# Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (MOE_FUSED: grouped
-# GEMMs dequantizing on the fly, no host sync), else moe_batched; False for both: the per-expert loop
+# Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (grouped GEMMs
+# dequantizing on the fly, no host sync); False: the per-expert loop (moe_loop)
 MOE_FUSED = True
-MOE_BATCHED = True
-MOE_TILE = (64, 4, 3)    # moe_prefill's (BN, warps, stages)
+MOE_TILE = (64, 4, 3)    # moe_prefill's (BN, warps, stages): the best of 7 on the H200 (0.82 ms a 30B-A3B
+                         # layer at 512 rows; bench/results/gpu_prefill_moe-qwen3-30b-a3b-20261130-084146.json)
 
 
 def gemm_linear(lin, x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
@@ -95,19 +90,14 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
     return o[0].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
 
 
-def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int,
-                batched: bool | None = None) -> torch.Tensor:
-    """A gpu_model.MoE over a chunk, experts grouped: [T, D] -> [T, D] fp32. Resident
-    experts go through moe_batched (batched: None = MOE_BATCHED) where half the scratch
-    holds one expert's gate|up (expert_batch); else moe_loop, one expert at a time."""
+def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
+    """A gpu_model.MoE over a chunk: [T, D] -> [T, D] fp32. Resident experts through
+    moe_gemm.moe_prefill (MOE_FUSED: no host sync); an expert store's (or MOE_FUSED off)
+    through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
-    if MOE_FUSED and moe.store is None and batched is None:
+    if MOE_FUSED and moe.store is None:
         return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down, MOE_TILE)
-    if (MOE_BATCHED if batched is None else batched) and moe.store is None:
-        G = expert_batch(moe.gate_up.shape, moe.down.shape, scratch.elements)
-        if G:
-            return moe_batched(moe, h, weights, experts, scratch, G)
     return moe_loop(moe, h, weights, experts, scratch)
 
 
@@ -138,95 +128,6 @@ def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
         gu = scratch.gemm(h[pairs // moe.top_k], gu_units)                     # [n, 2F]
         y[pairs] = scratch.gemm(silu_mul(gu, scratch.dtype), dn_units)         # [n, D]
     return (y.view(T, moe.top_k, -1) * weights[:, :, None]).sum(1)            # [T, D]
-
-
-def expert_batch(gate_up_shape: tuple, down_shape: tuple, elements: int) -> int:
-    """Experts per moe_batched batch for [E, 2F, D] / [E, D, F] experts and a scratch of
-    `elements` values: gate|up's batch in one half of it, down's in the other (so the
-    batches are the same with the scratch's overlap on or off: two buffers of a half
-    each, or one), spread evenly over the fewest batches. 0: not even one expert fits.
-    Qwen3-30B-A3B (E 128, D 2048, F 768; 512 MiB bf16): at most 42, so 4 batches of 32
-    (192 MiB of gate|up, 96 MiB of down)."""
-    E, n_gu, k_gu = gate_up_shape
-    _, n_dn, k_dn = down_shape
-    most = min(elements // 2 // (n_gu * k_gu), elements // 2 // (n_dn * k_dn), E)
-    return -(-E // -(-E // most)) if most else 0
-
-
-def _rows(w: QuantWeight) -> QuantWeight:
-    """An [E, N, K] weight as the 2-D [E * N, K] it is laid out as (views: each plane is
-    a contiguous [E, N, per_row]), so experts e0..e1 are rows e0 * N..e1 * N."""
-    E, N, K = w.shape
-    return QuantWeight(w.qtype, (E * N, K), {n: p.view(E * N, p.shape[-1]) for n, p in w.planes.items()})
-
-
-def moe_batched(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, scratch: Scratch,
-                G: int) -> torch.Tensor:
-    """The routed rows (weights, experts [T, k]) of h [T, D] through resident experts,
-    G consecutive experts at a time -> [T, D] fp32. The pairs sorted by expert give a
-    padded index [E, R] (R: the largest count, learnt by the layer's one host sync) of
-    pair ids, T * k where an expert has fewer; a batch dequantizes its experts' gate|up
-    [G, 2F, D] and down [G, D, F] in one launch each (trimmed to the experts hit),
-    gathers its rows into a zero-padded [G, R_b, D] (R_b: the batch's largest count),
-    and runs bmm, silu_mul, bmm, then gathers the products of its real pairs (a
-    contiguous run of the expert-sorted pairs) into ys; one gather by the inverse of
-    the sort puts them back in pair order. Gathers only (index_select): torch's
-    advanced-index scatter of [G, R_b, D] rows with a dump row for the padding ran at
-    ~100 GB/s on the H200 (30 of ~90 ms of a 512-row chunk of the 30B shape). Uses the
-    scratch's buffers on the current stream: anything planned is dropped (the plan
-    ends at this layer's attention output: plan_from) and the next plan starts after
-    these GEMMs. Beyond the scratch, per batch ~624 KiB * R_b at the 30B shape (G 32:
-    xg bf16, gate|up fp32, act bf16, down fp32; 78 MiB at R_b 128, 312 MiB if one
-    expert takes all 512 rows), and ys, y [T * k, D] fp32 (32 MiB each at T 512).
-    Launches: ~19 a layer (sort, index, one sync, the weighted sum) and 8 a batch with
-    a hit."""
-    if moe.store is not None:
-        raise ValueError("moe_batched takes resident experts (moe.store is None)")
-    gu_w, dn_w = moe.gate_up, moe.down                                      # [E, 2F, D], [E, D, F]
-    E, F2, D = gu_w.shape
-    Fd = dn_w.K
-    half = scratch.elements // 2
-    if G < 1 or G * F2 * D > half or G * D * Fd > half:
-        raise ValueError(f"{G} experts of {tuple(gu_w.shape)} / {tuple(dn_w.shape)} do not fit half of "
-                         f"a scratch of {scratch.elements}")
-    T, k = experts.shape
-    P, dev, dt = T * k, h.device, scratch.dtype
-    flat = experts.flatten().long()                                         # [P] pair p = row p // k, rank p % k
-    sorted_e, order = torch.sort(flat, stable=True)                         # [P] each: pairs grouped by expert
-    bounds = torch.searchsorted(sorted_e, torch.arange(E + 1, device=dev))  # [E + 1] each expert's first pair
-    b = bounds.tolist()                                                     # the layer's one host sync
-    counts = [b[e + 1] - b[e] for e in range(E)]
-    R = max(counts)
-    rank = torch.arange(P, device=dev) - bounds[sorted_e]                   # [P] place within its expert
-    rows = torch.full((E, R), T, dtype=torch.long, device=dev)              # [E, R] rows of hz; T: zeros
-    rows[sorted_e, rank] = order // k
-    inverse = torch.empty_like(order)                                       # [P] pair -> its sorted place
-    inverse[order] = torch.arange(P, device=dev)
-    hz = torch.cat([h.to(dt), torch.zeros(1, D, dtype=dt, device=dev)])     # [T + 1, D]
-    ys = torch.empty(P, D, dtype=torch.float32, device=dev)                 # [P, D] products, expert-sorted
-    scratch.plan([])                                                        # buffers allocated, none held ahead
-    scratch.join()                                                          # their last dequantize done
-    gu_buf, dn_buf = scratch.halves()                                      # [elements / 2] each
-    gu_rows, dn_rows = _rows(gu_w), _rows(dn_w)
-    for e0 in range(0, E, G):
-        hit = [e for e in range(e0, min(e0 + G, E)) if counts[e]]
-        if not hit:
-            continue
-        lo, hi = hit[0], hit[-1] + 1                                        # the batch trimmed to its hits
-        g, Rb = hi - lo, max(counts[lo:hi])
-        wgu = dequantize_into(gu_rows, gu_buf[:g * F2 * D].view(g * F2, D), lo * F2, hi * F2,
-                              scratch.tile).view(g, F2, D)                   # [g, 2F, D]
-        wdn = dequantize_into(dn_rows, dn_buf[:g * D * Fd].view(g * D, Fd), lo * D, hi * D,
-                              scratch.tile).view(g, D, Fd)                   # [g, D, F]
-        xg = hz.index_select(0, rows[lo:hi, :Rb].reshape(-1)).view(g, Rb, D)  # [g, Rb, D]
-        gu = scratch.bmm(xg, wgu)                                           # [g, Rb, 2F] fp32
-        act = silu_mul(gu.view(g * Rb, F2), dt).view(g, Rb, F2 // 2)        # [g, Rb, F]
-        out = scratch.bmm(act, wdn).view(g * Rb, D)                         # [g * Rb, D]
-        j0, j1 = b[lo], b[hi]                                               # the batch's sorted pairs
-        torch.index_select(out, 0, (sorted_e[j0:j1] - lo) * Rb + rank[j0:j1], out=ys[j0:j1])
-    scratch.plan([])                     # the side stream (overlap) after these GEMMs' reads
-    y = ys.index_select(0, inverse)                                         # [P, D] in pair order
-    return (y.view(T, k, D) * weights[:, :, None]).sum(1)                  # [T, D]
 
 
 def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Tensor, cache, logits: bool,
