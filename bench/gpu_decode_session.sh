@@ -1,23 +1,21 @@
 #!/usr/bin/env bash
 # The next device session's first calls for issue 7, each inside one 10-minute call
 # (repo root, .whl carried and installed to /tmp/site as in the other device scripts; GIT_COMMIT set).
-#   bash bench/gpu_decode_session.sh arms      # MoE PDL and engine.fuse_combine, both shapes, with bit checks
-#   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: batched experts (dequant) against the decode graphs
+#   bash bench/gpu_decode_session.sh tests     # the GPU tests of the kernels and the runtime
+#   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 case "$1" in
-arms)
-  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b \
-      --arms i8+fuse+moe_i8 i8+fuse+moe_i8+pdl i8+fuse+moe_i8+pdl+combine 2>&1 | tail -4
-  timeout 230 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms i8+fuse+pdl i8+fuse+pdl+combine 2>&1 | tail -3
+tests)
+  timeout 560 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/runtime 2>&1 | tail -15
   ;;
 prefill)
-  timeout 560 python3 bench/gpu_engine.py --preset qwen3-30b-a3b --prefill 128 512 --gemv --no-decode \
-      --commit "${GIT_COMMIT:-unknown}" 2>&1 | tail -30
+  timeout 560 python3 bench/gpu_prefill_moe.py --preset qwen3-30b-a3b --commit "${GIT_COMMIT:-unknown}" 2>&1 \
+      | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 arms|prefill"; exit 2
+  echo "usage: $0 tests|prefill"; exit 2
   ;;
 esac
 ls -l "$OUT"
