@@ -44,7 +44,8 @@ def test_spec_flags():
                                         "--no-gate", "--spec-mtp-min-p", "0.6"]))
     assert (spec.spec_type, spec.mtp_depth, spec.p_min, spec.gate, spec.mtp_min_p) == ("mtp,ngram", 4, 0.3, False, 0.6)
     defaults = spec_from_args(p.parse_args([]))
-    assert defaults == SpecConfig() and defaults.gate and defaults.mtp_depth == 3 and defaults.mtp_min_p == 0.5
+    assert defaults == SpecConfig(spec_type="auto") and defaults.gate and defaults.mtp_depth == 3
+    assert defaults.mtp_min_p == 0.5
     for bad, msg in ((["--spec-mtp-depth", "6"], "1..5"), (["--spec-p-min", "1.5"], "spec-p-min"),
                      (["--spec-mtp-min-p", "-1"], "min-p")):
         with pytest.raises(ValueError, match=msg):

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, disable=None) as bar:
             engine = Engine.load(path, draft_head=args.draft_head, progress=lambda _name, n: bar.update(n),
                                  **engine_kwargs(args, plan))
-        if engine.mtp is None and "mtp" in SPEC_TYPES[spec.spec_type]:   # fail now, not in every request
+        if engine.mtp is None and "mtp" in SPEC_TYPES.get(spec.spec_type, ()):   # fail now, not in every request
             raise ValueError(f"--spec-type {spec.spec_type} needs a model with an MTP head and {path} has none "
                              f"(an in-file head, '<model>.mtp.gguf' beside it, or --draft-head FILE)")
         if template is not None:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         c = engine.cfg
         print(f"alphallama: loaded {path}: {c.arch}, {c.n_layers} layers, d_model {c.d_model}, "
               f"vocab {c.vocab_size}, context {engine.ctx_size}, layout {summary(plan)}, speculation "
-              f"{spec.spec_type} ({spec.mode}); ready", file=sys.stderr, flush=True)
+              f"{spec.on_device(engine.cache.k.device.type).spec_type} ({spec.mode}); ready", file=sys.stderr, flush=True)
         return engine
 
     settings = ServerSettings(

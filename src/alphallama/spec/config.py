@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import DEFAULTS
@@ -54,8 +54,8 @@ class SpecConfig:
     memory: SpecMemory = field(default_factory=SpecMemory, compare=False, repr=False)
 
     def validate(self) -> None:
-        if self.spec_type not in SPEC_TYPES:
-            raise ValueError(f"unknown --spec-type {self.spec_type!r} (choose from {', '.join(SPEC_TYPES)})")
+        if self.spec_type != AUTO and self.spec_type not in SPEC_TYPES:
+            raise ValueError(f"unknown --spec-type {self.spec_type!r} (choose from {', '.join([AUTO, *SPEC_TYPES])})")
         if not 1 <= self.draft_max <= MAX_WIDTH:
             raise ValueError(f"--spec-draft-max must be in 1..{MAX_WIDTH}, got {self.draft_max}")
         if self.ngram_min < 1:
@@ -66,6 +66,14 @@ class SpecConfig:
             raise ValueError(f"--spec-mtp-min-p must be in 0..1, got {self.mtp_min_p}")
         if self.p_min is not None and not 0.0 < self.p_min <= 1.0:
             raise ValueError(f"--spec-p-min must be in (0, 1], got {self.p_min}")
+
+    def on_device(self, device_type: str) -> "SpecConfig":
+        """The config with "auto" resolved for a device: D.auto_cuda on a GPU, none on the
+        CPU (its exact verify runs a draft's rows one by one: drafts save it nothing).
+        The memory stays shared."""
+        if self.spec_type != AUTO:
+            return self
+        return replace(self, spec_type=D.auto_cuda if device_type == "cuda" else "none")
 
     @property
     def mode(self) -> str:
@@ -109,8 +117,11 @@ class SpecConfig:
     def make_drafter(self, engine=None) -> Drafter | None:
         """A drafter for one request. `engine` gives drafters that need the model (MTP)
         its head and state, and the gate its round costs; without it (replay) the copy
-        drafter runs alone and ungated."""
+        drafter runs alone and ungated. "auto" is resolved for the engine's device
+        (without an engine: none)."""
         self.validate()
+        if self.spec_type == AUTO:
+            return self.on_device(engine.cache.k.device.type if engine is not None else "cpu").make_drafter(engine)
         kinds = SPEC_TYPES[self.spec_type]
         if not kinds:
             return None
@@ -143,14 +154,16 @@ DRAFTERS: dict[str, Callable[[SpecConfig, object], Drafter]] = {
     "ngram": lambda c, engine: NgramDrafter(ngram_min=c.ngram_min, draft_max=c.draft_max),
     "mtp": _mtp,
 }
-# --spec-type -> the drafters it runs (two: the policy chooses per round)
+# --spec-type -> the drafters it runs (two: the policy chooses per round); AUTO: see SpecConfig.on_device
+AUTO = "auto"
 SPEC_TYPES: dict[str, tuple[str, ...]] = {"none": (), "ngram": ("ngram",), "mtp": ("mtp",), "mtp,ngram": ("mtp", "ngram")}
 
 
 def add_spec_arguments(p) -> None:
     """Speculation flags for run and serve."""
-    p.add_argument("--spec-type", default=D.spec_type, choices=list(SPEC_TYPES),
-                   help="speculative drafter: the copy (ngram), the MTP head (mtp), or both under the policy")
+    p.add_argument("--spec-type", default=D.cli_spec_type, choices=[AUTO, *SPEC_TYPES],
+                   help=f"speculative drafter: the copy (ngram), the MTP head (mtp), or both under the policy; "
+                        f"{AUTO} (default): {D.auto_cuda} on a GPU, none on the CPU")
     p.add_argument("--spec-draft-max", type=int, default=D.draft_max, help="most copy drafts per round")
     p.add_argument("--spec-ngram-min", type=int, default=D.ngram_min,
                    help="shortest suffix match the copy drafter acts on")
