@@ -38,8 +38,9 @@ class EngineDefaults:
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);
                                      # off: the H200 prefill is host-bound and the events cost more than they hide
-    prefill_graphs: bool = True      # full prefill chunks replayed as CUDA graphs between attentions (dense and
-                                     # resident-expert MoE models)
+    prefill_graphs: bool = True      # prefill chunks replayed as CUDA graphs between attentions (dense and
+                                     # resident-expert MoE models); a shorter chunk padded to 128, 256, .. rows
+                                     # (gpu_prefill.graph_rows; the padded shapes not yet timed on a GPU)
                                      # (H200, 8B shape: 26.3k tok/s at 512 against 15.1k eager, same bits)
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given

@@ -102,6 +102,18 @@ def test_prefill_attention_matches_float64(pos):
     torch.testing.assert_close(o.double(), ref, atol=1e-5, rtol=0)
 
 
+def _stand_in_capture(gp, monkeypatch):
+    """On CPU, a stand-in for a CUDA graph: "replay" re-runs the captured stretch into the
+    same output tensor."""
+    def capture(fn, pool):
+        out = fn()
+        return (lambda: fn() if out is None else out.copy_(fn())), out
+
+    monkeypatch.setattr(gp, "_warm_up", lambda fn, device: fn())
+    monkeypatch.setattr(gp, "_graph_pool", lambda: None)
+    monkeypatch.setattr(gp, "_capture", capture)
+
+
 def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
     """ChunkGraphs' static buffers (residual, position, attention output, each stretch's
     q, the head's logits) and replay order, on CPU: a stand-in for a CUDA graph re-runs
@@ -110,13 +122,7 @@ def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
     from alphallama.gguf.quants import dequantize
     from alphallama.runtime import gpu_prefill as gp
 
-    def capture(fn, pool):
-        out = fn()
-        return (lambda: fn() if out is None else out.copy_(fn())), out
-
-    monkeypatch.setattr(gp, "_warm_up", lambda fn, device: fn())
-    monkeypatch.setattr(gp, "_graph_pool", lambda: None)
-    monkeypatch.setattr(gp, "_capture", capture)
+    _stand_in_capture(gp, monkeypatch)
     _, _, gpu = _load(tmp_path_factory, "tiny-qwen3", "Q4_K")
     T = 16                                  # any chunk size (the engine's: prefill_chunk)
     toks = torch.randint(0, gpu.cfg.vocab_size, (2 * T,), generator=torch.Generator().manual_seed(6))
@@ -134,6 +140,41 @@ def test_chunk_graphs_dataflow_matches_eager(tmp_path_factory, monkeypatch):
         gpu.scratch.overlap = False
     assert torch.equal(graph_cache.k[:, :, :2 * T], eager_cache.k[:, :, :2 * T])
     assert torch.equal(graph_cache.v[:, :, :2 * T], eager_cache.v[:, :, :2 * T])
+
+
+@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-qwen3moe", "Q8_0")])
+def test_short_chunks_run_padded_in_the_graphs(tmp_path_factory, monkeypatch, preset, quant):
+    """A chunk shorter than prefill_chunk runs in the graphs of graph_rows(T) rows, its
+    tail padded (on CPU with a stand-in for the capture, as above): the real rows' logits,
+    hidden rows and K/V match the eager chunk's, for a dense and an MoE model (its
+    experts through moe_prefill); one graph set per shape is kept."""
+    from alphallama.runtime import gpu_prefill as gp
+
+    _stand_in_capture(gp, monkeypatch)
+    monkeypatch.setattr(gp, "GRAPH_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(gp, "GRAPH_MIN_ROWS", 16)
+    assert [gp.graph_rows(T, 48) for T in (5, 16, 17, 32, 33, 48)] == [16, 16, 32, 32, 48, 48]
+    _, _, gpu = _load(tmp_path_factory, preset, quant)
+    toks = torch.randint(0, gpu.cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(8))
+    gpu.scratch.graphs = False
+    eager_cache = gpu.new_cache(CTX)
+    eager = [gp.prefill_rows(gpu, toks[:20], 0, eager_cache, True, 4),      # 20 of 48: graphs of 32
+             gp.prefill_rows(gpu, toks[20:30], 20, eager_cache, True, 4)]   # 10: graphs of 16
+    gpu.scratch.graphs = True
+    try:
+        graph_cache = gpu.new_cache(CTX)
+        graph = [gp.prefill_rows(gpu, toks[:20], 0, graph_cache, True, 4),
+                 gp.prefill_rows(gpu, toks[20:30], 20, graph_cache, True, 4)]
+        assert sorted(k[0] for k in gpu.scratch.captured) == [16, 32]
+    finally:
+        gpu.scratch.graphs = False
+        gpu.scratch.captured.clear()
+    for (le, he), (lg, hg) in zip(eager, graph):
+        assert lg.shape == le.shape and hg.shape == he.shape
+        torch.testing.assert_close(lg, le, atol=1e-4 * le.abs().max().item(), rtol=0)
+        torch.testing.assert_close(hg, he, atol=1e-4 * he.abs().max().item(), rtol=0)
+    torch.testing.assert_close(graph_cache.k[:, :, :30], eager_cache.k[:, :, :30], atol=2e-3, rtol=0)
+    torch.testing.assert_close(graph_cache.v[:, :, :30], eager_cache.v[:, :, :30], atol=2e-3, rtol=0)
 
 
 def test_every_model_prefills_through_the_tensor_cores(tmp_path):

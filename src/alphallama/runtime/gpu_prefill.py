@@ -46,6 +46,8 @@ from ..kernels.qmatmul import qmatmul
 # Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (grouped GEMMs
 # dequantizing on the fly, no host sync); False: the per-expert loop (moe_loop)
 MOE_FUSED = True
+GRAPH_DEVICES = ("cuda",)   # where prefill chunks are captured (tests stand in for the capture on the CPU)
+GRAPH_MIN_ROWS = 128        # graph_rows: the smallest captured chunk
 MOE_TILE = (64, 4, 3)    # moe_prefill's (BN, warps, stages): the best of 7 on the H200 (0.82 ms a 30B-A3B
                          # layer at 512 rows; bench/results/gpu_prefill_moe-qwen3-30b-a3b-20261130-084146.json)
 
@@ -217,7 +219,7 @@ class ChunkGraphs:
 
     def __init__(self, m, cache, T: int, logits: bool, pos: int, rows_per_thread: int):
         c = m.cfg
-        self.m, self.cache, self.logits = m, cache, logits
+        self.m, self.cache, self.logits, self.T = m, cache, logits, T
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
         self.pos = torch.full((1,), pos, dtype=torch.int32, device=m.device)  # warm-up writes K/V rows the chunk owns
         self.a = torch.zeros(T, c.n_heads * c.head_dim, dtype=m.scratch.dtype, device=m.device)  # [T, H*hd]
@@ -257,18 +259,31 @@ def _capturable(L) -> bool:
     return L.moe is None or (MOE_FUSED and L.moe.store is None)
 
 
+def graph_rows(T: int, chunk: int) -> int:
+    """The rows a chunk of T rows runs as in the graphs: the chunk size, or for a shorter
+    one (a prompt's last or only chunk) the smallest power of two from GRAPH_MIN_ROWS up
+    that holds it; the padding rows' K/V land past the real rows (overwritten later, as
+    in the decode graphs). A model keeps a few shapes: 128, 256, 512 at the defaults."""
+    return min(chunk, max(GRAPH_MIN_ROWS, 1 << (T - 1).bit_length()))
+
+
 def _graphs_for(m, cache, T: int, logits: bool, pos: int, rows_per_thread: int) -> ChunkGraphs | None:
-    """The captured chunk for these shapes and this cache (captured on first use; one
-    kept), or None where graphs do not apply."""
+    """The captured chunk of graph_rows(T) rows for these shapes and this cache (captured
+    on first use; kept per shape for one cache), or None where graphs do not apply."""
     s = m.scratch
-    if not (s.graphs and m.device.type == "cuda" and T == m.prefill_chunk and all(map(_capturable, m.layers))):
+    if not (s.graphs and m.device.type in GRAPH_DEVICES and all(map(_capturable, m.layers))):
+        return None
+    Tg = graph_rows(T, m.prefill_chunk)
+    if pos + Tg > cache.max_len:                         # the padding would pass the cache's end
         return None
     s.units(m.layers[0].o.weights)                       # buffers allocated before any capture
-    key = (T, logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))  # the graphs hold these addresses
+    where = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))   # the graphs hold these addresses
+    key = (Tg, logits, *where)
     if key not in s.captured:
-        s.captured.clear()
+        for k in [k for k in s.captured if k[2:] != where]:
+            del s.captured[k]                            # another cache's
         try:
-            s.captured[key] = ChunkGraphs(m, cache, T, logits, pos, rows_per_thread)   # (MoE: the router's)
+            s.captured[key] = ChunkGraphs(m, cache, Tg, logits, pos, rows_per_thread)   # (MoE: the router's)
         except Exception as e:  # noqa: BLE001 - a capture the runtime refuses: the eager path is always there
             s.graphs = False    # (the warm-up wrote only K/V rows this chunk is about to write again)
             warnings.warn(f"prefill CUDA graphs off: capture failed ({e!r})", RuntimeWarning, stacklevel=2)
@@ -283,10 +298,13 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
     c = m.cfg
     T = tokens.shape[0]
     s = m.scratch
-    x = dequantize(m.embd[tokens], m.embd_qtype, (T, c.d_model))            # [T, D] fp32 residual
     graphs = _graphs_for(m, cache, T, logits, pos, rows_per_thread)
     if graphs is not None:
-        return graphs.run(x, pos)
+        pad = graphs.T - T                                                   # padding rows: token 0
+        tokens = torch.cat([tokens, tokens.new_zeros(pad)]) if pad else tokens
+        lg, h = graphs.run(dequantize(m.embd[tokens], m.embd_qtype, (graphs.T, c.d_model)), pos)
+        return (lg[:T] if lg is not None else None), h[:T]
+    x = dequantize(m.embd[tokens], m.embd_qtype, (T, c.d_model))            # [T, D] fp32 residual
     pos_t = torch.full((1,), pos, dtype=torch.int32, device=m.device)      # a fill, not a synchronous copy
     a = None
     for i in range(len(m.layers)):
