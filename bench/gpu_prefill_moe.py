@@ -30,6 +30,7 @@ from alphallama.gguf.writer import PRESETS, write_synthetic
 # (arm, chunk, prompt rows): "fused" = moe_gemm.moe_prefill (graphs: the chunk captured),
 # "loop" = gpu_prefill.moe_loop (one host sync a layer, ~8 launches an expert), "gemv" = the decode graphs
 CASES = [(a, 512, n) for a in ("fused_graphs", "fused") for n in (128, 512)] + \
+        [("fused_graphs", 512, n) for n in (100, 256, 300)] + \
         [("fused_graphs", 1024, 1024), ("fused_graphs", 512, 4096), ("fused_graphs", 2048, 4096),
          ("fused", 2048, 4096), ("loop", 512, 512), ("gemv", 512, 128), ("gemv", 512, 512)]
 TILES = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3), (128, 4, 4), (64, 4, 2)]
