@@ -29,7 +29,8 @@ class EngineDefaults:
                                   # round, 30B-A3B 2.39 -> 2.15; same bits as without)
     fuse_combine: bool = False    # one launch where a combine followed a split (the MoE down's rank sum, attention's
                                   # split merge): the last-arriving program merges, counted by a gpu-scope
-                                  # acq_rel atomic; the same bits (CPU-tested, compiled for sm_90), not yet run on a GPU
+                                  # acq_rel atomic. Same bits on the H200, but slower there (30B-A3B 2.81 against
+                                  # 2.04 ms a round, 8B 2.56 against 2.23; gpu_decode_arms-*-20261130-074*.json)
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

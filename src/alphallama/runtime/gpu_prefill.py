@@ -98,9 +98,14 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
     through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
-    if MOE_FUSED and moe.store is None:
+    if _fused(moe):
         return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down, MOE_TILE)
     return moe_loop(moe, h, weights, experts, scratch)
+
+
+def _fused(moe) -> bool:
+    """Does this MoE layer's chunk go through moe_prefill (no host sync) rather than moe_loop?"""
+    return MOE_FUSED and moe.store is None
 
 
 def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, scratch: Scratch) -> torch.Tensor:
@@ -256,7 +261,7 @@ class ChunkGraphs:
 
 def _capturable(L) -> bool:
     """A layer whose chunk needs no host sync: dense, or MoE through moe_prefill."""
-    return L.moe is None or (MOE_FUSED and L.moe.store is None)
+    return L.moe is None or _fused(L.moe)
 
 
 def graph_rows(T: int, chunk: int) -> int:
@@ -299,12 +304,12 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
     T = tokens.shape[0]
     s = m.scratch
     graphs = _graphs_for(m, cache, T, logits, pos, rows_per_thread)
+    if graphs is not None and graphs.T > T:                                  # padding rows: token 0
+        tokens = torch.cat([tokens, tokens.new_zeros(graphs.T - T)])
+    x = dequantize(m.embd[tokens], m.embd_qtype, (tokens.shape[0], c.d_model))  # [T (padded), D] fp32 residual
     if graphs is not None:
-        pad = graphs.T - T                                                   # padding rows: token 0
-        tokens = torch.cat([tokens, tokens.new_zeros(pad)]) if pad else tokens
-        lg, h = graphs.run(dequantize(m.embd[tokens], m.embd_qtype, (graphs.T, c.d_model)), pos)
+        lg, h = graphs.run(x, pos)
         return (lg[:T] if lg is not None else None), h[:T]
-    x = dequantize(m.embd[tokens], m.embd_qtype, (T, c.d_model))            # [T, D] fp32 residual
     pos_t = torch.full((1,), pos, dtype=torch.int32, device=m.device)      # a fill, not a synchronous copy
     a = None
     for i in range(len(m.layers)):
