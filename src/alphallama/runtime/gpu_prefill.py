@@ -48,8 +48,6 @@ from ..kernels.qmatmul import qmatmul
 MOE_FUSED = True
 GRAPH_DEVICES = ("cuda",)   # where prefill chunks are captured (tests stand in for the capture on the CPU)
 GRAPH_MIN_ROWS = 128        # graph_rows: the smallest captured chunk
-MOE_TILE = (64, 4, 3)    # moe_prefill's (BN, warps, stages): the best of 7 on the H200 (0.82 ms a 30B-A3B
-                         # layer at 512 rows; bench/results/gpu_prefill_moe-qwen3-30b-a3b-20261130-084146.json)
 
 
 def gemm_linear(lin, x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
@@ -99,7 +97,7 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
     if _fused(moe):
-        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down, MOE_TILE)
+        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down)
     return moe_loop(moe, h, weights, experts, scratch)
 
 
