@@ -47,16 +47,16 @@ def kernel_table(replay, reps: int) -> dict:
             "device_us_per_round": sum(r[2] for r in rows), "launches_per_round": sum(r[1] for r in rows)}
 
 
-def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: bool = True) -> dict:
+def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: bool = True, pdl: bool = True) -> dict:
     path = f"/tmp/prof-{preset}.gguf"
     if not os.path.exists(path):
         write_synthetic(PRESETS[preset](n_layers=layers), path)
-    model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8)   # off: a prepare launch per GEMV input
+    model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8, pdl=pdl)   # fuse off: a prepare launch per GEMV input
     cache = model.new_cache(4096)
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)
     out = {"layers": layers, "weight_bytes": model.weight_bytes, "capture_s": model.capture_s,
-           "fuse_q8": model._fuse_q8}
+           "fuse_q8": model._fuse_q8, "pdl": model.pdl}
     for W in (1, 8):
         graph = model.graphs[W][0]
 
@@ -82,10 +82,12 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=512)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--fuse-control", action="store_true", help="also each preset with a prepare launch per GEMV")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch without PDL: a kernel's profiled time then excludes its wait on the previous one")
     args = ap.parse_args()
     res = {"host": host_state(sys.argv), "commit": args.commit}
     for p in args.preset:
-        res[p] = profile_preset(p, args.layers, args.reps, args.depth)
+        res[p] = profile_preset(p, args.layers, args.reps, args.depth, pdl=not args.no_pdl)
         if args.fuse_control:
             res[p + "-unfused"] = profile_preset(p, args.layers, args.reps, args.depth, fuse_q8=False)
     out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
