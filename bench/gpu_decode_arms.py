@@ -31,6 +31,8 @@ from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.gguf.quants import dequantize
+from alphallama.kernels import fused
 from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
 from alphallama.kernels.qgemv_i8 import GemvTile
 from alphallama.runtime.gpu_model import GPUModel
@@ -47,8 +49,12 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
                                                  old_tiles=True),
             "i8+fuse+moe_i8+pdl+combine": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
                                                fuse_combine=True)}
+# the defaults (config.py) and one-change variants of them: the embedding lookup in plain
+# torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts
+DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
+                "default/norm8": dict(norm_warps=8), "default/norm16": dict(norm_warps=16)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
+SAME_BITS = {"default/torch-embed": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
              "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -62,13 +68,19 @@ def old_gemv_tile(w):
 
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
     kw = dict(kw)
-    saved = qgemv_i8_mod.gemv_tile
+    saved = qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
+    fused.NORM_WARPS = kw.pop("norm_warps", fused.NORM_WARPS)
+    if kw.pop("torch_embed", False):
+        emb = f.tensors["token_embd.weight"]
+        raw = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)   # [V, row_bytes]
+        GPUModel.embed = lambda self, tokens: dequantize(raw[tokens], self.embd_qtype,
+                                                         (tokens.shape[0], self.cfg.d_model))
     try:
         return _run_arm(f, kw, depth, reps, toks, device)
     finally:
-        qgemv_i8_mod.gemv_tile = saved
+        qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:
@@ -113,7 +125,7 @@ def main() -> int:
     path = f"/tmp/arms-{args.preset}.gguf"
     write_synthetic(PRESETS[args.preset](**({"n_layers": args.layers} if args.layers else {})), path)
     f = GGUFFile(path)
-    arms = {**ARMS, **(MOE_ARMS if load_config(f).is_moe else {})}
+    arms = {**ARMS, **(MOE_ARMS if load_config(f).is_moe else {}), **DEFAULT_ARMS}
     if args.arms:
         arms = {k: v for k, v in arms.items() if k in args.arms}
     bw = copy_bandwidth() if args.device == "cuda" else 1e9

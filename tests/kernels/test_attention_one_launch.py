@@ -88,14 +88,16 @@ def test_the_count_decides_who_combines(small_splits):
     """A counter that starts at 1 makes its (row, kv head) combine one arrival early and end
     at 1; every other (row, kv head) still gives the two-launch bits and ends at 0. (The
     interpreter runs the splits in grid order, so without this an unconditional combine
-    in the last split program would pass the tests above.)"""
+    in the last split program would pass the tests above.) On a GPU the early combiner's
+    reset and the last arrival race, so that counter ends at 0 or 1 there."""
     W, H, n_kv, hd, pos = 2, 4, 2, 32, 100
     q, k, v, pos_t = _inputs(W, H, n_kv, hd, pos, seed=5)
     want = decode_attention(q, k, v, pos_t, k.shape[1])
     counters = torch.zeros(W * n_kv, dtype=torch.int32, device=DEV)
     counters[1 * n_kv + 0] = 1                                             # row 1, kv head 0
     got = decode_attention(q, k, v, pos_t, k.shape[1], counters=counters)
-    assert counters.tolist() == [0, 0, 1, 0]
+    ends = counters.tolist()
+    assert ends[:2] + ends[3:] == [0, 0, 0] and ends[2] in ((1,) if DEV == "cpu" else (0, 1))
     assert torch.equal(got[0], want[0])
     assert torch.equal(got[1, H // n_kv * hd:], want[1, H // n_kv * hd:])   # row 1, kv head 1's query heads
 

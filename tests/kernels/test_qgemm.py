@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.quants import dequantize  # noqa: E402
-from alphallama.kernels.qgemm import Scratch, dequantize_into, qgemm, qgemm_ref, units_of  # noqa: E402
+from alphallama.kernels.qgemm import Scratch, dequantize_into, gather_rows, qgemm, qgemm_ref, units_of  # noqa: E402
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
 
 from test_qmatmul import random_raw  # noqa: E402  (random GGUF bytes, finite scales)
@@ -46,6 +46,22 @@ def test_dequant_bit_exact(qtype, tile):
     # a row block (what qgemm does with a small scratch)
     part = dequantize_into(w, torch.empty(2, k, device=DEV), 2, 4, tile=tile)
     assert torch.equal(part.cpu(), ref[2:4])
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=[t.name for t in QTYPES])
+def test_gather_rows_is_the_embedding_lookup(qtype):
+    """The embedding lookup kernel: rows in any order, repeated, the first and the last,
+    bit for bit the gguf dequantizers' rows; no rows gives an empty result."""
+    n, k = 37, 512
+    raw = random_raw(qtype, n, k, seed=3)
+    w = QuantWeight.from_raw(raw, qtype, (n, k), DEV)
+    ref = _ref(raw, qtype, n, k)                                       # [n, k] fp32
+    idx = torch.tensor([36, 0, 5, 5, 17, 36, 1], device=DEV)
+    out = gather_rows(w, idx)
+    assert out.dtype == torch.float32 and torch.equal(out.cpu(), ref[idx.cpu()])
+    assert gather_rows(w, idx[:0]).shape == (0, k)
+    with pytest.raises(ValueError, match="contiguous"):
+        gather_rows(w, idx, torch.empty(len(idx), k + 1, device=DEV))
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)

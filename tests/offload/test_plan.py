@@ -37,7 +37,8 @@ def model(request, tmp_path_factory) -> str:
 def _held_bytes(m: GPUModel) -> tuple[int, int]:
     """(dense, experts) bytes the runtime really holds, counted from its objects."""
     qw = lambda w: sum(p.numel() * p.element_size() for p in w.planes.values())   # noqa: E731
-    dense = m.embd.numel() + sum(qw(w) for w in m.output.weights) + m.output_norm.numel() * 4
+    embd = m.embd.numel() if isinstance(m.embd, torch.Tensor) else 0 if m.embd in m.output.weights else qw(m.embd)
+    dense = embd + sum(qw(w) for w in m.output.weights) + m.output_norm.numel() * 4
     experts = 0
     for L in m.layers:
         vecs = [L.attn_norm, L.ffn_norm, L.qkv_bias, L.q_norm, L.k_norm]

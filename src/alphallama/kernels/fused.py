@@ -16,6 +16,11 @@ Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), q
 
 
 # -- residual add + RMSNorm -------------------------------------------------------------
+# Warps of a norm program (one per row). The layout of the row's sum of squares follows
+# them, so they are part of the row's float order: one value for every W.
+NORM_WARPS = 4
+
+
 @triton.jit
 def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, HAS_Y: tl.constexpr,
                         XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
@@ -60,7 +65,7 @@ def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: f
     W, D = x.shape
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, **pdl_kwargs(pdl, x.device))
+                              HAS_Y=y is not None, num_warps=NORM_WARPS, **pdl_kwargs(pdl, x.device))
     return out
 
 
@@ -75,7 +80,8 @@ def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     q8, args = _q8_args(W, D, tuple(orders), x.device)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, enable_fp_fusion=False, **args, **pdl_kwargs(pdl, x.device))
+                              HAS_Y=y is not None, enable_fp_fusion=False, num_warps=NORM_WARPS, **args,
+                              **pdl_kwargs(pdl, x.device))
     return out, q8
 
 

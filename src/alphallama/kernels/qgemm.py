@@ -85,19 +85,25 @@ def slot_values(words, h, s1, s2, FIELD: tl.constexpr, V: tl.constexpr, P: tl.co
 @triton.jit(do_not_specialize=["one"])
 def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr,
-                    BN: tl.constexpr, NT: tl.constexpr, WHOLE: tl.constexpr, HW: tl.constexpr):
+                    BN: tl.constexpr, NT: tl.constexpr, WHOLE: tl.constexpr, HW: tl.constexpr,
+                    IDX=None, GATHER: tl.constexpr = False):
     """Rows pid(0)*BN.. and slots pid(1)*NT.. of the weight -> out [N, n_slots * SLOT].
+    GATHER: out row n is weight row IDX[n] (N = rows of out: an embedding lookup).
     WHOLE: a slot's values are put in k order in registers and stored at once (the
     compiler may then spread a slot's run over several threads: whole sectors per warp
     store); else each field pair is stored as it comes (one 16-byte run per thread)."""
     K: tl.constexpr = n_slots * SLOT
     n = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
-    row = tl.minimum(n, N - 1).to(tl.int64)[None, :]  # [1, BN]; past N: reload N-1, not stored
+    dst = tl.minimum(n, N - 1).to(tl.int64)[None, :]  # [1, BN]; past N: reload N-1, not stored
+    if GATHER:
+        row = tl.load(IDX + dst).to(tl.int64)  # [1, BN]
+    else:
+        row = dst
     s0 = tl.program_id(1) * NT
     words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)
     u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
     mask = (u < n_slots) & (n < N)[None, :, None]  # [NT, BN, 1]
-    base = out + row[:, :, None] * K + u * SLOT  # [NT, BN, 1]: the slot's first value
+    base = out + dst[:, :, None] * K + u * SLOT  # [NT, BN, 1]: the slot's first value
     dt: tl.constexpr = out.dtype.element_ty
     if P == 1 or WHOLE:
         w = slot_values(words, h, s1, s2, FIELD, V, P, one)  # [NT, BN, SLOT] in k order
@@ -109,8 +115,10 @@ def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl
             tl.store(base + m * (2 * V) + k2, _cast(w, dt, HW), mask=mask)
 
 
-def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple) -> torch.Tensor:
-    """Dequantize the rows whose plane slices are `planes` into out [n, K] (contiguous)."""
+def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple,
+            idx: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize the rows whose plane slices are `planes` (or, with idx, rows idx of
+    them) into out [n, K] (contiguous)."""
     fmt, n = w.fmt, out.shape[0]
     rows, slots, warps, whole, hw = tile
     if not out.is_cuda:
@@ -119,8 +127,26 @@ def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple) -> to
     grid = (triton.cdiv(n, rows), triton.cdiv(w.n_slots, NT))
     _dequant_kernel[grid](out, *planes, n, 1, n_slots=w.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field,
                           V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=rows, NT=NT, WHOLE=whole, HW=hw, num_warps=warps,
-                          enable_fp_fusion=False)
+                          enable_fp_fusion=False, IDX=idx, GATHER=idx is not None)
     return out
+
+
+def gather_rows(w: QuantWeight, idx: torch.Tensor, out: torch.Tensor | None = None,
+                tile: tuple = DEQ_TILE) -> torch.Tensor:
+    """Rows idx [T] (integer, on w's device) of a 2-D weight, dequantized: [T, K] float32
+    (or out's dtype), bit for bit the gguf dequantizers' values. An embedding lookup in
+    one launch, so that a captured round holds one node for it, not the ~25 of a
+    plain-torch dequantize."""
+    if len(w.shape) != 2 or idx.dim() != 1:
+        raise ValueError(f"gather_rows takes a 2-D weight and 1-D indices, got {w.shape}, {tuple(idx.shape)}")
+    out = torch.empty((idx.shape[0], w.K), dtype=torch.float32, device=w.device) if out is None else out
+    if out.shape != (idx.shape[0], w.K) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{idx.shape[0]}, {w.K}], got {tuple(out.shape)}")
+    if idx.shape[0] == 0:
+        return out
+    if not _use_triton(out):
+        return out.copy_(w.fmt.dequantize({n: p[idx] for n, p in w.planes.items()}, w.K))
+    return _launch(w, w.plane_args(), out, tile, idx)
 
 
 def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | None = None,

@@ -22,6 +22,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
+from ..kernels.qweight import embedding_planes
 
 GiB = 1 << 30
 
@@ -78,15 +79,17 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     dense = experts = slot = 0
     per_layer: dict[str, int] = {}
     for name, t in f.tensors.items():
-        n = t.nbytes if name == "token_embd.weight" else device_bytes(t)   # embedding: raw rows, gathered
+        # an embedding without planes is held as its raw rows (gpu_model.GPUModel.embed)
+        n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
         if name.endswith(_EXPERT_SUFFIXES):
             experts += n
             layer = name.split(".")[1]
             per_layer[layer] = per_layer.get(layer, 0) + n // t.shape[0]
         else:
             dense += n
-    if "output.weight" not in f.tensors:   # tied: the head's planes beside the raw embedding rows
-        dense += device_bytes(f.tensors["token_embd.weight"])
+    emb = f.tensors["token_embd.weight"]
+    if "output.weight" not in f.tensors and not embedding_planes(emb.qtype):   # tied: the head's planes
+        dense += device_bytes(emb)                                               # beside the raw rows
     slot = max(per_layer.values(), default=0)
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
     workspace = DEFAULTS.offload.reserve_bytes + 2 * KV_PAD_ROWS * cfg.vocab_size * 4

@@ -49,10 +49,10 @@ from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
-from ..kernels.qweight import QuantWeight
+from ..kernels.qweight import QuantWeight, embedding_planes
 from ..model.layers import rope_tables
 from ..config import DEFAULTS
-from ..kernels.qgemm import Scratch
+from ..kernels.qgemm import Scratch, gather_rows
 from ..offload.cpu_tier import CpuLink
 from ..offload.mailbox import Mailbox
 from ..offload.store import ExpertStore, pack_experts
@@ -288,7 +288,14 @@ class GPUModel:
         self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv)
         emb = t["token_embd.weight"]
         self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
-        self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)  # [V, row_bytes]
+        # planes, gathered by one kernel (a tied head's own planes); a format without
+        # planes keeps its raw rows [V, row_bytes], dequantized by plain torch
+        if not embedding_planes(emb.qtype):
+            self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)
+        elif "output.weight" not in t and len(self.output.weights) == 1:
+            self.embd = self.output.weights[0]
+        else:
+            self.embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), self.device)
         cos, sin = rope_tables(max_len + MAX_W, cfg.rope_dim, cfg.rope_base)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
@@ -383,7 +390,7 @@ class GPUModel:
         """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
         c = self.cfg
         W = tokens.shape[0]
-        x = dequantize(self.embd[tokens], self.embd_qtype, (W, c.d_model))        # [W, D]
+        x = self.embed(tokens)                                                      # [W, D]
         kv_len = cache.k.shape[2]
         act = self.act_dtype
         pdl = self.pdl
@@ -414,6 +421,12 @@ class GPUModel:
                                                                           self.layers[i + 1].qkv)
             h, q8 = self._norm(x, d, nxt, consumer)
         return self.output(h, q8, pdl), x
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [T] int64 (device) -> their embedding rows [T, D] float32 (the residual)."""
+        if isinstance(self.embd, QuantWeight):
+            return gather_rows(self.embd, tokens)
+        return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
     def _norm(self, x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor,
               consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:

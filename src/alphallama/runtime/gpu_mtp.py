@@ -176,8 +176,8 @@ class GPUMTPHead:
         """Entries at positions pos..pos+W-1 (pos: int32 [1] on the device) from g [W, D]
         fp32 and tokens [W]: -> (h' [W, D] fp32, shared_head_norm(h') [W, D] in act dtype)."""
         c, L, m = self.cfg, self.layer, self.model
-        act, W = m.act_dtype, tokens.shape[0]
-        e = dequantize(m.embd[tokens], m.embd_qtype, (W, c.d_model))               # [W, D]
+        act = m.act_dtype
+        e = m.embed(tokens)                                                         # [W, D]
         a = add_rmsnorm(e, None, self.enorm, c.norm_eps, act)                       # [W, D]
         b = add_rmsnorm(g, None, self.hnorm, c.norm_eps, act)                       # [W, D]
         x = self.eh(torch.cat([a, b], dim=1))                                       # [W, D] fp32

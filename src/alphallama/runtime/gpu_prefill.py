@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from ..gguf.quants import dequantize
 from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
 from ..kernels.moe import moe_route
 from ..kernels.moe_gemm import moe_prefill
@@ -298,13 +297,12 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
                  rows_per_thread: int) -> tuple[torch.Tensor | None, torch.Tensor]:
     """One chunk: tokens [T] int64 (device) at pos..pos+T-1 of `cache` (GPUModel `m`)
     -> (logits [T, V] float32 or None, hidden [T, D])."""
-    c = m.cfg
     T = tokens.shape[0]
     s = m.scratch
     graphs = _graphs_for(m, cache, T, logits, pos, rows_per_thread)
     if graphs is not None and graphs.T > T:                                  # padding rows: token 0
         tokens = torch.cat([tokens, tokens.new_zeros(graphs.T - T)])
-    x = dequantize(m.embd[tokens], m.embd_qtype, (tokens.shape[0], c.d_model))  # [T (padded), D] fp32 residual
+    x = m.embed(tokens)                                                      # [T (padded), D] fp32 residual
     if graphs is not None:
         lg, h = graphs.run(x, pos)
         return (lg[:T] if lg is not None else None), h[:T]
