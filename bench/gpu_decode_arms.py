@@ -50,9 +50,11 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
             "i8+fuse+moe_i8+pdl+combine": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
                                                fuse_combine=True)}
 # the defaults (config.py) and one-change variants of them: the embedding lookup in plain
-# torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts
+# torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
+# routing in its own launch (before engine.fuse_route)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
-                "default/norm8": dict(norm_warps=8), "default/norm16": dict(norm_warps=16)}
+                "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
+                "default/no-fuse-route": dict(fuse_route=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
              "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}

@@ -26,7 +26,9 @@ from alphallama.kernels.moe_i8 import (  # noqa: E402
     moe_down_i8_counters,
     moe_gate_up_i8,
     moe_i8_order,
+    moe_route_gate_up_i8,
 )
+from alphallama.kernels.moe import moe_route  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
@@ -176,6 +178,29 @@ def test_fused_combine_checks_counters():
             moe_down_i8(act, down, experts, weights, counters=bad)
 
 
+@pytest.mark.parametrize("norm", [True, False])
+def test_routing_in_gate_up_is_the_route_kernel(norm):
+    """moe_route_gate_up_i8 (each gate_up program routes its row) gives the route kernel's
+    expert ids and weights and moe_gate_up_i8's act on them, bit for bit; rows alone give
+    the bits they give in a wider call. Logits with a tie (the lower id wins) and E not a
+    power of two."""
+    gate_up, _, x, _, _ = _setup()
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, E, generator=g).to(DEV)                          # [W, E]
+    logits[1, 3] = logits[1, 1] = logits[1].max() + 1                         # a tie for the first rank
+    q8 = prepare_i8(x, gate_up.expert(0))
+    act, w, ex = moe_route_gate_up_i8(q8, gate_up, logits, 2, norm, torch.float32)
+    w_ref, ex_ref = moe_route(logits, 2, norm)
+    assert torch.equal(ex, ex_ref) and ex[1, 0].item() == 1
+    assert_same_bits(w, w_ref, "weights")
+    assert_same_bits(act, moe_gate_up_i8(q8, gate_up, ex_ref, torch.float32), "act")
+    for r in range(3):
+        act_r, w_r, ex_r = moe_route_gate_up_i8(prepare_i8(x[r:r + 1], gate_up.expert(0)), gate_up,
+                                                logits[r:r + 1], 2, norm, torch.float32)
+        assert torch.equal(ex_r, ex[r:r + 1]) and torch.equal(w_r, w[r:r + 1])
+        assert_same_bits(act_r, act[r:r + 1], f"row {r}")
+
+
 def test_order_is_the_gate_up_weights():
     gate_up, *_ = _setup()
     assert moe_i8_order(gate_up) == (32, 4, 4)
@@ -209,6 +234,10 @@ def compile_sm90() -> None:
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
         for table in (False, True):
             build(kern, *_sm90_args(qtype, K, kern, table))
+    # gate_up routing its rows (ROUTE: logits, weights, E after the PDL flag)
+    types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, False)
+    build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32"],
+          {**const, "PDL": False, "BLOCK_E": 128, "BLOCK_K": 8, "NORM": True, "ROUTE": True})
 
 
 def compile_sm90_fused() -> None:

@@ -16,9 +16,17 @@ Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), q
 
 
 # -- residual add + RMSNorm -------------------------------------------------------------
-# Warps of a norm program (one per row). The layout of the row's sum of squares follows
-# them, so they are part of the row's float order: one value for every W.
-NORM_WARPS = 4
+# Warps of a norm program (one per row) for rows of >= 2048 values; 4 below. The layout
+# of the row's sum of squares follows them, so they are part of the row's float order:
+# one value for every W. H200, a graph of norms, W=1, PDL, us per launch at 4 / 8 / 16
+# warps (bench/results/gpu_small_kernels-20261130-105811.json): D=4096 emitting two
+# int8 lane orders 2.93 / 2.67 / 2.52, D=2048 1.92 / 1.79 / 1.79; 8B round 2.192 ms at 4,
+# 2.139 at 16 (gpu_decode_arms-qwen3-8b-20261130-110042.json)
+NORM_WARPS = 16
+
+
+def _norm_warps(D: int) -> int:
+    return NORM_WARPS if D >= 2048 else 4
 
 
 @triton.jit
@@ -65,7 +73,7 @@ def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: f
     W, D = x.shape
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, num_warps=NORM_WARPS, **pdl_kwargs(pdl, x.device))
+                              HAS_Y=y is not None, num_warps=_norm_warps(D), **pdl_kwargs(pdl, x.device))
     return out
 
 
@@ -80,7 +88,7 @@ def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     q8, args = _q8_args(W, D, tuple(orders), x.device)
     _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, enable_fp_fusion=False, num_warps=NORM_WARPS, **args,
+                              HAS_Y=y is not None, enable_fp_fusion=False, num_warps=_norm_warps(D), **args,
                               **pdl_kwargs(pdl, x.device))
     return out, q8
 

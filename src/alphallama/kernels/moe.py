@@ -40,10 +40,22 @@ NUM_WARPS = 4
 @triton.jit
 def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
-    """One program per row: softmax over the E logits, then TOP_K rounds of argmax (ties
-    go to the lower expert id), the chosen weights renormalised to sum to 1 if NORM."""
+    """One program per row: route_row's choice stored by rank."""
     pdl_start(PDL)                   # reads the router GEMV's output, writes what the last round's experts read
     m = tl.program_id(0).to(tl.int64)
+    w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)
+    j = tl.arange(0, BLOCK_K)
+    tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
+    tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
+
+
+@triton.jit
+def route_row(logits, m, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+              NORM: tl.constexpr):
+    """Row m's routing: softmax over its E logits, then TOP_K rounds of argmax (ties go
+    to the lower expert id), the chosen weights renormalised to sum to 1 if NORM.
+    -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank (moe_i8's gate_up
+    calls it too, in each of its programs)."""
     e = tl.arange(0, BLOCK_E)
     l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"))  # [BLOCK_E]
     p = tl.exp(l - tl.max(l, 0))
@@ -61,8 +73,7 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
         p = tl.where(e == best, -1.0, p)
     if NORM:
         w = w / tl.sum(w, 0)
-    tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
-    tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
+    return w, ids
 
 
 def moe_route(logits: torch.Tensor, top_k: int, norm: bool,

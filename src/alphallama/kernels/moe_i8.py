@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
-from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel
+from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel, route_row
 from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
@@ -49,15 +49,27 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       PDL: tl.constexpr = False, logits=None, weights=None, E=1, BLOCK_E: tl.constexpr = 1,
+                       BLOCK_K: tl.constexpr = 1, NORM: tl.constexpr = False, ROUTE: tl.constexpr = False):
+    """Program (pair, n block). ROUTE: the pair's expert is chosen here from the router's
+    logits (moe.route_row, the route kernel's code, run by every program of the row), and
+    the n block 0 program of each pair stores its expert id and weight for the down."""
     pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     n_fb = tl.cdiv(F, BN)
     pair = tl.program_id(0) // n_fb
     n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)         # [BN]
     n_in = tl.minimum(n_out, F - 1).to(tl.int64)[None, :]              # [1, BN]; past F: recomputed, not stored
-    e = tl.load(experts + pair).to(tl.int64)
     m = (pair // TOP_K).to(tl.int64)
+    if ROUTE:
+        w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)   # [BLOCK_K] each, by rank
+        mine = tl.arange(0, BLOCK_K) == pair % TOP_K
+        e = tl.sum(tl.where(mine, ids, 0), 0).to(tl.int64)             # exact: one term, the rest 0
+        if tl.program_id(0) % n_fb == 0:
+            tl.store(experts + pair, e.to(tl.int32))
+            tl.store(weights + pair, tl.sum(tl.where(mine, w, 0.0), 0))
+    else:
+        e = tl.load(experts + pair).to(tl.int64)
     xp_row = xp + m * XROW
     xsd_row = xsd + m * n_slots * 2
     if TABLE:
@@ -164,6 +176,29 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
         xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pdl_kwargs(pdl, dev))
     return act
+
+
+def moe_route_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, logits: torch.Tensor, top_k: int,
+                         norm: bool, act_dtype: torch.dtype, pdl: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe.moe_route and moe_gate_up_i8 in one launch (resident experts): logits [W, E]
+    fp32 -> (act [W, k, F], weights [W, k] fp32, experts [W, k] int32). Each program
+    routes its row itself with the route kernel's code (moe.route_row); the route
+    launch and its gap go."""
+    xp, xsd = q8
+    W, E = logits.shape
+    F = gate_up.N // 2
+    dev = logits.device
+    act = torch.empty((W, top_k, F), dtype=act_dtype, device=dev)              # [W, k, F]
+    weights = torch.empty((W, top_k), dtype=torch.float32, device=dev)         # [W, k]
+    experts = torch.empty((W, top_k), dtype=torch.int32, device=dev)           # [W, k]
+    c = _consts(gate_up, F, dev.type == "cuda")
+    _gate_up_i8_kernel[(W * top_k * triton.cdiv(F, c["BN"]),)](
+        xp, xsd, act, experts, *_bank_args(gate_up, None, None), F, 1, TOP_K=top_k, TABLE=False,
+        num_warps=NUM_WARPS, enable_fp_fusion=False, logits=logits.contiguous(), weights=weights, E=E,
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, ROUTE=True,
+        **c, **pdl_kwargs(pdl, dev))
+    return act, weights, experts
 
 
 def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tensor:

@@ -43,7 +43,8 @@ from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_i8_ok, moe_i8_order
+from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_i8_ok, moe_i8_order,
+                              moe_route_gate_up_i8)
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8
@@ -131,7 +132,8 @@ class MoE:
     experts live there: the kernels take each from its VRAM slot or the host tier."""
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
-                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32"):
+                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
+                 fuse_route: bool = False):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         self.store, self.layer = store, layer
@@ -143,6 +145,7 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
+        self.fuse_route = fuse_route
         self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
@@ -187,6 +190,13 @@ class MoE:
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
                     q8: dict | None, pdl: bool) -> torch.Tensor:
+        x8 = (q8 or {}).get(self.orders[0])
+        if self.store is None and self.fuse_route:   # the routing in gate_up's launch
+            if x8 is None:
+                x8 = prepare_i8(h, self.gate_up.expert(0), pdl)
+            act, weights, experts = moe_route_gate_up_i8(x8, self.gate_up, logits, self.top_k, self.norm, act_dtype,
+                                                         pdl)                      # [W, k, F], [W, k] x2
+            return self._down_i8(act, self.down, experts, weights, None, None, pdl)
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl)  # [W, k] each
             gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
@@ -195,10 +205,13 @@ class MoE:
             weights, experts = moe_route(logits, self.top_k, self.norm,
                                          experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
-        x8 = (q8 or {}).get(self.orders[0]) or prepare_i8(h, gu.expert(0), pdl)
+        x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
         act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
-        counters = self.counters if self.counters is not None and h.shape[0] <= self.counters.shape[0] else None
-        return moe_down_i8(act, dn, experts, weights, table, bdn, counters, pdl)
+        return self._down_i8(act, dn, experts, weights, table, bdn, pdl)
+
+    def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool) -> torch.Tensor:
+        counters = self.counters if self.counters is not None and act.shape[0] <= self.counters.shape[0] else None
+        return moe_down_i8(act, dn, experts, weights, table, bank, counters, pdl)
 
 
 @dataclass
@@ -227,14 +240,14 @@ class GPUModel:
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None, fuse_combine: bool | None = None):
+                 pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine: config.py (None: its default)."""
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -263,7 +276,7 @@ class GPUModel:
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i, moe_gemv)
+                          self.store, i, moe_gemv, DEFAULTS.engine.fuse_route if fuse_route is None else fuse_route)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
