@@ -31,8 +31,11 @@ class EngineDefaults:
                                   # split merge): the last-arriving program merges, counted by a gpu-scope
                                   # acq_rel atomic. Same bits on the H200, but slower there (30B-A3B 2.81 against
                                   # 2.04 ms a round, 8B 2.56 against 2.23; gpu_decode_arms-*-20261130-074*.json)
-    fuse_route: bool = True       # "i8", resident experts: each gate_up program routes its row itself (softmax,
-                                  # top-k) from the router's logits, no route launch (kernels/moe_i8.py)
+    fuse_route: bool = False      # "i8", resident experts: each gate_up program routes its row itself (softmax,
+                                  # top-k) from the router's logits, no route launch (kernels/moe_i8.py). Same
+                                  # choices, but slower on the H200: every program pays the routing before its
+                                  # weight loads (30B-A3B W=1 2.146 against 1.949 ms, W=8 7.67 against 5.61;
+                                  # gpu_decode_arms-qwen3-30b-a3b-20261130-111002.json)
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -137,8 +137,9 @@ def gather_rows(w: QuantWeight, idx: torch.Tensor, out: torch.Tensor | None = No
     (or out's dtype), bit for bit the gguf dequantizers' values. An embedding lookup in
     one launch, so that a captured round holds one node for it, not the ~25 of a
     plain-torch dequantize."""
-    if len(w.shape) != 2 or idx.dim() != 1:
-        raise ValueError(f"gather_rows takes a 2-D weight and 1-D indices, got {w.shape}, {tuple(idx.shape)}")
+    if len(w.shape) != 2 or idx.dim() != 1 or idx.device != w.device:
+        raise ValueError(f"gather_rows takes a 2-D weight and 1-D indices on its device, got {w.shape} on "
+                         f"{w.device}, {tuple(idx.shape)} on {idx.device}")
     out = torch.empty((idx.shape[0], w.K), dtype=torch.float32, device=w.device) if out is None else out
     if out.shape != (idx.shape[0], w.K) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [{idx.shape[0]}, {w.K}], got {tuple(out.shape)}")

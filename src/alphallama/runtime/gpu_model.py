@@ -436,9 +436,9 @@ class GPUModel:
         return self.output(h, q8, pdl), x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [T] int64 (device) -> their embedding rows [T, D] float32 (the residual)."""
+        """tokens [T] int64 -> their embedding rows [T, D] float32 (the residual)."""
         if isinstance(self.embd, QuantWeight):
-            return gather_rows(self.embd, tokens)
+            return gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
     def _norm(self, x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor,
