@@ -16,6 +16,7 @@ on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -51,12 +52,12 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
                                                fuse_combine=True)}
 # the defaults (config.py) and one-change variants of them: the embedding lookup in plain
 # torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
-# routing in its own launch (before engine.fuse_route)
+# routing inside gate_up (engine.fuse_route), the GEMVs loading two steps ahead (same bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
-                "default/no-fuse-route": dict(fuse_route=False)}
+                "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/torch-embed": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
+SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
              "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -73,6 +74,9 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     saved = qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
+    depth = kw.pop("prefetch", None)
+    if depth is not None:          # the same tiles, loading `depth` steps ahead (same bits)
+        qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), prefetch=depth)
     fused.NORM_WARPS = kw.pop("norm_warps", fused.NORM_WARPS)
     if kw.pop("torch_embed", False):
         emb = f.tensors["token_embd.weight"]

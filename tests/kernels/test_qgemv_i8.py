@@ -67,6 +67,18 @@ def test_many_row_tiles(tile):
     assert ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
 
 
+@pytest.mark.parametrize("k", [256, 768, 2048])           # one step, a masked last step, several steps
+def test_prefetch_depth_keeps_the_bits(k):
+    """Loading 0, 1 or 2 steps ahead changes when the weights are asked for, never the sums:
+    every depth gives the bits of depth 1, at W=1 and W=3."""
+    _, w = _weight(T.Q4_K, 24, k, seed=14)
+    x = _x(3, k, seed=15)
+    for W in (1, 3):
+        base = qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=1))
+        for depth in (0, 2):
+            assert_same_bits(qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=depth)), base, f"depth {depth} W={W}")
+
+
 def test_tile_is_a_function_of_the_weight():
     """Many-row programs only where there are rows enough for every SM; the head keeps 16."""
     assert gemv_tile(_weight(T.Q4_K, 8, 256, seed=1)[1]) == GemvTile(4, 8)
@@ -107,6 +119,15 @@ def compile_sm90() -> None:
         build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
                    HAS_MIN=has_min, BN=4, NT=NT, BW=BW, PREFETCH=True, DP4A=True))
+    # two steps in flight, with the GPU's 16- and 32-row tiles
+    for qtype, K, BN, NT in ((T.Q4_K, 4096, 32, 32), (T.Q6_K, 12288, 32, 64), (T.Q4_K, 4096, 16, 32)):
+        f = FORMATS[qtype]
+        packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
+        planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]
+        bits, hbits, bias, has_min = CODES[qtype]
+        build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
+              dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
+                   HAS_MIN=has_min, BN=BN, NT=NT, BW=1, PREFETCH=2, DP4A=True), num_warps=8)
 
 
 def test_compiles_for_sm90():

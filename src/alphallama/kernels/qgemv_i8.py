@@ -87,9 +87,17 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     pdl_trigger(PDL)
     if PREFETCH:
         nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
+    if PREFETCH >= 2:
+        SECOND: tl.constexpr = NT if NT < LAST else LAST               # (one step only: LAST = 0, reloaded)
+        mwords, mh, ms1, ms2 = LOAD(qs, qh, sc, sd, row, SECOND, one, n_slots, NT, V)
     pdl_wait(PDL)                    # the weights above are no earlier kernel's output; x is
     for s0 in range(0, n_slots, NT):
-        if PREFETCH:
+        if PREFETCH >= 2:
+            # two steps' weights in flight behind this one's arithmetic
+            words, h, s1, s2 = nwords, nh, ns1, ns2
+            nwords, nh, ns1, ns2 = mwords, mh, ms1, ms2
+            mwords, mh, ms1, ms2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + 2 * NT, LAST), one, n_slots, NT, V)
+        elif PREFETCH:
             # the next step's weights are asked for before this step's arithmetic
             words, h, s1, s2 = nwords, nh, ns1, ns2
             nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
@@ -133,11 +141,13 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
 class GemvTile:
     """How the work is cut: part of a weight's float order (the lanes' partial sums and
     the layout of their final sum), so a function of the weight alone (gemv_tile). The
-    x rows per program (BW, from W) only change how many rows share a weight tile."""
+    x rows per program (BW, from W) only change how many rows share a weight tile, and
+    the prefetch depth only when the loads are issued."""
     BN: int = 8             # weight rows per program
     NT: int = 32            # slots per step: one per lane of a warp
     num_warps: int = 4
-    prefetch: bool = True
+    prefetch: int = 1       # steps of weights loaded ahead of the arithmetic (0, 1, 2): not part of the
+                            # float order (the same sums in the same order), only of the bytes in flight
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
@@ -186,6 +196,6 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     grid = (triton.cdiv(N, t.BN) * triton.cdiv(W, BW),)
     _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, out.stride(0), 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
                            V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
-                           BW=BW, PREFETCH=t.prefetch, DP4A=x.is_cuda, num_warps=t.num_warps,
+                           BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda, num_warps=t.num_warps,
                            enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
     return out
