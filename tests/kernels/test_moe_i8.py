@@ -201,6 +201,21 @@ def test_routing_in_gate_up_is_the_route_kernel(norm):
         assert_same_bits(act_r, act[r:r + 1], f"row {r}")
 
 
+def test_paired_gate_up_keeps_the_bits(monkeypatch):
+    """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED) gives
+    the bits of two walks, from the host planes and from a bank slot."""
+    from alphallama.kernels import moe_i8
+    gate_up, _, x, experts, _ = _setup()
+    q8 = prepare_i8(x, gate_up.expert(0))
+    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
+    hgu, bgu = _split(gate_up, [4, 0])
+    want = moe_gate_up_i8(q8, gate_up, experts, torch.float32)
+    want_tiers = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu)
+    monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", True)
+    assert_same_bits(moe_gate_up_i8(q8, gate_up, experts, torch.float32), want, "paired")
+    assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu), want_tiers, "paired, tiers")
+
+
 def test_order_is_the_gate_up_weights():
     gate_up, *_ = _setup()
     assert moe_i8_order(gate_up) == (32, 4, 4)
@@ -234,6 +249,9 @@ def compile_sm90() -> None:
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
         for table in (False, True):
             build(kern, *_sm90_args(qtype, K, kern, table))
+    for table in (False, True):      # gate_up walking gate and up rows together
+        types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
+        build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})
     # gate_up routing its rows (ROUTE: logits, weights, E after the PDL flag)
     types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, False)
     build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32"],

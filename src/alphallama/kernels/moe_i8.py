@@ -28,6 +28,11 @@ from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
 
+# gate_up walks K once for its gate and up rows together (_rows2_i8: the same bits, twice
+# the bytes in flight a program); off until timed on a GPU
+GATE_UP_PAIRED = False
+
+
 @triton.jit
 def _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
              V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
@@ -44,13 +49,52 @@ def _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, L
     return tl.sum(acc, axis=0)
 
 
+@triton.jit
+def _rows2_i8(xp_row, xsd_row, qs, qh, sc, sd, row_a, row_b, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+              V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
+              BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr):
+    """_rows_i8 of two row sets (gate's and up's) in one walk over K: each step asks for
+    both sets' weights before either's arithmetic (twice the bytes in flight). Each set
+    keeps its own accumulator and steps, so each gives _rows_i8's bits."""
+    EVEN: tl.constexpr = n_slots % NT == 0
+    acc_a = tl.zeros([NT, BN], tl.float32)
+    acc_b = tl.zeros([NT, BN], tl.float32)
+    for s0 in range(0, n_slots, NT):
+        wa, ha, a1, a2 = LOAD(qs, qh, sc, sd, row_a, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
+        wb, hb, b1, b2 = LOAD(qs, qh, sc, sd, row_b, s0, one, n_slots, NT, V)
+        u = s0 + tl.arange(0, NT)
+        lo, hi = _lanes(wa, ha, BITS, HBITS)
+        acc_a = _row_step(acc_a, lo, hi, a1, a2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+        lo, hi = _lanes(wb, hb, BITS, HBITS)
+        acc_b = _row_step(acc_b, lo, hi, b1, b2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+    return tl.sum(acc_a, axis=0), tl.sum(acc_b, axis=0)
+
+
+@triton.jit
+def _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, row_g, F, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                  V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+                  HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
+                  PAIRED: tl.constexpr):
+    """(gate rows row_g, up rows row_g + F) against one int8 x row: [BN] float32 each."""
+    if PAIRED:
+        g, u = _rows2_i8(xp_row, xsd_row, qs, qh, sc, sd, row_g, row_g + F, one, n_slots, LOAD, V, BITS, HBITS,
+                         BIAS, HAS_MIN, BN, NT, DP4A)
+    else:
+        g = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row_g, one, n_slots, LOAD, V, BITS, HBITS, BIAS, HAS_MIN,
+                     BN, NT, DP4A)
+        u = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row_g + F, one, n_slots, LOAD, V, BITS, HBITS, BIAS,
+                     HAS_MIN, BN, NT, DP4A)
+    return g, u
+
+
 @triton.jit(do_not_specialize=["one"])
 def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
                        PDL: tl.constexpr = False, logits=None, weights=None, E=1, BLOCK_E: tl.constexpr = 1,
-                       BLOCK_K: tl.constexpr = 1, NORM: tl.constexpr = False, ROUTE: tl.constexpr = False):
+                       BLOCK_K: tl.constexpr = 1, NORM: tl.constexpr = False, ROUTE: tl.constexpr = False,
+                       PAIRED: tl.constexpr = False):
     """Program (pair, n block). ROUTE: the pair's expert is chosen here from the router's
     logits (moe.route_row, the route kernel's code, run by every program of the row), and
     the n block 0 program of each pair stores its expert id and weight for the down."""
@@ -75,20 +119,14 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
     if TABLE:
         slot = tl.load(table + e).to(tl.int64)
         if slot >= 0:
-            g = _rows_i8(xp_row, xsd_row, bqs, bqh, bsc, bsd, slot * 2 * F + n_in, one, n_slots, LOAD, V, BITS,
-                         HBITS, BIAS, HAS_MIN, BN, NT, DP4A)
-            u = _rows_i8(xp_row, xsd_row, bqs, bqh, bsc, bsd, slot * 2 * F + F + n_in, one, n_slots, LOAD, V, BITS,
-                         HBITS, BIAS, HAS_MIN, BN, NT, DP4A)
+            g, u = _gate_up_pair(xp_row, xsd_row, bqs, bqh, bsc, bsd, slot * 2 * F + n_in, F, one, n_slots, LOAD, V,
+                                 BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED)
         else:
-            g = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + n_in, one, n_slots, LOAD, V, BITS,
-                         HBITS, BIAS, HAS_MIN, BN, NT, DP4A)
-            u = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + F + n_in, one, n_slots, LOAD, V, BITS,
-                         HBITS, BIAS, HAS_MIN, BN, NT, DP4A)
+            g, u = _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, V,
+                                 BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED)
     else:
-        g = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + n_in, one, n_slots, LOAD, V, BITS,
-                     HBITS, BIAS, HAS_MIN, BN, NT, DP4A)
-        u = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + F + n_in, one, n_slots, LOAD, V, BITS,
-                     HBITS, BIAS, HAS_MIN, BN, NT, DP4A)
+        g, u = _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, V,
+                             BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED)
     y = g / (1.0 + tl.exp(-g)) * u                                     # silu(gate) * up, as fused.silu_mul
     tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
 
@@ -174,7 +212,8 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     c = _consts(gate_up, F, dev.type == "cuda")
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
-        TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pdl_kwargs(pdl, dev))
+        TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
+        **pdl_kwargs(pdl, dev))
     return act
 
 
@@ -197,7 +236,7 @@ def moe_route_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, logits:
         xp, xsd, act, experts, *_bank_args(gate_up, None, None), F, 1, TOP_K=top_k, TABLE=False,
         num_warps=NUM_WARPS, enable_fp_fusion=False, logits=logits.contiguous(), weights=weights, E=E,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, ROUTE=True,
-        **c, **pdl_kwargs(pdl, dev))
+        PAIRED=GATE_UP_PAIRED, **c, **pdl_kwargs(pdl, dev))
     return act, weights, experts
 
 
