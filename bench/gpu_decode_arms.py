@@ -53,13 +53,13 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # the defaults (config.py) and one-change variants of them: the embedding lookup in plain
 # torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
 # routing inside gate_up (engine.fuse_route), the GEMVs loading two steps ahead and the
-# experts' gate_up walking gate and up rows together (both: same bits)
+# experts' gate_up walking gate and up rows apart (both: same bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
-                "default/gate-up-paired": dict(gate_up_paired=True)}
+                "default/gate-up-unpaired": dict(gate_up_paired=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-paired": "default",
+SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
              "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)
@@ -77,9 +77,9 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     saved = qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
-    depth = kw.pop("prefetch", None)
-    if depth is not None:          # the same tiles, loading `depth` steps ahead (same bits)
-        qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), prefetch=depth)
+    steps = kw.pop("prefetch", None)
+    if steps is not None:          # the same tiles, loading `steps` steps ahead (same bits)
+        qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), prefetch=steps)
     fused.NORM_WARPS = kw.pop("norm_warps", fused.NORM_WARPS)
     moe_i8.GATE_UP_PAIRED = kw.pop("gate_up_paired", moe_i8.GATE_UP_PAIRED)
     if kw.pop("torch_embed", False):

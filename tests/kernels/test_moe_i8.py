@@ -202,13 +202,14 @@ def test_routing_in_gate_up_is_the_route_kernel(norm):
 
 
 def test_paired_gate_up_keeps_the_bits(monkeypatch):
-    """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED) gives
-    the bits of two walks, from the host planes and from a bank slot."""
+    """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED, the
+    default) gives the bits of two walks, from the host planes and from a bank slot."""
     from alphallama.kernels import moe_i8
     gate_up, _, x, experts, _ = _setup()
     q8 = prepare_i8(x, gate_up.expert(0))
     table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
     hgu, bgu = _split(gate_up, [4, 0])
+    monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", False)
     want = moe_gate_up_i8(q8, gate_up, experts, torch.float32)
     want_tiers = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu)
     monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", True)

@@ -147,7 +147,9 @@ class GemvTile:
     NT: int = 32            # slots per step: one per lane of a warp
     num_warps: int = 4
     prefetch: int = 1       # steps of weights loaded ahead of the arithmetic (0, 1, 2): not part of the
-                            # float order (the same sums in the same order), only of the bytes in flight
+                            # float order (the same sums in the same order), only of the bytes in flight.
+                            # 2 gave the same bits on the H200 but no gain at W=1 and 4-12% loss at W=2-8
+                            # (8B shape, 8 layers: gpu_decode_arms-qwen3-8b-20261130-112534.json)
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
