@@ -53,14 +53,16 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # the defaults (config.py) and one-change variants of them: the embedding lookup in plain
 # torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
 # routing inside gate_up (engine.fuse_route), the GEMVs loading two steps ahead and the
-# experts' gate_up walking gate and up rows apart (both: same bits)
+# experts' gate_up walking gate and up rows apart, the MoE ranks summed in the next norm
+# (all three: same bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
-                "default/gate-up-unpaired": dict(gate_up_paired=False)}
+                "default/gate-up-unpaired": dict(gate_up_paired=False),
+                "default/combine-in-norm": dict(combine_in_norm=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
-             "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
+             "default/combine-in-norm": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
              "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)
 

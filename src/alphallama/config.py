@@ -36,6 +36,8 @@ class EngineDefaults:
                                   # choices, but slower on the H200: every program pays the routing before its
                                   # weight loads (30B-A3B W=1 2.146 against 1.949 ms, W=8 7.67 against 5.61;
                                   # gpu_decode_arms-qwen3-30b-a3b-20261130-111002.json)
+    combine_in_norm: bool = False  # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
+                                   # (moe's combine code, the same bits), no combine launch. Not yet timed
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

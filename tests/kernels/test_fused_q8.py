@@ -53,6 +53,36 @@ def test_add_rmsnorm_q8_equals_prepare(D):
             _same(q8[o], prepare_i8(h, ws[o]), f"D={D} order {o}")
 
 
+@pytest.mark.parametrize("q8", [False, True], ids=["plain", "q8"])
+def test_norm_sums_the_moe_ranks_as_the_combine_does(q8):
+    """add_rmsnorm(x, (part, weights)): the ranks summed by moe's combine code in the norm's
+    launch give the bits of the combine kernel's sum added as y (the residual, h and the
+    int8 activations), with D past a power of two (masked lanes)."""
+    from alphallama.kernels.fused import add_rmsnorm
+    from alphallama.kernels.moe import BD_COMBINE, _down_combine_kernel
+    W, k, D = 3, 4, 896
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(W, D, generator=g).to(DEV)
+    part = torch.randn(W, k, D, generator=g).to(DEV)
+    weights = torch.rand(W, k, generator=g).to(DEV)
+    w = (torch.rand(D, generator=g) + 0.5).to(DEV)
+    y = torch.empty(W, D, device=DEV)
+    _down_combine_kernel[(W * -(-D // BD_COMBINE),)](part, weights, y, D, TOP_K=k, BD=BD_COMBINE, num_warps=2,
+                                                      enable_fp_fusion=False)
+    x_two, x_one = x.clone(), x.clone()
+    if q8:
+        order = lane_order(_weight(T.Q8_0, 8, D, seed=1)[1])
+        h_two, q_two = add_rmsnorm_q8(x_two, y, w, 1e-6, ACT, (order,))
+        h_one, q_one = add_rmsnorm_q8(x_one, (part, weights), w, 1e-6, ACT, (order,))
+        _same(q_one[order], q_two[order], "int8 activations")
+    else:
+        h_two = add_rmsnorm(x_two, y, w, 1e-6, ACT)
+        h_one = add_rmsnorm(x_one, (part, weights), w, 1e-6, ACT)
+    assert torch.equal(x_one, x_two) and torch.equal(h_one, h_two)
+    with pytest.raises(ValueError, match="MoE parts"):
+        add_rmsnorm(x.clone(), (part[:, :, :8], weights), w, 1e-6, ACT)
+
+
 @pytest.mark.parametrize("F", [1024, 1024 + 256 + 32 * 3])     # one whole block; a ragged last block
 def test_silu_mul_q8_equals_prepare(F):
     g = torch.Generator().manual_seed(F)
@@ -95,6 +125,10 @@ def compile_sm90() -> None:
         build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"],
               dict(D=D, BLOCK=triton.next_power_of_2(D), HAS_Y=True, NQ=2, SLOT1=32, V1=4, BITS1=4,
                    SLOT2=16, V2=2, BITS2=4))
+    # the norm summing the MoE ranks (PART, PW after the PDL flag), with its two lane orders
+    build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
+          + ["*fp32", "*fp32"], dict(D=2048, BLOCK=2048, HAS_Y=True, NQ=2, SLOT1=32, V1=4, BITS1=4, SLOT2=16, V2=2,
+                                     BITS2=4, PDL=False, TOP_K=8), num_warps=16)
     for F in (12288, 4864):
         build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))

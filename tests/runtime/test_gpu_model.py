@@ -99,3 +99,30 @@ def test_one_launch_combines_give_the_same_bits(tmp_path):
             singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
             assert torch.equal(singles, logits[True][2:])
     assert torch.equal(logits[True], logits[False])
+
+
+def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypatch):
+    """engine.combine_in_norm: the MoE layers return their ranks unsummed and the next
+    norm sums them (no combine launch): the logits are the combine kernel's path's bit for
+    bit, no combine launch runs, and a round still equals its rows run alone."""
+    from alphallama.kernels import moe_i8
+    path = tmp_path / "moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=6), path)
+    f = GGUFFile(path)
+    toks = torch.randint(0, 200, (5,), generator=torch.Generator().manual_seed(2))
+    launches = []
+    real = moe_i8._down_combine_kernel
+    monkeypatch.setattr(moe_i8, "_down_combine_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
+    logits = {}
+    for fused in (False, True):
+        launches.clear()
+        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", combine_in_norm=fused, graphs=False)
+        cache = gpu.new_cache(128)
+        logits[fused] = gpu.forward(toks, 0, cache)[0].clone()
+        assert (len(launches) == 0) == fused
+        if fused:
+            cache.truncate(2)
+            singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
+            assert torch.equal(singles, logits[True][2:])
+    assert torch.equal(logits[True], logits[False])

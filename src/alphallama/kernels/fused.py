@@ -9,10 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .moe import _combine_block
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import emit_q8, new_q8
 
 Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
+MoEParts = tuple[torch.Tensor, torch.Tensor]    # (part [W, k, D] fp32, weights [W, k] fp32): moe_down_i8(combine=False)
 
 
 # -- residual add + RMSNorm -------------------------------------------------------------
@@ -34,13 +36,19 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
                         XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                         SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
-                        PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0):
+    """TOP_K > 0: y is the MoE ranks' sum, made here from PART [W, TOP_K, D] and PW
+    [W, TOP_K] by moe's combine code (the same fma chain: y's bits are the combine
+    kernel's), instead of loaded from Y."""
     pdl_start(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     mask = d < D
     x = tl.load(X + row * D + d, mask=mask, other=0.0)
-    if HAS_Y:
+    if TOP_K > 0:
+        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K, "")
+        tl.store(X + row * D + d, x, mask=mask)
+    elif HAS_Y:
         x += tl.load(Y + row * D + d, mask=mask, other=0.0)
         tl.store(X + row * D + d, x, mask=mask)
     r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
@@ -66,18 +74,34 @@ def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
     return q8, args
 
 
-def add_rmsnorm(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
+def _y_args(x: torch.Tensor, y: "torch.Tensor | MoEParts | None") -> tuple[torch.Tensor, dict]:
+    """(Y argument, the kernel's y keywords) for y a tensor, MoE parts or None."""
+    if isinstance(y, tuple):
+        part, weights = y
+        W, D = x.shape
+        if part.shape[0] != W or part.shape[2] != D or weights.shape != part.shape[:2] or \
+                part.dtype != torch.float32 or weights.dtype != torch.float32:
+            raise ValueError(f"MoE parts [W, k, D] and weights [W, k] fp32 for x {tuple(x.shape)}, got "
+                             f"{tuple(part.shape)} {part.dtype}, {tuple(weights.shape)} {weights.dtype}")
+        return x, {"HAS_Y": True, "PART": part.contiguous(), "PW": weights.contiguous(), "TOP_K": part.shape[1]}
+    return (y if y is not None else x), {"HAS_Y": y is not None}
+
+
+def add_rmsnorm(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
                 out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
     """x += y (in place, when y is given); returns rmsnorm(x) * w in out_dtype (bf16 on
-    the GPU: the quantized GEMV reads half the activation bytes). x, y: [W, D] fp32."""
+    the GPU: the quantized GEMV reads half the activation bytes). x, y: [W, D] fp32; or
+    y = (part [W, k, D], weights [W, k]): the MoE ranks' sum made here (moe's combine,
+    the same bits), one launch fewer."""
     W, D = x.shape
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
-    _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, num_warps=_norm_warps(D), **pdl_kwargs(pdl, x.device))
+    Y, ya = _y_args(x, y)
+    _add_rmsnorm_kernel[(W,)](x, Y, w, out, D, triton.next_power_of_2(D), eps, num_warps=_norm_warps(D), **ya,
+                              **pdl_kwargs(pdl, x.device))
     return out
 
 
-def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps: float,
+def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
                    out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
     lane order in `orders` (at most two; qmatvec_i8.lane_order): bit for bit what
@@ -87,9 +111,9 @@ def add_rmsnorm_q8(x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor, eps
         raise ValueError(f"int8 activations need D % 32 == 0, got {D}")
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     q8, args = _q8_args(W, D, tuple(orders), x.device)
-    _add_rmsnorm_kernel[(W,)](x, y if y is not None else x, w, out, D, triton.next_power_of_2(D), eps,
-                              HAS_Y=y is not None, enable_fp_fusion=False, num_warps=_norm_warps(D), **args,
-                              **pdl_kwargs(pdl, x.device))
+    Y, ya = _y_args(x, y)
+    _add_rmsnorm_kernel[(W,)](x, Y, w, out, D, triton.next_power_of_2(D), eps, enable_fp_fusion=False,
+                              num_warps=_norm_warps(D), **ya, **args, **pdl_kwargs(pdl, x.device))
     return out, q8
 
 

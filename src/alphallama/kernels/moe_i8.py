@@ -252,7 +252,7 @@ def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tens
 
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
                 table: torch.Tensor | None = None, bank=None, counters: torch.Tensor | None = None,
-                pdl: bool = False) -> torch.Tensor:
+                pdl: bool = False, combine: bool = True) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
     weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
     counters: None, two launches (down, then moe's combine); or a contiguous int32
@@ -260,8 +260,12 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
     serves smaller W), all 0, and left all 0: one launch whose last-arriving program
     of each (row, n block) combines it, the same bits. Calls in stream order (a graph's
     MoE layers) may share one; concurrent calls may not. pdl: every launch with
-    programmatic dependent launch (kernels/pdl.py)."""
+    programmatic dependent launch (kernels/pdl.py). combine=False (without counters):
+    no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
+    to sum (fused.add_rmsnorm's MoE parts: the same bits)."""
     _check_bank(down, table, bank)
+    if counters is not None and not combine:
+        raise ValueError("combine=False leaves the rank sum to the caller: no counters")
     W, k, F = act.shape
     D = down.N
     dev = act.device
@@ -282,6 +286,8 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
                               COMBINE=True, **c, **pk)
         return out
     _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk)
+    if not combine:
+        return part, weights.float().contiguous()
     _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False,
         **pk)

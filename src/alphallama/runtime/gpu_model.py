@@ -41,7 +41,7 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
-from ..kernels.fused import add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
+from ..kernels.fused import MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_i8_ok, moe_i8_order,
                               moe_route_gate_up_i8)
@@ -166,13 +166,15 @@ class MoE:
         return v.host_gate_up.expert(e), v.host_down.expert(e)
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
-                 pdl: bool = False) -> torch.Tensor:
+                 pdl: bool = False, combine: bool = True) -> "torch.Tensor | MoEParts":
         """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
         the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
-        the router asks for its weights before it waits: PDL mode 2)."""
+        the router asks for its weights before it waits: PDL mode 2). combine=False: the
+        int8 path without counters may return its ranks unsummed, (part [W, k, D],
+        weights [W, k]), for the next norm to sum (fused.add_rmsnorm)."""
         if self.i8 and self.link is None:
             logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
-            return self._experts_i8(h, logits, act_dtype, q8, pdl)
+            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine)
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
@@ -189,14 +191,14 @@ class MoE:
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
-                    q8: dict | None, pdl: bool) -> torch.Tensor:
+                    q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self.orders[0])
         if self.store is None and self.fuse_route:   # the routing in gate_up's launch
             if x8 is None:
                 x8 = prepare_i8(h, self.gate_up.expert(0), pdl)
             act, weights, experts = moe_route_gate_up_i8(x8, self.gate_up, logits, self.top_k, self.norm, act_dtype,
                                                          pdl)                      # [W, k, F], [W, k] x2
-            return self._down_i8(act, self.down, experts, weights, None, None, pdl)
+            return self._down_i8(act, self.down, experts, weights, None, None, pdl, combine)
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl)  # [W, k] each
             gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
@@ -207,11 +209,11 @@ class MoE:
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
         x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
         act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
-        return self._down_i8(act, dn, experts, weights, table, bdn, pdl)
+        return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
 
-    def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool) -> torch.Tensor:
+    def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool, combine: bool):
         counters = self.counters if self.counters is not None and act.shape[0] <= self.counters.shape[0] else None
-        return moe_down_i8(act, dn, experts, weights, table, bank, counters, pdl)
+        return moe_down_i8(act, dn, experts, weights, table, bank, counters, pdl, combine or counters is not None)
 
 
 @dataclass
@@ -240,14 +242,16 @@ class GPUModel:
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None):
+                 pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
+                 combine_in_norm: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route: config.py (None: its default)."""
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm: config.py
+        (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -342,6 +346,7 @@ class GPUModel:
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         self.capture_s = 0.0
         e = DEFAULTS.engine
+        self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -422,8 +427,8 @@ class GPUModel:
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt), None
             h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
-            if L.moe is not None:
-                d = L.moe(h, act, q8, pdl)                                         # [W, D]
+            if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
+                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm)
             elif L.down.orders and self._fuse_q8:
                 s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
                 d = L.down(s, q8, pdl)                                             # [W, D]
@@ -441,9 +446,10 @@ class GPUModel:
             return gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
-    def _norm(self, x: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor,
+    def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
               consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
-        """x += y; rmsnorm(x) * w, with the int8 activations `consumer` takes (if any)."""
+        """x += y (y: a tensor, or MoE ranks to sum); rmsnorm(x) * w, with the int8
+        activations `consumer` takes (if any)."""
         c = self.cfg
         if consumer is None or not consumer.orders or not self._fuse_q8:
             return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl), None
