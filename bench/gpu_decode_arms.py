@@ -62,8 +62,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/combine-in-norm": dict(combine_in_norm=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
-             "default/combine-in-norm": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8",
-             "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
+             "default/combine-in-norm": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
+             "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)
 
 
