@@ -38,6 +38,9 @@ class EngineDefaults:
                                   # gpu_decode_arms-qwen3-30b-a3b-20261130-111002.json)
     combine_in_norm: bool = False  # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
                                    # (moe's combine code, the same bits), no combine launch. Not yet timed
+    fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
+                                  # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
+                                  # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer. Not yet timed
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -47,7 +47,7 @@ from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8,
                               moe_route_gate_up_i8)
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
-from ..kernels.qgemv_i8 import qgemv_i8
+from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, unpair
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -86,26 +86,51 @@ class Linear:
     writes its columns of one output buffer (no concatenation); weights without an
     integer form (F16, F32) take qmatmul."""
 
-    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32"):
+    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", silu_pair: bool = False):
+        """silu_pair: parts are [gate, up] of one type: their rows are stored in pair
+        blocks (qgemv_i8.pair_rows) for silu(), where it applies (self.paired says)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
                 groups[-1].append(p)
             else:
                 groups.append([p])
+        self.paired = (silu_pair and gemv == "i8" and len(parts) == 2 and len(groups) == 1
+                       and parts[0].shape[0] == parts[1].shape[0] and parts[0].shape[0] % (2 * PAIR) == 0)
         self.weights = []
         for g in groups:
             raw, shape = _concat_rows(g)
+            if self.paired:
+                raw = raw[pair_rows(shape[0] // 2)]
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
+        self.paired = self.paired and i8_supports(self.weights[0])
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
         self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
 
+    def silu(self, x: torch.Tensor, q8: dict | None, act_dtype: torch.dtype, order: tuple,
+             pdl: bool = False) -> tuple[torch.Tensor, dict]:
+        """A paired [gate, up]: x [W, K] -> (silu(gate) * up [W, F] in act_dtype, {order:
+        its int8 activations}) in one launch (qgemv_i8.qgemv_i8_silu)."""
+        w = self.weights[0]
+        key = lane_order(w)
+        x8 = (q8 or {}).get(key) or prepare_i8(x, w, pdl)
+        return qgemv_i8_silu(x, w, act_dtype, order, x8, pdl)
+
+    def unpair(self, y: torch.Tensor) -> torch.Tensor:
+        """Columns of x @ w^T in [gate | up] order (a paired weight's are in pair blocks)."""
+        return unpair(y) if self.paired else y
+
     def __call__(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> torch.Tensor:
-        """x [W, K] -> [W, N] fp32; q8: x's int8 activations by lane order, if its producer
-        made them (else they are made here, one prepare launch per order)."""
+        """x [W, K] -> [W, N] fp32 (a paired [gate, up]: columns in [gate | up] order); q8:
+        x's int8 activations by lane order, if its producer made them (else they are made
+        here, one prepare launch per order)."""
+        if self.paired:
+            w = self.weights[0]
+            x8 = (q8 or {}).get(lane_order(w)) or prepare_i8(x, w, pdl)
+            return unpair(qgemv_i8(x, w, prepared=x8, pdl=pdl))
         if not any(self.i8):
             outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -243,15 +268,15 @@ class GPUModel:
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
-                 combine_in_norm: bool | None = None):
+                 combine_in_norm: bool | None = None, fuse_silu: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm: config.py
-        (None: its default)."""
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu:
+        config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -270,6 +295,11 @@ class GPUModel:
             self.store = ExpertStore({i: tuple(t[f"blk.{i}.{n}.weight"] for n in exps) for i in range(cfg.n_layers)},
                                      cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
                                      MAX_W, progress)
+        # gate|up with SiLU and the down's int8 input in one launch (Linear.silu), where the
+        # int8 producers are fused (the paired weight serves nothing else in decode)
+        e = DEFAULTS.engine
+        fuse_silu = (e.fuse_silu if fuse_silu is None else fuse_silu) and \
+            (e.fuse_q8 if fuse_q8 is None else fuse_q8) and cfg.d_model % 32 == 0
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -289,7 +319,8 @@ class GPUModel:
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
                 o=Linear([t[p + "attn_output.weight"]], self.device, gemv),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv) if dense else None,
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv,
+                               silu_pair=fuse_silu) if dense else None,
                 down=Linear([t[p + "ffn_down.weight"]], self.device, gemv) if dense else None,
                 moe=moe,
             ))
@@ -430,7 +461,10 @@ class GPUModel:
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
                 d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm)
             elif L.down.orders and self._fuse_q8:
-                s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
+                if L.gate_up.paired and len(L.down.orders) == 1:   # one launch: gate|up, SiLU, int8 act
+                    s, q8 = L.gate_up.silu(h, q8, act, L.down.orders[0], pdl)             # [W, F]
+                else:
+                    s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
                 d = L.down(s, q8, pdl)                                             # [W, D]
             else:
                 d = L.down(silu_mul(L.gate_up(h, q8, pdl), act, pdl), None, pdl)
