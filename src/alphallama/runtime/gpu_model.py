@@ -46,7 +46,7 @@ from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_i8_ok, moe_i8_order,
                               moe_route_gate_up_i8)
 from ..kernels.moe_q8 import contract_ok, moe_q8
-from ..kernels.expert_q8 import supports as i8_supports
+from ..kernels.expert_q8 import SLOT_TERMS, supports as i8_supports
 from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, unpair
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
@@ -96,14 +96,14 @@ class Linear:
             else:
                 groups.append([p])
         self.paired = (silu_pair and gemv == "i8" and len(parts) == 2 and len(groups) == 1
-                       and parts[0].shape[0] == parts[1].shape[0] and parts[0].shape[0] % (2 * PAIR) == 0)
+                       and parts[0].qtype in SLOT_TERMS                                 # an integer form
+                       and parts[0].shape[0] == parts[1].shape[0] and parts[0].shape[0] % PAIR == 0)
         self.weights = []
         for g in groups:
             raw, shape = _concat_rows(g)
             if self.paired:
                 raw = raw[pair_rows(shape[0] // 2)]
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
-        self.paired = self.paired and i8_supports(self.weights[0])
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
         self.N = sum(w.N for w in self.weights)
