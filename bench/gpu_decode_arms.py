@@ -55,14 +55,16 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # routing inside gate_up (engine.fuse_route), the GEMVs loading two steps ahead and the
 # experts' gate_up walking gate and up rows apart, the MoE ranks summed in the next norm
 # (all three: same bits), the dense gate|up GEMV with SiLU and the down's int8 input in its
-# epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits)
+# epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
+# the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
                 "default/gate-up-unpaired": dict(gate_up_paired=False),
                 "default/combine-in-norm": dict(combine_in_norm=True), "default/fuse-silu": dict(fuse_silu=True),
                 "default/fuse-silu16": dict(fuse_silu=True, silu_warps=16),
-                "default/maxbw4": dict(max_bw=4), "default/maxbw2": dict(max_bw=2)}
+                "default/maxbw4": dict(max_bw=4), "default/maxbw2": dict(max_bw=2),
+                "default/moe-bn16": dict(moe_bn=16)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "default/maxbw4": "default", "default/maxbw2": "default",
@@ -81,7 +83,7 @@ def old_gemv_tile(w):
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED, qgemv_i8_mod.SILU_WARPS,
-             qgemv_i8_mod.MAX_BW)
+             qgemv_i8_mod.MAX_BW, moe_i8.gemv_tile)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -91,6 +93,9 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     moe_i8.GATE_UP_PAIRED = kw.pop("gate_up_paired", moe_i8.GATE_UP_PAIRED)
     qgemv_i8_mod.SILU_WARPS = kw.pop("silu_warps", qgemv_i8_mod.SILU_WARPS)
     qgemv_i8_mod.MAX_BW = kw.pop("max_bw", qgemv_i8_mod.MAX_BW)   # x rows a program: not in the float order
+    moe_bn = kw.pop("moe_bn", None)
+    if moe_bn is not None:         # the experts' tile (a new float order, the same at every W)
+        moe_i8.gemv_tile = lambda w, _t=moe_i8.gemv_tile: dataclasses.replace(_t(w), BN=moe_bn)
     if kw.pop("torch_embed", False):
         emb = f.tensors["token_embd.weight"]
         raw = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)   # [V, row_bytes]
@@ -100,7 +105,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         return _run_arm(f, kw, depth, reps, toks, device)
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW) = saved
+         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.gemv_tile) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:
