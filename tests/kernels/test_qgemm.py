@@ -60,6 +60,8 @@ def test_gather_rows_is_the_embedding_lookup(qtype):
     out = gather_rows(w, idx)
     assert out.dtype == torch.float32 and torch.equal(out.cpu(), ref[idx.cpu()])
     assert gather_rows(w, idx[:0]).shape == (0, k)
+    # ids past either end read the nearest row, never past the planes
+    assert torch.equal(gather_rows(w, torch.tensor([-3, 40, 2**40], device=DEV)).cpu(), ref[[0, 36, 36]])
     with pytest.raises(ValueError, match="contiguous"):
         gather_rows(w, idx, torch.empty(len(idx), k + 1, device=DEV))
 

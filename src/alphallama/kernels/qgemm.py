@@ -86,9 +86,11 @@ def slot_values(words, h, s1, s2, FIELD: tl.constexpr, V: tl.constexpr, P: tl.co
 def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr,
                     BN: tl.constexpr, NT: tl.constexpr, WHOLE: tl.constexpr, HW: tl.constexpr,
-                    IDX=None, GATHER: tl.constexpr = False):
+                    IDX=None, GATHER: tl.constexpr = False, NROWS=1):
     """Rows pid(0)*BN.. and slots pid(1)*NT.. of the weight -> out [N, n_slots * SLOT].
-    GATHER: out row n is weight row IDX[n] (N = rows of out: an embedding lookup).
+    GATHER: out row n is weight row IDX[n] (N = rows of out: an embedding lookup), an id
+    outside the NROWS weight rows read as the nearest row, never past the planes (the
+    server rejects such ids before they get here).
     WHOLE: a slot's values are put in k order in registers and stored at once (the
     compiler may then spread a slot's run over several threads: whole sectors per warp
     store); else each field pair is stored as it comes (one 16-byte run per thread)."""
@@ -96,7 +98,7 @@ def _dequant_kernel(out, qs, qh, sc, sd, N, one, n_slots: tl.constexpr, LOAD: tl
     n = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
     dst = tl.minimum(n, N - 1).to(tl.int64)[None, :]  # [1, BN]; past N: reload N-1, not stored
     if GATHER:
-        row = tl.load(IDX + dst).to(tl.int64)  # [1, BN]
+        row = tl.minimum(tl.maximum(tl.load(IDX + dst).to(tl.int64), 0), NROWS - 1)  # [1, BN]
     else:
         row = dst
     s0 = tl.program_id(1) * NT
@@ -127,7 +129,7 @@ def _launch(w: QuantWeight, planes: tuple, out: torch.Tensor, tile: tuple,
     grid = (triton.cdiv(n, rows), triton.cdiv(w.n_slots, NT))
     _dequant_kernel[grid](out, *planes, n, 1, n_slots=w.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field,
                           V=fmt.V, P=fmt.P, SLOT=fmt.slot, BN=rows, NT=NT, WHOLE=whole, HW=hw, num_warps=warps,
-                          enable_fp_fusion=False, IDX=idx, GATHER=idx is not None)
+                          enable_fp_fusion=False, IDX=idx, GATHER=idx is not None, NROWS=w.N)
     return out
 
 
@@ -146,7 +148,8 @@ def gather_rows(w: QuantWeight, idx: torch.Tensor, out: torch.Tensor | None = No
     if idx.shape[0] == 0:
         return out
     if not _use_triton(out):
-        return out.copy_(w.fmt.dequantize({n: p[idx] for n, p in w.planes.items()}, w.K))
+        rows = idx.clamp(0, w.N - 1)
+        return out.copy_(w.fmt.dequantize({n: p[rows] for n, p in w.planes.items()}, w.K))
     return _launch(w, w.plane_args(), out, tile, idx)
 
 
