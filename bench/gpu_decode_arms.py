@@ -56,7 +56,8 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # experts' gate_up walking gate and up rows apart, the MoE ranks summed in the next norm
 # (all three: same bits), the dense gate|up GEMV with SiLU and the down's int8 input in its
 # epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
-# the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps)
+# the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps), the experts'
+# gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -64,7 +65,7 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/combine-in-norm": dict(combine_in_norm=True), "default/fuse-silu": dict(fuse_silu=True),
                 "default/fuse-silu16": dict(fuse_silu=True, silu_warps=16),
                 "default/maxbw4": dict(max_bw=4), "default/maxbw2": dict(max_bw=2),
-                "default/moe-bn16": dict(moe_bn=16)}
+                "default/moe-bn16": dict(moe_bn=16), "default/moe-emit": dict(moe_emit_q8=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "default/maxbw4": "default", "default/maxbw2": "default",

@@ -41,6 +41,9 @@ class EngineDefaults:
     fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
                                   # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
                                   # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer. Not yet timed
+    moe_emit_q8: bool = False     # "i8" experts: gate_up in 32-row programs that also emit the down's int8 input
+                                  # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
+                                  # order (the same at every W). Not yet timed
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

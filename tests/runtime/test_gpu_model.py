@@ -151,3 +151,28 @@ def test_silu_in_the_gate_up_epilogue(tmp_path):
         assert torch.equal(singles, lg[2:])
         hidden[fused] = gpu.forward(toks, 0, gpu.new_cache(160), logits=False)[1].clone()   # 80 rows: prefill
     torch.testing.assert_close(hidden[True], hidden[False], atol=1e-4 * hidden[False].abs().max().item(), rtol=0)
+
+
+def test_moe_gate_up_emitting_the_down_input(tmp_path):
+    """engine.moe_emit_q8: the experts' gate_up makes the down's int8 input (no prepare
+    launch). Its 32-row tile is a float order of its own on the GPU (the CPU's tile is the
+    same either way, so there the logits are equal bit for bit); against the reference,
+    and a round equals its rows alone."""
+    path = tmp_path / "moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=8), path)
+    f = GGUFFile(path)
+    ref = load_model(f, 128)
+    toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(4))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    logits = {}
+    for emit in (False, True):
+        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", moe_emit_q8=emit)
+        assert all(L.moe.emit_q8 == emit for L in gpu.layers)
+        cache = gpu.new_cache(128)
+        logits[emit] = gpu.forward(toks, 0, cache)[0].clone()
+        torch.testing.assert_close(logits[emit].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+        cache.truncate(2)
+        singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
+        assert torch.equal(singles, logits[emit][2:])
+    if DEV == "cpu":
+        assert torch.equal(logits[True], logits[False])

@@ -43,8 +43,8 @@ from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_i8_ok, moe_i8_order,
-                              moe_route_gate_up_i8)
+from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
+                              moe_i8_order, moe_route_gate_up_i8)
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import SLOT_TERMS, supports as i8_supports
 from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, unpair
@@ -158,7 +158,7 @@ class MoE:
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
                  norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
-                 fuse_route: bool = False):
+                 fuse_route: bool = False, emit_q8: bool = False):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         self.store, self.layer = store, layer
@@ -171,6 +171,7 @@ class MoE:
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
         self.fuse_route = fuse_route
+        self.emit_q8 = emit_q8 and (gate.shape[1] if len(gate.shape) == 3 else gate.shape[0]) % 32 == 0
         self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
@@ -233,12 +234,16 @@ class MoE:
                                          experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
         x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
+        if self.emit_q8:             # gate_up also makes the down's int8 input: no prepare launch
+            act, aq = moe_gate_up_i8_q8(x8, gu, experts, act_dtype, lane_order(dn.expert(0)), table, bgu, pdl)
+            return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine, aq)
         act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
         return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
 
-    def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool, combine: bool):
+    def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool, combine: bool, prepared=None):
         counters = self.counters if self.counters is not None and act.shape[0] <= self.counters.shape[0] else None
-        return moe_down_i8(act, dn, experts, weights, table, bank, counters, pdl, combine or counters is not None)
+        return moe_down_i8(act, dn, experts, weights, table, bank, counters, pdl, combine or counters is not None,
+                           prepared)
 
 
 @dataclass
@@ -268,15 +273,16 @@ class GPUModel:
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
-                 combine_in_norm: bool | None = None, fuse_silu: bool | None = None):
+                 combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
+                 moe_emit_q8: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu:
-        config.py (None: its default)."""
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
+        moe_emit_q8: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -310,7 +316,8 @@ class GPUModel:
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i, moe_gemv, DEFAULTS.engine.fuse_route if fuse_route is None else fuse_route)
+                          self.store, i, moe_gemv, DEFAULTS.engine.fuse_route if fuse_route is None else fuse_route,
+                          DEFAULTS.engine.moe_emit_q8 if moe_emit_q8 is None else moe_emit_q8)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
