@@ -122,3 +122,26 @@ def test_planned_gemms_in_any_order_match(overlap):
     s.expect(extra)
     y = s.gemm(x, extra)
     assert torch.allclose(y.cpu().double(), refs[2], atol=1e-4, rtol=1e-5)
+
+
+def compile_sm90() -> None:
+    """The dequantize kernel as the embedding lookup (GATHER: int64 ids, the row clamp) for
+    sm_90, for the formats of Q4_K_M files and Qwen2.5-Coder (child process)."""
+    from alphallama.kernels import qgemm
+    from alphallama.kernels.formats import PLANES
+    from alphallama.kernels.qweight import FORMATS
+    from tests.kernels.sm90 import compile_sm90 as build
+
+    ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
+    for qt in (T.Q4_K, T.Q6_K, T.Q8_0, T.F16):
+        f = FORMATS[qt]
+        packed = f.pack(torch.zeros((1, 4096 // f.block_size, f.type_size), dtype=torch.uint8))
+        planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]
+        build(qgemm._dequant_kernel, ["*fp32", *planes, "i32", "i32", "*i64", "i32"],
+              dict(n_slots=4096 // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, SLOT=f.slot,
+                   BN=1, NT=128, WHOLE=True, HW=True, GATHER=True))
+
+
+def test_gather_compiles_for_sm90():
+    from tests.kernels.sm90 import run_in_child
+    run_in_child("test_qgemm")
