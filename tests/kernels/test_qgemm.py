@@ -17,7 +17,10 @@ from alphallama.gguf.quants import dequantize  # noqa: E402
 from alphallama.kernels.qgemm import Scratch, dequantize_into, gather_rows, qgemm, qgemm_ref, units_of  # noqa: E402
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
 
-from test_qmatmul import random_raw  # noqa: E402  (random GGUF bytes, finite scales)
+try:                                                           # pytest puts tests/kernels on the path
+    from test_qmatmul import random_raw  # noqa: E402  (random GGUF bytes, finite scales)
+except ImportError:                                            # sm90.run_in_child imports from the root
+    from tests.kernels.test_qmatmul import random_raw  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.F16, T.BF16, T.F32]
