@@ -107,7 +107,7 @@ def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypa
     bit, no combine launch runs, and a round still equals its rows run alone."""
     from alphallama.kernels import moe_i8
     path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=6), path)
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=6), path)
     f = GGUFFile(path)
     toks = torch.randint(0, 200, (5,), generator=torch.Generator().manual_seed(2))
     launches = []
@@ -133,23 +133,24 @@ def test_silu_in_the_gate_up_epilogue(tmp_path):
     silu(gate) * up and the down's int8 input in one launch: decode rounds match the
     reference, a round equals its rows alone, and the prefill path (which reads the same
     paired weight through its GEMMs) agrees with the unpaired model."""
+    from alphallama.runtime.gpu_prefill import prefill_rows
     path = tmp_path / "dense.gguf"
-    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=7), path)
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q4_K", seed=7), path)
     f = GGUFFile(path)
-    ref = load_model(f, 160)
-    toks = torch.randint(0, ref.cfg.vocab_size, (80,), generator=torch.Generator().manual_seed(3))
-    lr, _ = ref.forward(toks[:5], 0, ref.new_cache(160))
+    ref = load_model(f, 128)
+    toks = torch.randint(0, ref.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(3))
+    lr, _ = ref.forward(toks[:4], 0, ref.new_cache(128))
     hidden = {}
     for fused in (False, True):
-        gpu = GPUModel(f, 160, device=DEV, decode_gemv="i8", fuse_silu=fused)
+        gpu = GPUModel(f, 128, device=DEV, decode_gemv="i8", fuse_silu=fused)
         assert all(L.gate_up.paired == fused for L in gpu.layers)
-        cache = gpu.new_cache(160)
-        lg = gpu.forward(toks[:5], 0, cache)[0].clone()
+        cache = gpu.new_cache(128)
+        lg = gpu.forward(toks[:4], 0, cache)[0].clone()
         torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
         cache.truncate(2)
-        singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 5)])
+        singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(2, 4)])
         assert torch.equal(singles, lg[2:])
-        hidden[fused] = gpu.forward(toks, 0, gpu.new_cache(160), logits=False)[1].clone()   # 80 rows: prefill
+        hidden[fused] = prefill_rows(gpu, toks.to(gpu.device), 0, gpu.new_cache(128), False, 4)[1].clone()
     torch.testing.assert_close(hidden[True], hidden[False], atol=1e-4 * hidden[False].abs().max().item(), rtol=0)
 
 
@@ -159,7 +160,7 @@ def test_moe_gate_up_emitting_the_down_input(tmp_path):
     same either way, so there the logits are equal bit for bit); against the reference,
     and a round equals its rows alone."""
     path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=8), path)
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=8), path)
     f = GGUFFile(path)
     ref = load_model(f, 128)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(4))
