@@ -69,7 +69,7 @@ def test_many_row_tiles(tile):
     assert ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
 
 
-@pytest.mark.parametrize("k", [256, 768, 2048])           # one step, a masked last step, several steps
+@pytest.mark.parametrize("k", [256, 768])                 # one step; three steps of 8 slots, the last masked
 def test_prefetch_depth_keeps_the_bits(k):
     """Loading 0, 1 or 2 steps ahead changes when the weights are asked for, never the sums:
     every depth gives the bits of depth 1, at W=1 and W=3."""
