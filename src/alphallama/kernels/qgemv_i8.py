@@ -69,6 +69,16 @@ def _store_silu(act, acc, m, W, pid_n, XP1, XS1, F: tl.constexpr, SLOT1: tl.cons
         emit_q8(a.to(tl.float32), pid_n * 32, m.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1)
 
 
+@triton.jit
+def _put(out, acc, m, W, N, n_out, stride_out, pid_n, XP1, XS1, F: tl.constexpr, SLOT1: tl.constexpr,
+         V1: tl.constexpr, BITS1: tl.constexpr, SILU: tl.constexpr):
+    """Row m's results: stored (_store), or through the SiLU epilogue (_store_silu)."""
+    if SILU:
+        _store_silu(out, acc, m, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
+    else:
+        _store(out, acc, m, W, N, n_out, stride_out)
+
+
 @triton.jit(do_not_specialize=["one"])
 def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                      V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
@@ -144,30 +154,17 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                              HAS_MIN, DP4A)
             acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-    if SILU:
-        _store_silu(out, acc0, m0 + 0, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-        if BW > 1:
-            _store_silu(out, acc1, m0 + 1, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-        if BW > 2:
-            _store_silu(out, acc2, m0 + 2, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-            _store_silu(out, acc3, m0 + 3, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-        if BW > 4:
-            _store_silu(out, acc4, m0 + 4, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-            _store_silu(out, acc5, m0 + 5, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-            _store_silu(out, acc6, m0 + 6, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-            _store_silu(out, acc7, m0 + 7, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-    else:
-        _store(out, acc0, m0 + 0, W, N, n_out, stride_out)
-        if BW > 1:
-            _store(out, acc1, m0 + 1, W, N, n_out, stride_out)
-        if BW > 2:
-            _store(out, acc2, m0 + 2, W, N, n_out, stride_out)
-            _store(out, acc3, m0 + 3, W, N, n_out, stride_out)
-        if BW > 4:
-            _store(out, acc4, m0 + 4, W, N, n_out, stride_out)
-            _store(out, acc5, m0 + 5, W, N, n_out, stride_out)
-            _store(out, acc6, m0 + 6, W, N, n_out, stride_out)
-            _store(out, acc7, m0 + 7, W, N, n_out, stride_out)
+    _put(out, acc0, m0 + 0, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+    if BW > 1:
+        _put(out, acc1, m0 + 1, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+    if BW > 2:
+        _put(out, acc2, m0 + 2, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc3, m0 + 3, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+    if BW > 4:
+        _put(out, acc4, m0 + 4, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc5, m0 + 5, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc6, m0 + 6, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc7, m0 + 7, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
 
 
 @dataclass(frozen=True)
@@ -218,22 +215,34 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     here unless `prepared` = prepare_i8(x, w) is given). `out` may be a column slice of
     a wider buffer (row stride free, unit column stride). Row m's bits do not depend on W
     or m. Runs on CUDA or under the Triton interpreter."""
-    if not supports(w):
-        raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name} "
-                         f"(supported: {', '.join(t.name for t in CODES)})")
+    _check_supported(w)
     W, N, out = check_gemv_args(x, w, out, "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
-    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     t = tile or gemv_tile(w)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
         t = GemvTile(BN=min(128, triton.next_power_of_2(N)), NT=t.NT, num_warps=t.num_warps, prefetch=t.prefetch)
+    _launch(x, w, out, out.stride(0), t, prepared, pdl)
+    return out
+
+
+def _check_supported(w: QuantWeight) -> None:
+    if not supports(w):
+        raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name} "
+                         f"(supported: {', '.join(t.name for t in CODES)})")
+
+
+def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int, t: GemvTile,
+            prepared: tuple[torch.Tensor, torch.Tensor] | None, pdl: bool, **epilogue) -> None:
+    """One _qgemv_i8_kernel launch over x's W rows and w's N rows (x quantized here
+    unless `prepared`); epilogue: the SILU keywords (qgemv_i8_silu)."""
+    W = x.shape[0]
+    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     BW = min(MAX_BW, triton.next_power_of_2(W))
     bits, hbits, bias, has_min = CODES[w.qtype]
-    grid = (triton.cdiv(N, t.BN) * triton.cdiv(W, BW),)
-    _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, out.stride(0), 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
-                           V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
-                           BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda, num_warps=t.num_warps,
-                           enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
-    return out
+    grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW),)
+    _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, w.N, stride_out, 1, n_slots=w.n_slots,
+                           LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
+                           BN=t.BN, NT=t.NT, BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda,
+                           num_warps=t.num_warps, enable_fp_fusion=False, **epilogue, **pdl_kwargs(pdl, x.device))
 
 
 # -- gate|up with SiLU and the down's int8 activations in the epilogue ------------------------
@@ -269,22 +278,13 @@ def qgemv_i8_silu(x: torch.Tensor, w: QuantWeight, act_dtype: torch.dtype, order
     F % 32 == 0) -> (silu(gate) * up [W, F] in act_dtype, {order: its int8 activations
     in the down weight's lane order}), in one launch: fused.silu_mul_q8's arithmetic on
     this kernel's sums. Rows stay W-invariant (the tile is silu_tile(w) at every W)."""
-    if not supports(w):
-        raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name}")
+    _check_supported(w)
     W, K = x.shape
     if w.N % (2 * PAIR) or K != w.K:
         raise ValueError(f"qgemv_i8_silu needs a [2F, {K}] weight with F % {PAIR} == 0, got {w.shape}")
     F = w.N // 2
-    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     act = torch.empty((W, F), dtype=act_dtype, device=x.device)                 # [W, F]
     q8 = {order: new_q8(W, F, order, x.device)}
-    t = silu_tile(w)
-    BW = min(MAX_BW, triton.next_power_of_2(W))
-    bits, hbits, bias, has_min = CODES[w.qtype]
-    grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW),)
-    _qgemv_i8_kernel[grid](xp, xsd, act, *w.plane_args(), W, w.N, F, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
-                           V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
-                           BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda, num_warps=t.num_warps,
-                           enable_fp_fusion=False, SILU=True, XP1=q8[order][0].view(torch.int8), XS1=q8[order][1],
-                           F=F, SLOT1=order[0], V1=order[1], BITS1=order[2], **pdl_kwargs(pdl, x.device))
+    _launch(x, w, act, F, silu_tile(w), prepared, pdl, SILU=True, XP1=q8[order][0].view(torch.int8),
+            XS1=q8[order][1], F=F, SLOT1=order[0], V1=order[1], BITS1=order[2])
     return act, q8
