@@ -193,10 +193,7 @@ def _consts(w, N: int, DP4A: bool, emit: bool = False) -> dict:
     (32 rows on the GPU)."""
     bits, hbits, bias, has_min = CODES[w.qtype]
     t = gemv_tile(w.expert(0))
-    if DP4A:
-        BN = QBLOCK if emit else t.BN
-    else:
-        BN = max(QBLOCK, min(128, triton.next_power_of_2(N))) if emit else min(128, triton.next_power_of_2(N))
+    BN = (QBLOCK if emit else t.BN) if DP4A else min(128, triton.next_power_of_2(N))   # (N >= 32 with emit)
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
                 HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A)
 
@@ -232,7 +229,9 @@ def moe_gate_up_i8_q8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: t
     return _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl, order)
 
 
-def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order):
+def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order, **route):
+    """The gate_up launch; route: the ROUTE keywords (moe_route_gate_up_i8, which
+    passes the experts buffer for the kernel to fill)."""
     _check_bank(gate_up, table, bank)
     xp, xsd = q8
     W, k = experts.shape
@@ -248,7 +247,7 @@ def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order):
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
-        **emit, **pdl_kwargs(pdl, dev))
+        **emit, **route, **pdl_kwargs(pdl, dev))
     return act, aq
 
 
@@ -259,19 +258,12 @@ def moe_route_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, logits:
     fp32 -> (act [W, k, F], weights [W, k] fp32, experts [W, k] int32). Each program
     routes its row itself with the route kernel's code (moe.route_row); the route
     launch and its gap go."""
-    xp, xsd = q8
     W, E = logits.shape
-    F = gate_up.N // 2
-    dev = logits.device
-    act = torch.empty((W, top_k, F), dtype=act_dtype, device=dev)              # [W, k, F]
-    weights = torch.empty((W, top_k), dtype=torch.float32, device=dev)         # [W, k]
-    experts = torch.empty((W, top_k), dtype=torch.int32, device=dev)           # [W, k]
-    c = _consts(gate_up, F, dev.type == "cuda")
-    _gate_up_i8_kernel[(W * top_k * triton.cdiv(F, c["BN"]),)](
-        xp, xsd, act, experts, *_bank_args(gate_up, None, None), F, 1, TOP_K=top_k, TABLE=False,
-        num_warps=NUM_WARPS, enable_fp_fusion=False, logits=logits.contiguous(), weights=weights, E=E,
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, ROUTE=True,
-        PAIRED=GATE_UP_PAIRED, **c, **pdl_kwargs(pdl, dev))
+    weights = torch.empty((W, top_k), dtype=torch.float32, device=logits.device)   # [W, k]
+    experts = torch.empty((W, top_k), dtype=torch.int32, device=logits.device)     # [W, k]
+    act, _ = _gate_up(q8, gate_up, experts, act_dtype, None, None, pdl, None, logits=logits.contiguous(),
+                      weights=weights, E=E, BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
+                      NORM=norm, ROUTE=True)
     return act, weights, experts
 
 
