@@ -31,7 +31,7 @@ LOAD_CHUNK_VALUES = 1 << 25
 def embedding_planes(qtype: GGMLQuantizationType | int) -> bool:
     """Whether an embedding of this type is held as planes and gathered by a kernel
     (qgemm.gather_rows); else the runtime keeps its raw GGUF rows."""
-    return int(qtype) in {int(q) for q in FORMATS}
+    return GGMLQuantizationType(qtype) in FORMATS
 
 
 def format_of(qtype: GGMLQuantizationType | int) -> Format:

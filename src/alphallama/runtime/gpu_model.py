@@ -115,9 +115,7 @@ class Linear:
         """A paired [gate, up]: x [W, K] -> (silu(gate) * up [W, F] in act_dtype, {order:
         its int8 activations}) in one launch (qgemv_i8.qgemv_i8_silu)."""
         w = self.weights[0]
-        key = lane_order(w)
-        x8 = (q8 or {}).get(key) or prepare_i8(x, w, pdl)
-        return qgemv_i8_silu(x, w, act_dtype, order, x8, pdl)
+        return qgemv_i8_silu(x, w, act_dtype, order, (q8 or {}).get(lane_order(w)), pdl)
 
     def unpair(self, y: torch.Tensor) -> torch.Tensor:
         """Columns of x @ w^T in [gate | up] order (a paired weight's are in pair blocks)."""
@@ -127,10 +125,9 @@ class Linear:
         """x [W, K] -> [W, N] fp32 (a paired [gate, up]: columns in [gate | up] order); q8:
         x's int8 activations by lane order, if its producer made them (else they are made
         here, one prepare launch per order)."""
-        if self.paired:
-            w = self.weights[0]
-            x8 = (q8 or {}).get(lane_order(w)) or prepare_i8(x, w, pdl)
-            return unpair(qgemv_i8(x, w, prepared=x8, pdl=pdl))
+        return self.unpair(self._gemv(x, q8, pdl))
+
+    def _gemv(self, x: torch.Tensor, q8: dict | None, pdl: bool) -> torch.Tensor:
         if not any(self.i8):
             outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -171,7 +168,7 @@ class MoE:
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
         self.fuse_route = fuse_route
-        self.emit_q8 = emit_q8 and (gate.shape[1] if len(gate.shape) == 3 else gate.shape[0]) % 32 == 0
+        self.emit_q8 = emit_q8 and gate.shape[1] % 32 == 0                 # gate [E, F, D]
         self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
@@ -301,11 +298,12 @@ class GPUModel:
             self.store = ExpertStore({i: tuple(t[f"blk.{i}.{n}.weight"] for n in exps) for i in range(cfg.n_layers)},
                                      cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
                                      MAX_W, progress)
+        fuse_q8 = DEFAULTS.engine.fuse_q8 if fuse_q8 is None else fuse_q8
+        self._fuse_q8 = (fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
+                         and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # gate|up with SiLU and the down's int8 input in one launch (Linear.silu), where the
         # int8 producers are fused (the paired weight serves nothing else in decode)
-        e = DEFAULTS.engine
-        fuse_silu = (e.fuse_silu if fuse_silu is None else fuse_silu) and \
-            (e.fuse_q8 if fuse_q8 is None else fuse_q8) and cfg.d_model % 32 == 0
+        fuse_silu = (DEFAULTS.engine.fuse_silu if fuse_silu is None else fuse_silu) and self._fuse_q8
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -347,7 +345,7 @@ class GPUModel:
         # planes keeps its raw rows [V, row_bytes], dequantized by plain torch
         if not embedding_planes(emb.qtype):
             self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)
-        elif "output.weight" not in t and len(self.output.weights) == 1:
+        elif "output.weight" not in t:
             self.embd = self.output.weights[0]
         else:
             self.embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), self.device)
@@ -379,9 +377,6 @@ class GPUModel:
         # producers emit the int8 activations (no prepare launch) where the widths allow
         # programmatic dependent launch between the round's kernels (kernels/pdl.py)
         self.pdl = (DEFAULTS.engine.pdl if pdl is None else pdl) and self.device.type == "cuda"
-        fuse_q8 = DEFAULTS.engine.fuse_q8 if fuse_q8 is None else fuse_q8
-        self._fuse_q8 = (fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
-                         and (cfg.is_moe or cfg.d_ff % 32 == 0))
         self.capture_s = 0.0
         e = DEFAULTS.engine
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
