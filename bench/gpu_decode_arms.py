@@ -33,7 +33,7 @@ from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.gguf.quants import dequantize
-from alphallama.kernels import fused, moe_i8
+from alphallama.kernels import attention, fused, moe, moe_i8
 from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
 from alphallama.kernels.qgemv_i8 import GemvTile
 from alphallama.runtime.gpu_model import GPUModel
@@ -65,7 +65,10 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/combine-in-norm": dict(combine_in_norm=True), "default/fuse-silu": dict(fuse_silu=True),
                 "default/fuse-silu16": dict(fuse_silu=True, silu_warps=16),
                 "default/maxbw4": dict(max_bw=4), "default/maxbw2": dict(max_bw=2),
-                "default/moe-bn16": dict(moe_bn=16), "default/moe-emit": dict(moe_emit_q8=True)}
+                "default/moe-bn16": dict(moe_bn=16), "default/moe-emit": dict(moe_emit_q8=True),
+                "default/old-tiles": dict(old_tiles=True), "default/route1": dict(route_warps=1),
+                "default/route2": dict(route_warps=2), "default/combine2": dict(combine_warps=2),
+                "default/combine8": dict(combine_warps=8)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "default/maxbw4": "default", "default/maxbw2": "default",
@@ -84,7 +87,7 @@ def old_gemv_tile(w):
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED, qgemv_i8_mod.SILU_WARPS,
-             qgemv_i8_mod.MAX_BW, moe_i8.gemv_tile)
+             qgemv_i8_mod.MAX_BW, moe_i8.gemv_tile, moe.ROUTE_WARPS, attention.COMBINE_WARPS)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -94,6 +97,8 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     moe_i8.GATE_UP_PAIRED = kw.pop("gate_up_paired", moe_i8.GATE_UP_PAIRED)
     qgemv_i8_mod.SILU_WARPS = kw.pop("silu_warps", qgemv_i8_mod.SILU_WARPS)
     qgemv_i8_mod.MAX_BW = kw.pop("max_bw", qgemv_i8_mod.MAX_BW)   # x rows a program: not in the float order
+    moe.ROUTE_WARPS = kw.pop("route_warps", moe.ROUTE_WARPS)                # a new float order in the softmax sums
+    attention.COMBINE_WARPS = kw.pop("combine_warps", attention.COMBINE_WARPS)   # the same or a new order
     moe_bn = kw.pop("moe_bn", None)
     if moe_bn is not None:         # the experts' tile (a new float order, the same at every W)
         moe_i8.gemv_tile = lambda w, _t=moe_i8.gemv_tile: dataclasses.replace(_t(w), BN=moe_bn)
@@ -106,7 +111,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         return _run_arm(f, kw, depth, reps, toks, device)
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.gemv_tile) = saved
+         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.gemv_tile, moe.ROUTE_WARPS, attention.COMBINE_WARPS) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:

@@ -43,6 +43,7 @@ from .qmatvec_i8 import emit_q8, new_q8
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512
 MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
 NUM_WARPS = 4
+COMBINE_WARPS = 4  # the two-launch path's combine (one program per row and query head)
 # The fused launch's register cap. Uncapped, its combine tail takes it to ~168 registers:
 # 3 CTAs per SM where the split kernel (116 registers) gets 4. Capped, only the tail spills
 # (a few words), and 4 x 132 CTAs hold a W=1 Qwen3-8B round's 8 x 64 programs at once.
@@ -255,7 +256,7 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                                               **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
-                                       num_warps=NUM_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
+                                       num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
     return out, q8
 
 

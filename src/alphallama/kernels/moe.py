@@ -34,6 +34,7 @@ from .qmatmul import ROWS_PER_THREAD, _row_fma, _use_triton, tile
 from .qweight import QuantWeight
 
 NUM_WARPS = 4
+ROUTE_WARPS = 4         # the route launch (softmax, top-k over E logits: one program a row)
 
 
 # -- router: softmax, top-k, renormalise ----------------------------------------------------
@@ -90,7 +91,8 @@ def moe_route(logits: torch.Tensor, top_k: int, norm: bool,
     experts = experts_out if experts_out is not None else \
         torch.empty((W, top_k), dtype=torch.int32, device=logits.device)          # [W, k]
     _route_kernel[(W,)](logits, weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
-                        BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, **pdl_kwargs(pdl, logits.device))
+                        BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, num_warps=ROUTE_WARPS,
+                        **pdl_kwargs(pdl, logits.device))
     return weights, experts
 
 
