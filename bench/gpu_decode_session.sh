@@ -4,8 +4,7 @@
 #   bash bench/gpu_decode_session.sh tests     # the GPU tests of the kernels and the runtime
 #   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
-#   bash bench/gpu_decode_session.sh arms      # 8B: default against fuse-silu (8, 16 warps), maxbw4, old-tiles, combine2/8;
-#                                              # 30B-A3B: against combine-in-norm, gate-up-unpaired, moe-bn16, moe-emit, old-tiles, route1/2
+#   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against L2 prefetch (engine.l2_prefetch) at three budgets
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -18,12 +17,12 @@ prefill)
       | grep -v "_warn_once\|UserWarning"
   ;;
 arms)
-  # the defaults against one-change variants, both shapes (the 30B-A3B build takes ~110 s)
-  timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/fuse-silu default/fuse-silu16 default/maxbw4 \
-      default/old-tiles default/combine2 default/combine8 \
-      ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
-  timeout 310 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/combine-in-norm \
-      default/gate-up-unpaired default/moe-bn16 default/moe-emit default/old-tiles default/route1 default/route2 ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+  # the defaults against one-change variants, both shapes (the 30B-A3B build takes ~110 s):
+  # the small kernels asking L2 for the next GEMVs' weights, three budgets
+  timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/l2pf default/l2pf-8 \
+      default/l2pf-40 ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+  timeout 310 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/l2pf default/l2pf-8 \
+      default/l2pf-40 ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
 profile)
   # where a round's time goes, both shapes, launched without PDL (kernel times then add up)

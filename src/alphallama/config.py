@@ -36,14 +36,23 @@ class EngineDefaults:
                                   # choices, but slower on the H200: every program pays the routing before its
                                   # weight loads (30B-A3B W=1 2.146 against 1.949 ms, W=8 7.67 against 5.61;
                                   # gpu_decode_arms-qwen3-30b-a3b-20261130-111002.json)
-    combine_in_norm: bool = False  # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
-                                   # (moe's combine code, the same bits), no combine launch. Not yet timed
+    combine_in_norm: bool = True   # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
+                                   # (moe's combine code, the same bits), no combine launch. H200 30B-A3B W=1
+                                   # 1.952 -> 1.935 ms, W=8 5.507 -> 5.470 (gpu_decode_arms-*-20261130-142422)
     fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
                                   # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
-                                  # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer. Not yet timed
+                                  # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer, but the 64-row
+                                  # tile costs more than the launch: H200 8B W=1 2.139 -> 2.270 ms (16 warps 2.231;
+                                  # gpu_decode_arms-qwen3-8b-20261130-141944.json)
     moe_emit_q8: bool = False     # "i8" experts: gate_up in 32-row programs that also emit the down's int8 input
                                   # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
-                                  # order (the same at every W). Not yet timed
+                                  # order (the same at every W). H200 30B-A3B: W=1 1.952 -> 1.944 ms, W=8 5.507 ->
+                                  # 5.544 (gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json): off
+    l2_prefetch: bool = False     # the latency-bound kernels (norms, RoPE, attention, SiLU) ask L2 for the next
+                                  # GEMVs' weights at their top (kernels/l2.py, runtime/l2_plan.py; a hint: the
+                                  # same bits). Not yet timed
+    l2_head_mib: int = 20         # l2_prefetch: bytes of the FFN's gate|up (and down) asked for first
+    l2_tail_mib: int = 12         # and the next bytes of gate|up, asked for by the FFN's norm
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -33,6 +33,11 @@ from .qmatvec_i8 import _lanes, emit_q8, lane_order, new_q8, prepare_i8
 # W=1/4/8/16: 0.230/0.384/0.611/1.073 two walks, 0.229/0.379/0.599/1.053 paired, the
 # same logits (bench/results/gpu_decode_arms-qwen3-30b-a3b-20261130-112631.json)
 GATE_UP_PAIRED = True
+# weight rows a program of the experts' GEMVs takes (part of their float order, the same at
+# every W). 16, not qgemv_i8's 4 for matrices of < 4096 rows: a 30B-A3B down ran 4,096
+# one-step programs at W=1. H200 30B-A3B shape W=1 1.952 -> 1.876 ms, W=8 5.507 -> 4.500
+# (bench/results/gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json, arm default/moe-bn16)
+EXPERT_BN = 16
 
 
 @triton.jit
@@ -193,7 +198,7 @@ def _consts(w, N: int, DP4A: bool, emit: bool = False) -> dict:
     (32 rows on the GPU)."""
     bits, hbits, bias, has_min = CODES[w.qtype]
     t = gemv_tile(w.expert(0))
-    BN = (QBLOCK if emit else t.BN) if DP4A else min(128, triton.next_power_of_2(N))   # (N >= 32 with emit)
+    BN = (QBLOCK if emit else EXPERT_BN) if DP4A else min(128, triton.next_power_of_2(N))   # (N >= 32 with emit)
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
                 HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A)
 

@@ -37,7 +37,11 @@ from .qmatvec_i8 import _lanes, _slot_terms, emit_q8, new_q8, prepare_i8
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from .qweight import QuantWeight, check_gemv_args
 
-MAX_BW = 8
+# x rows a program holds (not in the float order: a row's arithmetic is its own). 4, not 8:
+# at 8 rows every dense tile sat at ~251 registers, one CTA an SM; H200 8B shape, same bits,
+# W=1 2.139 -> 2.135 ms, W=8 5.108 -> 4.762, W=16 8.770 -> 8.314
+# (bench/results/gpu_decode_arms-qwen3-8b-20261130-141944.json, arm default/maxbw4)
+MAX_BW = 4
 
 
 @triton.jit
