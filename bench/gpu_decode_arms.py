@@ -36,7 +36,6 @@ from alphallama.gguf.quants import dequantize
 from alphallama.kernels import attention, fused, moe, moe_i8
 from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
 from alphallama.kernels.qgemv_i8 import GemvTile
-from alphallama.runtime import gpu_model as gpu_model_mod
 from alphallama.runtime.gpu_model import GPUModel
 
 ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
@@ -59,8 +58,7 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
 # the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps), the experts'
 # gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8), the GEMV
-# tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts,
-# the small kernels asking L2 for the next GEMVs' weights (engine.l2_prefetch; budgets)
+# tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -71,12 +69,9 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/moe-bn4": dict(moe_bn=4), "default/moe-emit": dict(moe_emit_q8=True),
                 "default/old-tiles": dict(old_tiles=True), "default/route4": dict(route_warps=4),
                 "default/route2": dict(route_warps=2), "default/combine2": dict(combine_warps=2),
-                "default/combine8": dict(combine_warps=8), "default/l2pf": dict(l2_prefetch=True),
-                "default/l2pf-8": dict(l2_prefetch=True, l2_mib=(8, 0)),
-                "default/l2pf-40": dict(l2_prefetch=True, l2_mib=(24, 16))}
+                "default/combine8": dict(combine_warps=8)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/torch-embed": "default", "default/l2pf": "default", "default/l2pf-8": "default",
-             "default/l2pf-40": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
+SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
@@ -93,12 +88,7 @@ def old_gemv_tile(w):
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED, qgemv_i8_mod.SILU_WARPS,
-             qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-             gpu_model_mod.layer_prefetch)
-    mib = kw.pop("l2_mib", None)
-    if mib is not None:            # other L2 prefetch budgets (head, tail MiB; a hint: the same bits)
-        gpu_model_mod.layer_prefetch = lambda L, n, h, t, _f=gpu_model_mod.layer_prefetch: _f(L, n, mib[0] << 20,
-                                                                                              mib[1] << 20)
+             qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -120,8 +110,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         return _run_arm(f, kw, depth, reps, toks, device)
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         gpu_model_mod.layer_prefetch) = saved
+         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:

@@ -4,7 +4,7 @@
 #   bash bench/gpu_decode_session.sh tests     # the GPU tests of the kernels and the runtime
 #   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
-#   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against L2 prefetch (engine.l2_prefetch) at three budgets
+#   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against the controls of session 17's flips
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -17,12 +17,13 @@ prefill)
       | grep -v "_warn_once\|UserWarning"
   ;;
 arms)
-  # the defaults against one-change variants, both shapes (the 30B-A3B build takes ~110 s):
-  # the small kernels asking L2 for the next GEMVs' weights, three budgets
-  timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/l2pf default/l2pf-8 \
-      default/l2pf-40 ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
-  timeout 310 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/l2pf default/l2pf-8 \
-      default/l2pf-40 ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+  # the defaults against their controls, both shapes (the 30B-A3B build takes ~110 s):
+  # GEMV programs of 8 x rows, experts' GEMVs in 4-row programs, routing at 4 warps, the
+  # MoE ranks summed by their own launch
+  timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/maxbw8 default/old-tiles \
+      ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+  timeout 310 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/moe-bn4 default/route4 \
+      default/combine-launch ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
 profile)
   # where a round's time goes, both shapes, launched without PDL (kernel times then add up)

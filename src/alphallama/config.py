@@ -48,11 +48,6 @@ class EngineDefaults:
                                   # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
                                   # order (the same at every W). H200 30B-A3B: W=1 1.952 -> 1.944 ms, W=8 5.507 ->
                                   # 5.544 (gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json): off
-    l2_prefetch: bool = False     # the latency-bound kernels (norms, RoPE, attention, SiLU) ask L2 for the next
-                                  # GEMVs' weights at their top (kernels/l2.py, runtime/l2_plan.py; a hint: the
-                                  # same bits). Not yet timed
-    l2_head_mib: int = 20         # l2_prefetch: bytes of the FFN's gate|up (and down) asked for first
-    l2_tail_mib: int = 12         # and the next bytes of gate|up, asked for by the FFN's norm
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -37,7 +37,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .l2 import L2Prefetch, l2_prefetch, prefetch_kwargs
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import emit_q8, new_q8
 
@@ -146,9 +145,7 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
-                       PF=None, PF_N: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 128):
-    l2_prefetch(PF, PF_N, PF_BLOCK)    # a later GEMV's weights (kernels/l2.py), before the wait
+                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
     pdl_start(PDL)
     row = tl.program_id(0)
     length = tl.load(pos_ptr) + row + 1          # keys this row may see
@@ -202,7 +199,7 @@ def _attn_fused_kernel(Q, K, V, O, M, L, OUT, CNT, pos_ptr, scale,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-                     counters: torch.Tensor | None = None, prefetch: L2Prefetch | None = None) -> torch.Tensor:
+                     counters: torch.Tensor | None = None) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
@@ -210,24 +207,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     counters: None for two launches (split, combine); or the caller's contiguous int32
     tensor of at least W * n_kv elements, all zero, for one fused launch that leaves them
     zero (reusable by every call on the stream, graph replays included; never by two
-    launches in flight at once). Same bits either way. prefetch: an L2 plan the split
-    launch issues (kernels/l2.py; not the one-launch path's)."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, counters, prefetch)[0]
+    launches in flight at once). Same bits either way."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, counters)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
-                        counters: torch.Tensor | None = None,
-                        prefetch: L2Prefetch | None = None) -> tuple[torch.Tensor, dict]:
+                        counters: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine (bit for bit prepare_i8 of the output; the launch that
     combines is compiled without fp fusion, as the quantization needs). counters: as in
     decode_attention. -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, counters, prefetch)
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, counters)
 
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
-               counters: torch.Tensor | None, prefetch: L2Prefetch | None = None) -> tuple[torch.Tensor, dict]:
+               counters: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
@@ -258,8 +253,7 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                                                   **pdl_kwargs(pdl, q.device))
         return out, q8
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
-                                              **pdl_kwargs(pdl, q.device),
-                                              **prefetch_kwargs(prefetch, NUM_WARPS, q.device))
+                                              **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
                                        num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))

@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from .moe import _combine_block
-from .l2 import L2Prefetch, l2_prefetch, prefetch_kwargs
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import emit_q8, new_q8
 
@@ -37,12 +36,10 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
                         XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                         SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
-                        PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0,
-                        PF=None, PF_N: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 128):
+                        PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0):
     """TOP_K > 0: y is the MoE ranks' sum, made here from PART [W, TOP_K, D] and PW
     [W, TOP_K] by moe's combine code (the same fma chain: y's bits are the combine
-    kernel's), instead of loaded from Y. PF*: an L2 prefetch plan (kernels/l2.py)."""
-    l2_prefetch(PF, PF_N, PF_BLOCK)
+    kernel's), instead of loaded from Y."""
     pdl_start(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
@@ -91,8 +88,7 @@ def _y_args(x: torch.Tensor, y: "torch.Tensor | MoEParts | None") -> tuple[torch
 
 
 def add_rmsnorm(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
-                out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-                prefetch: L2Prefetch | None = None) -> torch.Tensor:
+                out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
     """x += y (in place, when y is given); returns rmsnorm(x) * w in out_dtype (bf16 on
     the GPU: the quantized GEMV reads half the activation bytes). x, y: [W, D] fp32; or
     y = (part [W, k, D], weights [W, k]): the MoE ranks' sum made here (moe's combine,
@@ -101,13 +97,12 @@ def add_rmsnorm(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.T
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
     Y, ya = _y_args(x, y)
     _add_rmsnorm_kernel[(W,)](x, Y, w, out, D, triton.next_power_of_2(D), eps, num_warps=_norm_warps(D), **ya,
-                              **pdl_kwargs(pdl, x.device), **prefetch_kwargs(prefetch, _norm_warps(D), x.device))
+                              **pdl_kwargs(pdl, x.device))
     return out
 
 
 def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
-                   out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
-                   prefetch: L2Prefetch | None = None) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+                   out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
     lane order in `orders` (at most two; qmatvec_i8.lane_order): bit for bit what
     prepare_i8 would make of the returned tensor. -> (h [W, D], {order: (xp, xsd)})."""
@@ -118,8 +113,7 @@ def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torc
     q8, args = _q8_args(W, D, tuple(orders), x.device)
     Y, ya = _y_args(x, y)
     _add_rmsnorm_kernel[(W,)](x, Y, w, out, D, triton.next_power_of_2(D), eps, enable_fp_fusion=False,
-                              num_warps=_norm_warps(D), **ya, **args, **pdl_kwargs(pdl, x.device),
-                              **prefetch_kwargs(prefetch, _norm_warps(D), x.device))
+                              num_warps=_norm_warps(D), **ya, **args, **pdl_kwargs(pdl, x.device))
     return out, q8
 
 
@@ -133,8 +127,7 @@ def add_rmsnorm_ref(x, y, w, eps):
 def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
                      XP1=None, XS1=None, NQ: tl.constexpr = 0,
                      SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                     PDL: tl.constexpr = False, PF=None, PF_N: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 128):
-    l2_prefetch(PF, PF_N, PF_BLOCK)
+                     PDL: tl.constexpr = False):
     pdl_start(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -148,20 +141,18 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
         emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
 
 
-def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-             prefetch: L2Prefetch | None = None) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
     """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F] in out_dtype."""
     W, F2 = gu.shape
     F = F2 // 2
     out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
     BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **pdl_kwargs(pdl, gu.device),
-                                                 **prefetch_kwargs(prefetch, 4, gu.device))
+    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **pdl_kwargs(pdl, gu.device))
     return out
 
 
 def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
-                pdl: bool = False, prefetch: L2Prefetch | None = None) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+                pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """silu_mul, and the int8 activations of its output in (at most) one lane order, in
     the same launch. -> (act [W, F], {order: (xp, xsd)})."""
     W, F2 = gu.shape
@@ -172,7 +163,7 @@ def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
     q8, args = _q8_args(W, F, tuple(orders), gu.device)
     BLOCK = 1024
     _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args,
-                                                 **pdl_kwargs(pdl, gu.device), **prefetch_kwargs(prefetch, 4, gu.device))
+                                                 **pdl_kwargs(pdl, gu.device))
     return out, q8
 
 
@@ -186,10 +177,8 @@ def silu_mul_ref(gu):
 def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
                      stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n,
                      N_HEADS: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False,
-                     PF=None, PF_N: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 128):
+                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, head) over the fused [W, (H + 2*n_kv) * hd] projection."""
-    l2_prefetch(PF, PF_N, PF_BLOCK)
     pdl_start(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)                     # 0..H-1 query, H..H+n_kv-1 key, then value
@@ -233,7 +222,7 @@ def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
 def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None,
              k_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, pos: torch.Tensor, n_heads: int, n_kv: int, hd: int, eps: float,
-             neox: bool, pdl: bool = False, prefetch: L2Prefetch | None = None) -> torch.Tensor:
+             neox: bool, pdl: bool = False) -> torch.Tensor:
     """qkv: [W, (H + 2 n_kv) hd] fp32 -> roped q [W, H, hd] fp32; k, v written (fp16) into
     k_cache/v_cache [n_kv, max_len, hd] at rows pos..pos+W-1. cos/sin: [max_len, hd/2]."""
     W = qkv.shape[0]
@@ -244,5 +233,5 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor 
         k_norm if k_norm is not None else dummy, cos, sin, q, k_cache, v_cache, pos, eps,
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         N_HEADS=n_heads, N_KV=n_kv, HD=hd, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None, NEOX=neox,
-        **pdl_kwargs(pdl, qkv.device), **prefetch_kwargs(prefetch, 4, qkv.device))
+        **pdl_kwargs(pdl, qkv.device))
     return q

@@ -29,7 +29,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .l2 import CHUNK, L2Prefetch, expert_prefetch, l2_prefetch, prefetch_kwargs
 from .pdl import pdl_kwargs, pdl_start
 from .qmatmul import ROWS_PER_THREAD, _row_fma, _use_triton, tile
 from .qweight import QuantWeight
@@ -44,18 +43,11 @@ ROUTE_WARPS = 1
 # -- router: softmax, top-k, renormalise ----------------------------------------------------
 @triton.jit
 def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False,
-                  PF=None, PF_N: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 128,
-                  EPF=None, EPF_N: tl.constexpr = 0, EPF_CH: tl.constexpr = 1, CH: tl.constexpr = 65536):
-    """One program per row: route_row's choice stored by rank. PF*: an L2 prefetch plan
-    (kernels/l2.py), issued before the wait; EPF*: the chosen experts' weights asked
-    for as soon as they are known (l2.expert_prefetch)."""
-    l2_prefetch(PF, PF_N, PF_BLOCK)
+                  BLOCK_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
+    """One program per row: route_row's choice stored by rank."""
     pdl_start(PDL)                   # reads the router GEMV's output, writes what the last round's experts read
     m = tl.program_id(0).to(tl.int64)
     w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)
-    if EPF_N > 0:
-        expert_prefetch(EPF, ids, EPF_N, EPF_CH, CH)
     j = tl.arange(0, BLOCK_K)
     tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
     tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
@@ -88,14 +80,11 @@ def route_row(logits, m, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K:
     return w, ids
 
 
-def moe_route(logits: torch.Tensor, top_k: int, norm: bool, experts_out: torch.Tensor | None = None,
-              pdl: bool = False, prefetch: L2Prefetch | None = None,
-              experts_l2: "tuple[torch.Tensor, int] | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_route(logits: torch.Tensor, top_k: int, norm: bool,
+              experts_out: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [W, E] fp32 -> (weights [W, k] fp32, expert ids [W, k] int32), by rank.
     experts_out: a contiguous int32 [W, k] to write the ids into (the expert store's
-    record of the round's routing). pdl: launched with programmatic dependent launch.
-    prefetch: an L2 plan issued at the top; experts_l2: l2.expert_table of the experts'
-    weights, whose chosen slices are asked of L2 once known (CUDA only; a hint)."""
+    record of the round's routing). pdl: launched with programmatic dependent launch."""
     if not _use_triton(logits):
         w, ids = moe_route_ref(logits, top_k, norm)
         return w, (ids if experts_out is None else experts_out.copy_(ids))
@@ -106,10 +95,7 @@ def moe_route(logits: torch.Tensor, top_k: int, norm: bool, experts_out: torch.T
         torch.empty((W, top_k), dtype=torch.int32, device=logits.device)          # [W, k]
     _route_kernel[(W,)](logits, weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
                         BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, num_warps=ROUTE_WARPS,
-                        **pdl_kwargs(pdl, logits.device), **prefetch_kwargs(prefetch, ROUTE_WARPS, logits.device),
-                        **({} if experts_l2 is None or not logits.is_cuda else
-                           {"EPF": experts_l2[0], "EPF_N": experts_l2[0].shape[1], "EPF_CH": experts_l2[1],
-                            "CH": CHUNK}))
+                        **pdl_kwargs(pdl, logits.device))
     return weights, experts
 
 

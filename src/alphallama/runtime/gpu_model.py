@@ -42,7 +42,6 @@ from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
-from ..kernels.l2 import expert_table
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
                               moe_i8_order, moe_route_gate_up_i8)
@@ -59,7 +58,6 @@ from ..offload.cpu_tier import CpuLink
 from ..offload.mailbox import Mailbox
 from ..offload.store import ExpertStore, pack_experts
 from .gpu_prefill import prefill_rows
-from .l2_plan import LayerPrefetch, layer_prefetch
 from .kv_cache import KVCache
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
@@ -172,7 +170,6 @@ class MoE:
         self.fuse_route = fuse_route
         self.emit_q8 = emit_q8 and gate.shape[1] % 32 == 0                 # gate [E, F, D]
         self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
-        self.l2_experts = None   # set by GPUModel (engine.l2_prefetch): l2.expert_table of the resident experts
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
@@ -226,8 +223,7 @@ class MoE:
                                                          pdl)                      # [W, k, F], [W, k] x2
             return self._down_i8(act, self.down, experts, weights, None, None, pdl, combine)
         if self.store is None:
-            weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl,
-                                         experts_l2=self.l2_experts)                  # [W, k] each
+            weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl)  # [W, k] each
             gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
         else:
             v = self.store.layer(self.layer)
@@ -275,7 +271,7 @@ class GPUModel:
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
-                 moe_emit_q8: bool | None = None, l2_prefetch: bool | None = None):
+                 moe_emit_q8: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -283,7 +279,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8 / l2_prefetch: config.py (None: its default)."""
+        moe_emit_q8: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -384,14 +380,6 @@ class GPUModel:
         self.capture_s = 0.0
         e = DEFAULTS.engine
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
-        # which small kernel asks L2 for which later GEMV's weights (runtime/l2_plan.py)
-        pf_on = (e.l2_prefetch if l2_prefetch is None else l2_prefetch) and self.device.type == "cuda"
-        self.prefetch = [layer_prefetch(L, self.layers[i + 1] if i + 1 < len(self.layers) else None,
-                                        e.l2_head_mib << 20, e.l2_tail_mib << 20) if pf_on else LayerPrefetch()
-                         for i, L in enumerate(self.layers)]
-        for L in self.layers:
-            if pf_on and L.moe is not None and L.moe.store is None:
-                L.moe.l2_experts = expert_table([L.moe.gate_up, L.moe.down], self.device)
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -461,32 +449,31 @@ class GPUModel:
             self._attn_counters.numel() else None                                   # one-launch attention
         # each norm, the SiLU and the attention combine also emit the int8 activations of
         # the GEMVs that read their output (q8: {lane order: (xp, xsd)}, Linear.orders)
-        pf = self.prefetch
-        h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv, pf[0].qkv)
+        h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
-                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl, pf[i].o)   # [W, H, hd]
+                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             if L.o.orders and self._fuse_q8:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl,
-                                            cnt, pf[i].attn)                           # [W, H*hd]
+                                            cnt)                                       # [W, H*hd]
             else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt, pf[i].attn), None
-            h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe, pf[i].ffn)   # x += o(a)
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt), None
+            h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
                 d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm)
             elif L.down.orders and self._fuse_q8:
                 if L.gate_up.paired and len(L.down.orders) == 1:   # one launch: gate|up, SiLU, int8 act
                     s, q8 = L.gate_up.silu(h, q8, act, L.down.orders[0], pdl)             # [W, F]
                 else:
-                    s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl, pf[i].silu)   # [W, F]
+                    s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
                 d = L.down(s, q8, pdl)                                             # [W, D]
             else:
-                d = L.down(silu_mul(L.gate_up(h, q8, pdl), act, pdl, pf[i].silu), None, pdl)
+                d = L.down(silu_mul(L.gate_up(h, q8, pdl), act, pdl), None, pdl)
             last = i + 1 == len(self.layers)
             nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
                                                                           self.layers[i + 1].qkv)
-            h, q8 = self._norm(x, d, nxt, consumer, None if last else pf[i + 1].qkv)
+            h, q8 = self._norm(x, d, nxt, consumer)
         return self.output(h, q8, pdl), x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -496,13 +483,13 @@ class GPUModel:
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
     def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
-              consumer: "Linear | MoE | None", prefetch=None) -> tuple[torch.Tensor, dict | None]:
+              consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
         """x += y (y: a tensor, or MoE ranks to sum); rmsnorm(x) * w, with the int8
-        activations `consumer` takes (if any); prefetch: an L2 plan it issues."""
+        activations `consumer` takes (if any)."""
         c = self.cfg
         if consumer is None or not consumer.orders or not self._fuse_q8:
-            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl, prefetch), None
-        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, consumer.orders[:2], self.pdl, prefetch)
+            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl), None
+        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, consumer.orders[:2], self.pdl)
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
