@@ -1,6 +1,7 @@
 """kernels/moe.py's router (softmax, top-k, renormalise) gives the bits of the kernel it
 replaced (an argmax and a max per round, two reductions; now one reduction returning
-both), kept here as the reference, and breaks ties toward the lower expert id."""
+both), kept here as the reference and launched at the same warp count (the softmax sums'
+layout follows the warps), and breaks ties toward the lower expert id."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' imp
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from alphallama.kernels.moe import moe_route, moe_route_ref  # noqa: E402
+from alphallama.kernels.moe import ROUTE_WARPS, moe_route, moe_route_ref  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -47,7 +48,7 @@ def route_v1(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor
     weights = torch.empty((W, top_k), dtype=torch.float32, device=logits.device)   # [W, k]
     experts = torch.empty((W, top_k), dtype=torch.int32, device=logits.device)     # [W, k]
     _route_v1_kernel[(W,)](logits.contiguous(), weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
-                           BLOCK_K=triton.next_power_of_2(top_k), NORM=norm)
+                           BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, num_warps=ROUTE_WARPS)
     return weights, experts
 
 
