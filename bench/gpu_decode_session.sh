@@ -5,6 +5,7 @@
 #   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
 #   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against the controls of session 17's flips
+#   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -25,13 +26,20 @@ arms)
   timeout 310 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/moe-bn4 default/route4 \
       default/combine-launch ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
+route1-capture)
+  # why routing at 1 warp breaks the MoE prefill chunk's graph capture (NOTES, session 17):
+  # the prefill tests with moe.ROUTE_WARPS = 1, launches blocking, the first error in full
+  CUDA_LAUNCH_BLOCKING=1 timeout 200 python3 -c "import alphallama.kernels.moe as m; m.ROUTE_WARPS = 1
+import pytest, sys; sys.exit(pytest.main(['-x', '-q', '-p', 'no:cacheprovider', '--tb=long',
+    'tests/runtime/test_gpu_prefill.py', 'tests/runtime/test_gpu_moe.py']))" 2>&1 | grep -v "CUDAGraph.cpp" | head -150
+  ;;
 profile)
   # where a round's time goes, both shapes, launched without PDL (kernel times then add up)
   timeout 300 python3 bench/gpu_decode_profile.py --no-pdl --commit "${GIT_COMMIT:-unknown}" 2>&1 \
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture"; exit 2
   ;;
 esac
 ls -l "$OUT"
