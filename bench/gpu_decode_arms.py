@@ -58,7 +58,8 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
 # the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps), the experts'
 # gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8), the GEMV
-# tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts
+# tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts,
+# the FFN norm computing the router's logits (engine.norm_router)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -69,7 +70,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/moe-bn4": dict(moe_bn=4), "default/moe-emit": dict(moe_emit_q8=True),
                 "default/old-tiles": dict(old_tiles=True), "default/route4": dict(route_warps=4),
                 "default/route2": dict(route_warps=2), "default/combine2": dict(combine_warps=2),
-                "default/combine8": dict(combine_warps=8)}
+                "default/combine8": dict(combine_warps=8),
+                "default/norm-router": dict(norm_router=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "default/maxbw8": "default", "default/maxbw2": "default",

@@ -4,7 +4,7 @@
 #   bash bench/gpu_decode_session.sh tests     # the GPU tests of the kernels and the runtime
 #   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
-#   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against the controls of session 17's flips
+#   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against session 17's controls and norm-router
 #   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,12 +19,12 @@ prefill)
   ;;
 arms)
   # the defaults against their controls, both shapes (the 30B-A3B build takes ~110 s):
-  # GEMV programs of 8 x rows, experts' GEMVs in 4-row programs, routing at 4 warps, the
-  # MoE ranks summed by their own launch
+  # GEMV programs of 8 x rows and the old tiles (8B); the FFN norm computing the router's
+  # logits, the experts' gate_up emitting the down's input, the MoE ranks summed by their own launch (30B-A3B)
   timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/maxbw8 default/old-tiles \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
-  timeout 310 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/moe-bn4 default/route4 \
-      default/combine-launch ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/norm-router \
+      default/moe-emit default/combine-launch ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
 route1-capture)
   # why routing at 1 warp breaks the MoE prefill chunk's graph capture (NOTES, session 17):

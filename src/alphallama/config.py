@@ -39,6 +39,9 @@ class EngineDefaults:
     combine_in_norm: bool = True   # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
                                    # (moe's combine code, the same bits), no combine launch. H200 30B-A3B W=1
                                    # 1.952 -> 1.935 ms, W=8 5.507 -> 5.470 (gpu_decode_arms-*-20261130-142422)
+    norm_router: bool = False     # "i8" experts, a float router: the attention's o GEMV adds into the residual in
+                                  # its epilogue and the FFN norm computes the router's logits (fused.
+                                  # rmsnorm_router_q8): one launch fewer a MoE layer. Not yet timed
     fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
                                   # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
                                   # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer, but the 64-row

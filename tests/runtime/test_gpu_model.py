@@ -175,3 +175,26 @@ def test_moe_gate_up_emitting_the_down_input(tmp_path):
             assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[emit][2:])   # the last row alone
     if DEV == "cpu":
         assert torch.equal(logits[True], logits[False])
+
+
+def test_moe_norm_computing_the_router_logits(tmp_path):
+    """engine.norm_router: the o GEMV adds into the residual and the FFN norm computes the
+    router's logits (one launch fewer a MoE layer): against the reference, close to the
+    router-GEMV model, and a round equals its rows alone."""
+    path = tmp_path / "moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=9), path)
+    f = GGUFFile(path)
+    ref = load_model(f, 128)
+    toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(6))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    logits = {}
+    for fused in (False, True):
+        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", norm_router=fused)
+        assert all(gpu._norm_router(L) == fused for L in gpu.layers)
+        cache = gpu.new_cache(128)
+        logits[fused] = gpu.forward(toks, 0, cache)[0].clone()
+        torch.testing.assert_close(logits[fused].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+        if fused:
+            cache.truncate(2)
+            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[fused][2:])   # the last row alone
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)

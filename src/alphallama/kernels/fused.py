@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .moe import _combine_block
-from .pdl import pdl_kwargs, pdl_start
+from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qmatvec_i8 import emit_q8, new_q8
 
 Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
@@ -120,6 +120,60 @@ def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torc
 def add_rmsnorm_ref(x, y, w, eps):
     x = x + y if y is not None else x
     return x, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+# -- RMSNorm + the MoE router --------------------------------------------------------------
+ROUTER_ROWS = 8        # router rows (experts) a program of _norm_router_kernel takes
+
+
+@triton.jit
+def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr,
+                        XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
+                        SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
+                        SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
+                        PDL: tl.constexpr = False):
+    """Program (row, expert block): rmsnorm(x) * w, and the router logits of RB experts
+    from it. Every program of a row normalizes it (the same code: the same bits); the
+    block-0 program stores h and its int8 activations. The router rows are loaded before
+    the PDL wait (weights: no kernel's output)."""
+    pdl_trigger(PDL)
+    e = tl.program_id(1) * RB + tl.arange(0, RB)                       # [RB]
+    d = tl.arange(0, BLOCK)
+    mask = d < D
+    rw = tl.load(R + e[:, None] * D + d[None, :], mask=(e < E)[:, None] & mask[None, :], other=0.0)   # [RB, BLOCK]
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    x = tl.load(X + row * D + d, mask=mask, other=0.0)
+    r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+    h = (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty)
+    if tl.program_id(1) == 0:
+        tl.store(H + row * D + d, h, mask=mask)
+        if NQ > 0:
+            emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP1, XS1, D, SLOT1, V1, BITS1, BLOCK != D)
+        if NQ > 1:
+            emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP2, XS2, D, SLOT2, V2, BITS2, BLOCK != D)
+    logit = tl.sum(rw.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)   # [RB]
+    tl.store(LOGITS + row * E + e, logit, mask=e < E)
+
+
+def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, eps: float, out_dtype: torch.dtype,
+                      orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8], torch.Tensor]:
+    """rmsnorm(x) * w in out_dtype, its int8 activations (up to two lane orders, as
+    add_rmsnorm_q8) and the MoE router's logits h @ router^T in one launch.
+    x [W, D] fp32 (the residual, already holding the layer's attention output: read only),
+    router [E, D] (a float dtype) -> (h [W, D], {order: q8}, logits [W, E] fp32)."""
+    W, D = x.shape
+    E = router.shape[0]
+    if D % 32 or router.shape[1] != D or not router.is_contiguous():
+        raise ValueError(f"rmsnorm_router_q8 needs D % 32 == 0 and a contiguous router [E, {D}], "
+                         f"got D={D}, router {tuple(router.shape)}")
+    h = torch.empty(W, D, device=x.device, dtype=out_dtype)                   # [W, D]
+    logits = torch.empty(W, E, device=x.device, dtype=torch.float32)          # [W, E]
+    q8, args = _q8_args(W, D, tuple(orders), x.device)
+    _norm_router_kernel[(W, triton.cdiv(E, ROUTER_ROWS))](
+        x, w, h, router, logits, E, eps, D, triton.next_power_of_2(D), ROUTER_ROWS, enable_fp_fusion=False,
+        num_warps=_norm_warps(D), **args, **pdl_kwargs(pdl, x.device))
+    return h, q8, logits
 
 
 # -- SiLU(gate) * up ----------------------------------------------------------------------

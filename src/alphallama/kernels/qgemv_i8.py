@@ -53,8 +53,15 @@ def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slo
 
 
 @triton.jit
-def _store(out, acc, m, W, N, n_out, stride_out):
-    tl.store(out + m.to(tl.int64) * stride_out + n_out, tl.sum(acc, axis=0), mask=(n_out < N) & (m < W))
+def _store(out, acc, m, W, N, n_out, stride_out, ADD: tl.constexpr = False):
+    """Row m's sums into out (ADD: added to what out holds, one fp32 add: the residual
+    stream's x + o(a), bit for bit what a later kernel adding them would make)."""
+    ptr = out + m.to(tl.int64) * stride_out + n_out
+    ok = (n_out < N) & (m < W)
+    y = tl.sum(acc, axis=0)
+    if ADD:
+        y = tl.load(ptr, mask=ok, other=0.0) + y
+    tl.store(ptr, y, mask=ok)
 
 
 @triton.jit
@@ -75,12 +82,12 @@ def _store_silu(act, acc, m, W, pid_n, XP1, XS1, F: tl.constexpr, SLOT1: tl.cons
 
 @triton.jit
 def _put(out, acc, m, W, N, n_out, stride_out, pid_n, XP1, XS1, F: tl.constexpr, SLOT1: tl.constexpr,
-         V1: tl.constexpr, BITS1: tl.constexpr, SILU: tl.constexpr):
-    """Row m's results: stored (_store), or through the SiLU epilogue (_store_silu)."""
+         V1: tl.constexpr, BITS1: tl.constexpr, SILU: tl.constexpr, ADD: tl.constexpr):
+    """Row m's results: stored or added (_store), or through the SiLU epilogue (_store_silu)."""
     if SILU:
         _store_silu(out, acc, m, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
     else:
-        _store(out, acc, m, W, N, n_out, stride_out)
+        _store(out, acc, m, W, N, n_out, stride_out, ADD)
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -89,9 +96,9 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
                      SILU: tl.constexpr = False, XP1=None, XS1=None, F: tl.constexpr = 0, SLOT1: tl.constexpr = 32,
-                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4):
+                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4, ADD: tl.constexpr = False):
     """SILU (qgemv_i8_silu): `out` is the act [W, F] and each program's rows a pair block
-    (_store_silu), BN = 64."""
+    (_store_silu), BN = 64. ADD: the sums are added to what `out` holds."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
@@ -158,17 +165,17 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                              HAS_MIN, DP4A)
             acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-    _put(out, acc0, m0 + 0, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+    _put(out, acc0, m0 + 0, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
     if BW > 1:
-        _put(out, acc1, m0 + 1, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc1, m0 + 1, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
     if BW > 2:
-        _put(out, acc2, m0 + 2, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
-        _put(out, acc3, m0 + 3, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc2, m0 + 2, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _put(out, acc3, m0 + 3, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
     if BW > 4:
-        _put(out, acc4, m0 + 4, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
-        _put(out, acc5, m0 + 5, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
-        _put(out, acc6, m0 + 6, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
-        _put(out, acc7, m0 + 7, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU)
+        _put(out, acc4, m0 + 4, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _put(out, acc5, m0 + 5, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _put(out, acc6, m0 + 6, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _put(out, acc7, m0 + 7, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
 
 
 @dataclass(frozen=True)
@@ -214,17 +221,19 @@ def gemv_tile(w: QuantWeight) -> GemvTile:
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
              tile: GemvTile | None = None, prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
-             pdl: bool = False) -> torch.Tensor:
+             pdl: bool = False, accumulate: bool = False) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 on int8 activations (quantized
     here unless `prepared` = prepare_i8(x, w) is given). `out` may be a column slice of
     a wider buffer (row stride free, unit column stride). Row m's bits do not depend on W
-    or m. Runs on CUDA or under the Triton interpreter."""
+    or m. accumulate: out += x @ w^T (out given). Runs on CUDA or under the Triton interpreter."""
+    if accumulate and out is None:
+        raise ValueError("qgemv_i8(accumulate=True) adds into `out`: give it")
     _check_supported(w)
     W, N, out = check_gemv_args(x, w, out, "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
     t = tile or gemv_tile(w)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
         t = GemvTile(BN=min(128, triton.next_power_of_2(N)), NT=t.NT, num_warps=t.num_warps, prefetch=t.prefetch)
-    _launch(x, w, out, out.stride(0), t, prepared, pdl)
+    _launch(x, w, out, out.stride(0), t, prepared, pdl, **({"ADD": True} if accumulate else {}))
     return out
 
 

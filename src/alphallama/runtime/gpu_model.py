@@ -41,7 +41,8 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
-from ..kernels.fused import MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, silu_mul, silu_mul_q8
+from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
+                             silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
                               moe_i8_order, moe_route_gate_up_i8)
@@ -117,6 +118,17 @@ class Linear:
         w = self.weights[0]
         return qgemv_i8_silu(x, w, act_dtype, order, (q8 or {}).get(lane_order(w)), pdl)
 
+    @property
+    def adds(self) -> bool:
+        """Can add_into run: one weight with an integer form."""
+        return len(self.weights) == 1 and self.i8[0]
+
+    def add_into(self, x: torch.Tensor, q8: dict | None, out: torch.Tensor, pdl: bool = False) -> None:
+        """out += x @ w^T in the GEMV's epilogue (one weight, i8: self.adds): the residual
+        stream's add, bit for bit the norm's x + y."""
+        w = self.weights[0]
+        qgemv_i8(x, w, out=out, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, accumulate=True)
+
     def unpair(self, y: torch.Tensor) -> torch.Tensor:
         """Columns of x @ w^T in [gate | up] order (a paired weight's are in pair blocks)."""
         return unpair(y) if self.paired else y
@@ -158,6 +170,10 @@ class MoE:
                  fuse_route: bool = False, emit_q8: bool = False):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
+        # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
+        # for the norm that computes the logits itself (engine.norm_router)
+        qs = self.router.planes["qs"]
+        self.router_rows = qs if qs.dtype.is_floating_point and tuple(qs.shape) == tuple(router.shape) else None
         self.store, self.layer = store, layer
         self.link: CpuLink | None = None   # set by GPUModel when the CPU workers serve the host tier
         if store is None:
@@ -189,14 +205,17 @@ class MoE:
         return v.host_gate_up.expert(e), v.host_down.expert(e)
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
-                 pdl: bool = False, combine: bool = True) -> "torch.Tensor | MoEParts":
+                 pdl: bool = False, combine: bool = True,
+                 logits: torch.Tensor | None = None) -> "torch.Tensor | MoEParts":
         """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
         the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
         the router asks for its weights before it waits: PDL mode 2). combine=False: the
         int8 path without counters may return its ranks unsummed, (part [W, k, D],
-        weights [W, k]), for the next norm to sum (fused.add_rmsnorm)."""
+        weights [W, k]), for the next norm to sum (fused.add_rmsnorm). logits: the router's [W, E], if the
+        norm made them (engine.norm_router; the int8 path only)."""
         if self.i8 and self.link is None:
-            logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
+            if logits is None:
+                logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
             return self._experts_i8(h, logits, act_dtype, q8, pdl, combine)
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         if self.store is None:
@@ -271,7 +290,7 @@ class GPUModel:
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
-                 moe_emit_q8: bool | None = None):
+                 moe_emit_q8: bool | None = None, norm_router: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -279,7 +298,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8: config.py (None: its default)."""
+        moe_emit_q8 / norm_router: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -380,6 +399,7 @@ class GPUModel:
         self.capture_s = 0.0
         e = DEFAULTS.engine
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
+        self.norm_router = e.norm_router if norm_router is None else norm_router
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -459,9 +479,15 @@ class GPUModel:
                                             cnt)                                       # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt), None
-            h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
+            logits = None
+            if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
+                L.o.add_into(a, q8, x, pdl)
+                h, q8, logits = rmsnorm_router_q8(x, L.ffn_norm, L.moe.router_rows, c.norm_eps, act,
+                                                  L.moe.orders[:2], pdl)                 # [W, D], q8, [W, E]
+            else:
+                h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm)
+                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
             elif L.down.orders and self._fuse_q8:
                 if L.gate_up.paired and len(L.down.orders) == 1:   # one launch: gate|up, SiLU, int8 act
                     s, q8 = L.gate_up.silu(h, q8, act, L.down.orders[0], pdl)             # [W, F]
@@ -481,6 +507,12 @@ class GPUModel:
         if isinstance(self.embd, QuantWeight):
             return gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
+
+    def _norm_router(self, L: GPULayer) -> bool:
+        """Does layer L's FFN norm compute its router's logits (engine.norm_router)?"""
+        m = L.moe
+        return (self.norm_router and m is not None and m.i8 and m.link is None and not m.fuse_route
+                and m.router_rows is not None and self._fuse_q8 and L.o.adds)
 
     def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
               consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
