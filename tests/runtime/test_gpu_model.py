@@ -152,27 +152,35 @@ def test_silu_in_the_gate_up_epilogue(tmp_path):
     torch.testing.assert_close(hidden[True], hidden[False], atol=1e-4 * hidden[False].abs().max().item(), rtol=0)
 
 
+def _moe_option_on_and_off(tmp_path, option: str, seed: int, applies) -> dict[bool, torch.Tensor]:
+    """A tiny MoE model's logits (3 rows) with an engine option off and on: each against
+    the reference; on, a round equals its last row run alone; applies(gpu) says whether
+    the option took effect."""
+    path = tmp_path / "moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=seed), path)
+    f = GGUFFile(path)
+    ref = load_model(f, 128)
+    toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(seed))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    logits = {}
+    for on in (False, True):
+        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", **{option: on})
+        assert applies(gpu) == on
+        cache = gpu.new_cache(128)
+        logits[on] = gpu.forward(toks, 0, cache)[0].clone()
+        torch.testing.assert_close(logits[on].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+        if on:
+            cache.truncate(2)
+            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[on][2:])   # the last row alone
+    return logits
+
+
 def test_moe_gate_up_emitting_the_down_input(tmp_path):
     """engine.moe_emit_q8: the experts' gate_up makes the down's int8 input (no prepare
     launch). Its 32-row tile is a float order of its own on the GPU (the CPU's tile is the
     same either way, so there the logits are equal bit for bit); against the reference,
     and a round equals its rows alone."""
-    path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=8), path)
-    f = GGUFFile(path)
-    ref = load_model(f, 128)
-    toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(4))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
-    logits = {}
-    for emit in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", moe_emit_q8=emit)
-        assert all(L.moe.emit_q8 == emit for L in gpu.layers)
-        cache = gpu.new_cache(128)
-        logits[emit] = gpu.forward(toks, 0, cache)[0].clone()
-        torch.testing.assert_close(logits[emit].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
-        if emit:
-            cache.truncate(2)
-            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[emit][2:])   # the last row alone
+    logits = _moe_option_on_and_off(tmp_path, "moe_emit_q8", 8, lambda g: all(L.moe.emit_q8 for L in g.layers))
     if DEV == "cpu":
         assert torch.equal(logits[True], logits[False])
 
@@ -181,20 +189,5 @@ def test_moe_norm_computing_the_router_logits(tmp_path):
     """engine.norm_router: the o GEMV adds into the residual and the FFN norm computes the
     router's logits (one launch fewer a MoE layer): against the reference, close to the
     router-GEMV model, and a round equals its rows alone."""
-    path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=9), path)
-    f = GGUFFile(path)
-    ref = load_model(f, 128)
-    toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(6))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
-    logits = {}
-    for fused in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", norm_router=fused)
-        assert all(gpu._norm_router(L) == fused for L in gpu.layers)
-        cache = gpu.new_cache(128)
-        logits[fused] = gpu.forward(toks, 0, cache)[0].clone()
-        torch.testing.assert_close(logits[fused].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
-        if fused:
-            cache.truncate(2)
-            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[fused][2:])   # the last row alone
+    logits = _moe_option_on_and_off(tmp_path, "norm_router", 9, lambda g: all(map(g._norm_router, g.layers)))
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
