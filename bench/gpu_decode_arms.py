@@ -59,7 +59,9 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps), the experts'
 # gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8), the GEMV
 # tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts,
-# the FFN norm computing the router's logits (engine.norm_router)
+# the FFN norm computing the router's logits (engine.norm_router), one step of NT = all
+# slots for rows of <= 64 slots (K = 2048 Q4_K: the 30B-A3B qkv and experts' gate_up; the
+# dense weights' steps then all load before the PDL wait), attention tiles of 64 keys
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -71,7 +73,9 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/old-tiles": dict(old_tiles=True), "default/route4": dict(route_warps=4),
                 "default/route2": dict(route_warps=2), "default/combine2": dict(combine_warps=2),
                 "default/combine8": dict(combine_warps=8),
-                "default/norm-router": dict(norm_router=True)}
+                "default/norm-router": dict(norm_router=True), "default/nt-short": dict(nt_short=True),
+                "default/attn-bn64": dict(attn_block=64),
+                "default/norm-router+nt-short": dict(norm_router=True, nt_short=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
              "default/maxbw8": "default", "default/maxbw2": "default",
@@ -90,7 +94,8 @@ def old_gemv_tile(w):
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED, qgemv_i8_mod.SILU_WARPS,
-             qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS)
+             qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
+             moe_i8.gemv_tile)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -103,6 +108,12 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     moe.ROUTE_WARPS = kw.pop("route_warps", moe.ROUTE_WARPS)                # a new float order in the softmax sums
     attention.COMBINE_WARPS = kw.pop("combine_warps", attention.COMBINE_WARPS)   # the same or a new order
     moe_i8.EXPERT_BN = kw.pop("moe_bn", moe_i8.EXPERT_BN)   # the experts' tile (a float order, the same at every W)
+    attention.BLOCK_N = kw.pop("attn_block", attention.BLOCK_N)   # keys a tile and the smallest split (a float order of L)
+    if kw.pop("nt_short", False):  # rows of <= 64 slots in one step (a float order of the weight alone)
+        def one_step(w, _t=qgemv_i8_mod.gemv_tile):
+            t = _t(w)
+            return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots)) if w.n_slots <= 64 else t
+        qgemv_i8_mod.gemv_tile = moe_i8.gemv_tile = one_step
     if kw.pop("torch_embed", False):
         emb = f.tensors["token_embd.weight"]
         raw = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)   # [V, row_bytes]
@@ -112,7 +123,8 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         return _run_arm(f, kw, depth, reps, toks, device)
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS) = saved
+         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
+         attention.BLOCK_N, moe_i8.gemv_tile) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:
