@@ -6,6 +6,7 @@
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
 #   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against session 17's controls and norm-router
 #   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
+#   bash bench/gpu_decode_session.sh ncu       # Nsight Compute on the decode GEMV (8B matrices, W = 1, 4)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -28,6 +29,13 @@ arms)
       default/nt-short default/norm-router+nt-short default/attn-bn64 default/moe-emit default/combine-launch \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
+ncu)
+  # what bounds the decode GEMV (8B matrices, W = 1 and 4): throughput, occupancy, stalls
+  timeout 500 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis -k regex:qgemv_i8 \
+      python3 bench/ncu_qgemv_i8.py > "$OUT/ncu-qgemv-i8-$(date +%Y%m%d).txt" 2>&1
+  grep -E "qgemv_i8_kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Stall" "$OUT"/ncu-qgemv-i8-*.txt | head -80
+  ;;
 route1-capture)
   # why routing at 1 warp breaks the MoE prefill chunk's graph capture (NOTES, session 17):
   # the prefill tests with moe.ROUTE_WARPS = 1, launches blocking, the first error in full
@@ -41,7 +49,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu"; exit 2
   ;;
 esac
 ls -l "$OUT"
