@@ -18,7 +18,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernels import random_raw  # noqa: E402
+import gpu_kernels  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
@@ -32,17 +32,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--w", type=int, nargs="*", default=[1, 4])
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     args = ap.parse_args()
-    g = torch.Generator(device="cuda").manual_seed(0)
+    dev = gpu_kernels.DEV = args.device          # (random_raw makes its bytes on gpu_kernels.DEV)
+    g = torch.Generator(device=dev).manual_seed(0)
     for name in args.shapes:
         qt, n, k = SHAPES[name]
-        w = QuantWeight.from_raw(random_raw(qt, n, k, g), qt, (n, k), "cuda")
+        w = QuantWeight.from_raw(gpu_kernels.random_raw(qt, n, k, g), qt, (n, k), dev)
         for W in args.w:
-            x = torch.randn(W, k, device="cuda", generator=g).to(torch.bfloat16)
+            x = torch.randn(W, k, device=dev, generator=g).to(torch.bfloat16)
             prepared = prepare_i8(x, w)
             for _ in range(2):
                 qgemv_i8(x, w, prepared=prepared)
-        torch.cuda.synchronize()
+        if dev == "cuda":
+            torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
