@@ -7,6 +7,7 @@
 #   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against session 17's controls and norm-router
 #   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
 #   bash bench/gpu_decode_session.sh ncu       # Nsight Compute on the decode GEMV (8B matrices, W = 1, 4)
+#   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -29,6 +30,11 @@ arms)
       default/nt-short default/norm-router+nt-short default/attn-bn64 default/moe-emit default/combine-launch \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
+tiles)
+  # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)
+  timeout 560 python3 bench/gpu_qgemv_tiles.py --shapes gate_up down_q6 down_q4 qkv o qkv_30b o_30b 2>&1 \
+      | grep -v "_warn_once\|UserWarning"
+  ;;
 ncu)
   # what bounds the decode GEMV (8B matrices, W = 1 and 4): throughput, occupancy, stalls
   timeout 500 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
@@ -49,7 +55,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles"; exit 2
   ;;
 esac
 ls -l "$OUT"

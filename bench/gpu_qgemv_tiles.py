@@ -1,5 +1,5 @@
-"""qgemv_i8 tiles on the 8B shape's matrices at W = 1 and 8 (and 2, 4 for the default and
-the best): the tile is part of a weight's float order, so it must be one per weight
+"""qgemv_i8 tiles on the 8B shape's matrices (and the 30B-A3B's attention) at W = 1 and 8
+(and 2, 4 for the 8-warp tiles and the default), at the current qgemv_i8.MAX_BW: the tile is part of a weight's float order, so it must be one per weight
 whatever W; this finds the one that balances plain decode (W=1) against verify rounds.
 Activations prepared once, as in the engine. Writes $OUT/gpu_qgemv_tiles-*.json.
 
@@ -26,9 +26,11 @@ from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
 SHAPES = {"gate_up": (T.Q4_K, 24576, 4096), "down_q6": (T.Q6_K, 4096, 12288), "down_q4": (T.Q4_K, 4096, 12288),
-          "qkv": (T.Q4_K, 6144, 4096), "o": (T.Q4_K, 4096, 4096), "head": (T.Q6_K, 151936, 4096)}
+          "qkv": (T.Q4_K, 6144, 4096), "o": (T.Q4_K, 4096, 4096), "head": (T.Q6_K, 151936, 4096),
+          # the 30B-A3B shape's attention (latency-bound: 5.9 and 4.7 MB)
+          "qkv_30b": (T.Q4_K, 5120, 2048), "o_30b": (T.Q4_K, 2048, 4096)}
 TILES = [(8, 32, 4), (16, 32, 4), (16, 32, 8), (32, 32, 8), (32, 32, 4), (64, 32, 8), (32, 64, 8), (16, 64, 4),
-         (4, 64, 4), (4, 32, 4)]
+         (4, 64, 4), (4, 32, 4), (16, 64, 8), (8, 32, 8)]
 
 
 def main() -> None:
