@@ -8,6 +8,7 @@
 #   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
 #   bash bench/gpu_decode_session.sh ncu       # Nsight Compute on the decode GEMV (8B matrices, W = 1, 4)
 #   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
+#   bash bench/gpu_decode_session.sh barrier   # grid-wide barriers in one persistent kernel against a PDL chain
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -35,6 +36,11 @@ tiles)
   timeout 560 python3 bench/gpu_qgemv_tiles.py --shapes gate_up down_q6 down_q4 qkv o qkv_30b o_30b 2>&1 \
       | grep -v "_warn_once\|UserWarning"
   ;;
+barrier)
+  # what a persistent per-layer kernel would pay: S stages as a PDL chain of kernels against
+  # one persistent kernel with grid-wide barriers (and loading the next stage before the spin)
+  timeout 300 python3 bench/gpu_grid_barrier.py --stages 12 --mb 0 1 4 16 2>&1 | grep -v "_warn_once\|UserWarning"
+  ;;
 ncu)
   # what bounds the decode GEMV (8B matrices, W = 1 and 4): throughput, occupancy, stalls
   timeout 500 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
@@ -55,7 +61,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier"; exit 2
   ;;
 esac
 ls -l "$OUT"
