@@ -3,7 +3,9 @@ read B bytes of "weights", run (a) as S kernels chained with PDL, the round's st
 now; (b) as one persistent kernel, one CTA per SM, with a grid-wide barrier between the
 stages (one gpu-scope release atomic a CTA, then a spin on acquire loads); (c) as (b),
 but each CTA loads its share of the next stage before it spins (the weights are no
-stage's output, so a barrier need not wait for them). Also (d): the barriers alone (B=0).
+stage's output, so a barrier need not wait for them); (d) as (a), but each kernel spins
+on its predecessor's per-CTA arrivals instead of the PDL wait (whole grid completed and
+flushed). B=0 gives the synchronisation alone.
 
     GIT_COMMIT=... python bench/gpu_grid_barrier.py [--stages 12] [--mb 1 4 16]
     TRITON_INTERPRET=1 python bench/gpu_grid_barrier.py --device cpu   # a smoke run: one CTA, tiny sizes
@@ -88,6 +90,30 @@ def _stage_kernel(buf, out, per_cta: tl.constexpr, s, BLOCK: tl.constexpr, PDL: 
     tl.store(out + pid * BLOCK + offs, tl.load(out + pid * BLOCK + offs) + acc)
 
 
+@triton.jit
+def _stage_flag_kernel(buf, out, flags, epoch_ptr, per_cta: tl.constexpr, s, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
+    """One stage as its own kernel, launched early by PDL like the chain's, but in place of
+    the PDL wait (the whole previous grid completed and flushed) it spins until every CTA
+    of the previous stage has arrived on flags[s] (epoch x CTAs arrivals: the flags count
+    up across calls); it arrives on flags[s + 1] when done."""
+    pdl_trigger(PDL)
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    base = s * per_cta * G + pid * per_cta
+    acc = tl.load(buf + base + offs)
+    if s > 0:
+        target = tl.load(epoch_ptr) * G
+        seen = tl.atomic_add(flags + s, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(flags + s, 0, sem="acquire", scope="gpu")
+    acc = _read(buf, base + BLOCK, per_cta - BLOCK, acc, BLOCK)
+    tl.store(out + pid * BLOCK + offs, tl.load(out + pid * BLOCK + offs, cache_modifier=".cg") + acc)
+    tl.debug_barrier()
+    tl.atomic_add(flags + s + 1, 1, sem="release", scope="gpu")
+
+
 def timed(fn, reps: int, device: str) -> float:
     """us per call: a CUDA graph of the call, replayed `reps` times (the CPU: one eager call)."""
     if device != "cuda":
@@ -142,13 +168,24 @@ def main() -> int:
                 _stage_kernel[(G,)](buf, out, per_cta=per_cta, s=s, BLOCK=BLOCK, PDL=pdl and dev == "cuda",
                             **({"launch_pdl": True} if pdl and dev == "cuda" else {}))
 
+        flags = torch.zeros(S + 1, dtype=torch.int32, device=dev)
+        epoch = torch.zeros(1, dtype=torch.int32, device=dev)
+
+        def chain_flags():
+            buf = copies[next(it) % 4]
+            epoch.add_(1)              # (a plain launch: stage 0 starts after it)
+            for s in range(S):
+                _stage_flag_kernel[(G,)](buf, out, flags, epoch, per_cta=per_cta, s=s, BLOCK=BLOCK,
+                                         PDL=dev == "cuda", **({"launch_pdl": True} if dev == "cuda" else {}))
+
         def persistent(ahead, buf=None):
             buf = copies[next(it) % 4] if buf is None else buf
             cnt.zero_()
             _persistent_kernel[(G,)](buf, cnt, out, per_cta=per_cta, S=S, BLOCK=BLOCK, AHEAD=ahead)
 
         for name, fn in (("chain", lambda: chain(False)), ("chain_pdl", lambda: chain(True)),
-                         ("persistent", lambda: persistent(False)), ("persistent_ahead", lambda: persistent(True))):
+                         ("chain_flags", chain_flags), ("persistent", lambda: persistent(False)),
+                         ("persistent_ahead", lambda: persistent(True))):
             row["us"][name] = timed(fn, args.reps, dev) / S                  # per stage
         # loading ahead reads the same words: the same sums
         out.zero_()
