@@ -88,6 +88,27 @@ def test_row_bits_at_the_real_split_change():
         assert torch.equal(a, b), length
 
 
+@pytest.mark.parametrize("pos", [20, 37, 47])
+def test_old_keys_loaded_early_give_the_same_bits(small_splits, monkeypatch, pos):
+    """attention.EARLY_KV: the first tile of each split loads its keys from before the
+    round (positions < pos) early and the round's own rows after the wait (on the CPU
+    there is no wait: this checks the merge). A round of 3 rows whose tiles straddle pos:
+    the same bits as loading them all in the loop."""
+    g = torch.Generator().manual_seed(pos)
+    W, H, n_kv, hd = 3, 4, 2, 32
+    q = torch.randn(W, H, hd, generator=g).to(DEV)
+    kc = torch.randn(n_kv, pos + W + 5, hd, generator=g).half().to(DEV)
+    vc = torch.randn(n_kv, pos + W + 5, hd, generator=g).half().to(DEV)
+    p = torch.tensor([pos], dtype=torch.int32, device=DEV)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(A, "EARLY_KV", early)
+        outs.append(decode_attention(q, kc, vc, p, kc.shape[1]))
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1].cpu(), decode_attention_ref(q.half().float().cpu(), kc.cpu(), vc.cpu(), pos),
+                               atol=2e-3, rtol=2e-3)
+
+
 def combine_q8_sm90() -> tuple[list[str], dict]:
     """(types, constexprs) of the combine with its q8 output (one Q4_K lane order) at the
     Qwen3-8B shape, bf16 out, for sm90.compile_sm90: what the q8 and PDL tests compile."""
@@ -110,6 +131,12 @@ def compile_all() -> None:
         ptrs = ["*fp32", "*fp16", "*fp16", "*fp32", "*fp32", "*fp32", "*i32"]     # Q K V O M L pos
         build(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
               dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, PDL=False, **blocks))
+        # EARLY_KV with PDL: the old keys' loads come before the wait
+        ptx = compile_sm90(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
+                           dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, PDL=True, EARLY=True, **blocks),
+                           num_warps=A.NUM_WARPS, fp_fusion=True, divisible_ints=True).asm["ptx"]
+        body = ptx[ptx.index(".entry"):]
+        assert body[:body.index("griddepcontrol.wait")].count("ld.global") >= 3     # pos, then K and V
         build(A._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", out, "*i32"] + ["i32"] * 4,
               dict(N_HEADS=H, HD=hd, XP1=None, XS1=None, NQ=0, SLOT1=32, V1=4, BITS1=4, PDL=False, **blocks))   # no q8 output
 

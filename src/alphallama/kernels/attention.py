@@ -37,12 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_kwargs, pdl_start
+from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qmatvec_i8 import emit_q8, new_q8
 
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512
 MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
 NUM_WARPS = 4
+EARLY_KV = False   # the split launch loads its first tile's old keys and values before the PDL wait (same bits). Untimed
 COMBINE_WARPS = 4  # the two-launch path's combine (one program per row and query head)
 # The fused launch's register cap. Uncapped, its combine tail takes it to ~168 registers:
 # 3 CTAs per SM where the split kernel (116 registers) gets 4. Capped, only the tail spills
@@ -65,14 +66,38 @@ def _split_size(length, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
 
 
 @triton.jit
+def _dead_split(length, s, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """Is split s past the row's keys (the split kernels' live test, negated)?"""
+    return s * _split_size(length, BLOCK_N, MAX_SPLITS) >= length
+
+
+@triton.jit
+def _tile(q, k, v, nmask, m_i, l_i, acc):
+    """One tile of keys into the online softmax: (m_i, l_i, acc) updated."""
+    sc = tl.dot(q, tl.trans(k))                                     # [G_PAD, BLOCK_N]
+    sc = tl.where(nmask[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])                                 # masked keys: 0
+    l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)        # [G_PAD, HD]; the add folds into the MMA
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                    BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, EARLY: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """Split s of (row, kv head): the partials (O, M, L) of the group's query heads; a dead
     split writes nothing. l_i's update is an explicit fma, what fp fusion made of
     `l_i * alpha + sum` anyway: nothing contractible is left, so the bits are the same in
-    a launch compiled without fusion (the fused q8 launch)."""
+    a launch compiled without fusion (the fused q8 launch).
+    EARLY: the first tile's keys and values from before this round (positions below the
+    round's first, which no kernel of the round writes) are loaded before the PDL wait
+    (PDL: the caller triggered and left the wait to this function); the round's own rows,
+    which qkv_rope has just written, after it. The same values either way: the same bits."""
     split = _split_size(length, BLOCK_N, MAX_SPLITS)
     start = s * split
     if start < length:                            # a live split; the others exit at once
@@ -80,9 +105,15 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
         d = tl.arange(0, HD)
         heads = kvh * GROUP + g
         gmask = g < GROUP
+        end = tl.minimum(start + split, length)
+        if EARLY:
+            n = start + tl.arange(0, BLOCK_N)
+            old = (n < length - row - 1) & (n < end)                        # written before this round
+            k_old = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=old[:, None], other=0.0)
+            v_old = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=old[:, None], other=0.0)
+            pdl_wait(PDL)
         q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         q = (q * scale).to(tl.float16)                                      # [G_PAD, HD]
-        end = tl.minimum(start + split, length)
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, HD], tl.float32)
@@ -90,20 +121,23 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
         # the interpreter cannot take a run-time range() bound (numpy >= 2.4). Every tile
         # holds at least one live key, so m_i is finite after the first.
         n0 = start
+        if EARLY:                                 # the first tile: its old rows loaded above, the new ones now
+            n = start + tl.arange(0, BLOCK_N)
+            nmask = n < end
+            new = nmask & (n >= length - row - 1)
+            k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=new[:, None], other=0.0)
+            v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=new[:, None], other=0.0)
+            k = tl.where(new[:, None], k, k_old)
+            v = tl.where(new[:, None], v, v_old)
+            m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
+            n0 += BLOCK_N
         while n0 < end:
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
             # K and V issued together: two tiles in flight per program
             k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=nmask[:, None], other=0.0)
             v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=nmask[:, None], other=0.0)
-            sc = tl.dot(q, tl.trans(k))                                     # [G_PAD, BLOCK_N]
-            sc = tl.where(nmask[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, None])                                 # masked keys: 0
-            l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)        # [G_PAD, HD]; the add folds into the MMA
-            m_i = m_new
+            m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
             n0 += BLOCK_N
         ml_off = (row * N_HEADS + heads) * MAX_SPLITS + s                  # M, L: [W, H, MAX_SPLITS]
         tl.store(O + row * stride_ow + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
@@ -145,13 +179,21 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_start(PDL)
+                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
+                       EARLY: tl.constexpr = False):
+    """EARLY: the first tile's old keys and values before the PDL wait (_split_partials);
+    pos is a graph input, written before the round, so it may be read before the wait."""
+    if EARLY:
+        pdl_trigger(PDL)
+    else:
+        pdl_start(PDL)
     row = tl.program_id(0)
     length = tl.load(pos_ptr) + row + 1          # keys this row may see
     _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
-                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS)
+                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL)
+    if EARLY and _dead_split(length, tl.program_id(2), BLOCK_N, MAX_SPLITS):
+        pdl_wait(PDL)                            # a dead split waits too: every program of the grid does
 
 
 @triton.jit
@@ -253,7 +295,7 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                                                   **pdl_kwargs(pdl, q.device))
         return out, q8
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
-                                              **pdl_kwargs(pdl, q.device))
+                                              EARLY=EARLY_KV, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
                                        num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
