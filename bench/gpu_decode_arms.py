@@ -62,7 +62,7 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # the FFN norm computing the router's logits (engine.norm_router), one step of NT = all
 # slots for rows of <= 64 slots (K = 2048 Q4_K: the 30B-A3B qkv and experts' gate_up; the
 # dense weights' steps then all load before the PDL wait), attention tiles of 64 keys, the
-# attention's old keys loaded before its PDL wait (attention.EARLY_KV, same bits)
+# attention's old keys loaded before its PDL wait (engine.early_kv, same bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -97,7 +97,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED, qgemv_i8_mod.SILU_WARPS,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.gemv_tile, attention.EARLY_KV)
+             moe_i8.gemv_tile)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -110,7 +110,6 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     moe.ROUTE_WARPS = kw.pop("route_warps", moe.ROUTE_WARPS)                # a new float order in the softmax sums
     attention.COMBINE_WARPS = kw.pop("combine_warps", attention.COMBINE_WARPS)   # the same or a new order
     moe_i8.EXPERT_BN = kw.pop("moe_bn", moe_i8.EXPERT_BN)   # the experts' tile (a float order, the same at every W)
-    attention.EARLY_KV = kw.pop("early_kv", attention.EARLY_KV)   # old keys before the PDL wait (same bits)
     attention.BLOCK_N = kw.pop("attn_block", attention.BLOCK_N)   # keys a tile and the smallest split (a float order of L)
     if kw.pop("nt_short", False):  # rows of <= 64 slots in one step (a float order of the weight alone)
         def one_step(w, _t=qgemv_i8_mod.gemv_tile):
@@ -127,7 +126,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.gemv_tile, attention.EARLY_KV) = saved
+         attention.BLOCK_N, moe_i8.gemv_tile) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:
@@ -199,7 +198,8 @@ def main() -> int:
         res["arms"][name] = r
         print(f"{name:22s} " + " ".join(f"W{W} {ms:6.3f}" for W, ms in r["ms_per_round"].items())
               + f" ms | {r['tok_s_plain']:.0f} tok/s, {100 * r['share_of_floor']:.0f}% of floor, "
-                f"W8/W1 {r['w8_over_w1']:.2f}, rotation {r['rotation_w8_equal']}", flush=True)
+                f"W8/W1 {r['w8_over_w1']:.2f}, rotation {r['rotation_w8_equal']}"
+              + (f", bits = {base}'s: {r['bitwise_equal_to_' + base]}" if base in logits else ""), flush=True)
         torch.cuda.empty_cache()
     if args.device == "cuda":     # (a CPU smoke run writes nothing)
         out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_arms-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"

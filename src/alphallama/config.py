@@ -42,6 +42,8 @@ class EngineDefaults:
     norm_router: bool = False     # "i8" experts, a float router: the attention's o GEMV adds into the residual in
                                   # its epilogue and the FFN norm computes the router's logits (fused.
                                   # rmsnorm_router_q8): one launch fewer a MoE layer. Not yet timed
+    early_kv: bool = False        # the decode round's attention loads the cache rows below pos before its PDL wait
+                                  # (kernels/attention.py: valid in a decode round; the same bits). Not yet timed
     fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
                                   # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
                                   # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer, but the 64-row

@@ -89,8 +89,8 @@ def test_row_bits_at_the_real_split_change():
 
 
 @pytest.mark.parametrize("pos", [20, 37, 47])
-def test_old_keys_loaded_early_give_the_same_bits(small_splits, monkeypatch, pos):
-    """attention.EARLY_KV: the first tile of each split loads its keys from before the
+def test_old_keys_loaded_early_give_the_same_bits(small_splits, pos):
+    """decode_attention(early=True): the first tile of each split loads its keys from before the
     round (positions < pos) early and the round's own rows after the wait (on the CPU
     there is no wait: this checks the merge). A round of 3 rows whose tiles straddle pos:
     the same bits as loading them all in the loop."""
@@ -102,8 +102,7 @@ def test_old_keys_loaded_early_give_the_same_bits(small_splits, monkeypatch, pos
     p = torch.tensor([pos], dtype=torch.int32, device=DEV)
     outs = []
     for early in (False, True):
-        monkeypatch.setattr(A, "EARLY_KV", early)
-        outs.append(decode_attention(q, kc, vc, p, kc.shape[1]))
+        outs.append(decode_attention(q, kc, vc, p, kc.shape[1], early=early))
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[1].cpu(), decode_attention_ref(q.half().float().cpu(), kc.cpu(), vc.cpu(), pos),
                                atol=2e-3, rtol=2e-3)
@@ -131,7 +130,7 @@ def compile_all() -> None:
         ptrs = ["*fp32", "*fp16", "*fp16", "*fp32", "*fp32", "*fp32", "*i32"]     # Q K V O M L pos
         build(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
               dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, PDL=False, **blocks))
-        # EARLY_KV with PDL: the old keys' loads come before the wait
+        # early with PDL: the old keys' loads come before the wait
         ptx = compile_sm90(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
                            dict(N_HEADS=H, GROUP=group, G_PAD=max(16, group), HD=hd, PDL=True, EARLY=True, **blocks),
                            num_warps=A.NUM_WARPS, fp_fusion=True, divisible_ints=True).asm["ptx"]

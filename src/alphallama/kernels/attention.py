@@ -43,7 +43,6 @@ from .qmatvec_i8 import emit_q8, new_q8
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512
 MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
 NUM_WARPS = 4
-EARLY_KV = False   # the split launch loads its first tile's old keys and values before the PDL wait (same bits). Untimed
 COMBINE_WARPS = 4  # the two-launch path's combine (one program per row and query head)
 # The fused launch's register cap. Uncapped, its combine tail takes it to ~168 registers:
 # 3 CTAs per SM where the split kernel (116 registers) gets 4. Capped, only the tail spills
@@ -94,10 +93,14 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
     split writes nothing. l_i's update is an explicit fma, what fp fusion made of
     `l_i * alpha + sum` anyway: nothing contractible is left, so the bits are the same in
     a launch compiled without fusion (the fused q8 launch).
-    EARLY: the first tile's keys and values from before this round (positions below the
-    round's first, which no kernel of the round writes) are loaded before the PDL wait
-    (PDL: the caller triggered and left the wait to this function); the round's own rows,
-    which qkv_rope has just written, after it. The same values either way: the same bits."""
+    EARLY: the first tile's keys and values below the round's first position are loaded
+    before the PDL wait (PDL: the caller triggered and left the wait to this function),
+    the round's own rows, which qkv_rope has just written, after it. The same values
+    either way: the same bits. Valid only where no kernel of the same PDL chain wrote
+    those rows: with every kernel triggering at its top, a kernel's pre-wait code may
+    run while kernels several launches back still run. A decode round qualifies (a
+    layer's cache rows below pos come from earlier rounds, finished before its graph
+    launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not."""
     split = _split_size(length, BLOCK_N, MAX_SPLITS)
     start = s * split
     if start < length:                            # a live split; the others exit at once
@@ -241,7 +244,7 @@ def _attn_fused_kernel(Q, K, V, O, M, L, OUT, CNT, pos_ptr, scale,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-                     counters: torch.Tensor | None = None) -> torch.Tensor:
+                     counters: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
@@ -249,22 +252,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     counters: None for two launches (split, combine); or the caller's contiguous int32
     tensor of at least W * n_kv elements, all zero, for one fused launch that leaves them
     zero (reusable by every call on the stream, graph replays included; never by two
-    launches in flight at once). Same bits either way."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, counters)[0]
+    launches in flight at once). Same bits either way. early: the split launch loads the
+    rows below pos before its PDL wait (_split_partials says when that is valid).
+    The same bits either way."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, counters, early)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
-                        counters: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                        counters: torch.Tensor | None = None, early: bool = False) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine (bit for bit prepare_i8 of the output; the launch that
     combines is compiled without fp fusion, as the quantization needs). counters: as in
     decode_attention. -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, counters)
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, counters, early)
 
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
-               counters: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+               counters: torch.Tensor | None, early: bool = False) -> tuple[torch.Tensor, dict]:
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
@@ -295,7 +300,7 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                                                   **pdl_kwargs(pdl, q.device))
         return out, q8
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
-                                              EARLY=EARLY_KV, **pdl_kwargs(pdl, q.device))
+                                              EARLY=early, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
                                        num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))

@@ -290,7 +290,7 @@ class GPUModel:
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
-                 moe_emit_q8: bool | None = None, norm_router: bool | None = None):
+                 moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -298,7 +298,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8 / norm_router: config.py (None: its default)."""
+        moe_emit_q8 / norm_router / early_kv: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -400,6 +400,7 @@ class GPUModel:
         e = DEFAULTS.engine
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.norm_router = e.norm_router if norm_router is None else norm_router
+        self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -476,9 +477,9 @@ class GPUModel:
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             if L.o.orders and self._fuse_q8:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl,
-                                            cnt)                                       # [W, H*hd]
+                                            cnt, self.early_kv)                        # [W, H*hd]
             else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt), None
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt, self.early_kv), None
             logits = None
             if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
                 L.o.add_into(a, q8, x, pdl)
