@@ -23,14 +23,12 @@ prefill)
 arms)
   # the defaults against their controls, both shapes (the 30B-A3B build takes ~110 s):
   # GEMV programs of 8 x rows and the old tiles (8B); the FFN norm computing the router's
-  # logits, one-step tiles for rows of <= 64 slots, the experts' gate_up emitting the down's
-  # input, the MoE ranks summed by their own launch (30B-A3B); attention tiles of 64 keys and
+  # logits, one-step tiles for rows of <= 64 slots (30B-A3B); attention tiles of 64 keys and
   # its old keys loaded before the PDL wait (both)
-  timeout 230 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/maxbw8 default/old-tiles \
+  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/maxbw8 default/old-tiles \
       default/attn-bn64 default/early-kv ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
-  timeout 340 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/norm-router \
-      default/nt-short default/norm-router+nt-short default/attn-bn64 default/early-kv default/moe-emit \
-      default/combine-launch \
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/norm-router \
+      default/nt-short default/norm-router+nt-short default/attn-bn64 default/early-kv \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
   ;;
 tiles)
