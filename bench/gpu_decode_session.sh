@@ -26,10 +26,10 @@ arms)
   # logits, one-step tiles for rows of <= 64 slots (30B-A3B); attention tiles of 64 keys and
   # its old keys loaded before the PDL wait (both)
   timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/maxbw8 default/old-tiles \
-      default/attn-bn64 default/early-kv ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+      default/attn-bn64 default/early-kv ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -8
   timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/norm-router \
       default/nt-short default/norm-router+nt-short default/attn-bn64 default/early-kv \
-      ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
+      ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -8
   ;;
 tiles)
   # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)
