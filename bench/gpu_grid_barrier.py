@@ -48,10 +48,17 @@ def _grid_barrier(cnt, target):
     arrivals (acquire: the other CTAs' stores are visible after it)."""
     tl.debug_barrier()
     tl.atomic_add(cnt, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-    while seen < target:
-        seen = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
+    _spin_until(cnt, target)
     tl.debug_barrier()
+
+
+@triton.jit
+def _spin_until(ptr, target):
+    """Until *ptr >= target (acquire loads: Triton issues them from one thread and
+    broadcasts the value through shared memory)."""
+    seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -77,41 +84,28 @@ def _persistent_kernel(buf, cnt, out, per_cta: tl.constexpr, S: tl.constexpr, BL
 
 
 @triton.jit
-def _stage_kernel(buf, out, per_cta: tl.constexpr, s, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One stage as its own kernel (the chain): its first block (weights) before the PDL wait."""
+def _stage_kernel(buf, out, flags, epoch_ptr, per_cta: tl.constexpr, s, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                  FLAGS: tl.constexpr):
+    """One stage as its own kernel (the chain), launched early by PDL: its first block
+    (weights) before it waits. It waits with the PDL wait (the whole previous grid
+    completed and flushed) or, FLAGS, by spinning until every CTA of the previous stage
+    has arrived on flags[s] (epoch x CTAs arrivals: the flags count up across calls),
+    arriving on flags[s + 1] when done."""
     pdl_trigger(PDL)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
     base = s * per_cta * G + pid * per_cta
     acc = tl.load(buf + base + offs)
-    pdl_wait(PDL)
-    acc = _read(buf, base + BLOCK, per_cta - BLOCK, acc, BLOCK)
-    tl.store(out + pid * BLOCK + offs, tl.load(out + pid * BLOCK + offs) + acc)
-
-
-@triton.jit
-def _stage_flag_kernel(buf, out, flags, epoch_ptr, per_cta: tl.constexpr, s, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr):
-    """One stage as its own kernel, launched early by PDL like the chain's, but in place of
-    the PDL wait (the whole previous grid completed and flushed) it spins until every CTA
-    of the previous stage has arrived on flags[s] (epoch x CTAs arrivals: the flags count
-    up across calls); it arrives on flags[s + 1] when done."""
-    pdl_trigger(PDL)
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    offs = tl.arange(0, BLOCK)
-    base = s * per_cta * G + pid * per_cta
-    acc = tl.load(buf + base + offs)
-    if s > 0:
-        target = tl.load(epoch_ptr) * G
-        seen = tl.atomic_add(flags + s, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(flags + s, 0, sem="acquire", scope="gpu")
+    if not FLAGS:
+        pdl_wait(PDL)
+    elif s > 0:
+        _spin_until(flags + s, tl.load(epoch_ptr) * G)
     acc = _read(buf, base + BLOCK, per_cta - BLOCK, acc, BLOCK)
     tl.store(out + pid * BLOCK + offs, tl.load(out + pid * BLOCK + offs, cache_modifier=".cg") + acc)
-    tl.debug_barrier()
-    tl.atomic_add(flags + s + 1, 1, sem="release", scope="gpu")
+    if FLAGS:
+        tl.debug_barrier()
+        tl.atomic_add(flags + s + 1, 1, sem="release", scope="gpu")
 
 
 def timed(fn, reps: int, device: str) -> float:
@@ -161,22 +155,22 @@ def main() -> int:
         out = torch.zeros(G * BLOCK, dtype=torch.int32, device=dev)
         row = {"MB_per_stage": per_cta * G * 4 / 2 ** 20, "us": {}}
         it = iter(range(10 ** 9))
+        flags = torch.zeros(S + 1, dtype=torch.int32, device=dev)      # the flag-chained form's arrivals
+        epoch = torch.zeros(1, dtype=torch.int32, device=dev)
 
         def chain(pdl):
             buf = copies[next(it) % 4]
             for s in range(S):
-                _stage_kernel[(G,)](buf, out, per_cta=per_cta, s=s, BLOCK=BLOCK, PDL=pdl and dev == "cuda",
-                            **({"launch_pdl": True} if pdl and dev == "cuda" else {}))
-
-        flags = torch.zeros(S + 1, dtype=torch.int32, device=dev)
-        epoch = torch.zeros(1, dtype=torch.int32, device=dev)
+                _stage_kernel[(G,)](buf, out, flags, epoch, per_cta=per_cta, s=s, BLOCK=BLOCK,
+                                    PDL=pdl and dev == "cuda", FLAGS=False,
+                                    **({"launch_pdl": True} if pdl and dev == "cuda" else {}))
 
         def chain_flags():
             buf = copies[next(it) % 4]
             epoch.add_(1)              # (a plain launch: stage 0 starts after it)
             for s in range(S):
-                _stage_flag_kernel[(G,)](buf, out, flags, epoch, per_cta=per_cta, s=s, BLOCK=BLOCK,
-                                         PDL=dev == "cuda", **({"launch_pdl": True} if dev == "cuda" else {}))
+                _stage_kernel[(G,)](buf, out, flags, epoch, per_cta=per_cta, s=s, BLOCK=BLOCK, PDL=dev == "cuda",
+                                    FLAGS=True, **({"launch_pdl": True} if dev == "cuda" else {}))
 
         def persistent(ahead, buf=None):
             buf = copies[next(it) % 4] if buf is None else buf
