@@ -79,8 +79,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm-router+nt-short": dict(norm_router=True, nt_short=True),
                 "default/early-kv": dict(early_kv=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default", "default/gate-up-unpaired": "default",
-             "default/maxbw8": "default", "default/maxbw2": "default",
+SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
+             "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
 WIDTHS = (1, 2, 4, 8, 16)

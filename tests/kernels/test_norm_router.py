@@ -59,7 +59,7 @@ def test_norm_router_gives_the_norm_and_the_logits(D, E, rdtype):
 
 
 def test_gemv_adds_into_its_output():
-    xq, wq = _weight(T.Q4_K, 48, 512, seed=4)
+    _, wq = _weight(T.Q4_K, 48, 512, seed=4)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)).to(DEV)
     base = torch.randn(3, 48, generator=torch.Generator().manual_seed(5)).to(DEV)
     y = qgemv_i8(x, wq)

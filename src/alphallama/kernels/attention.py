@@ -65,9 +65,11 @@ def _split_size(length, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
 
 
 @triton.jit
-def _dead_split(length, s, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
-    """Is split s past the row's keys (the split kernels' live test, negated)?"""
-    return s * _split_size(length, BLOCK_N, MAX_SPLITS) >= length
+def _kv(K, V, kvh, n, d, mask, stride_kh, stride_kn, stride_vh, stride_vn):
+    """The key and value rows n [BLOCK_N] of kv head kvh where mask, zeros elsewhere: [BLOCK_N, HD] each."""
+    k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=mask[:, None], other=0.0)
+    v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=mask[:, None], other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -109,11 +111,11 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
         heads = kvh * GROUP + g
         gmask = g < GROUP
         end = tl.minimum(start + split, length)
+        first = length - row - 1                                            # the round's first position
         if EARLY:
             n = start + tl.arange(0, BLOCK_N)
-            old = (n < length - row - 1) & (n < end)                        # written before this round
-            k_old = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=old[:, None], other=0.0)
-            v_old = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=old[:, None], other=0.0)
+            k_old, v_old = _kv(K, V, kvh, n, d, (n < first) & (n < end),   # written before this round
+                               stride_kh, stride_kn, stride_vh, stride_vn)
             pdl_wait(PDL)
         q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         q = (q * scale).to(tl.float16)                                      # [G_PAD, HD]
@@ -127,9 +129,8 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
         if EARLY:                                 # the first tile: its old rows loaded above, the new ones now
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < end
-            new = nmask & (n >= length - row - 1)
-            k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=new[:, None], other=0.0)
-            v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=new[:, None], other=0.0)
+            new = nmask & (n >= first)
+            k, v = _kv(K, V, kvh, n, d, new, stride_kh, stride_kn, stride_vh, stride_vn)
             k = tl.where(new[:, None], k, k_old)
             v = tl.where(new[:, None], v, v_old)
             m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
@@ -138,8 +139,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
             # K and V issued together: two tiles in flight per program
-            k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=nmask[:, None], other=0.0)
-            v = tl.load(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], mask=nmask[:, None], other=0.0)
+            k, v = _kv(K, V, kvh, n, d, nmask, stride_kh, stride_kn, stride_vh, stride_vn)
             m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
             n0 += BLOCK_N
         ml_off = (row * N_HEADS + heads) * MAX_SPLITS + s                  # M, L: [W, H, MAX_SPLITS]
@@ -147,6 +147,8 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
                  mask=gmask[:, None])
         tl.store(M + ml_off, m_i, mask=gmask)
         tl.store(L + ml_off, l_i, mask=gmask)
+    elif EARLY:
+        pdl_wait(PDL)                             # a dead split waits too: every program of the grid does
 
 
 @triton.jit
@@ -195,8 +197,6 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
     _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL)
-    if EARLY and _dead_split(length, tl.program_id(2), BLOCK_N, MAX_SPLITS):
-        pdl_wait(PDL)                            # a dead split waits too: every program of the grid does
 
 
 @triton.jit

@@ -38,8 +38,8 @@ NUM_WARPS = 4
 # sums' layout follows them, the same at every W). 1 was 1.7% faster on the H200 30B-A3B
 # decode round (W=1 1.952 -> 1.918 ms, gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json) but
 # broke the MoE prefill chunk's graph capture there ("operation failed due to a previous
-# error during capture", tests/runtime/test_gpu_prefill.py, 3 of 3 runs; at 4: 2 of 2 pass):
-# not understood yet, so 4
+# error during capture", tests/runtime/test_gpu_prefill.py: 4 failing runs of 6 at 1 warp,
+# 0 of 2 at 4): not understood yet (NOTES, session 17), so 4
 ROUTE_WARPS = 4
 
 
