@@ -39,11 +39,14 @@ class EngineDefaults:
     combine_in_norm: bool = True   # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
                                    # (moe's combine code, the same bits), no combine launch. H200 30B-A3B W=1
                                    # 1.952 -> 1.935 ms, W=8 5.507 -> 5.470 (gpu_decode_arms-*-20261130-142422)
-    norm_router: bool = False     # "i8" experts, a float router: the attention's o GEMV adds into the residual in
+    norm_router: bool = True      # "i8" experts, a float router: the attention's o GEMV adds into the residual in
                                   # its epilogue and the FFN norm computes the router's logits (fused.
-                                  # rmsnorm_router_q8): one launch fewer a MoE layer. Not yet timed
-    early_kv: bool = False        # the decode round's attention loads the cache rows below pos before its PDL wait
-                                  # (kernels/attention.py: valid in a decode round; the same bits). Not yet timed
+                                  # rmsnorm_router_q8): one launch fewer a MoE layer; a new float order for the
+                                  # logits, the same at every W. H200 30B-A3B W=1 1.834 -> 1.713 ms, W=8 4.339 ->
+                                  # 4.322 (gpu_decode_arms-qwen3-30b-a3b-20261130-173344.json)
+    early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
+                                  # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
+                                  # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
     fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
                                   # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
                                   # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer, but the 64-row
