@@ -62,8 +62,8 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # the FFN norm computing the router's logits (engine.norm_router), one step of NT = all
 # slots for rows of <= 64 slots (K = 2048 Q4_K: the 30B-A3B qkv and experts' gate_up; the
 # dense weights' steps then all load before the PDL wait), attention tiles of 64 keys, the
-# attention's old keys loaded before its PDL wait (engine.early_kv, same bits), the GEMV loops
-# pipelined by the compiler through shared memory at 2-4 stages (GemvTile.stages, same bits)
+# attention's old keys loaded before its PDL wait (engine.early_kv, same bits; on since 20261130
+# with norm_router: the no- arms are their controls)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -78,12 +78,11 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm-router": dict(norm_router=True), "default/nt-short": dict(nt_short=True),
                 "default/attn-bn64": dict(attn_block=64),
                 "default/norm-router+nt-short": dict(norm_router=True, nt_short=True),
-                "default/early-kv": dict(early_kv=True),
-                "default/stages2": dict(stages=2), "default/stages3": dict(stages=3),
-                "default/stages4": dict(stages=4)}
+                "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
+                "default/no-norm-router": dict(norm_router=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/stages2": "default", "default/stages3": "default", "default/stages4": "default",
+             "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
@@ -104,9 +103,6 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
              moe_i8.gemv_tile)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
-    stages = kw.pop("stages", None)
-    if stages is not None:         # the same tiles, the loop pipelined through shared memory (same bits)
-        qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), stages=stages)
     steps = kw.pop("prefetch", None)
     if steps is not None:          # the same tiles, loading `steps` steps ahead (same bits)
         qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), prefetch=steps)

@@ -9,7 +9,7 @@
 #   bash bench/gpu_decode_session.sh ncu       # Nsight Compute on the decode GEMV (8B matrices, W = 1, 4)
 #   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
 #   bash bench/gpu_decode_session.sh barrier   # grid-wide barriers in one persistent kernel against a PDL chain
-#   bash bench/gpu_decode_session.sh stages    # the GEMV loop pipelined through shared memory: tiles, then 8B rounds
+#   bash bench/gpu_decode_session.sh final     # both shapes at the defaults, with their last flips' controls
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -37,13 +37,12 @@ tiles)
   timeout 560 python3 bench/gpu_qgemv_tiles.py --shapes gate_up down_q6 down_q4 qkv o qkv_30b o_30b 2>&1 \
       | grep -v "_warn_once\|UserWarning"
   ;;
-stages)
-  # each weight's tile with its loop pipelined by the compiler (GemvTile.stages: cp.async into
-  # shared memory, stages - 1 steps ahead) against the register prefetch; then the 8B rounds
-  timeout 300 python3 bench/gpu_qgemv_tiles.py --stages 2 3 4 --shapes gate_up down_q6 down_q4 qkv o qkv_30b o_30b \
-      2>&1 | grep -v "_warn_once\|UserWarning"
-  timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/stages2 default/stages3 \
-      default/stages4 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
+final)
+  # the defaults (norm_router and early_kv on since 20261130) against their controls, and 64-key attention tiles
+  timeout 200 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/no-early-kv \
+      default/attn-bn64 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 260 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/no-norm-router \
+      default/no-early-kv default/attn-bn64 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 barrier)
   # what a persistent per-layer kernel would pay: S stages as a PDL chain of kernels against
@@ -70,7 +69,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|stages"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final"; exit 2
   ;;
 esac
 ls -l "$OUT"

@@ -5,14 +5,10 @@ Activations prepared once, as in the engine. Writes $OUT/gpu_qgemv_tiles-*.json.
 
     python bench/gpu_qgemv_tiles.py --warm-only --shapes gate_up   # compile only (run several at once)
     GIT_COMMIT=... PYTHONUNBUFFERED=1 python bench/gpu_qgemv_tiles.py
-    GIT_COMMIT=... python bench/gpu_qgemv_tiles.py --stages 2 3 4   # each weight's own tile, its loop
-        pipelined through shared memory at each count (GemvTile.stages; 0 = the register prefetch),
-        every W, with the bits checked against stages 0
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -37,15 +33,10 @@ TILES = [(8, 32, 4), (16, 32, 4), (16, 32, 8), (32, 32, 8), (32, 32, 4), (64, 32
          (4, 64, 4), (4, 32, 4), (16, 64, 8), (8, 32, 8)]
 
 
-def tkey(t: GemvTile) -> str:
-    return f"{t.BN},{t.NT},{t.num_warps}" + (f",s{t.stages}" if t.stages else "")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--warm-only", action="store_true")
-    ap.add_argument("--stages", type=int, nargs="*", default=None)
     args = ap.parse_args()
     res = {**run_header(torch.cuda.get_device_properties(0)), "command": " ".join(sys.argv), "rows": []}
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -54,19 +45,16 @@ def main() -> None:
         w = QuantWeight.from_raw(random_raw(qt, N, K, g), qt, (N, K), "cuda")
         ws = [w] if args.warm_only else copies_for(w)
         x8 = torch.randn(8, K, device="cuda", generator=g).to(torch.bfloat16)
-        if args.stages is None:
-            ts = [GemvTile(*t) for t in TILES] + [gemv_tile(w)]
-        else:           # the weight's own tile at each pipelining depth (the last one: stages 0)
-            ts = [dataclasses.replace(gemv_tile(w), stages=s) for s in args.stages] + [gemv_tile(w)]
+        ts = [GemvTile(*t) for t in TILES] + [gemv_tile(w)]
         row = {"shape": name, "qtype": qt.name, "N": N, "K": K, "MB": w.nbytes / 1e6, "default": str(gemv_tile(w)),
                "us": {}}
         for W in (1, 2, 4, 8):
             x = x8[:W].contiguous()
             prep = prepare_i8(x, w)
             for t in ts:
-                if W in (2, 4) and t != ts[-1] and t.num_warps != 8 and args.stages is None:
+                if W in (2, 4) and t != ts[-1] and t.num_warps != 8:
                     continue
-                key = f"{W}:{tkey(t)}"
+                key = f"{W}:{t.BN},{t.NT},{t.num_warps}"
                 if args.warm_only:
                     qgemv_i8(x, w, tile=t, prepared=prep)
                     continue
@@ -75,18 +63,15 @@ def main() -> None:
         if args.warm_only:
             continue
         # exactness: a W=8 call's rows against each row alone, same tile
-        row["rows_equal_alone"] = {tkey(t): bool(torch.equal(
+        row["rows_equal_alone"] = {f"{t.BN},{t.NT},{t.num_warps}": bool(torch.equal(
             qgemv_i8(x8, w, tile=t), torch.cat([qgemv_i8(x8[m:m + 1], w, tile=t) for m in range(8)]))) for t in ts}
-        if args.stages is not None:      # pipelining only moves the loads: the bits of stages 0
-            row["bits_equal_stages0"] = {tkey(t): bool(torch.equal(qgemv_i8(x8, w, tile=t),
-                                                                   qgemv_i8(x8, w, tile=ts[-1]))) for t in ts}
         res["rows"].append(row)
         print(f"{name} (default {row['default']}):", flush=True)
         for t in ts:
-            k = tkey(t)
+            k = f"{t.BN},{t.NT},{t.num_warps}"
             print(f"   {k:10s} " + "  ".join(f"W{W} {row['us'][f'{W}:{k}']:7.1f}" for W in (1, 2, 4, 8)
-                                           if f"{W}:{k}" in row["us"]) + f"  equal {row['rows_equal_alone'][k]}"
-                  + (f" bits {row['bits_equal_stages0'][k]}" if args.stages is not None else ""), flush=True)
+                                           if f"{W}:{k}" in row["us"]) + f"  equal {row['rows_equal_alone'][k]}",
+                  flush=True)
         del ws
         torch.cuda.empty_cache()
     if not args.warm_only:

@@ -81,19 +81,6 @@ def test_prefetch_depth_keeps_the_bits(k):
             assert_same_bits(qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=depth)), base, f"depth {depth} W={W}")
 
 
-@pytest.mark.parametrize("k", [256, 768])
-def test_pipelined_loop_keeps_the_bits(k):
-    """The compiler-pipelined loop (GemvTile.stages: loads through shared memory, stages - 1
-    steps ahead) gives the register prefetch's bits at every depth, W=1 and W=3, across a
-    masked last step (768: three steps of 8 slots)."""
-    _, w = _weight(T.Q6_K, 24, k, seed=16)
-    x = _x(3, k, seed=17)
-    for W in (1, 3):
-        base = qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=1))
-        for stages in (2, 3, 4):
-            assert_same_bits(qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, stages=stages)), base, f"stages {stages} W={W}")
-
-
 def test_pair_rows_and_unpair_are_inverse():
     F = 96
     rows = pair_rows(F)
@@ -166,11 +153,9 @@ def compile_sm90() -> None:
         packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
         planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]   # absent planes: qs (plane_args)
         bits, hbits, bias, has_min = CODES[qtype]
-        for pipelined in (False, True):      # the register prefetch; the loop pipelined through shared memory
-            build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
-                  dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                       HAS_MIN=has_min, BN=4, NT=NT, BW=BW, PREFETCH=not pipelined, DP4A=True,
-                       STAGES=3 if pipelined else 0))
+        build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
+              dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
+                   HAS_MIN=has_min, BN=4, NT=NT, BW=BW, PREFETCH=True, DP4A=True))
     # the SiLU epilogue: 64-row pair blocks, the act in bf16 and a Q6_K down's int8 order
     f = FORMATS[T.Q4_K]
     packed = f.pack(torch.zeros((1, 4096 // f.block_size, f.type_size), dtype=torch.uint8))

@@ -96,13 +96,9 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
                      SILU: tl.constexpr = False, XP1=None, XS1=None, F: tl.constexpr = 0, SLOT1: tl.constexpr = 32,
-                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4, ADD: tl.constexpr = False,
-                     STAGES: tl.constexpr = 0):
+                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4, ADD: tl.constexpr = False):
     """SILU (qgemv_i8_silu): `out` is the act [W, F] and each program's rows a pair block
-    (_store_silu), BN = 64. ADD: the sums are added to what `out` holds. STAGES > 0: the
-    loop is software-pipelined by the compiler (cp.async into STAGES - 1 shared-memory
-    buffers ahead of the arithmetic; PREFETCH then 0): the same loads and sums, issued
-    earlier."""
+    (_store_silu), BN = 64. ADD: the sums are added to what `out` holds."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
@@ -136,7 +132,7 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
         SECOND: tl.constexpr = NT if NT < LAST else LAST               # (one step only: LAST = 0, reloaded)
         mwords, mh, ms1, ms2 = LOAD(qs, qh, sc, sd, row, SECOND, one, n_slots, NT, V)
     pdl_wait(PDL)                    # the weights above are no earlier kernel's output; x is
-    for s0 in tl.range(0, n_slots, NT, num_stages=STAGES if STAGES > 0 else None):
+    for s0 in range(0, n_slots, NT):
         if PREFETCH >= 2:
             # two steps' weights in flight behind this one's arithmetic
             words, h, s1, s2 = nwords, nh, ns1, ns2
@@ -195,9 +191,6 @@ class GemvTile:
                             # float order (the same sums in the same order), only of the bytes in flight.
                             # 2 gave the same bits on the H200 but no gain at W=1 and 4-12% loss at W=2-8
                             # (8B shape, 8 layers: gpu_decode_arms-qwen3-8b-20261130-112534.json)
-    stages: int = 0         # > 0: the compiler pipelines the loop's loads through shared memory
-                            # (cp.async, stages - 1 steps ahead; sm_90a Q4_K K=4096 BN 32: 53 KB at 3-4,
-                            # 80 registers) in place of `prefetch`: not in the float order either
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
@@ -261,8 +254,7 @@ def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int,
     grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW),)
     _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, w.N, stride_out, 1, n_slots=w.n_slots,
                            LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
-                           BN=t.BN, NT=t.NT, BW=BW, PREFETCH=0 if t.stages else int(t.prefetch), STAGES=t.stages,
-                           DP4A=x.is_cuda,
+                           BN=t.BN, NT=t.NT, BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda,
                            num_warps=t.num_warps, enable_fp_fusion=False, **epilogue, **pdl_kwargs(pdl, x.device))
 
 
