@@ -4,7 +4,7 @@
 #   bash bench/gpu_decode_session.sh tests     # the GPU tests of the kernels and the runtime
 #   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
-#   bash bench/gpu_decode_session.sh arms      # both shapes: the defaults against session 17's controls and norm-router
+#   bash bench/gpu_decode_session.sh arms      # both shapes at the defaults; 30B-A3B against the down quantizing its act
 #   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
 #   bash bench/gpu_decode_session.sh ncu       # Nsight Compute on the decode GEMV (8B matrices, W = 1, 4)
 #   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
@@ -22,15 +22,12 @@ prefill)
       | grep -v "_warn_once\|UserWarning"
   ;;
 arms)
-  # the defaults against their controls, both shapes (the 30B-A3B build takes ~110 s):
-  # GEMV programs of 8 x rows and the old tiles (8B); the FFN norm computing the router's
-  # logits, one-step tiles for rows of <= 64 slots (30B-A3B); attention tiles of 64 keys and
-  # its old keys loaded before the PDL wait (both)
-  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/maxbw8 default/old-tiles \
-      default/attn-bn64 default/early-kv ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -8
-  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/norm-router \
-      default/nt-short default/norm-router+nt-short default/attn-bn64 default/early-kv \
-      ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -8
+  # the next arms: the experts' down quantizing its own act (engine.moe_down_quant, same bits)
+  # against the defaults (30B-A3B), and the 8B default as the session's reference
+  timeout 150 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default ${ARMS_EXTRA_8B:-} 2>&1 \
+      | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/down-quant \
+      ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 tiles)
   # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)

@@ -56,6 +56,9 @@ class EngineDefaults:
                                   # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
                                   # order (the same at every W). H200 30B-A3B: W=1 1.952 -> 1.944 ms, W=8 5.507 ->
                                   # 5.544 (gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json): off
+    moe_down_quant: bool = False  # "i8" experts without moe_emit_q8: each down program quantizes its pair's act
+                                  # itself (qmatvec_i8.act_words: prepare_i8's bytes, the same bits), no prepare
+                                  # launch. sm_90a registers 66 -> 111 (Q6_K down, K=768). Not yet timed
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

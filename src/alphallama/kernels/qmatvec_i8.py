@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
-from .expert_q8_gpu import CODES, _chunks, _quantize_block
+from .expert_q8_gpu import CODES, _chunks, _quantize_block, _rne
 from .formats import slot_positions
 from .pdl import pdl_kwargs, pdl_start
 from .qweight import QuantWeight, check_gemv_args
@@ -175,12 +175,21 @@ def _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots:
         x_lo = tl.load(xp_row + xoff, mask=u3 < n_slots, other=0)
         rec = tl.load(xsd_row + roff, mask=u[:, None] < n_slots, other=0)
     xsum, dxb = tl.split(rec)                                          # [NT] each
-    dx = dxb.to(tl.float32, bitcast=True)
+    x_hi = x_lo
     if BITS == 4:
         if EVEN:
             x_hi = tl.load(xp_row + xoff + V)                          # [NT, 1, V]: the hi words
         else:
             x_hi = tl.load(xp_row + xoff + V, mask=u3 < n_slots, other=0)
+    return _slot_math(lo, hi, s1, s2, x_lo, x_hi, xsum, BITS, BIAS, HAS_MIN, DP4A), dxb.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _slot_math(lo, hi, s1, s2, x_lo, x_hi, xsum, BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
+               DP4A: tl.constexpr):
+    """t = A * isum [- B * xsum] [NT, BN] from the codes lo/hi [NT, BN, V], the activation
+    words x_lo/x_hi [NT, 1, V] (x_hi unused for 8-bit codes) and xsum [NT]."""
+    if BITS == 4:
         isum = _dot_words(hi, x_hi, _dot_words(lo, x_lo, 0, DP4A), DP4A)   # [NT, BN]
     else:
         isum = _dot_words(lo, x_lo, 0, DP4A)
@@ -189,7 +198,64 @@ def _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots:
     t = s1 * isum.to(tl.float32)                                       # A * isum
     if HAS_MIN:
         t = t - s2 * xsum.to(tl.float32)[:, None]                      # - B * xsum
-    return t, dx
+    return t
+
+
+@triton.jit
+def _pack_bytes(q):
+    """q [A, B, C, 4] int32 (each in [-127, 127]) -> [A, B, C] int32 words, byte j = q[..., j]."""
+    e, o = tl.split(tl.reshape(q & 0xFF, (q.shape[0], q.shape[1], q.shape[2], 2, 2)))   # e: bytes 0, 2; o: 1, 3
+    b0, b2 = tl.split(e)
+    b1, b3 = tl.split(o)
+    return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+
+
+@triton.jit
+def act_words(act_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr,
+              BITS: tl.constexpr):
+    """The q8 of one activation row's slots u [NT] (u[0] a multiple of NT, NT even), made
+    in registers from the row's floats at act_row: (x_lo, x_hi [NT, 1, V] int32 in the lane
+    order, xsum [NT] int32, dx [NT] float32) -- what prepare_i8 stores and _slot_terms
+    loads, bit for bit (the same _quantize_block arithmetic on the same values, the bytes
+    placed by lane_perm). Slots past n_slots (not EVEN) are zeros."""
+    NT: tl.constexpr = u.shape[0]
+    j = tl.arange(0, 4)[None, None, None, :]                            # [1, 1, 1, 4]: byte of a word
+    v = tl.arange(0, V)[None, None, :, None]                            # [1, 1, V, 1]: word
+    uu = u[:, None, None, None]                                         # [NT, 1, 1, 1]
+    if BITS == 4:
+        off = uu * SLOT + j * (2 * V) + 2 * v                           # word v of the lo words (e = 0)
+    else:
+        off = uu * SLOT + (j // 2) * (2 * V) + 2 * v + j % 2             # word v, byte j: field j
+    ok = uu < n_slots
+    if EVEN:
+        a0 = tl.load(act_row + off).to(tl.float32)                      # [NT, 1, V, 4]
+    else:
+        a0 = tl.load(act_row + off, mask=ok, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(a0), axis=3), axis=2)                  # [NT, 1]
+    a1 = a0
+    if BITS == 4:                                                       # the hi words: odd k (e = 1)
+        if EVEN:
+            a1 = tl.load(act_row + off + 1).to(tl.float32)
+        else:
+            a1 = tl.load(act_row + off + 1, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.max(tl.abs(a1), axis=3), axis=2))
+    amax = tl.reshape(amax, (NT,))
+    if SLOT == 16:                                                      # two slots a 32-block
+        m2 = tl.max(tl.reshape(amax, (NT // 2, 2)), axis=1)            # [NT/2]
+        amax = tl.reshape(tl.join(m2, m2), (NT,))
+    dx = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))   # _quantize_block's rule
+    safe = tl.where(amax > 0, amax, 1.0)
+    inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), safe), 0.0)
+    inv4 = inv[:, None, None, None]
+    q0 = _rne(a0 * inv4).to(tl.int32)                                   # [NT, 1, V, 4]
+    xsum = tl.sum(tl.sum(q0, axis=3), axis=2)                          # [NT, 1]
+    x_lo = _pack_bytes(q0)                                              # [NT, 1, V]
+    x_hi = x_lo
+    if BITS == 4:
+        q1 = _rne(a1 * inv4).to(tl.int32)
+        xsum = xsum + tl.sum(tl.sum(q1, axis=3), axis=2)
+        x_hi = _pack_bytes(q1)
+    return x_lo, x_hi, tl.reshape(xsum, (NT,)), dx
 
 
 @triton.jit
