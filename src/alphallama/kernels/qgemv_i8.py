@@ -190,7 +190,10 @@ class GemvTile:
     prefetch: int = 1       # steps of weights loaded ahead of the arithmetic (0, 1, 2): not part of the
                             # float order (the same sums in the same order), only of the bytes in flight.
                             # 2 gave the same bits on the H200 but no gain at W=1 and 4-12% loss at W=2-8
-                            # (8B shape, 8 layers: gpu_decode_arms-qwen3-8b-20261130-112534.json)
+                            # (8B shape, 8 layers: gpu_decode_arms-qwen3-8b-20261130-112534.json).
+                            # The loop pipelined by the compiler instead (tl.range num_stages 2-4: cp.async
+                            # through shared memory, same bits) was ~3x slower on every matrix
+                            # (gpu_qgemv_tiles-20261130-175731.json; source at ce685c8)
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
