@@ -59,12 +59,20 @@ def _exp_c(v):
 
 
 @triton.jit
-def _quantize_block(a):
-    """a [R, 32] float32 -> (q int32 [R, 32], dx [R]) as expert_q8.quantize_q8."""
-    amax = tl.max(tl.abs(a), axis=1)                                  # [R]
+def q8_scale(amax):
+    """A 32-block's largest |value| -> (dx = amax / 127, the multiplier 127 / amax that
+    rounds its values to q; 0 for a block of zeros): expert_q8.quantize_q8's rule, shared
+    by every quantizer on the GPU so that they make the same bytes."""
     dx = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
     safe = tl.where(amax > 0, amax, 1.0)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), safe), 0.0)
+    return dx, inv
+
+
+@triton.jit
+def _quantize_block(a):
+    """a [R, 32] float32 -> (q int32 [R, 32], dx [R]) as expert_q8.quantize_q8."""
+    dx, inv = q8_scale(tl.max(tl.abs(a), axis=1))                    # [R] each
     q = _rne(a * inv[:, None]).to(tl.int32)                           # [R, 32]
     return q, dx
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
-from .expert_q8_gpu import CODES, _chunks, _quantize_block, _rne
+from .expert_q8_gpu import CODES, _chunks, _quantize_block, _rne, q8_scale
 from .formats import slot_positions
 from .pdl import pdl_kwargs, pdl_start
 from .qweight import QuantWeight, check_gemv_args
@@ -216,7 +216,7 @@ def act_words(act_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr, SLOT: tl.co
     """The q8 of one activation row's slots u [NT] (u[0] a multiple of NT, NT even), made
     in registers from the row's floats at act_row: (x_lo, x_hi [NT, 1, V] int32 in the lane
     order, xsum [NT] int32, dx [NT] float32) -- what prepare_i8 stores and _slot_terms
-    loads, bit for bit (the same _quantize_block arithmetic on the same values, the bytes
+    loads, bit for bit (_quantize_block's q8_scale and rounding on the same values, the bytes
     placed by lane_perm). Slots past n_slots (not EVEN) are zeros."""
     NT: tl.constexpr = u.shape[0]
     j = tl.arange(0, 4)[None, None, None, :]                            # [1, 1, 1, 4]: byte of a word
@@ -243,9 +243,7 @@ def act_words(act_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr, SLOT: tl.co
     if SLOT == 16:                                                      # two slots a 32-block
         m2 = tl.max(tl.reshape(amax, (NT // 2, 2)), axis=1)            # [NT/2]
         amax = tl.reshape(tl.join(m2, m2), (NT,))
-    dx = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))   # _quantize_block's rule
-    safe = tl.where(amax > 0, amax, 1.0)
-    inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), safe), 0.0)
+    dx, inv = q8_scale(amax)                                            # _quantize_block's rule
     inv4 = inv[:, None, None, None]
     q0 = _rne(a0 * inv4).to(tl.int32)                                   # [NT, 1, V, 4]
     xsum = tl.sum(tl.sum(q0, axis=3), axis=2)                          # [NT, 1]
