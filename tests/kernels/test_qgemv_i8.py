@@ -81,6 +81,38 @@ def test_prefetch_depth_keeps_the_bits(k):
             assert_same_bits(qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=depth)), base, f"depth {depth} W={W}")
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=["Q4_K", "Q6_K"])
+def test_split_runs_sum_to_the_product(qtype):
+    """A split tile's partials [W, split, N]: run s is the plain tile's sum over run s's
+    slots alone (the same steps; here checked against a weight cut to those columns),
+    their sum in run order matches float64, and every row's partials are those of the
+    row alone (W=1) whatever its column."""
+    n, k, S = 40, 1024, 4
+    raw, w = _weight(qtype, n, k, seed=31)
+    x = _x(5, k, seed=32)
+    t = GemvTile(16, 8, 4, split=S)
+    part = qgemv_i8(x, w, tile=t)                                        # [W, S, N]
+    assert part.shape == (5, S, n)
+    ref, scale = reference64(x, raw, qtype, n, k)
+    total = part[:, 0].clone()
+    for s in range(1, S):
+        total += part[:, s]
+    assert ((total.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
+    rb = raw.reshape(n, -1)
+    cols = rb.shape[1] // S                                               # bytes of a run's k range
+    for s in range(S):                                                    # run s alone: x's and w's k range
+        ks = slice(s * k // S, (s + 1) * k // S)
+        ws = QuantWeight.from_raw(rb[:, s * cols:(s + 1) * cols].copy(), qtype, (n, k // S), DEV)
+        xs = x[:, ks].contiguous()
+        assert_same_bits(part[:, s], qgemv_i8(xs, ws, tile=GemvTile(16, 8, 4)), f"run {s}")
+    for m in (0, 4):
+        assert_same_bits(qgemv_i8(x[m:m + 1], w, tile=t)[0], part[m], f"row {m}")
+    with pytest.raises(ValueError, match="whole"):
+        qgemv_i8(x, w, tile=GemvTile(16, 8, 4, split=3))
+    with pytest.raises(ValueError, match="cannot add"):
+        qgemv_i8(x, w, out=torch.zeros(5, n, device=DEV), tile=t, accumulate=True)
+
+
 def test_pair_rows_and_unpair_are_inverse():
     F = 96
     rows = pair_rows(F)

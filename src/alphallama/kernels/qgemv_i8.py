@@ -96,16 +96,23 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
                      SILU: tl.constexpr = False, XP1=None, XS1=None, F: tl.constexpr = 0, SLOT1: tl.constexpr = 32,
-                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4, ADD: tl.constexpr = False):
+                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4, ADD: tl.constexpr = False,
+                     SPLIT: tl.constexpr = 1, stride_split=0):
     """SILU (qgemv_i8_silu): `out` is the act [W, F] and each program's rows a pair block
-    (_store_silu), BN = 64. ADD: the sums are added to what `out` holds."""
+    (_store_silu), BN = 64. ADD: the sums are added to what `out` holds. SPLIT > 1: the
+    slots are cut into SPLIT equal runs of whole steps, one program each, and run s's sums
+    go to out + s * stride_split (partials, for the consumer to add in run order)."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
-    LAST: tl.constexpr = (n_slots - 1) // NT * NT
+    SL: tl.constexpr = n_slots // SPLIT if SPLIT > 1 else n_slots       # slots of a run
     n_wt = tl.cdiv(W, BW)
-    pid_n = tl.program_id(0) // n_wt
-    m0 = (tl.program_id(0) % n_wt) * BW
+    pid = tl.program_id(0) // SPLIT
+    base = (tl.program_id(0) % SPLIT) * SL                              # the run's first slot
+    LAST = base + (SL - 1) // NT * NT                                   # its last step
+    pid_n = pid // n_wt
+    m0 = (pid % n_wt) * BW
+    out += (tl.program_id(0) % SPLIT).to(tl.int64) * stride_split
     n_out = pid_n * BN + tl.arange(0, BN)                              # [BN]
     row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]               # [1, BN]; past N: recomputed, not stored
     # x rows past W recompute row W-1 and are not stored
@@ -127,12 +134,13 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     acc7 = tl.zeros([NT, BN], tl.float32)
     pdl_trigger(PDL)
     if PREFETCH:
-        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
+        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, base, one, n_slots, NT, V)
     if PREFETCH >= 2:
-        SECOND: tl.constexpr = NT if NT < LAST else LAST               # (one step only: LAST = 0, reloaded)
+        SECOND = tl.minimum(base + NT, LAST)                           # (one step only: reloaded)
         mwords, mh, ms1, ms2 = LOAD(qs, qh, sc, sd, row, SECOND, one, n_slots, NT, V)
     pdl_wait(PDL)                    # the weights above are no earlier kernel's output; x is
-    for s0 in range(0, n_slots, NT):
+    for j0 in range(0, SL, NT):
+        s0 = base + j0
         if PREFETCH >= 2:
             # two steps' weights in flight behind this one's arithmetic
             words, h, s1, s2 = nwords, nh, ns1, ns2
@@ -194,6 +202,8 @@ class GemvTile:
                             # The loop pipelined by the compiler instead (tl.range num_stages 2-4: cp.async
                             # through shared memory, same bits) was ~3x slower on every matrix
                             # (gpu_qgemv_tiles-20261130-175731.json; source at ce685c8)
+    split: int = 1          # runs of whole steps the slots are cut into, one program each: partial sums
+                            # [W, split, N] for the consumer to add in run order (part of the float order)
 
 
 def gemv_tile(w: QuantWeight) -> GemvTile:
@@ -232,11 +242,33 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if accumulate and out is None:
         raise ValueError("qgemv_i8(accumulate=True) adds into `out`: give it")
     _check_supported(w)
-    W, N, out = check_gemv_args(x, w, out, "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
     t = tile or gemv_tile(w)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
-        t = GemvTile(BN=min(128, triton.next_power_of_2(N)), NT=t.NT, num_warps=t.num_warps, prefetch=t.prefetch)
+        t = GemvTile(BN=min(128, triton.next_power_of_2(w.N)), NT=t.NT, num_warps=t.num_warps,
+                     prefetch=t.prefetch, split=t.split)
+    if t.split > 1:
+        return _split_partials(x, w, out, t, prepared, pdl, accumulate)
+    W, N, out = check_gemv_args(x, w, out, "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
     _launch(x, w, out, out.stride(0), t, prepared, pdl, **({"ADD": True} if accumulate else {}))
+    return out
+
+
+def _split_partials(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None, t: GemvTile,
+                    prepared: tuple[torch.Tensor, torch.Tensor] | None, pdl: bool, accumulate: bool) -> torch.Tensor:
+    """A split tile's launch: -> partials [W, split, N] float32 (run s of row m at [m, s]),
+    whose sum in run order is the row's x @ w^T."""
+    if accumulate:
+        raise ValueError("qgemv_i8: a split tile gives partial sums; it cannot add into `out`")
+    if w.n_slots % (t.split * t.NT):
+        raise ValueError(f"qgemv_i8: split {t.split} needs the {w.n_slots} slots in runs of whole {t.NT}-slot steps")
+    W, N = x.shape[0], w.N
+    check_gemv_args(x, w, None, "qgemv_i8", k_multiple=QBLOCK)
+    if out is None:
+        out = torch.empty((W, t.split, N), dtype=torch.float32, device=x.device)      # [W, split, N]
+    elif out.shape != (W, t.split, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"qgemv_i8: out must be a contiguous float32 [{W}, {t.split}, {N}], "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    _launch(x, w, out, t.split * N, t, prepared, pdl, SPLIT=t.split, stride_split=N)
     return out
 
 
@@ -254,7 +286,7 @@ def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int,
     xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     BW = min(MAX_BW, triton.next_power_of_2(W))
     bits, hbits, bias, has_min = CODES[w.qtype]
-    grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW),)
+    grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW) * t.split,)
     _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, w.N, stride_out, 1, n_slots=w.n_slots,
                            LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
                            BN=t.BN, NT=t.NT, BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda,
