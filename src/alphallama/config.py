@@ -59,6 +59,10 @@ class EngineDefaults:
     moe_down_quant: bool = False  # "i8" experts without moe_emit_q8: each down program quantizes its pair's act
                                   # itself (qmatvec_i8.act_words: prepare_i8's bytes, the same bits), no prepare
                                   # launch. sm_90a registers 66 -> 111 (Q6_K down, K=768). Not yet timed
+    gemv_split: bool = False      # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
+                                  # slots into 2 runs (twice the programs), the next norm adds the partials
+                                  # (qgemv_i8.split_runs). A new float order, the same at every W. Not yet timed
+                                  # in the engine
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

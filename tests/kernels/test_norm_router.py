@@ -58,6 +58,29 @@ def test_norm_router_gives_the_norm_and_the_logits(D, E, rdtype):
         assert torch.equal(hi, h[i:i + 1]) and torch.equal(li, logits[i:i + 1])
 
 
+def test_norm_router_adds_the_o_runs():
+    """parts (the o GEMV's runs, engine.gemv_split): the norm's residual is x + (p0 + p1),
+    written to x_out with x untouched, and h, its int8 activations and the logits are
+    the bits of the plain call on that residual (computed here in the combine's order)."""
+    D, E, S = 512, 12, 2
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, D, generator=g).to(DEV)
+    part = torch.randn(3, S, D, generator=g).to(DEV)
+    ones = torch.ones(3, S, device=DEV)
+    w = (torch.rand(D, generator=g) + 0.5).to(DEV)
+    router = (torch.randn(E, D, generator=g) / D ** 0.5).to(DEV)
+    orders = (lane_order(_weight(T.Q4_K, 8, D, seed=1)[1]),)
+    x0, x_out = x.clone(), torch.full_like(x, float("nan"))
+    h, q8, logits = rmsnorm_router_q8(x, w, router, 1e-6, ACT, orders, parts=(part, ones), x_out=x_out)
+    want = x0 + (part[:, 0] + part[:, 1])
+    assert torch.equal(x, x0) and torch.equal(x_out, want)
+    h2, q82, l2 = rmsnorm_router_q8(want, w, router, 1e-6, ACT, orders)
+    assert torch.equal(h, h2) and torch.equal(logits, l2)
+    assert all(torch.equal(a, b) for a, b in zip(q8[orders[0]], q82[orders[0]]))
+    with pytest.raises(ValueError, match="together"):
+        rmsnorm_router_q8(x, w, router, 1e-6, ACT, orders, parts=(part, ones))
+
+
 def test_gemv_adds_into_its_output():
     _, wq = _weight(T.Q4_K, 48, 512, seed=4)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)).to(DEV)

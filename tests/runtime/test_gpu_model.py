@@ -200,3 +200,32 @@ def test_moe_down_quantizing_its_own_input(tmp_path):
     against the reference, and a round equals its rows alone."""
     logits = _moe_option_on_and_off(tmp_path, "moe_down_quant", 10, lambda g: all(L.moe.down_quant for L in g.layers))
     assert torch.equal(logits[True], logits[False])
+
+
+@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")])
+def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, quant):
+    """engine.gemv_split: the o and dense down GEMVs cut their slots into 2 runs and the
+    next norm adds the partials (the MoE model's through the norm that computes the router
+    logits, into a new residual tensor). Thresholds lowered so the tiny weights split:
+    against the reference, close to the unsplit model, a round equals its rows alone."""
+    from alphallama.kernels import qgemv_i8 as mod
+    monkeypatch.setattr(mod, "SPLIT_MIN_K", 1)
+    monkeypatch.setattr(mod, "SPLIT_MAX_N", 1 << 30)
+    path = tmp_path / "m.gguf"
+    write_synthetic(PRESETS[preset](n_layers=2, quant=quant, seed=13), path)
+    f = GGUFFile(path)
+    ref = load_model(f, 128)
+    toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(13))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    logits = {}
+    for on in (False, True):
+        gpu = GPUModel(f, 128, device=DEV, decode_gemv="i8", moe_gemv="i8", gemv_split=on)
+        runs = [L.o.runs for L in gpu.layers] + [L.down.runs for L in gpu.layers if L.down is not None]
+        assert all(r == (2 if on else 1) for r in runs), runs
+        cache = gpu.new_cache(128)
+        logits[on] = gpu.forward(toks, 0, cache)[0].clone()
+        torch.testing.assert_close(logits[on].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+        if on:
+            cache.truncate(2)
+            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[on][2:])   # the last row alone
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)

@@ -131,11 +131,13 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
                         XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                         SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
-                        PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0, XOUT=None):
     """Program (row, expert block): rmsnorm(x) * w, and the router logits of RB experts
     from it. Every program of a row normalizes it (the same code: the same bits); the
     block-0 program stores h and its int8 activations. The router rows are loaded before
-    the PDL wait (weights: no kernel's output)."""
+    the PDL wait (weights: no kernel's output). TOP_K > 0: x is X plus the parts PART
+    [W, TOP_K, D] with weights PW [W, TOP_K] (moe's combine code, as _add_rmsnorm_kernel),
+    stored by the block-0 program into XOUT (not X: the row's other programs still read it)."""
     pdl_trigger(PDL)
     e = tl.program_id(1) * RB + tl.arange(0, RB)                       # [RB]
     d = tl.arange(0, BLOCK)
@@ -144,9 +146,13 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
     pdl_wait(PDL)
     row = tl.program_id(0)
     x = tl.load(X + row * D + d, mask=mask, other=0.0)
+    if TOP_K > 0:
+        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K, "")
     r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
     h = (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty)
     if tl.program_id(1) == 0:
+        if TOP_K > 0:
+            tl.store(XOUT + row * D + d, x, mask=mask)
         tl.store(H + row * D + d, h, mask=mask)
         if NQ > 0:
             emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP1, XS1, D, SLOT1, V1, BITS1, BLOCK != D)
@@ -157,19 +163,29 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
 
 
 def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, eps: float, out_dtype: torch.dtype,
-                      orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8], torch.Tensor]:
+                      orders: tuple, pdl: bool = False, parts: MoEParts | None = None,
+                      x_out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[tuple, Q8], torch.Tensor]:
     """rmsnorm(x) * w in out_dtype, its int8 activations (up to two lane orders, as
     add_rmsnorm_q8) and the MoE router's logits h @ router^T in one launch.
     x [W, D] fp32 (the residual, already holding the layer's attention output: read only),
-    router [E, D] (a float dtype) -> (h [W, D], {order: q8}, logits [W, E] fp32)."""
+    router [E, D] (a float dtype) -> (h [W, D], {order: q8}, logits [W, E] fp32).
+    parts = (part [W, k, D], weights [W, k]): the residual is x + their sum (add_rmsnorm's
+    MoE-ranks add, the same bits), written to x_out [W, D] fp32 (x stays as it was)."""
     W, D = x.shape
     E = router.shape[0]
     if D % 32 or router.shape[1] != D or not router.is_contiguous():
         raise ValueError(f"rmsnorm_router_q8 needs D % 32 == 0 and a contiguous router [E, {D}], "
                          f"got D={D}, router {tuple(router.shape)}")
+    if (parts is None) != (x_out is None) or (x_out is not None and (
+            x_out.shape != x.shape or x_out.dtype != torch.float32 or not x_out.is_contiguous())):
+        raise ValueError(f"rmsnorm_router_q8: parts and x_out come together, x_out a contiguous float32 "
+                         f"{tuple(x.shape)}")
     h = torch.empty(W, D, device=x.device, dtype=out_dtype)                   # [W, D]
     logits = torch.empty(W, E, device=x.device, dtype=torch.float32)          # [W, E]
     q8, args = _q8_args(W, D, tuple(orders), x.device)
+    if parts is not None:
+        _, ya = _y_args(x, parts)
+        args.update(PART=ya["PART"], PW=ya["PW"], TOP_K=ya["TOP_K"], XOUT=x_out)
     _norm_router_kernel[(W, triton.cdiv(E, ROUTER_ROWS))](
         x, w, h, router, logits, E, eps, D, triton.next_power_of_2(D), ROUTER_ROWS, enable_fp_fusion=False,
         num_warps=_norm_warps(D), **args, **pdl_kwargs(pdl, x.device))

@@ -232,17 +232,43 @@ def gemv_tile(w: QuantWeight) -> GemvTile:
     return GemvTile(BN=4, NT=NT)
 
 
+SPLIT_MIN_K = 4096      # split_runs: rows at least this long ...
+SPLIT_MAX_N = 4096      # ... in matrices of at most this many rows
+
+
+def split_nt(w: QuantWeight, runs: int) -> int:
+    """Slots a step in a split tile: the weight's own, or fewer where a run is shorter."""
+    per_run = max(1, w.n_slots // runs)
+    return min(gemv_tile(w).NT, 1 << (per_run.bit_length() - 1))
+
+
+def split_runs(w: QuantWeight) -> int:
+    """Runs to cut a weight's slots into where its consumer adds partial sums (Linear.parts,
+    engine.gemv_split): 2 for rows of >= 4096 values in matrices of <= 4096 rows, whose row
+    tiles alone are too few programs for the H200's SMs. H200, us at W = 1 / 4 / 8, PDL, one
+    run against two (bench/results/gpu_qgemv_split-20261201-131530.json): 8B down Q6_K
+    16.3 / 17.5 / 30.6 -> 11.9 / 20.5 / 36.9, down Q4_K 11.7 / 17.3 / 30.9 -> 9.1 / 19.4 / 28.0,
+    o 4.0 / 6.8 / 11.1 -> 3.6 / 7.6 / 11.5, 30B-A3B o 3.5 / 6.3 / 10.6 -> 2.4 / 5.0 / 9.0; the
+    qkv (6144 rows, or K = 2048) and the gate|up (24576 rows) lose."""
+    ok = w.K >= SPLIT_MIN_K and w.N <= SPLIT_MAX_N and w.n_slots % (2 * split_nt(w, 2)) == 0
+    return 2 if ok else 1
+
+
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
              tile: GemvTile | None = None, prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
-             pdl: bool = False, accumulate: bool = False) -> torch.Tensor:
+             pdl: bool = False, accumulate: bool = False, split: int = 1) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 on int8 activations (quantized
     here unless `prepared` = prepare_i8(x, w) is given). `out` may be a column slice of
     a wider buffer (row stride free, unit column stride). Row m's bits do not depend on W
-    or m. accumulate: out += x @ w^T (out given). Runs on CUDA or under the Triton interpreter."""
+    or m. accumulate: out += x @ w^T (out given). split > 1 (or a tile's split): the
+    partial sums of that many runs of the slots, [W, split, N] (GemvTile.split).
+    Runs on CUDA or under the Triton interpreter."""
     if accumulate and out is None:
         raise ValueError("qgemv_i8(accumulate=True) adds into `out`: give it")
     _check_supported(w)
     t = tile or gemv_tile(w)
+    if split > 1:
+        t = GemvTile(t.BN, min(t.NT, split_nt(w, split)), t.num_warps, t.prefetch, split)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
         t = GemvTile(BN=min(128, triton.next_power_of_2(w.N)), NT=t.NT, num_warps=t.num_warps,
                      prefetch=t.prefetch, split=t.split)

@@ -48,7 +48,7 @@ from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8,
                               moe_i8_order, moe_route_gate_up_i8)
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import SLOT_TERMS, supports as i8_supports
-from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, unpair
+from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, split_runs, unpair
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -87,9 +87,11 @@ class Linear:
     writes its columns of one output buffer (no concatenation); weights without an
     integer form (F16, F32) take qmatmul."""
 
-    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", silu_pair: bool = False):
+    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", silu_pair: bool = False,
+                 split: bool = False):
         """silu_pair: parts are [gate, up] of one type: their rows are stored in pair
-        blocks (qgemv_i8.pair_rows) for silu(), where it applies (self.paired says)."""
+        blocks (qgemv_i8.pair_rows) for silu(), where it applies (self.paired says).
+        split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -110,6 +112,9 @@ class Linear:
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
         self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
+        self.runs = split_runs(self.weights[0]) if split and self.adds else 1
+        # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
+        self._ones = torch.ones((MAX_W, self.runs), dtype=torch.float32, device=device) if self.runs > 1 else None
 
     def silu(self, x: torch.Tensor, q8: dict | None, act_dtype: torch.dtype, order: tuple,
              pdl: bool = False) -> tuple[torch.Tensor, dict]:
@@ -128,6 +133,16 @@ class Linear:
         stream's add, bit for bit the norm's x + y."""
         w = self.weights[0]
         qgemv_i8(x, w, out=out, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, accumulate=True)
+
+    def parts(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> "torch.Tensor | MoEParts":
+        """x @ w^T for a norm to add into the residual: [W, N], or with runs (self.runs > 1)
+        (the runs' partial sums [W, runs, N], their unit weights [W, runs]), which the norm
+        adds in run order as it adds MoE ranks (more programs for a short matrix)."""
+        if self.runs == 1:
+            return self(x, q8, pdl)
+        w = self.weights[0]
+        part = qgemv_i8(x, w, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, split=self.runs)   # [W, runs, N]
+        return part, self._ones[:x.shape[0]]
 
     def unpair(self, y: torch.Tensor) -> torch.Tensor:
         """Columns of x @ w^T in [gate | up] order (a paired weight's are in pair blocks)."""
@@ -293,7 +308,7 @@ class GPUModel:
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
-                 moe_down_quant: bool | None = None):
+                 moe_down_quant: bool | None = None, gemv_split: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -301,7 +316,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8 / norm_router / early_kv / moe_down_quant: config.py (None: its default)."""
+        moe_emit_q8 / norm_router / early_kv / moe_down_quant / gemv_split: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -326,6 +341,8 @@ class GPUModel:
         # gate|up with SiLU and the down's int8 input in one launch (Linear.silu), where the
         # int8 producers are fused (the paired weight serves nothing else in decode)
         fuse_silu = (DEFAULTS.engine.fuse_silu if fuse_silu is None else fuse_silu) and self._fuse_q8
+        # o and down in runs whose partials the next norm adds (Linear.parts)
+        split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -345,11 +362,11 @@ class GPUModel:
                 qkv_bias=bias,
                 q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                o=Linear([t[p + "attn_output.weight"]], self.device, gemv),
+                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split),
                 ffn_norm=vec(p + "ffn_norm.weight"),
                 gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv,
                                silu_pair=fuse_silu) if dense else None,
-                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv) if dense else None,
+                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split) if dense else None,
                 moe=moe,
             ))
             if progress is not None:
@@ -486,11 +503,16 @@ class GPUModel:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt, self.early_kv), None
             logits = None
             if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
-                L.o.add_into(a, q8, x, pdl)
-                h, q8, logits = rmsnorm_router_q8(x, L.ffn_norm, L.moe.router_rows, c.norm_eps, act,
-                                                  L.moe.orders[:2], pdl)                 # [W, D], q8, [W, E]
+                parts, x_in = None, x
+                if L.o.runs > 1:       # o's runs, added by the norm into a new residual tensor
+                    parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
+                else:
+                    L.o.add_into(a, q8, x, pdl)
+                h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, L.moe.router_rows, c.norm_eps, act,
+                                                  L.moe.orders[:2], pdl, parts,
+                                                  x if parts is not None else None)   # [W, D], q8, [W, E]
             else:
-                h, q8 = self._norm(x, L.o(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
+                h, q8 = self._norm(x, L.o.parts(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
                 d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
             elif L.down.orders and self._fuse_q8:
@@ -498,9 +520,9 @@ class GPUModel:
                     s, q8 = L.gate_up.silu(h, q8, act, L.down.orders[0], pdl)             # [W, F]
                 else:
                     s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
-                d = L.down(s, q8, pdl)                                             # [W, D]
+                d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
             else:
-                d = L.down(silu_mul(L.gate_up(h, q8, pdl), act, pdl), None, pdl)
+                d = L.down.parts(silu_mul(L.gate_up(h, q8, pdl), act, pdl), None, pdl)
             last = i + 1 == len(self.layers)
             nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
                                                                           self.layers[i + 1].qkv)
