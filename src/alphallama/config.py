@@ -59,10 +59,11 @@ class EngineDefaults:
     moe_down_quant: bool = False  # "i8" experts without moe_emit_q8: each down program quantizes its pair's act
                                   # itself (qmatvec_i8.act_words: prepare_i8's bytes, the same bits), no prepare
                                   # launch. sm_90a registers 66 -> 111 (Q6_K down, K=768). Not yet timed
-    gemv_split: bool = False      # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
+    gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
-                                  # (qgemv_i8.split_runs). A new float order, the same at every W. Not yet timed
-                                  # in the engine
+                                  # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
+                                  # W = 1 / 8: 8B 2.099 / 4.743 -> 1.983 / 4.850, 30B-A3B 1.670 / 4.285 -> 1.625 /
+                                  # 4.183 (gpu_decode_arms-*-20261201-132*.json)
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE
