@@ -225,8 +225,12 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
             n0 += BLOCK_N
         if ROPE:
             if s == 0:                            # the row's own key and value, for the later rounds
-                pw = length - 1 + tl.arange(0, 2)                                 # [2]: the row, a masked pad
-                one = tl.arange(0, 2) < 1
+                # made in a tile of BLOCK_N rows, as the loop above makes the round's keys: the same
+                # shape, so the same layout and reduction tree, so the bits a later round reads from
+                # the cache are the bits this round computed (a 2-row tile broke that on the H200:
+                # gpu_decode_arms-qwen3-8b-20261201-134205.json, rotation False)
+                pw = length - 1 + tl.arange(0, BLOCK_N)                           # [BLOCK_N]: the row, masked pads
+                one = tl.arange(0, BLOCK_N) < 1
                 k_row, v_row = _round_kv(QKV, BIAS, KN, COS, SIN, kvh, pw, one, first, eps, QKV_W, N_HEADS, N_KV,
                                          HD, HAS_BIAS, QK_NORM, NEOX)
                 tl.store(K + kvh * stride_kh + pw[:, None] * stride_kn + d[None, :], k_row, mask=one[:, None])
