@@ -83,7 +83,7 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
                 "default/no-norm-router": dict(norm_router=False),
                 "default/down-quant": dict(moe_down_quant=True), "default/split": dict(gemv_split=True),
-                "default/no-split": dict(gemv_split=False), "default/rope": dict(rope_in_attn=True)}
+                "default/no-split": dict(gemv_split=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default", "default/down-quant": "default",

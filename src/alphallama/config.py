@@ -66,12 +66,6 @@ class EngineDefaults:
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
                                   # W = 1 / 8: 8B 2.099 / 4.743 -> 1.983 / 4.850, 30B-A3B 1.670 / 4.285 -> 1.625 /
                                   # 4.183 (gpu_decode_arms-*-20261201-132*.json)
-    rope_in_attn: bool = False    # the attention's split programs make the round's queries, keys and values from
-                                  # the q|k|v projection (qkv_rope's arithmetic) and write the cache rows: no
-                                  # qkv_rope launch (kernels/attention.decode_attention_rope). H200 8B at 6d824e6:
-                                  # W=1 1.981 -> 1.965 ms, W=8 4.852 -> 5.041 (registers 120 -> 180), and rows
-                                  # NOT invariant (the cache write's 2-row tile; fixed since, unverified on a GPU:
-                                  # gpu_decode_arms-qwen3-8b-20261201-134205.json): off
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

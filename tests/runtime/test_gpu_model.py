@@ -229,35 +229,3 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
             cache.truncate(2)
             assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[on][2:])   # the last row alone
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
-
-
-@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q6_K"),
-                                          ("tiny-qwen3moe", "Q4_K")])
-def test_rope_in_the_attention_launch(tmp_path, preset, quant):
-    """engine.rope_in_attn: the attention's split programs make the queries, keys and values
-    (q/k norms, bias, both RoPE pair layouts) and write the cache rows, no qkv_rope launch:
-    against the reference; the same logits and cache as with qkv_rope (bit for bit under the
-    interpreter, where the norm's sums take one order; close on a GPU); rows alone."""
-    path = tmp_path / "m.gguf"
-    write_synthetic(PRESETS[preset](n_layers=2, quant=quant, seed=17), path)
-    f = GGUFFile(path)
-    ref = load_model(f, 128)
-    toks = torch.randint(0, ref.cfg.vocab_size, (6,), generator=torch.Generator().manual_seed(17))
-    lr, _ = ref.forward(toks[:5], 0, ref.new_cache(128))
-    logits, caches = {}, {}
-    for on in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, rope_in_attn=on)
-        assert gpu.rope_in_attn == on
-        cache = gpu.new_cache(128)
-        gpu.forward(toks[:3], 0, cache)                     # a first round, then one that reads its rows
-        logits[on] = gpu.forward(toks[3:5], 3, cache)[0].clone()
-        caches[on] = (cache.k[:, :, :5].clone(), cache.v[:, :, :5].clone())
-        torch.testing.assert_close(logits[on].cpu(), lr[3:5], atol=4e-2 * lr.abs().max().item(), rtol=0)
-        if on:
-            cache.truncate(4)
-            assert torch.equal(gpu.forward(toks[4:5], 4, cache)[0], logits[on][1:])   # the last row alone
-    if DEV == "cpu":
-        assert torch.equal(logits[True], logits[False])
-        assert all(torch.equal(a, b) for a, b in zip(caches[True], caches[False]))
-    else:
-        torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)

@@ -33,8 +33,6 @@ and a CUDA graph replays the launch with no memset. Bits equal the two-launch pa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -77,60 +75,6 @@ def _kv(K, V, kvh, n, d, mask, stride_kh, stride_kn, stride_vh, stride_vn):
 
 
 @triton.jit
-def _head_rope(QKV, BIAS, NW, COS, SIN, rowoff, col, pos, mask, eps, HD: tl.constexpr, HAS_BIAS: tl.constexpr,
-               NORM: tl.constexpr, ROTATE: tl.constexpr, NEOX: tl.constexpr):
-    """R head vectors of the fused q|k|v projection (vector r at QKV + rowoff[r] + col[r],
-    its bias at BIAS + col[r]): + bias, then (ROTATE) RMSNorm with weights NW (NORM) and
-    RoPE at positions pos [R]: qkv_rope's arithmetic, in the same op order. -> [R, HD] fp32
-    in the head's element order; rows outside `mask` are zeros."""
-    HALF: tl.constexpr = HD // 2
-    i = tl.arange(0, HALF)
-    if NEOX:       # pairs (i, i + HD/2)
-        ia = i
-        ib = i + HALF
-    else:          # pairs (2i, 2i + 1)
-        ia = 2 * i
-        ib = 2 * i + 1
-    m2 = mask[:, None]
-    a = tl.load(QKV + (rowoff + col)[:, None] + ia[None, :], mask=m2, other=0.0)          # [R, HALF]
-    b = tl.load(QKV + (rowoff + col)[:, None] + ib[None, :], mask=m2, other=0.0)
-    if HAS_BIAS:
-        a += tl.load(BIAS + col[:, None] + ia[None, :], mask=m2, other=0.0)
-        b += tl.load(BIAS + col[:, None] + ib[None, :], mask=m2, other=0.0)
-    if ROTATE:
-        if NORM:
-            r = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HD + eps)                  # [R]
-            a = a * r[:, None] * tl.load(NW + ia)[None, :]
-            b = b * r[:, None] * tl.load(NW + ib)[None, :]
-        c = tl.load(COS + pos[:, None] * HALF + i[None, :], mask=m2, other=0.0)
-        sn = tl.load(SIN + pos[:, None] * HALF + i[None, :], mask=m2, other=0.0)
-        ra = a * c - b * sn
-        rb = a * sn + b * c
-    else:
-        ra = a
-        rb = b
-    pair = tl.join(ra, rb)                                                                  # [R, HALF, 2]
-    if NEOX:
-        pair = tl.permute(pair, (0, 2, 1))                                                  # [R, 2, HALF]
-    return tl.reshape(pair, (a.shape[0], HD))
-
-
-@triton.jit
-def _round_kv(QKV, BIAS, KN, COS, SIN, kvh, n, new, first, eps, QKV_W: tl.constexpr, N_HEADS: tl.constexpr,
-              N_KV: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
-              NEOX: tl.constexpr):
-    """Keys and values of the round's own positions n [BLOCK_N] (where `new`; row n - first of
-    the projection) for kv head kvh, made from the projection as qkv_rope makes them: fp16
-    [BLOCK_N, HD] each, zeros elsewhere."""
-    rowoff = tl.where(new, n - first, 0).to(tl.int64) * QKV_W                             # [BLOCK_N]
-    kcol = tl.zeros_like(rowoff) + (N_HEADS + kvh) * HD
-    k = _head_rope(QKV, BIAS, KN, COS, SIN, rowoff, kcol, n, new, eps, HD, HAS_BIAS, QK_NORM, True, NEOX)
-    v = _head_rope(QKV, BIAS, KN, COS, SIN, rowoff, kcol + N_KV * HD, n, new, eps, HD, HAS_BIAS, False, False,
-                   NEOX)
-    return k.to(tl.float16), v.to(tl.float16)
-
-
-@triton.jit
 def _tile(q, k, v, nmask, m_i, l_i, acc):
     """One tile of keys into the online softmax: (m_i, l_i, acc) updated."""
     sc = tl.dot(q, tl.trans(k))                                     # [G_PAD, BLOCK_N]
@@ -148,9 +92,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                     BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, EARLY: tl.constexpr = False,
-                    PDL: tl.constexpr = False, ROPE: tl.constexpr = False, QKV=None, BIAS=None, QN=None, KN=None,
-                    COS=None, SIN=None, eps=0.0, QKV_W: tl.constexpr = 0, N_KV: tl.constexpr = 0,
-                    HAS_BIAS: tl.constexpr = False, QK_NORM: tl.constexpr = False, NEOX: tl.constexpr = False):
+                    PDL: tl.constexpr = False):
     """Split s of (row, kv head): the partials (O, M, L) of the group's query heads; a dead
     split writes nothing. l_i's update is an explicit fma, what fp fusion made of
     `l_i * alpha + sum` anyway: nothing contractible is left, so the bits are the same in
@@ -162,11 +104,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
     those rows: with every kernel triggering at its top, a kernel's pre-wait code may
     run while kernels several launches back still run. A decode round qualifies (a
     layer's cache rows below pos come from earlier rounds, finished before its graph
-    launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not.
-    ROPE (decode_attention_rope): Q is unused; the group's query heads and the round's own
-    keys and values come from the projection QKV through qkv_rope's arithmetic (_head_rope),
-    the cache is read below the round's first position only, and split 0 of each (row, kv
-    head) writes the row's key and value into the cache for later rounds."""
+    launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not."""
     split = _split_size(length, BLOCK_N, MAX_SPLITS)
     start = s * split
     if start < length:                            # a live split; the others exit at once
@@ -181,11 +119,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
             k_old, v_old = _kv(K, V, kvh, n, d, (n < first) & (n < end),   # written before this round
                                stride_kh, stride_kn, stride_vh, stride_vn)
             pdl_wait(PDL)
-        if ROPE:
-            q = _head_rope(QKV, BIAS, QN, COS, SIN, tl.zeros([G_PAD], tl.int64) + row * QKV_W, heads * HD,
-                           tl.zeros([G_PAD], tl.int32) + length - 1, gmask, eps, HD, HAS_BIAS, QK_NORM, True, NEOX)
-        else:
-            q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         q = (q * scale).to(tl.float16)                                      # [G_PAD, HD]
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
@@ -198,11 +132,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < end
             new = nmask & (n >= first)
-            if ROPE:
-                k, v = _round_kv(QKV, BIAS, KN, COS, SIN, kvh, n, new, first, eps, QKV_W, N_HEADS, N_KV, HD,
-                                 HAS_BIAS, QK_NORM, NEOX)
-            else:
-                k, v = _kv(K, V, kvh, n, d, new, stride_kh, stride_kn, stride_vh, stride_vn)
+            k, v = _kv(K, V, kvh, n, d, new, stride_kh, stride_kn, stride_vh, stride_vn)
             k = tl.where(new[:, None], k, k_old)
             v = tl.where(new[:, None], v, v_old)
             m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
@@ -211,30 +141,9 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
             # K and V issued together: two tiles in flight per program
-            if ROPE:
-                k, v = _kv(K, V, kvh, n, d, nmask & (n < first), stride_kh, stride_kn, stride_vh, stride_vn)
-                if n0 + BLOCK_N > first:          # the round's own rows: from the projection
-                    new = nmask & (n >= first)
-                    k_new, v_new = _round_kv(QKV, BIAS, KN, COS, SIN, kvh, n, new, first, eps, QKV_W, N_HEADS,
-                                             N_KV, HD, HAS_BIAS, QK_NORM, NEOX)
-                    k = tl.where(new[:, None], k_new, k)
-                    v = tl.where(new[:, None], v_new, v)
-            else:
-                k, v = _kv(K, V, kvh, n, d, nmask, stride_kh, stride_kn, stride_vh, stride_vn)
+            k, v = _kv(K, V, kvh, n, d, nmask, stride_kh, stride_kn, stride_vh, stride_vn)
             m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
             n0 += BLOCK_N
-        if ROPE:
-            if s == 0:                            # the row's own key and value, for the later rounds
-                # made in a tile of BLOCK_N rows, as the loop above makes the round's keys: the same
-                # shape, so the same layout and reduction tree, so the bits a later round reads from
-                # the cache are the bits this round computed (a 2-row tile broke that on the H200:
-                # gpu_decode_arms-qwen3-8b-20261201-134205.json, rotation False)
-                pw = length - 1 + tl.arange(0, BLOCK_N)                           # [BLOCK_N]: the row, masked pads
-                one = tl.arange(0, BLOCK_N) < 1
-                k_row, v_row = _round_kv(QKV, BIAS, KN, COS, SIN, kvh, pw, one, first, eps, QKV_W, N_HEADS, N_KV,
-                                         HD, HAS_BIAS, QK_NORM, NEOX)
-                tl.store(K + kvh * stride_kh + pw[:, None] * stride_kn + d[None, :], k_row, mask=one[:, None])
-                tl.store(V + kvh * stride_vh + pw[:, None] * stride_vn + d[None, :], v_row, mask=one[:, None])
         ml_off = (row * N_HEADS + heads) * MAX_SPLITS + s                  # M, L: [W, H, MAX_SPLITS]
         tl.store(O + row * stride_ow + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
                  mask=gmask[:, None])
@@ -278,12 +187,9 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                        BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
-                       EARLY: tl.constexpr = False, ROPE: tl.constexpr = False, QKV=None, BIAS=None, QN=None,
-                       KN=None, COS=None, SIN=None, eps=0.0, QKV_W: tl.constexpr = 0, N_KV: tl.constexpr = 0,
-                       HAS_BIAS: tl.constexpr = False, QK_NORM: tl.constexpr = False, NEOX: tl.constexpr = False):
+                       EARLY: tl.constexpr = False):
     """EARLY: the first tile's old keys and values before the PDL wait (_split_partials);
-    pos is a graph input, written before the round, so it may be read before the wait.
-    ROPE: queries, keys and values of the round from the projection (_split_partials)."""
+    pos is a graph input, written before the round, so it may be read before the wait."""
     if EARLY:
         pdl_trigger(PDL)
     else:
@@ -292,8 +198,7 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
     length = tl.load(pos_ptr) + row + 1          # keys this row may see
     _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
-                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL, ROPE, QKV, BIAS, QN, KN, COS, SIN,
-                    eps, QKV_W, N_KV, HAS_BIAS, QK_NORM, NEOX)
+                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL)
 
 
 @triton.jit
@@ -365,53 +270,9 @@ def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, counters, early)
 
 
-@dataclass(frozen=True)
-class RopeArgs:
-    """qkv_rope's inputs, for a split launch that makes the round's queries, keys and values
-    itself (decode_attention_rope): the projection qkv [W, (H + 2 n_kv) hd] fp32, its bias
-    [(H + 2 n_kv) hd] or None, the q/k RMSNorm weights [hd] or None, the RoPE tables
-    [max_len, hd / 2]."""
-    qkv: torch.Tensor
-    bias: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    cos: torch.Tensor
-    sin: torch.Tensor
-    n_heads: int
-    eps: float
-    neox: bool
-
-    def kernel_args(self, n_kv: int, hd: int) -> dict:
-        qkv = self.qkv
-        if qkv.dim() != 2 or qkv.shape[1] != (self.n_heads + 2 * n_kv) * hd or not qkv.is_contiguous() \
-                or qkv.dtype != torch.float32 or self.cos.shape[-1] != hd // 2:
-            raise ValueError(f"decode_attention_rope: qkv must be contiguous fp32 [W, {(self.n_heads + 2 * n_kv) * hd}]"
-                             f" and the RoPE tables [*, {hd // 2}], got {qkv.dtype} {tuple(qkv.shape)}, "
-                             f"{tuple(self.cos.shape)}")
-        return dict(ROPE=True, QKV=qkv, BIAS=qkv if self.bias is None else self.bias,
-                    QN=qkv if self.q_norm is None else self.q_norm, KN=qkv if self.k_norm is None else self.k_norm,
-                    COS=self.cos, SIN=self.sin, eps=self.eps, QKV_W=qkv.shape[1], N_KV=n_kv,
-                    HAS_BIAS=self.bias is not None, QK_NORM=self.q_norm is not None, NEOX=self.neox)
-
-
-def decode_attention_rope(rope: RopeArgs, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                          out_dtype: torch.dtype, orders: tuple = (), pdl: bool = False,
-                          early: bool = False) -> tuple[torch.Tensor, dict]:
-    """qkv_rope and decode_attention(_q8) in two launches instead of three: the split
-    programs make the queries and the round's own keys and values from the projection
-    (qkv_rope's arithmetic) and write the rows' keys and values into the cache (rows
-    pos..pos+W-1, as qkv_rope would). -> (out [W, H hd], {order: q8} for `orders`)."""
-    hd = k_cache.shape[2]
-    W = rope.qkv.shape[0]
-    q = rope.qkv.as_strided((W, rope.n_heads, hd), (rope.qkv.shape[1], hd, 1))   # the raw queries: shape, pointer
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, None, early, rope)
-
-
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
-               counters: torch.Tensor | None, early: bool = False,
-               rope: RopeArgs | None = None) -> tuple[torch.Tensor, dict]:
-    W, n_heads = q.shape[:2]
-    hd = k_cache.shape[2]
+               counters: torch.Tensor | None, early: bool = False) -> tuple[torch.Tensor, dict]:
+    W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
     q8: dict = {o: new_q8(W, n_heads * hd, o, q.device) for o in orders}
@@ -440,9 +301,8 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                                                   **split_const, **qargs, maxnreg=FUSED_MAXNREG,
                                                   **pdl_kwargs(pdl, q.device))
         return out, q8
-    rope_args = rope.kernel_args(n_kv, hd) if rope is not None else {}
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
-                                              EARLY=early, **rope_args, **pdl_kwargs(pdl, q.device))
+                                              EARLY=early, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
                                        num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))

@@ -40,7 +40,7 @@ import torch
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.attention import RopeArgs, decode_attention, decode_attention_q8, decode_attention_rope
+from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
                              silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
@@ -308,8 +308,7 @@ class GPUModel:
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
-                 moe_down_quant: bool | None = None, gemv_split: bool | None = None,
-                 rope_in_attn: bool | None = None):
+                 moe_down_quant: bool | None = None, gemv_split: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -317,8 +316,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8 / norm_router / early_kv / moe_down_quant / gemv_split / rope_in_attn: config.py (None: its
-        default)."""
+        moe_emit_q8 / norm_router / early_kv / moe_down_quant / gemv_split: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -424,9 +422,6 @@ class GPUModel:
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.norm_router = e.norm_router if norm_router is None else norm_router
         self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
-        # (the split's RoPE takes tables of head_dim / 2 pairs, as qkv_rope does)
-        self.rope_in_attn = (e.rope_in_attn if rope_in_attn is None else rope_in_attn) and \
-            cfg.rope_dim == cfg.head_dim
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -489,6 +484,7 @@ class GPUModel:
         c = self.cfg
         W = tokens.shape[0]
         x = self.embed(tokens)                                                      # [W, D]
+        kv_len = cache.k.shape[2]
         act = self.act_dtype
         pdl = self.pdl
         cnt = self._attn_counters if self._attn_counters is not None and W * c.n_kv_heads <= \
@@ -498,14 +494,13 @@ class GPUModel:
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
-            orders = L.o.orders[:1] if L.o.orders and self._fuse_q8 else ()
-            if self.rope_in_attn and cnt is None:   # one launch: RoPE, the cache rows and the attention's splits
-                rope = RopeArgs(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, c.n_heads, c.norm_eps,
-                                c.rope_neox)
-                a, q8 = decode_attention_rope(rope, cache.k[i], cache.v[i], pos, act, orders, pdl, self.early_kv)
-                q8 = q8 if orders else None                                          # [W, H*hd]
+            q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
+                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
+            if L.o.orders and self._fuse_q8:
+                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl,
+                                            cnt, self.early_kv)                        # [W, H*hd]
             else:
-                a, q8 = self._attention(L, qkv, cache, i, pos, orders, cnt)
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt, self.early_kv), None
             logits = None
             if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
                 parts, x_in = None, x
@@ -533,19 +528,6 @@ class GPUModel:
                                                                           self.layers[i + 1].qkv)
             h, q8 = self._norm(x, d, nxt, consumer)
         return self.output(h, q8, pdl), x
-
-    def _attention(self, L: GPULayer, qkv: torch.Tensor, cache: KVCache, i: int, pos: torch.Tensor, orders: tuple,
-                   cnt: torch.Tensor | None) -> tuple[torch.Tensor, dict | None]:
-        """qkv_rope (the cache rows) then the split attention: (a [W, H*hd], its int8
-        activations in `orders`, or None)."""
-        c = self.cfg
-        q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
-                     c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, self.pdl)   # [W, H, hd]
-        if orders:
-            return decode_attention_q8(q, cache.k[i], cache.v[i], pos, self.act_dtype, orders, self.pdl, cnt,
-                                       self.early_kv)
-        return decode_attention(q, cache.k[i], cache.v[i], pos, cache.k.shape[2], self.act_dtype, self.pdl, cnt,
-                                self.early_kv), None
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] int64 -> their embedding rows [T, D] float32 (the residual)."""
