@@ -64,7 +64,7 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # dense weights' steps then all load before the PDL wait), attention tiles of 64 keys, the
 # attention's old keys loaded before its PDL wait (engine.early_kv, same bits; on since 20261130
 # with norm_router: the no- arms are their controls), the experts' down quantizing its own act
-# (engine.moe_down_quant: no prepare launch, same bits), o and down GEMVs in 2 runs of their slots
+# (engine.moe_down_quant: slower, removed 20261201), o and down GEMVs in 2 runs of their slots
 # whose partials the next norm adds (engine.gemv_split)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
@@ -82,11 +82,11 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm-router+nt-short": dict(norm_router=True, nt_short=True),
                 "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
                 "default/no-norm-router": dict(norm_router=False),
-                "default/down-quant": dict(moe_down_quant=True), "default/split": dict(gemv_split=True),
+                "default/split": dict(gemv_split=True),
                 "default/no-split": dict(gemv_split=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/no-early-kv": "default", "default/down-quant": "default",
+             "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}

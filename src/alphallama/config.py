@@ -56,11 +56,6 @@ class EngineDefaults:
                                   # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
                                   # order (the same at every W). H200 30B-A3B: W=1 1.952 -> 1.944 ms, W=8 5.507 ->
                                   # 5.544 (gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json): off
-    moe_down_quant: bool = False  # "i8" experts without moe_emit_q8: each down program quantizes its pair's act
-                                  # itself (qmatvec_i8.act_words: prepare_i8's bytes, the same bits), no prepare
-                                  # launch. sm_90a registers 66 -> 111 (Q6_K down, K=768). Slower on the H200:
-                                  # 30B-A3B W=1 1.675 -> 1.750 ms, W=8 4.284 -> 5.453, same bits
-                                  # (gpu_decode_arms-qwen3-30b-a3b-20261201-130424.json)
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at

@@ -246,35 +246,6 @@ def test_gate_up_emits_the_down_input(f):
                          "down given the emitted input")
 
 
-@pytest.mark.parametrize("qtype,f", [(T.Q6_K, F), (T.Q4_K, F), (T.Q8_0, F), (T.Q6_K, 768), (T.Q4_K, 768),
-                                     (T.Q8_0, 96)], ids=["Q6_K", "Q4_K", "Q8_0", "Q6_K-F768", "Q4_K-F768", "Q8_0-F96"])
-def test_down_quantizing_in_kernel_keeps_the_bits(qtype, f):
-    """prepared="in-kernel": each down program quantizes its pair's act itself
-    (qmatvec_i8.act_words) and gives the bits of the down fed by a prepare launch, for
-    each lane order (Q4_K: 32-value slots, Q6_K: 16 with a dx per two slots, Q8_0: 8-bit
-    bytes), with a masked last step (F = 96), from a bank slot and from host planes, with
-    the one-launch combine and without the rank sum; and a row's bits alone equal its bits
-    in a wider call. The act holds zeros (a block with dx 0), large and tiny values."""
-    dn = QuantWeight.from_raw(random_raw(qtype, E * D, f, 41), qtype, (E, D, f), DEV)
-    _, _, _, experts, weights = _setup()
-    g = torch.Generator().manual_seed(42)
-    act = (torch.randn(3, 2, f, generator=g) * torch.logspace(-3, 2, f)[torch.randperm(f, generator=g)]).to(DEV)
-    act[1, 0, :32] = 0.0                                                      # a q8 block of zeros
-    act = act.to(torch.bfloat16)
-    want = moe_down_i8(act, dn, experts, weights)
-    assert_same_bits(moe_down_i8(act, dn, experts, weights, prepared="in-kernel"), want, "in-kernel")
-    part, w = moe_down_i8(act, dn, experts, weights, combine=False, prepared="in-kernel")
-    part0, _ = moe_down_i8(act, dn, experts, weights, combine=False)
-    assert_same_bits(part, part0, "parts")
-    counters = moe_down_i8_counters(dn, 3, DEV)
-    assert_same_bits(moe_down_i8(act, dn, experts, weights, counters=counters, prepared="in-kernel"), want,
-                     "one launch")
-    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
-    hdn, bdn = _split(dn, [4, 0])
-    assert_same_bits(moe_down_i8(act, hdn, experts, weights, table, bdn, prepared="in-kernel"), want, "tiers")
-    assert_same_bits(moe_down_i8(act[2:], dn, experts[2:], weights[2:], prepared="in-kernel"), want[2:], "row 2 alone")
-
-
 def test_order_is_the_gate_up_weights():
     gate_up, *_ = _setup()
     assert moe_i8_order(gate_up) == (32, 4, 4)
@@ -316,11 +287,6 @@ def compile_sm90() -> None:
     for table in (False, True):      # gate_up walking gate and up rows together
         types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
         build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})
-    for qtype in (T.Q6_K, T.Q4_K, T.Q8_0):   # the down quantizing its act per program (QA; xp: the bf16 act)
-        types, const = _sm90_args(qtype, 768, moe_i8._down_i8_kernel, False)
-        types[0] = types[1] = "*bf16"
-        build(moe_i8._down_i8_kernel, types, {**const, "PDL": True, "QA": True,
-                                              "SLOT": 32 if qtype == T.Q4_K else 16})
     # gate_up routing its rows (ROUTE: logits, weights, E after the PDL flag)
     types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, False)
     build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32"],

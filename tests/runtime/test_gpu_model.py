@@ -193,15 +193,6 @@ def test_moe_norm_computing_the_router_logits(tmp_path):
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
 
-def test_moe_down_quantizing_its_own_input(tmp_path):
-    """engine.moe_down_quant: each of the experts' down programs quantizes its pair's act
-    itself (no prepare launch), prepare_i8's bytes in registers: the logits equal the
-    prepared path's bit for bit (on the GPU too: the same arithmetic, only where it runs),
-    against the reference, and a round equals its rows alone."""
-    logits = _moe_option_on_and_off(tmp_path, "moe_down_quant", 10, lambda g: all(L.moe.down_quant for L in g.layers))
-    assert torch.equal(logits[True], logits[False])
-
-
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")])
 def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, quant):
     """engine.gemv_split: the o and dense down GEMVs cut their slots into 2 runs and the

@@ -25,7 +25,7 @@ from .expert_q8_gpu import CODES
 from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel, route_row
 from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
-from .qmatvec_i8 import _lanes, _slot_math, act_words, emit_q8, lane_order, new_q8, prepare_i8
+from .qmatvec_i8 import _lanes, emit_q8, lane_order, new_q8, prepare_i8
 
 
 # gate_up walks K once for its gate and up rows together (_rows2_i8: the same bits, twice
@@ -43,23 +43,16 @@ EXPERT_BN = 16
 @triton.jit
 def _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
              V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
-             BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr, QA: tl.constexpr = False,
-             SLOT: tl.constexpr = 32):
+             BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr):
     """Weight rows `row` [1, BN] (int64, rows of the flattened planes) against one int8
-    x row: [BN] float32, qgemv_i8's arithmetic. QA: xp_row is the row's floats (SLOT
-    values a slot), quantized here step by step (qmatvec_i8.act_words: prepare_i8's
-    bytes, so the same bits)."""
+    x row: [BN] float32, qgemv_i8's arithmetic."""
     EVEN: tl.constexpr = n_slots % NT == 0
     acc = tl.zeros([NT, BN], tl.float32)
     for s0 in range(0, n_slots, NT):
         words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
         lo, hi = _lanes(words, h, BITS, HBITS)
-        u = s0 + tl.arange(0, NT)                                      # [NT]
-        if QA:
-            x_lo, x_hi, xsum, dx = act_words(xp_row, u, EVEN, n_slots, SLOT, V, BITS)
-            acc = tl.fma(_slot_math(lo, hi, s1, s2, x_lo, x_hi, xsum, BITS, BIAS, HAS_MIN, DP4A), dx[:, None], acc)
-        else:
-            acc = _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+        acc = _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, s0 + tl.arange(0, NT), EVEN, n_slots, BITS, BIAS,
+                        HAS_MIN, DP4A)
     return tl.sum(acc, axis=0)
 
 
@@ -158,9 +151,8 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
                     weights=None, out=None, counters=None, TOP_K: tl.constexpr = 1, COMBINE: tl.constexpr = False,
-                    PDL: tl.constexpr = False, QA: tl.constexpr = False, SLOT: tl.constexpr = 32):
-    """Program (pair, n block): the pair's unweighted part [BN]. QA: xp is the act [W k, F]
-    itself, quantized by each program for its pair (_rows_i8; xsd unused). COMBINE: then one
+                    PDL: tl.constexpr = False):
+    """Program (pair, n block): the pair's unweighted part [BN]. COMBINE: then one
     arrival on counters[row * n_nb + n block]; the TOP_K-th (last) arrival sums the
     row's ranks for this n block into out and puts the counter back to 0. PDL: the wait
     is at the top, before the part stores and the arrival (the previous layer's last
@@ -172,19 +164,19 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
     n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
     nn = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]                # [1, BN]
     e = tl.load(experts + pair).to(tl.int64)
-    xp_row = xp + pair * (n_slots * SLOT if QA else XROW)
+    xp_row = xp + pair * XROW
     xsd_row = xsd + pair * n_slots * 2
     if TABLE:
         slot = tl.load(table + e).to(tl.int64)
         if slot >= 0:
             y = _rows_i8(xp_row, xsd_row, bqs, bqh, bsc, bsd, slot * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
-                         BIAS, HAS_MIN, BN, NT, DP4A, QA, SLOT)
+                         BIAS, HAS_MIN, BN, NT, DP4A)
         else:
             y = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
-                         BIAS, HAS_MIN, BN, NT, DP4A, QA, SLOT)
+                         BIAS, HAS_MIN, BN, NT, DP4A)
     else:
         y = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
-                     BIAS, HAS_MIN, BN, NT, DP4A, QA, SLOT)
+                     BIAS, HAS_MIN, BN, NT, DP4A)
     tl.store(part + pair * N + n_out, y, mask=n_out < N)
     if COMBINE:
         m = pair // TOP_K
@@ -291,7 +283,7 @@ def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tens
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
                 table: torch.Tensor | None = None, bank=None, counters: torch.Tensor | None = None,
                 pdl: bool = False, combine: bool = True,
-                prepared: "tuple[torch.Tensor, torch.Tensor] | str | None" = None
+                prepared: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
     weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
@@ -303,23 +295,15 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
     programmatic dependent launch (kernels/pdl.py). combine=False (without counters):
     no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
     to sum (fused.add_rmsnorm's MoE parts: the same bits). prepared: act's int8
-    activations in the down's lane order (moe_gate_up_i8_q8 emits them); "in-kernel": each
-    down program quantizes its pair's act itself (the same bits, no prepare launch); None:
-    a prepare launch here."""
+    activations in the down's lane order (moe_gate_up_i8_q8 emits them), else made here."""
     _check_bank(down, table, bank)
     if counters is not None and not combine:
         raise ValueError("combine=False leaves the rank sum to the caller: no counters")
     W, k, F = act.shape
     D = down.N
     dev = act.device
-    qa = {}
-    if prepared == "in-kernel":
-        aq = asd = act.contiguous()                                            # [W, k, F]: quantized per program
-        qa = dict(QA=True, SLOT=down.fmt.slot)
-    elif prepared is not None:
-        aq, asd = prepared
-    else:
-        aq, asd = prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)      # [W k, F/4], [W k, F/slot, 2]
+    aq, asd = prepared if prepared is not None else \
+        prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)                # [W k, F/4], [W k, F/slot, 2]
     pk = pdl_kwargs(pdl, dev)
     part = torch.empty((W, k, D), dtype=torch.float32, device=dev)             # [W, k, D]
     out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]
@@ -333,10 +317,9 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
                              f"contiguous int32 of >= {W * triton.cdiv(D, c['BN'])} on {dev}")
         _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False,
                               weights=weights.float().contiguous(), out=out, counters=counters, TOP_K=k,
-                              COMBINE=True, **c, **pk, **qa)
+                              COMBINE=True, **c, **pk)
         return out
-    _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk,
-                          **qa)
+    _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk)
     if not combine:
         return part, weights.float().contiguous()
     _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](

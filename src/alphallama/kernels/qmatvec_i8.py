@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
-from .expert_q8_gpu import CODES, _chunks, _quantize_block, _rne, q8_scale
+from .expert_q8_gpu import CODES, _chunks, _quantize_block
 from .formats import slot_positions
 from .pdl import pdl_kwargs, pdl_start
 from .qweight import QuantWeight, check_gemv_args
@@ -199,61 +199,6 @@ def _slot_math(lo, hi, s1, s2, x_lo, x_hi, xsum, BITS: tl.constexpr, BIAS: tl.co
     if HAS_MIN:
         t = t - s2 * xsum.to(tl.float32)[:, None]                      # - B * xsum
     return t
-
-
-@triton.jit
-def _pack_bytes(q):
-    """q [A, B, C, 4] int32 (each in [-127, 127]) -> [A, B, C] int32 words, byte j = q[..., j]."""
-    e, o = tl.split(tl.reshape(q & 0xFF, (q.shape[0], q.shape[1], q.shape[2], 2, 2)))   # e: bytes 0, 2; o: 1, 3
-    b0, b2 = tl.split(e)
-    b1, b3 = tl.split(o)
-    return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
-
-
-@triton.jit
-def act_words(act_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr, SLOT: tl.constexpr, V: tl.constexpr,
-              BITS: tl.constexpr):
-    """The q8 of one activation row's slots u [NT] (u[0] a multiple of NT, NT even), made
-    in registers from the row's floats at act_row: (x_lo, x_hi [NT, 1, V] int32 in the lane
-    order, xsum [NT] int32, dx [NT] float32) -- what prepare_i8 stores and _slot_terms
-    loads, bit for bit (_quantize_block's q8_scale and rounding on the same values, the bytes
-    placed by lane_perm). Slots past n_slots (not EVEN) are zeros."""
-    NT: tl.constexpr = u.shape[0]
-    j = tl.arange(0, 4)[None, None, None, :]                            # [1, 1, 1, 4]: byte of a word
-    v = tl.arange(0, V)[None, None, :, None]                            # [1, 1, V, 1]: word
-    uu = u[:, None, None, None]                                         # [NT, 1, 1, 1]
-    if BITS == 4:
-        off = uu * SLOT + j * (2 * V) + 2 * v                           # word v of the lo words (e = 0)
-    else:
-        off = uu * SLOT + (j // 2) * (2 * V) + 2 * v + j % 2             # word v, byte j: field j
-    ok = uu < n_slots
-    if EVEN:
-        a0 = tl.load(act_row + off).to(tl.float32)                      # [NT, 1, V, 4]
-    else:
-        a0 = tl.load(act_row + off, mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(a0), axis=3), axis=2)                  # [NT, 1]
-    a1 = a0
-    if BITS == 4:                                                       # the hi words: odd k (e = 1)
-        if EVEN:
-            a1 = tl.load(act_row + off + 1).to(tl.float32)
-        else:
-            a1 = tl.load(act_row + off + 1, mask=ok, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.max(tl.abs(a1), axis=3), axis=2))
-    amax = tl.reshape(amax, (NT,))
-    if SLOT == 16:                                                      # two slots a 32-block
-        m2 = tl.max(tl.reshape(amax, (NT // 2, 2)), axis=1)            # [NT/2]
-        amax = tl.reshape(tl.join(m2, m2), (NT,))
-    dx, inv = q8_scale(amax)                                            # _quantize_block's rule
-    inv4 = inv[:, None, None, None]
-    q0 = _rne(a0 * inv4).to(tl.int32)                                   # [NT, 1, V, 4]
-    xsum = tl.sum(tl.sum(q0, axis=3), axis=2)                          # [NT, 1]
-    x_lo = _pack_bytes(q0)                                              # [NT, 1, V]
-    x_hi = x_lo
-    if BITS == 4:
-        q1 = _rne(a1 * inv4).to(tl.int32)
-        xsum = xsum + tl.sum(tl.sum(q1, axis=3), axis=2)
-        x_hi = _pack_bytes(q1)
-    return x_lo, x_hi, tl.reshape(xsum, (NT,)), dx
 
 
 @triton.jit

@@ -182,7 +182,7 @@ class MoE:
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
                  norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
-                 fuse_route: bool = False, emit_q8: bool = False, down_quant: bool = False):
+                 fuse_route: bool = False, emit_q8: bool = False):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
@@ -200,7 +200,6 @@ class MoE:
         self.top_k, self.norm = top_k, norm
         self.fuse_route = fuse_route
         self.emit_q8 = emit_q8 and gate.shape[1] % 32 == 0                 # gate [E, F, D]
-        self.down_quant = down_quant       # the down quantizes its act per program (engine.moe_down_quant)
         self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
@@ -270,8 +269,7 @@ class MoE:
             act, aq = moe_gate_up_i8_q8(x8, gu, experts, act_dtype, lane_order(dn.expert(0)), table, bgu, pdl)
             return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine, aq)
         act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
-        return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine,
-                             "in-kernel" if self.down_quant else None)
+        return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
 
     def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool, combine: bool, prepared=None):
         counters = self.counters if self.counters is not None and act.shape[0] <= self.counters.shape[0] else None
@@ -308,7 +306,7 @@ class GPUModel:
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
-                 moe_down_quant: bool | None = None, gemv_split: bool | None = None):
+                 gemv_split: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -316,7 +314,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8 / norm_router / early_kv / moe_down_quant / gemv_split: config.py (None: its default)."""
+        moe_emit_q8 / norm_router / early_kv / gemv_split: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -354,8 +352,7 @@ class GPUModel:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
                           self.store, i, moe_gemv, DEFAULTS.engine.fuse_route if fuse_route is None else fuse_route,
-                          DEFAULTS.engine.moe_emit_q8 if moe_emit_q8 is None else moe_emit_q8,
-                          DEFAULTS.engine.moe_down_quant if moe_down_quant is None else moe_down_quant)
+                          DEFAULTS.engine.moe_emit_q8 if moe_emit_q8 is None else moe_emit_q8)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
