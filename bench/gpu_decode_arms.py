@@ -65,7 +65,8 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # attention's old keys loaded before its PDL wait (engine.early_kv, same bits; on since 20261130
 # with norm_router: the no- arms are their controls), the experts' down quantizing its own act
 # (engine.moe_down_quant: slower, removed 20261201), o and down GEMVs in 2 runs of their slots
-# whose partials the next norm adds (engine.gemv_split)
+# whose partials the next norm adds (engine.gemv_split), the FFN norm's launch also routing (engine.route_in_norm,
+# same bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
@@ -83,10 +84,11 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
                 "default/no-norm-router": dict(norm_router=False),
                 "default/split": dict(gemv_split=True),
-                "default/no-split": dict(gemv_split=False)}
+                "default/no-split": dict(gemv_split=False),
+                "default/route-in-norm": dict(route_in_norm=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/no-early-kv": "default",
+             "default/no-early-kv": "default", "default/route-in-norm": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}

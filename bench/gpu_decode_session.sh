@@ -23,10 +23,11 @@ prefill)
   ;;
 arms)
   # the next arms: the 8B default for reference; the 30B-A3B's experts' gate_up emitting the
-  # down's int8 input (engine.moe_emit_q8: no prepare launch) against the defaults (split runs on)
+  # down's int8 input (engine.moe_emit_q8: no prepare launch) and the FFN norm's launch routing
+  # (engine.route_in_norm: no route launch, same bits) against the defaults (split runs on)
   timeout 150 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default ${ARMS_EXTRA_8B:-} 2>&1 \
       | grep -v "_warn_once\|UserWarning" | tail -4
-  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/moe-emit \
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/moe-emit default/route-in-norm \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 tiles)

@@ -61,6 +61,9 @@ class EngineDefaults:
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
                                   # W = 1 / 8: 8B 2.099 / 4.743 -> 1.983 / 4.850, 30B-A3B 1.670 / 4.285 -> 1.625 /
                                   # 4.183 (gpu_decode_arms-*-20261201-132*.json)
+    route_in_norm: bool = False   # with norm_router: the FFN norm's launch also routes (its last-arriving program
+                                  # per row, a gpu-scope count: fused.rmsnorm_route_q8), no route launch. The same
+                                  # choices and weights. Not yet timed
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -58,13 +58,14 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
 
 @triton.jit
 def route_row(logits, m, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-              NORM: tl.constexpr):
+              NORM: tl.constexpr, CACHE: tl.constexpr = ""):
     """Row m's routing: softmax over its E logits, then TOP_K rounds of argmax (ties go
     to the lower expert id), the chosen weights renormalised to sum to 1 if NORM.
     -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank (moe_i8's gate_up
-    calls it too, in each of its programs)."""
+    calls it too, in each of its programs; CACHE: the logits' load cache modifier, ".cg"
+    where other CTAs of the launch wrote them)."""
     e = tl.arange(0, BLOCK_E)
-    l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"))  # [BLOCK_E]
+    l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"), cache_modifier=CACHE)  # [BLOCK_E]
     p = tl.exp(l - tl.max(l, 0))
     p = p / tl.sum(p, 0)
     p = tl.where(e < E, p, -1.0)        # padding lanes are never chosen

@@ -41,8 +41,8 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
-from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
-                             silu_mul_q8)
+from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_route_q8, rmsnorm_router_q8,
+                             silu_mul, silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
                               moe_i8_order, moe_route_gate_up_i8)
@@ -221,17 +221,18 @@ class MoE:
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
                  pdl: bool = False, combine: bool = True,
-                 logits: torch.Tensor | None = None) -> "torch.Tensor | MoEParts":
+                 logits: torch.Tensor | None = None, routed: list | None = None) -> "torch.Tensor | MoEParts":
         """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
         the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
         the router asks for its weights before it waits: PDL mode 2). combine=False: the
         int8 path without counters may return its ranks unsummed, (part [W, k, D],
         weights [W, k]), for the next norm to sum (fused.add_rmsnorm). logits: the router's [W, E], if the
-        norm made them (engine.norm_router; the int8 path only)."""
+        norm made them (engine.norm_router; the int8 path only); routed: [weights, expert ids] [W, k],
+        if the norm also routed (engine.route_in_norm; the ids already in the store's record)."""
         if self.i8 and self.link is None:
             if logits is None:
                 logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
-            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine)
+            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine, routed)
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
@@ -248,7 +249,7 @@ class MoE:
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
-                    q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
+                    q8: dict | None, pdl: bool, combine: bool, routed: list | None = None) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self.orders[0])
         if self.store is None and self.fuse_route:   # the routing in gate_up's launch
             if x8 is None:
@@ -256,13 +257,17 @@ class MoE:
             act, weights, experts = moe_route_gate_up_i8(x8, self.gate_up, logits, self.top_k, self.norm, act_dtype,
                                                          pdl)                      # [W, k, F], [W, k] x2
             return self._down_i8(act, self.down, experts, weights, None, None, pdl, combine)
-        if self.store is None:
+        if routed is not None:
+            weights, experts = routed
+        elif self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl)  # [W, k] each
+        else:
+            weights, experts = moe_route(logits, self.top_k, self.norm,
+                                         experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
+        if self.store is None:
             gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
         else:
             v = self.store.layer(self.layer)
-            weights, experts = moe_route(logits, self.top_k, self.norm,
-                                         experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
         x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
         if self.emit_q8:             # gate_up also makes the down's int8 input: no prepare launch
@@ -306,7 +311,7 @@ class GPUModel:
                  pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
-                 gemv_split: bool | None = None):
+                 gemv_split: bool | None = None, route_in_norm: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -314,7 +319,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
-        moe_emit_q8 / norm_router / early_kv / gemv_split: config.py (None: its default)."""
+        moe_emit_q8 / norm_router / early_kv / gemv_split / route_in_norm: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -419,6 +424,9 @@ class GPUModel:
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.norm_router = e.norm_router if norm_router is None else norm_router
         self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
+        # the norm that computes the router's logits also routes: arrival counters, zero between launches
+        self._route_counters = torch.zeros(MAX_W, dtype=torch.int32, device=self.device) \
+            if (e.route_in_norm if route_in_norm is None else route_in_norm) else None   # [MAX_W]
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -498,20 +506,26 @@ class GPUModel:
                                             cnt, self.early_kv)                        # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt, self.early_kv), None
-            logits = None
+            logits = routed = None
             if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
                 parts, x_in = None, x
                 if L.o.runs > 1:       # o's runs, added by the norm into a new residual tensor
                     parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
                 else:
                     L.o.add_into(a, q8, x, pdl)
-                h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, L.moe.router_rows, c.norm_eps, act,
-                                                  L.moe.orders[:2], pdl, parts,
-                                                  x if parts is not None else None)   # [W, D], q8, [W, E]
+                m, x_out = L.moe, x if parts is not None else None
+                if self._route_counters is not None:      # and the routing (engine.route_in_norm)
+                    rec = m.store.routes[m.layer, :W] if m.store is not None else None
+                    h, q8, logits, *routed = rmsnorm_route_q8(
+                        x_in, L.ffn_norm, m.router_rows, c.norm_eps, act, m.orders[:2], m.top_k, m.norm,
+                        self._route_counters, pdl, parts, x_out, rec)                 # ..., [W, k] x2
+                else:
+                    h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
+                                                      m.orders[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
             else:
                 h, q8 = self._norm(x, L.o.parts(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
+                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits, routed=routed)
             elif L.down.orders and self._fuse_q8:
                 if L.gate_up.paired and len(L.down.orders) == 1:   # one launch: gate|up, SiLU, int8 act
                     s, q8 = L.gate_up.silu(h, q8, act, L.down.orders[0], pdl)             # [W, F]
