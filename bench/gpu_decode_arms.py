@@ -52,7 +52,7 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
                                                fuse_combine=True)}
 # the defaults (config.py) and one-change variants of them: the embedding lookup in plain
 # torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
-# routing inside gate_up (engine.fuse_route), the GEMVs loading two steps ahead and the
+# routing inside gate_up (engine.fuse_route: removed 20261201), the GEMVs loading two steps ahead and the
 # experts' gate_up walking gate and up rows apart, the MoE ranks summed in the next norm
 # (all three: same bits), the dense gate|up GEMV with SiLU and the down's int8 input in its
 # epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
@@ -69,7 +69,7 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # same bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
-                "default/fuse-route": dict(fuse_route=True), "default/prefetch2": dict(prefetch=2),
+                "default/prefetch2": dict(prefetch=2),
                 "default/gate-up-unpaired": dict(gate_up_paired=False),
                 "default/combine-launch": dict(combine_in_norm=False), "default/fuse-silu": dict(fuse_silu=True),
                 "default/fuse-silu16": dict(fuse_silu=True, silu_warps=16),

@@ -31,11 +31,6 @@ class EngineDefaults:
                                   # split merge): the last-arriving program merges, counted by a gpu-scope
                                   # acq_rel atomic. Same bits on the H200, but slower there (30B-A3B 2.81 against
                                   # 2.04 ms a round, 8B 2.56 against 2.23; gpu_decode_arms-*-20261130-074*.json)
-    fuse_route: bool = False      # "i8", resident experts: each gate_up program routes its row itself (softmax,
-                                  # top-k) from the router's logits, no route launch (kernels/moe_i8.py). Same
-                                  # choices, but slower on the H200: every program pays the routing before its
-                                  # weight loads (30B-A3B W=1 2.146 against 1.949 ms, W=8 7.67 against 5.61;
-                                  # gpu_decode_arms-qwen3-30b-a3b-20261130-111002.json)
     combine_in_norm: bool = True   # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
                                    # (moe's combine code, the same bits), no combine launch. H200 30B-A3B W=1
                                    # 1.952 -> 1.935 ms, W=8 5.507 -> 5.470 (gpu_decode_arms-*-20261130-142422)

@@ -27,9 +27,7 @@ from alphallama.kernels.moe_i8 import (  # noqa: E402
     moe_gate_up_i8,
     moe_gate_up_i8_q8,
     moe_i8_order,
-    moe_route_gate_up_i8,
 )
-from alphallama.kernels.moe import moe_route  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
@@ -179,29 +177,6 @@ def test_fused_combine_checks_counters():
             moe_down_i8(act, down, experts, weights, counters=bad)
 
 
-@pytest.mark.parametrize("norm", [True, False])
-def test_routing_in_gate_up_is_the_route_kernel(norm):
-    """moe_route_gate_up_i8 (each gate_up program routes its row) gives the route kernel's
-    expert ids and weights and moe_gate_up_i8's act on them, bit for bit; rows alone give
-    the bits they give in a wider call. Logits with a tie (the lower id wins) and E not a
-    power of two."""
-    gate_up, _, x, _, _ = _setup()
-    g = torch.Generator().manual_seed(4)
-    logits = torch.randn(3, E, generator=g).to(DEV)                          # [W, E]
-    logits[1, 3] = logits[1, 1] = logits[1].max() + 1                         # a tie for the first rank
-    q8 = prepare_i8(x, gate_up.expert(0))
-    act, w, ex = moe_route_gate_up_i8(q8, gate_up, logits, 2, norm, torch.float32)
-    w_ref, ex_ref = moe_route(logits, 2, norm)
-    assert torch.equal(ex, ex_ref) and ex[1, 0].item() == 1
-    assert_same_bits(w, w_ref, "weights")
-    assert_same_bits(act, moe_gate_up_i8(q8, gate_up, ex_ref, torch.float32), "act")
-    for r in range(3):
-        act_r, w_r, ex_r = moe_route_gate_up_i8(prepare_i8(x[r:r + 1], gate_up.expert(0)), gate_up,
-                                                logits[r:r + 1], 2, norm, torch.float32)
-        assert torch.equal(ex_r, ex[r:r + 1]) and torch.equal(w_r, w[r:r + 1])
-        assert_same_bits(act_r, act[r:r + 1], f"row {r}")
-
-
 def test_paired_gate_up_keeps_the_bits(monkeypatch):
     """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED, the
     default) gives the bits of two walks, from the host planes and from a bank slot."""
@@ -281,16 +256,12 @@ def compile_sm90() -> None:
             build(kern, *_sm90_args(qtype, K, kern, table))
     for table in (False, True):      # gate_up emitting the down's int8 input (32-row programs)
         types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
-        build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32", "*i8", "*i32"],
-              {**const, "BN": 32, "PDL": True, "BLOCK_E": 1, "BLOCK_K": 1, "NORM": False, "ROUTE": False,
+        build(moe_i8._gate_up_i8_kernel, types + ["*i8", "*i32"],
+              {**const, "BN": 32, "PDL": True,
                "PAIRED": True, "FQ": 768, "SLOT1": 16, "V1": 2, "BITS1": 4, "EMIT": True})
     for table in (False, True):      # gate_up walking gate and up rows together
         types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
         build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})
-    # gate_up routing its rows (ROUTE: logits, weights, E after the PDL flag)
-    types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, False)
-    build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32"],
-          {**const, "PDL": False, "BLOCK_E": 128, "BLOCK_K": 8, "NORM": True, "ROUTE": True})
 
 
 def compile_sm90_fused() -> None:

@@ -45,15 +45,14 @@ def test_logits_match_reference(models):
     assert torch.equal(lg.argmax(-1).cpu()[clear], lr.argmax(-1)[clear])
 
 
-@pytest.mark.parametrize("fuse_route", [False], ids=["route-launch"])   # routing in gate_up: test_moe_i8
-def test_moe_on_int8_activations(tmp_path, fuse_route):
+def test_moe_on_int8_activations(tmp_path):
     """The routed experts on int8 activations (moe_gemv "i8") against the reference, and
     a round equal to its rows run alone."""
     path = tmp_path / "moe.gguf"
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=3), path)
     f = GGUFFile(path)
-    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV, moe_gemv="i8", fuse_route=fuse_route)
-    assert all(L.moe.i8 and L.moe.fuse_route == fuse_route for L in gpu.layers)
+    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV, moe_gemv="i8")
+    assert all(L.moe.i8 for L in gpu.layers)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     cache = gpu.new_cache(128)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .expert_q8 import QBLOCK, supports
 from .expert_q8_gpu import CODES
-from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel, route_row
+from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel
 from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, emit_q8, lane_order, new_q8, prepare_i8
@@ -99,14 +99,10 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                       PDL: tl.constexpr = False, logits=None, weights=None, E=1, BLOCK_E: tl.constexpr = 1,
-                       BLOCK_K: tl.constexpr = 1, NORM: tl.constexpr = False, ROUTE: tl.constexpr = False,
-                       PAIRED: tl.constexpr = False, XP1=None, XS1=None, FQ: tl.constexpr = 0,
+                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False, XP1=None, XS1=None, FQ: tl.constexpr = 0,
                        SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                        EMIT: tl.constexpr = False):
-    """Program (pair, n block). ROUTE: the pair's expert is chosen here from the router's
-    logits (moe.route_row, the route kernel's code, run by every program of the row), and
-    the n block 0 program of each pair stores its expert id and weight for the down.
+    """Program (pair, n block).
     EMIT (BN a multiple of 32): the act's int8 activations in the down's lane order too
     (rows = pairs; FQ = F), as prepare_i8 would make them from the stored act."""
     pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
@@ -116,15 +112,7 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
     n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)         # [BN]
     n_in = tl.minimum(n_out, F - 1).to(tl.int64)[None, :]              # [1, BN]; past F: recomputed, not stored
     m = (pair // TOP_K).to(tl.int64)
-    if ROUTE:
-        w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)   # [BLOCK_K] each, by rank
-        mine = tl.arange(0, BLOCK_K) == pair % TOP_K
-        e = tl.sum(tl.where(mine, ids, 0), 0).to(tl.int64)             # exact: one term, the rest 0
-        if tl.program_id(0) % n_fb == 0:
-            tl.store(experts + pair, e.to(tl.int32))
-            tl.store(weights + pair, tl.sum(tl.where(mine, w, 0.0), 0))
-    else:
-        e = tl.load(experts + pair).to(tl.int64)
+    e = tl.load(experts + pair).to(tl.int64)
     xp_row = xp + m * XROW
     xsd_row = xsd + m * n_slots * 2
     if TABLE:
@@ -234,9 +222,8 @@ def moe_gate_up_i8_q8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: t
     return _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl, order)
 
 
-def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order, **route):
-    """The gate_up launch; route: the ROUTE keywords (moe_route_gate_up_i8, which
-    passes the experts buffer for the kernel to fill)."""
+def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order):
+    """The gate_up launch (order: the lane order of the down's int8 input to emit, or None)."""
     _check_bank(gate_up, table, bank)
     xp, xsd = q8
     W, k = experts.shape
@@ -252,24 +239,8 @@ def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order, **r
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
-        **emit, **route, **pdl_kwargs(pdl, dev))
+        **emit, **pdl_kwargs(pdl, dev))
     return act, aq
-
-
-def moe_route_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, logits: torch.Tensor, top_k: int,
-                         norm: bool, act_dtype: torch.dtype, pdl: bool = False
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """moe.moe_route and moe_gate_up_i8 in one launch (resident experts): logits [W, E]
-    fp32 -> (act [W, k, F], weights [W, k] fp32, experts [W, k] int32). Each program
-    routes its row itself with the route kernel's code (moe.route_row); the route
-    launch and its gap go."""
-    W, E = logits.shape
-    weights = torch.empty((W, top_k), dtype=torch.float32, device=logits.device)   # [W, k]
-    experts = torch.empty((W, top_k), dtype=torch.int32, device=logits.device)     # [W, k]
-    act, _ = _gate_up(q8, gate_up, experts, act_dtype, None, None, pdl, None, logits=logits.contiguous(),
-                      weights=weights, E=E, BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
-                      NORM=norm, ROUTE=True)
-    return act, weights, experts
 
 
 def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tensor:

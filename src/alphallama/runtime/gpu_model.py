@@ -45,7 +45,7 @@ from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rm
                              silu_mul, silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
-                              moe_i8_order, moe_route_gate_up_i8)
+                              moe_i8_order)
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import SLOT_TERMS, supports as i8_supports
 from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, split_runs, unpair
@@ -182,7 +182,7 @@ class MoE:
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
                  norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
-                 fuse_route: bool = False, emit_q8: bool = False):
+                 emit_q8: bool = False):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
@@ -198,7 +198,6 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
-        self.fuse_route = fuse_route
         self.emit_q8 = emit_q8 and gate.shape[1] % 32 == 0                 # gate [E, F, D]
         self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
@@ -251,12 +250,6 @@ class MoE:
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
                     q8: dict | None, pdl: bool, combine: bool, routed: list | None = None) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self.orders[0])
-        if self.store is None and self.fuse_route:   # the routing in gate_up's launch
-            if x8 is None:
-                x8 = prepare_i8(h, self.gate_up.expert(0), pdl)
-            act, weights, experts = moe_route_gate_up_i8(x8, self.gate_up, logits, self.top_k, self.norm, act_dtype,
-                                                         pdl)                      # [W, k, F], [W, k] x2
-            return self._down_i8(act, self.down, experts, weights, None, None, pdl, combine)
         if routed is not None:
             weights, experts = routed
         elif self.store is None:
@@ -308,7 +301,7 @@ class GPUModel:
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None, fuse_combine: bool | None = None, fuse_route: bool | None = None,
+                 pdl: bool | None = None, fuse_combine: bool | None = None,
                  combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
                  gemv_split: bool | None = None, route_in_norm: bool | None = None):
@@ -318,7 +311,7 @@ class GPUModel:
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / fuse_route / combine_in_norm / fuse_silu /
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / combine_in_norm / fuse_silu /
         moe_emit_q8 / norm_router / early_kv / gemv_split / route_in_norm: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
@@ -356,7 +349,7 @@ class GPUModel:
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i, moe_gemv, DEFAULTS.engine.fuse_route if fuse_route is None else fuse_route,
+                          self.store, i, moe_gemv,
                           DEFAULTS.engine.moe_emit_q8 if moe_emit_q8 is None else moe_emit_q8)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
@@ -549,7 +542,7 @@ class GPUModel:
     def _norm_router(self, L: GPULayer) -> bool:
         """Does layer L's FFN norm compute its router's logits (engine.norm_router)?"""
         m = L.moe
-        return (self.norm_router and m is not None and m.i8 and m.link is None and not m.fuse_route
+        return (self.norm_router and m is not None and m.i8 and m.link is None
                 and m.router_rows is not None and self._fuse_q8 and L.o.adds)
 
     def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
