@@ -71,8 +71,7 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/prefetch2": dict(prefetch=2),
                 "default/gate-up-unpaired": dict(gate_up_paired=False),
-                "default/combine-launch": dict(combine_in_norm=False), "default/fuse-silu": dict(fuse_silu=True),
-                "default/fuse-silu16": dict(fuse_silu=True, silu_warps=16),
+                "default/combine-launch": dict(combine_in_norm=False),
                 "default/maxbw8": dict(max_bw=8), "default/maxbw2": dict(max_bw=2),
                 "default/moe-bn4": dict(moe_bn=4), "default/moe-emit": dict(moe_emit_q8=True),
                 "default/old-tiles": dict(old_tiles=True), "default/route4": dict(route_warps=4),
@@ -104,7 +103,7 @@ def old_gemv_tile(w):
 
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
     kw = dict(kw)
-    saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED, qgemv_i8_mod.SILU_WARPS,
+    saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
              moe_i8.gemv_tile)
     if kw.pop("old_tiles", False):
@@ -114,7 +113,6 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), prefetch=steps)
     fused.NORM_WARPS = kw.pop("norm_warps", fused.NORM_WARPS)
     moe_i8.GATE_UP_PAIRED = kw.pop("gate_up_paired", moe_i8.GATE_UP_PAIRED)
-    qgemv_i8_mod.SILU_WARPS = kw.pop("silu_warps", qgemv_i8_mod.SILU_WARPS)
     qgemv_i8_mod.MAX_BW = kw.pop("max_bw", qgemv_i8_mod.MAX_BW)   # x rows a program: not in the float order
     moe.ROUTE_WARPS = kw.pop("route_warps", moe.ROUTE_WARPS)                # a new float order in the softmax sums
     attention.COMBINE_WARPS = kw.pop("combine_warps", attention.COMBINE_WARPS)   # the same or a new order
@@ -134,7 +132,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         return _run_arm(f, kw, depth, reps, toks, device)
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-         qgemv_i8_mod.SILU_WARPS, qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
+         qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
          attention.BLOCK_N, moe_i8.gemv_tile) = saved
 
 

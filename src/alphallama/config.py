@@ -42,11 +42,6 @@ class EngineDefaults:
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
                                   # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
-    fuse_silu: bool = False       # "i8" dense FFN (with fuse_q8): gate|up rows stored in pair blocks of 32
-                                  # features, the GEMV's epilogue computes silu(gate) * up and the down's int8
-                                  # input (kernels/qgemv_i8.qgemv_i8_silu): one launch fewer a layer, but the 64-row
-                                  # tile costs more than the launch: H200 8B W=1 2.139 -> 2.270 ms (16 warps 2.231;
-                                  # gpu_decode_arms-qwen3-8b-20261130-141944.json)
     moe_emit_q8: bool = False     # "i8" experts: gate_up in 32-row programs that also emit the down's int8 input
                                   # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
                                   # order (the same at every W). H200 30B-A3B: W=1 1.952 -> 1.944 ms, W=8 5.507 ->

@@ -15,8 +15,7 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, pair_rows, qgemv_i8, qgemv_i8_silu, unpair  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
+from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
@@ -113,41 +112,6 @@ def test_split_runs_sum_to_the_product(qtype):
         qgemv_i8(x, w, out=torch.zeros(5, n, device=DEV), tile=t, accumulate=True)
 
 
-def test_pair_rows_and_unpair_are_inverse():
-    F = 96
-    rows = pair_rows(F)
-    assert sorted(rows.tolist()) == list(range(2 * F))
-    assert rows[:64].tolist() == list(range(32)) + list(range(F, F + 32))
-    gu = torch.randn(3, 2 * F)
-    assert torch.equal(unpair(gu[:, rows]), gu)
-
-
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0], ids=["Q4_K", "Q8_0"])
-def test_silu_epilogue(qtype):
-    """qgemv_i8_silu on a pair-ordered [gate; up] weight: silu(gate) * up against float64 of
-    the same int8 input, its int8 activations bit for bit prepare_i8 of its act (a Q6_K
-    down's lane order), rows alone equal to the rows of a wider call."""
-    F, k = 96, 512
-    raw, _ = _weight(qtype, 2 * F, k, seed=21)
-    rb = raw.reshape(2 * F, -1)
-    w = QuantWeight.from_raw(rb[pair_rows(F).numpy()], qtype, (2 * F, k), DEV)
-    x = _x(5, k, seed=22)
-    down = _weight(T.Q6_K, 16, F + 160, seed=23)[1]           # any weight of the Q6_K lane order
-    order = lane_order(down)
-    act, q8 = qgemv_i8_silu(x, w, torch.float32, order)
-    ref, scale = reference64(x, rb, qtype, 2 * F, k)         # [W, 2F], gate | up order
-    g, u = ref[:, :F], ref[:, F:]
-    want = g / (1 + torch.exp(-g)) * u
-    bound = 2e-6 * (scale[:, :F] * (u.abs() + scale[:, F:]) + scale[:, F:] * g.abs()) + 1e-30
-    assert ((act.cpu().double() - want).abs() <= bound).all()
-    xp, xsd = prepare_i8(act, down)                           # (only the order is taken from the weight)
-    assert torch.equal(q8[order][0], xp) and torch.equal(q8[order][1], xsd)
-    for m in (0, 3):
-        one, q1 = qgemv_i8_silu(x[m:m + 1], w, torch.float32, order)
-        assert_same_bits(one, act[m:m + 1], f"row {m}")
-        assert torch.equal(q1[order][0], q8[order][0][m:m + 1])
-
-
 def test_tile_is_a_function_of_the_weight():
     """Many-row programs only where there are rows enough for every SM; the head keeps 16."""
     assert gemv_tile(_weight(T.Q4_K, 8, 256, seed=1)[1]) == GemvTile(4, 8)
@@ -188,16 +152,6 @@ def compile_sm90() -> None:
         build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
                    HAS_MIN=has_min, BN=4, NT=NT, BW=BW, PREFETCH=True, DP4A=True))
-    # the SiLU epilogue: 64-row pair blocks, the act in bf16 and a Q6_K down's int8 order
-    f = FORMATS[T.Q4_K]
-    packed = f.pack(torch.zeros((1, 4096 // f.block_size, f.type_size), dtype=torch.uint8))
-    planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]
-    bits, hbits, bias, has_min = CODES[T.Q4_K]
-    for BW in (1, 8):
-        build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*bf16", *planes, "i32", "i32", "i32", "i32", "*i8", "*i32"],
-              dict(n_slots=4096 // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                   HAS_MIN=has_min, BN=64, NT=32, BW=BW, PREFETCH=1, DP4A=True, PDL=True, SILU=True, F=12288,
-                   SLOT1=16, V1=2, BITS1=4), num_warps=8)
     # two steps in flight, with the GPU's 16- and 32-row tiles
     for qtype, K, BN, NT in ((T.Q4_K, 4096, 32, 32), (T.Q6_K, 12288, 32, 64), (T.Q4_K, 4096, 16, 32)):
         f = FORMATS[qtype]

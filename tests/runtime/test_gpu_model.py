@@ -125,32 +125,6 @@ def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypa
     assert torch.equal(logits[True], logits[False])
 
 
-def test_silu_in_the_gate_up_epilogue(tmp_path):
-    """engine.fuse_silu: the dense gate|up weight stored in pair blocks, its GEMV computing
-    silu(gate) * up and the down's int8 input in one launch: decode rounds match the
-    reference, a round equals its rows alone, and the prefill path (which reads the same
-    paired weight through its GEMMs) agrees with the unpaired model."""
-    from alphallama.runtime.gpu_prefill import prefill_rows
-    path = tmp_path / "dense.gguf"
-    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q4_K", seed=7), path)
-    f = GGUFFile(path)
-    ref = load_model(f, 128)
-    toks = torch.randint(0, ref.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(3))
-    lr, _ = ref.forward(toks[:4], 0, ref.new_cache(128))
-    hidden = {}
-    for fused in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, decode_gemv="i8", fuse_silu=fused)
-        assert all(L.gate_up.paired == fused for L in gpu.layers)
-        cache = gpu.new_cache(128)
-        lg = gpu.forward(toks[:4], 0, cache)[0].clone()
-        torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
-        if fused:
-            cache.truncate(3)
-            assert torch.equal(gpu.forward(toks[3:4], 3, cache)[0], lg[3:])       # the last row alone
-        hidden[fused] = prefill_rows(gpu, toks.to(gpu.device), 0, gpu.new_cache(128), False, 4)[1].clone()
-    torch.testing.assert_close(hidden[True], hidden[False], atol=1e-4 * hidden[False].abs().max().item(), rtol=0)
-
-
 def _moe_option_on_and_off(tmp_path, option: str, seed: int, applies) -> dict[bool, torch.Tensor]:
     """A tiny MoE model's logits (3 rows) with an engine option off and on: each against
     the reference; on, a round equals its last row run alone; applies(gpu) says whether

@@ -33,7 +33,7 @@ from gguf.constants import GGMLQuantizationType
 
 from .expert_q8 import QBLOCK, supports
 from .expert_q8_gpu import CODES
-from .qmatvec_i8 import _lanes, _slot_terms, emit_q8, new_q8, prepare_i8
+from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from .qweight import QuantWeight, check_gemv_args
 
@@ -64,42 +64,13 @@ def _store(out, acc, m, W, N, n_out, stride_out, ADD: tl.constexpr = False):
     tl.store(ptr, y, mask=ok)
 
 
-@triton.jit
-def _store_silu(act, acc, m, W, pid_n, XP1, XS1, F: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr,
-                BITS1: tl.constexpr):
-    """The SiLU epilogue of a pair block (qgemv_i8_silu): the program's 64 rows are 32
-    gate rows then the 32 up rows of the same features, so its sums give silu(gate) * up
-    for features pid_n*32.. of row m, stored in act's dtype with their int8 activations
-    (one q8 block; fused.silu_mul's arithmetic and its emit)."""
-    y = tl.permute(tl.reshape(tl.sum(acc, axis=0), (2, 32)), (1, 0))   # [32, 2]: (gate, up) per feature
-    g, u = tl.split(y)                                                  # [32] each
-    a = (g / (1.0 + tl.exp(-g)) * u).to(act.dtype.element_ty)
-    f = pid_n * 32 + tl.arange(0, 32)
-    if m < W:
-        tl.store(act + m.to(tl.int64) * F + f, a)
-        emit_q8(a.to(tl.float32), pid_n * 32, m.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1)
-
-
-@triton.jit
-def _put(out, acc, m, W, N, n_out, stride_out, pid_n, XP1, XS1, F: tl.constexpr, SLOT1: tl.constexpr,
-         V1: tl.constexpr, BITS1: tl.constexpr, SILU: tl.constexpr, ADD: tl.constexpr):
-    """Row m's results: stored or added (_store), or through the SiLU epilogue (_store_silu)."""
-    if SILU:
-        _store_silu(out, acc, m, W, pid_n, XP1, XS1, F, SLOT1, V1, BITS1)
-    else:
-        _store(out, acc, m, W, N, n_out, stride_out, ADD)
-
-
 @triton.jit(do_not_specialize=["one"])
 def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                      V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
-                     SILU: tl.constexpr = False, XP1=None, XS1=None, F: tl.constexpr = 0, SLOT1: tl.constexpr = 32,
-                     V1: tl.constexpr = 4, BITS1: tl.constexpr = 4, ADD: tl.constexpr = False,
-                     SPLIT: tl.constexpr = 1, stride_split=0):
-    """SILU (qgemv_i8_silu): `out` is the act [W, F] and each program's rows a pair block
-    (_store_silu), BN = 64. ADD: the sums are added to what `out` holds. SPLIT > 1: the
+                     ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0):
+    """ADD: the sums are added to what `out` holds. SPLIT > 1: the
     slots are cut into SPLIT equal runs of whole steps, one program each, and run s's sums
     go to out + s * stride_split (partials, for the consumer to add in run order)."""
     EVEN: tl.constexpr = n_slots % NT == 0
@@ -173,17 +144,17 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                              HAS_MIN, DP4A)
             acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-    _put(out, acc0, m0 + 0, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+    _store(out, acc0, m0 + 0, W, N, n_out, stride_out, ADD)
     if BW > 1:
-        _put(out, acc1, m0 + 1, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _store(out, acc1, m0 + 1, W, N, n_out, stride_out, ADD)
     if BW > 2:
-        _put(out, acc2, m0 + 2, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
-        _put(out, acc3, m0 + 3, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _store(out, acc2, m0 + 2, W, N, n_out, stride_out, ADD)
+        _store(out, acc3, m0 + 3, W, N, n_out, stride_out, ADD)
     if BW > 4:
-        _put(out, acc4, m0 + 4, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
-        _put(out, acc5, m0 + 5, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
-        _put(out, acc6, m0 + 6, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
-        _put(out, acc7, m0 + 7, W, N, n_out, stride_out, pid_n, XP1, XS1, F, SLOT1, V1, BITS1, SILU, ADD)
+        _store(out, acc4, m0 + 4, W, N, n_out, stride_out, ADD)
+        _store(out, acc5, m0 + 5, W, N, n_out, stride_out, ADD)
+        _store(out, acc6, m0 + 6, W, N, n_out, stride_out, ADD)
+        _store(out, acc7, m0 + 7, W, N, n_out, stride_out, ADD)
 
 
 @dataclass(frozen=True)
@@ -307,7 +278,7 @@ def _check_supported(w: QuantWeight) -> None:
 def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int, t: GemvTile,
             prepared: tuple[torch.Tensor, torch.Tensor] | None, pdl: bool, **epilogue) -> None:
     """One _qgemv_i8_kernel launch over x's W rows and w's N rows (x quantized here
-    unless `prepared`); epilogue: the SILU keywords (qgemv_i8_silu)."""
+    unless `prepared`); epilogue: ADD, or SPLIT and stride_split (the kernel's keywords)."""
     W = x.shape[0]
     xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     BW = min(MAX_BW, triton.next_power_of_2(W))
@@ -317,48 +288,3 @@ def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int,
                            LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
                            BN=t.BN, NT=t.NT, BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda,
                            num_warps=t.num_warps, enable_fp_fusion=False, **epilogue, **pdl_kwargs(pdl, x.device))
-
-
-# -- gate|up with SiLU and the down's int8 activations in the epilogue ------------------------
-PAIR = 32              # features per pair block: one q8 block of the act
-
-
-def pair_rows(F: int) -> torch.Tensor:
-    """The row order of a [gate; up] weight [2F, K] for qgemv_i8_silu: per block of PAIR
-    features, its gate rows then its up rows (index into the stacked rows)."""
-    b = torch.arange(F // PAIR)[:, None, None] * PAIR
-    j = torch.arange(PAIR)[None, None, :]
-    return (b + j + torch.tensor([0, F])[None, :, None]).reshape(-1)              # [2F]
-
-
-def unpair(gu: torch.Tensor) -> torch.Tensor:
-    """Columns of x @ w^T for a pair_rows weight -> [gate | up] order: [T, 2F]."""
-    T, F2 = gu.shape
-    return gu.view(T, F2 // (2 * PAIR), 2, PAIR).transpose(1, 2).reshape(T, F2)
-
-
-SILU_WARPS = 8         # sm_90a, Q4_K K=4096: 172 registers at W=1 (1 CTA an SM), spills at W=8; untimed
-
-
-def silu_tile(w: QuantWeight) -> GemvTile:
-    """One pair block (64 rows) a program, on the GPU and under the interpreter alike."""
-    return GemvTile(BN=2 * PAIR, NT=gemv_tile(w).NT, num_warps=SILU_WARPS)
-
-
-def qgemv_i8_silu(x: torch.Tensor, w: QuantWeight, act_dtype: torch.dtype, order: tuple[int, int, int],
-                  prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  pdl: bool = False) -> tuple[torch.Tensor, dict]:
-    """x [W, K] @ w^T for w = a [gate; up] weight with rows in pair_rows order (N = 2F,
-    F % 32 == 0) -> (silu(gate) * up [W, F] in act_dtype, {order: its int8 activations
-    in the down weight's lane order}), in one launch: fused.silu_mul_q8's arithmetic on
-    this kernel's sums. Rows stay W-invariant (the tile is silu_tile(w) at every W)."""
-    _check_supported(w)
-    W, K = x.shape
-    if w.N % (2 * PAIR) or K != w.K:
-        raise ValueError(f"qgemv_i8_silu needs a [2F, {K}] weight with F % {PAIR} == 0, got {w.shape}")
-    F = w.N // 2
-    act = torch.empty((W, F), dtype=act_dtype, device=x.device)                 # [W, F]
-    q8 = {order: new_q8(W, F, order, x.device)}
-    _launch(x, w, act, F, silu_tile(w), prepared, pdl, SILU=True, XP1=q8[order][0].view(torch.int8),
-            XS1=q8[order][1], F=F, SLOT1=order[0], V1=order[1], BITS1=order[2])
-    return act, q8

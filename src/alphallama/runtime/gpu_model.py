@@ -47,8 +47,8 @@ from ..kernels.moe import moe_down, moe_gate_up, moe_route
 from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
                               moe_i8_order)
 from ..kernels.moe_q8 import contract_ok, moe_q8
-from ..kernels.expert_q8 import SLOT_TERMS, supports as i8_supports
-from ..kernels.qgemv_i8 import PAIR, pair_rows, qgemv_i8, qgemv_i8_silu, split_runs, unpair
+from ..kernels.expert_q8 import supports as i8_supports
+from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -87,25 +87,17 @@ class Linear:
     writes its columns of one output buffer (no concatenation); weights without an
     integer form (F16, F32) take qmatmul."""
 
-    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", silu_pair: bool = False,
-                 split: bool = False):
-        """silu_pair: parts are [gate, up] of one type: their rows are stored in pair
-        blocks (qgemv_i8.pair_rows) for silu(), where it applies (self.paired says).
-        split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add."""
+    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False):
+        """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        self.paired = (silu_pair and gemv == "i8" and len(parts) == 2 and len(groups) == 1
-                       and parts[0].qtype in SLOT_TERMS                                 # an integer form
-                       and parts[0].shape[0] == parts[1].shape[0] and parts[0].shape[0] % PAIR == 0)
         self.weights = []
         for g in groups:
             raw, shape = _concat_rows(g)
-            if self.paired:
-                raw = raw[pair_rows(shape[0] // 2)]
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
@@ -115,13 +107,6 @@ class Linear:
         self.runs = split_runs(self.weights[0]) if split and self.adds else 1
         # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
         self._ones = torch.ones((MAX_W, self.runs), dtype=torch.float32, device=device) if self.runs > 1 else None
-
-    def silu(self, x: torch.Tensor, q8: dict | None, act_dtype: torch.dtype, order: tuple,
-             pdl: bool = False) -> tuple[torch.Tensor, dict]:
-        """A paired [gate, up]: x [W, K] -> (silu(gate) * up [W, F] in act_dtype, {order:
-        its int8 activations}) in one launch (qgemv_i8.qgemv_i8_silu)."""
-        w = self.weights[0]
-        return qgemv_i8_silu(x, w, act_dtype, order, (q8 or {}).get(lane_order(w)), pdl)
 
     @property
     def adds(self) -> bool:
@@ -144,17 +129,9 @@ class Linear:
         part = qgemv_i8(x, w, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, split=self.runs)   # [W, runs, N]
         return part, self._ones[:x.shape[0]]
 
-    def unpair(self, y: torch.Tensor) -> torch.Tensor:
-        """Columns of x @ w^T in [gate | up] order (a paired weight's are in pair blocks)."""
-        return unpair(y) if self.paired else y
-
     def __call__(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> torch.Tensor:
-        """x [W, K] -> [W, N] fp32 (a paired [gate, up]: columns in [gate | up] order); q8:
-        x's int8 activations by lane order, if its producer made them (else they are made
-        here, one prepare launch per order)."""
-        return self.unpair(self._gemv(x, q8, pdl))
-
-    def _gemv(self, x: torch.Tensor, q8: dict | None, pdl: bool) -> torch.Tensor:
+        """x [W, K] -> [W, N] fp32; q8: x's int8 activations by lane order, if its producer
+        made them (else they are made here, one prepare launch per order)."""
         if not any(self.i8):
             outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -302,7 +279,7 @@ class GPUModel:
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None, fuse_combine: bool | None = None,
-                 combine_in_norm: bool | None = None, fuse_silu: bool | None = None,
+                 combine_in_norm: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
                  gemv_split: bool | None = None, route_in_norm: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
@@ -311,7 +288,7 @@ class GPUModel:
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / combine_in_norm / fuse_silu /
+        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / combine_in_norm /
         moe_emit_q8 / norm_router / early_kv / gemv_split / route_in_norm: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
@@ -334,9 +311,6 @@ class GPUModel:
         fuse_q8 = DEFAULTS.engine.fuse_q8 if fuse_q8 is None else fuse_q8
         self._fuse_q8 = (fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
-        # gate|up with SiLU and the down's int8 input in one launch (Linear.silu), where the
-        # int8 producers are fused (the paired weight serves nothing else in decode)
-        fuse_silu = (DEFAULTS.engine.fuse_silu if fuse_silu is None else fuse_silu) and self._fuse_q8
         # o and down in runs whose partials the next norm adds (Linear.parts)
         split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
         self.layers = []
@@ -359,8 +333,7 @@ class GPUModel:
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
                 o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv,
-                               silu_pair=fuse_silu) if dense else None,
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv) if dense else None,
                 down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split) if dense else None,
                 moe=moe,
             ))
@@ -520,10 +493,7 @@ class GPUModel:
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
                 d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits, routed=routed)
             elif L.down.orders and self._fuse_q8:
-                if L.gate_up.paired and len(L.down.orders) == 1:   # one launch: gate|up, SiLU, int8 act
-                    s, q8 = L.gate_up.silu(h, q8, act, L.down.orders[0], pdl)             # [W, F]
-                else:
-                    s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)   # [W, F]
+                s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)       # [W, F]
                 d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
             else:
                 d = L.down.parts(silu_mul(L.gate_up(h, q8, pdl), act, pdl), None, pdl)

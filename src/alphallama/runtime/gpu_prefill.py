@@ -150,7 +150,7 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         if L.moe is not None:
             d = moe_grouped(L.moe, h, s, rows_per_thread)                                 # [T, D]
         else:
-            gu = L.gate_up.unpair(gemm_linear(L.gate_up, h, s))                            # [T, 2F]
+            gu = gemm_linear(L.gate_up, h, s)                                              # [T, 2F]
             d = gemm_linear(L.down, silu_mul(gu, act), s)                                  # [T, D]
         nxt = m.layers[i].attn_norm if i < len(m.layers) else m.output_norm
         h = add_rmsnorm(x, d, nxt, c.norm_eps, act)
