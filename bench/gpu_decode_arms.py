@@ -9,8 +9,7 @@ arm without PDL (same kernels, only the launch differs).
 Arms (GPUModel keywords): f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs,
 a prepare launch per input), i8+fuse (the producers emit the int8 activations),
 i8+fuse+pdl (programmatic dependent launch: the default), i8+fuse+pdl/old-tiles (the
-GEMV tiles before 20261130: a same-session control), +combine (engine.fuse_combine: the
-last-arriving program merges the splits), and for MoE shapes +moe_i8 (the routed experts
+GEMV tiles before 20261130: a same-session control), and for MoE shapes +moe_i8 (the routed experts
 on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
 """
 from __future__ import annotations
@@ -42,14 +41,11 @@ ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False)
         "i8": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8+fuse": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=False),
         "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True),
-        "i8+fuse+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, old_tiles=True),
-        "i8+fuse+pdl+combine": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, fuse_combine=True)}
+        "i8+fuse+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, old_tiles=True)}
 MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=False),
             "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True),
             "i8+fuse+moe_i8+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
-                                                 old_tiles=True),
-            "i8+fuse+moe_i8+pdl+combine": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
-                                               fuse_combine=True)}
+                                                 old_tiles=True)}
 # the defaults (config.py) and one-change variants of them: the embedding lookup in plain
 # torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
 # routing inside gate_up (engine.fuse_route: removed 20261201), the GEMVs loading two steps ahead and the
@@ -89,8 +85,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default", "default/route-in-norm": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
-             "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse", "i8+fuse+pdl+combine": "i8+fuse+pdl",
-             "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8", "i8+fuse+moe_i8+pdl+combine": "i8+fuse+moe_i8+pdl"}
+             "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
+             "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}
 WIDTHS = (1, 2, 4, 8, 16)
 
 

@@ -27,11 +27,7 @@ class EngineDefaults:
     pdl: bool = True              # GPU decode kernels with programmatic dependent launch (kernels/pdl.py): each may
                                   # start during the previous one's tail (H200, W=1: 8B shape 2.37 -> 2.11 ms a
                                   # round, 30B-A3B 2.39 -> 2.15; same bits as without)
-    fuse_combine: bool = False    # one launch where a combine followed a split (the MoE down's rank sum, attention's
-                                  # split merge): the last-arriving program merges, counted by a gpu-scope
-                                  # acq_rel atomic. Same bits on the H200, but slower there (30B-A3B 2.81 against
-                                  # 2.04 ms a round, 8B 2.56 against 2.23; gpu_decode_arms-*-20261130-074*.json)
-    combine_in_norm: bool = True   # "i8" experts without fuse_combine: the next norm sums the MoE ranks itself
+    combine_in_norm: bool = True   # "i8" experts: the next norm sums the MoE ranks itself
                                    # (moe's combine code, the same bits), no combine launch. H200 30B-A3B W=1
                                    # 1.952 -> 1.935 ms, W=8 5.507 -> 5.470 (gpu_decode_arms-*-20261130-142422)
     norm_router: bool = True      # "i8" experts, a float router: the attention's o GEMV adds into the residual in

@@ -1,9 +1,7 @@
 """moe_i8 (routed experts on int8 activations): gate_up against float64 of the same
 int8 input, down against float64 of its own int8 activations, row invariance (a row's
 bits whatever W and its column) and tier invariance (an expert read from a bank slot
-gives the bits it gives from the host planes), the one-launch down (counters: the last
-program of a row's block combines it) against the two-launch one, bit for bit. CPU: the
-Triton interpreter."""
+gives the bits it gives from the host planes). CPU: the Triton interpreter."""
 from __future__ import annotations
 
 import os
@@ -14,16 +12,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.moe import _combine_block, _down_combine_kernel  # noqa: E402
 from alphallama.kernels.moe_i8 import (  # noqa: E402
     moe_down_i8,
-    moe_down_i8_counters,
     moe_gate_up_i8,
     moe_gate_up_i8_q8,
     moe_i8_order,
@@ -97,86 +91,6 @@ def _split(w, slots):
     return QuantWeight(w.qtype, w.shape, host), bank
 
 
-@pytest.mark.parametrize("Dn", [D, 200])                                      # 200: a part-filled last block
-def test_fused_combine_is_bit_identical(Dn, monkeypatch):
-    """counters= (one launch) against the two-launch path: the same bits for several W
-    and top-k, rows whose experts repeat, from the resident weights and through a
-    bank/host table; the counters are back to 0 after each call, and a second call on
-    them gives the same bits again. Fresh buffers are all ones bits (float NaN), so a
-    combine that read a part before it was written could not pass on the memory of the
-    last call's parts."""
-    empty = torch.empty
-    def poisoned(*a, **kw):
-        t = empty(*a, **kw)
-        t.view(torch.uint8).fill_(0xFF)
-        return t
-    monkeypatch.setattr(torch, "empty", poisoned)
-    down = _experts(T.Q6_K, Dn, F, 2)
-    hdn, bdn = _split(down, [4, 0])
-    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)  # experts 4, 0 in the bank
-    g = torch.Generator().manual_seed(7)
-    for W, k in ((1, 1), (3, 2), (2, 4)):
-        act = (torch.randn(W, k, F, generator=g) * 3).to(DEV)                # [W, k, F]
-        experts = torch.randint(0, E, (W, k), generator=g, dtype=torch.int32)
-        experts[-1, 0] = 4                                                    # a bank expert, whatever the draw
-        experts[0, -1] = experts[0, 0]                                        # row 0: an expert twice (k = 1: once)
-        experts = experts.to(DEV)                                             # [W, k]
-        weights = torch.softmax(torch.randn(W, k, generator=g), -1).to(DEV)   # [W, k]
-        counters = moe_down_i8_counters(down, W + 2, DEV)                     # larger than W needs
-        for tier, args in (("resident", ()), ("bank/host", (table, bdn))):
-            w = (hdn,) if args else (down,)
-            ref = moe_down_i8(act, *w, experts, weights, *args)
-            for call in range(2):
-                got = moe_down_i8(act, *w, experts, weights, *args, counters=counters)
-                assert_same_bits(got, ref, f"D {Dn} W {W} k {k} {tier} call {call}")
-                assert not counters.any(), f"counters left {counters.tolist()}"
-            if args:
-                assert_same_bits(ref, moe_down_i8(act, down, experts, weights), f"D {Dn} W {W} k {k} tiers")
-
-
-@triton.jit
-def _combine_probe(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr):
-    """moe._down_combine_kernel's grid and stores around _combine_block as the one-launch
-    down calls it (parts loaded through L2)."""
-    n_db = tl.cdiv(N, BD)
-    m = (tl.program_id(0) // n_db).to(tl.int64)
-    n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)                     # [BD]
-    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K, ".cg"), mask=n < N)
-
-
-def test_combine_block_is_moe_combine():
-    """The fused path's combine helper against moe.py's combine kernel (the two-launch
-    path's), with signed zeros, subnormals and large values, at the kernel's block and
-    at another block size (the fused path combines the down kernel's block)."""
-    W, k, N = 3, 5, 300
-    g = torch.Generator().manual_seed(11)
-    part = torch.randn(W, k, N, generator=g) * torch.logspace(-30, 30, N)     # [W, k, N]
-    part[:, :, :8] = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e37, -1e37, 1.0, -1.0])
-    weights = torch.rand(W, k, generator=g)                                   # [W, k]
-    weights[0, 1] = 0.0
-    part, weights = part.to(DEV), weights.to(DEV)
-    ref = torch.empty(W, N, device=DEV)                                       # [W, N]
-    _down_combine_kernel[(W * triton.cdiv(N, 256),)](part, weights, ref, N, TOP_K=k, BD=256, num_warps=2,
-                                                     enable_fp_fusion=False)
-    for BD in (256, 64):
-        got = torch.empty(W, N, device=DEV)                                   # [W, N]
-        _combine_probe[(W * triton.cdiv(N, BD),)](part, weights, got, N, TOP_K=k, BD=BD, num_warps=2,
-                                                  enable_fp_fusion=False)
-        assert_same_bits(got, ref, f"BD {BD}")
-
-
-def test_fused_combine_checks_counters():
-    down = _experts(T.Q6_K, D, F, 2)
-    act = torch.zeros(2, 2, F, device=DEV)                                    # [W, k, F]
-    experts = torch.zeros(2, 2, dtype=torch.int32, device=DEV)
-    weights = torch.full((2, 2), 0.5, device=DEV)
-    need = moe_down_i8_counters(down, 2, DEV)
-    spaced = torch.zeros(2 * need.numel(), dtype=torch.int32, device=DEV)[::2]   # enough, not contiguous
-    for bad in (need.long(), need.flatten()[:-1], spaced):
-        with pytest.raises(ValueError, match="counters"):
-            moe_down_i8(act, down, experts, weights, counters=bad)
-
-
 def test_paired_gate_up_keeps_the_bits(monkeypatch):
     """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED, the
     default) gives the bits of two walks, from the host planes and from a bank slot."""
@@ -226,7 +140,7 @@ def test_order_is_the_gate_up_weights():
     assert moe_i8_order(gate_up) == (32, 4, 4)
 
 
-def _sm90_args(qtype, K, kern, table, fused=False):
+def _sm90_args(qtype, K, kern, table):
     """(types, constexprs) of one of the kernels on a [8, 64, K] weight, for sm90.compile_sm90."""
     from alphallama.kernels import moe_i8
     from alphallama.kernels.formats import PLANES
@@ -238,11 +152,8 @@ def _sm90_args(qtype, K, kern, table, fused=False):
     planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES] * 2
     w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
     gate_up = kern is moe_i8._gate_up_i8_kernel
-    const = {**moe_i8._consts(w, 64, True), "TABLE": table, **({"TOP_K": 8} if gate_up or fused else {})}
+    const = {**moe_i8._consts(w, 64, True), "TABLE": table, **({"TOP_K": 8} if gate_up else {})}
     types = ["*i32", "*i32", "*bf16" if gate_up else "*fp32", "*i32", "*i32", *planes, "i32", "i32"]
-    if fused:
-        const["COMBINE"] = True
-        types += ["*fp32", "*fp32", "*i32"]                                   # weights, out, counters
     return types, const
 
 
@@ -264,31 +175,5 @@ def compile_sm90() -> None:
         build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})
 
 
-def compile_sm90_fused() -> None:
-    """The one-launch down (COMBINE, TOP_K 8) for sm_90, with and without the table
-    (child process), and what its PTX does: the part stores, a CTA barrier, then one
-    thread's acquire-release gpu-scope add on the counter, its result broadcast through
-    shared memory; the last arrival's 8 part loads go through L2 (.cg)."""
-    import re
-
-    from alphallama.kernels import moe_i8
-    from tests.kernels.sm90 import compile_sm90 as build
-
-    for table in (False, True):
-        ptx = build(moe_i8._down_i8_kernel, *_sm90_args(T.Q6_K, 768, moe_i8._down_i8_kernel, table, True)).asm["ptx"]
-        atoms = re.findall(r"@%p\d+ atom\.global\.gpu\.acq_rel\.add\.u32 (%r\d+), \[ %rd\d+ \+ 0 \], %r\d+;", ptx)
-        assert len(atoms) == 1 and ptx.count("atom.") == 1, re.findall(r".*atom\..*", ptx)
-        at = ptx.index("atom.global")
-        assert ptx.index("st.global") < ptx.rindex("bar.sync", 0, at), "no barrier between the part stores and the add"
-        assert re.search(rf"st\.shared\.b32 \[ %r\d+ \+ 0 \], {re.escape(atoms[0])};\s*// end inline asm\s*bar\.sync",
-                         ptx[at:]), "the add's result is not broadcast"
-        assert len(re.findall(r"ld\.global\.cg\.b32", ptx[at:])) == 8, "the parts are not loaded through L2"
-        assert "ld.global.cg" not in ptx[:at] and "fence" not in ptx
-
-
 def test_compiles_for_sm90():
     run_in_child("test_moe_i8")
-
-
-def test_fused_compiles_for_sm90():
-    run_in_child("test_moe_i8", "compile_sm90_fused")

@@ -59,9 +59,6 @@ def compile_sm90() -> None:
     from tests.kernels.test_moe_i8 import _sm90_args
     build(moe_i8._gate_up_i8_kernel, *_sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, True))
     build(moe_i8._down_i8_kernel, *_sm90_args(T.Q6_K, 768, moe_i8._down_i8_kernel, True))
-    one_launch = build(moe_i8._down_i8_kernel, *_sm90_args(T.Q6_K, 768, moe_i8._down_i8_kernel, True, True))
-    # the one-launch down waits before its part stores and its arrival on the counter
-    assert one_launch.index("griddepcontrol.wait") < one_launch.index("st.global") < one_launch.index("atom.global")
     build(qmatvec_i8._prepare_kernel, ["*bf16", "*i8", "*i32", "i32"], dict(K=4096, BQ=256, SLOT=32, V=4, BITS=4))
     build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32"],
           dict(D=4096, BLOCK=4096, HAS_Y=True, XP2=None, XS2=None, NQ=1, SLOT1=32, V1=4, BITS1=4, SLOT2=32, V2=4,

@@ -77,28 +77,6 @@ def test_round_equals_single_rows(models):
     assert torch.equal(ha, torch.cat([s[1] for s in singles]))
 
 
-def test_one_launch_combines_give_the_same_bits(tmp_path):
-    """engine.fuse_combine: attention's split merge and the MoE down's rank sum done by
-    the last-arriving program (kernels/attention.py, kernels/moe_i8.py counters) give the
-    two-launch paths' logits bit for bit, leave their counters at zero, and a round still
-    equals its rows run alone."""
-    path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=5), path)
-    f = GGUFFile(path)
-    toks = torch.randint(0, 200, (3,), generator=torch.Generator().manual_seed(1))
-    logits = {}
-    for fuse in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", fuse_combine=fuse)
-        assert all((L.moe.counters is not None) == fuse for L in gpu.layers)
-        cache = gpu.new_cache(128)
-        logits[fuse] = gpu.forward(toks, 0, cache)[0].clone()
-        if fuse:
-            assert not gpu.layers[0].moe.counters.any() and not gpu._attn_counters.any()
-            cache.truncate(2)
-            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[True][2:])   # the last row alone
-    assert torch.equal(logits[True], logits[False])
-
-
 def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypatch):
     """engine.combine_in_norm: the MoE layers return their ranks unsummed and the next
     norm sums them (no combine launch): the logits are the combine kernel's path's bit for

@@ -23,13 +23,6 @@ boundaries, tile boundaries and the combine's live set are functions of L alone;
 shapes and the combine's reduction tree are constexprs (independent of W and max_len).
 So a row's bits depend only on its query, its keys 0..L-1 and L: never on the round's
 width, the row's column or the cache's capacity.
-
-Fused (one launch, `counters` given): every program of the split grid, dead ones too,
-writes its partials, then bumps its (row, kv head) counter with a gpu-scope acq_rel
-atomic; the one that sees MAX_SPLITS - 1 arrived last, combines that kv head's query
-heads (the same helper, so the same ops in the same order) reading the others' partials
-past L1, and zeroes the counter: the caller's int32 counters are zero before and after,
-and a CUDA graph replays the launch with no memset. Bits equal the two-launch path's.
 """
 from __future__ import annotations
 
@@ -45,11 +38,7 @@ BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 5
                    # gpu_decode_arms-*-20261130-181*.json): kept
 MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
 NUM_WARPS = 4
-COMBINE_WARPS = 4  # the two-launch path's combine (one program per row and query head)
-# The fused launch's register cap. Uncapped, its combine tail takes it to ~168 registers:
-# 3 CTAs per SM where the split kernel (116 registers) gets 4. Capped, only the tail spills
-# (a few words), and 4 x 132 CTAs hold a W=1 Qwen3-8B round's 8 x 64 programs at once.
-FUSED_MAXNREG = 128
+COMBINE_WARPS = 4  # the combine (one program per row and query head)
 
 
 def split_size(length: int) -> int:
@@ -156,21 +145,19 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
 @triton.jit
 def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os, stride_outw,
                   N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                  XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr,
-                  CACHE: tl.constexpr):
+                  XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr):
     """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
     written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
-    adds exactly the live partials, and which splits are live depends on L alone.
-    CACHE: the partials' load cache modifier (".cg" where other CTAs of this grid wrote them)."""
+    adds exactly the live partials, and which splits are live depends on L alone."""
     n_live = tl.cdiv(length, _split_size(length, BLOCK_N, MAX_SPLITS))
     s = tl.arange(0, MAX_SPLITS)
     d = tl.arange(0, HD)
     live = s < n_live
     ml_off = (row * N_HEADS + h) * MAX_SPLITS + s
-    m_s = tl.load(M + ml_off, mask=live, other=float("-inf"), cache_modifier=CACHE)   # [MAX_SPLITS]
-    l_s = tl.load(L + ml_off, mask=live, other=0.0, cache_modifier=CACHE)
+    m_s = tl.load(M + ml_off, mask=live, other=float("-inf"))   # [MAX_SPLITS]
+    l_s = tl.load(L + ml_off, mask=live, other=0.0)
     o_s = tl.load(O + row * stride_ow + h * stride_oh + s[:, None] * stride_os + d[None, :],
-                  mask=live[:, None], other=0.0, cache_modifier=CACHE)                # [MAX_SPLITS, HD]
+                  mask=live[:, None], other=0.0)                                      # [MAX_SPLITS, HD]
     m = tl.max(m_s, 0)
     w = tl.where(live, tl.exp(m_s - m), 0.0)
     l_sum = tl.sum(l_s * w, 0)
@@ -210,68 +197,33 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
     row = tl.program_id(0)
     length = tl.load(pos_ptr) + row + 1
     _combine_head(O, M, L, OUT, row, tl.program_id(1), length, stride_ow, stride_oh, stride_os, stride_outw,
-                  N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1, "")
-
-
-@triton.jit
-def _attn_fused_kernel(Q, K, V, O, M, L, OUT, CNT, pos_ptr, scale,
-                       stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
-                       stride_ow, stride_oh, stride_os, stride_outw,
-                       N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                       XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
-                       BITS1: tl.constexpr = 4, PDL: tl.constexpr = False):
-    """A split program; the last of a (row, kv head)'s MAX_SPLITS to arrive then combines its
-    GROUP query heads, as the combine kernel's programs would. No program waits on another."""
-    pdl_start(PDL)
-    row = tl.program_id(0)
-    kvh = tl.program_id(1)
-    length = tl.load(pos_ptr) + row + 1
-    _split_partials(Q, K, V, O, M, L, row, kvh, tl.program_id(2), length, scale,
-                    stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
-                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS)
-    # All threads' partial stores come before the one thread's release below (the atomic is
-    # issued once per program): the barrier orders them at CTA scope, the gpu-scope release
-    # is cumulative over it. Dead splits arrive too: always MAX_SPLITS arrivals.
-    tl.debug_barrier()
-    cnt = CNT + row * tl.num_programs(1) + kvh                           # counters: [W, n_kv] int32
-    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == MAX_SPLITS - 1:
-        # the acquire made every other program's partials visible; read them from L2 (.cg):
-        # L1 is not coherent with other SMs' stores
-        for g in range(GROUP):
-            _combine_head(O, M, L, OUT, row, kvh * GROUP + g, length, stride_ow, stride_oh, stride_os, stride_outw,
-                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1, ".cg")
-        tl.store(cnt, 0)      # every arrival is in: nothing else touches it in this launch; zero for the next
+                  N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-                     counters: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
+                     early: bool = False) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity.
-    counters: None for two launches (split, combine); or the caller's contiguous int32
-    tensor of at least W * n_kv elements, all zero, for one fused launch that leaves them
-    zero (reusable by every call on the stream, graph replays included; never by two
-    launches in flight at once). Same bits either way. early: the split launch loads the
-    rows below pos before its PDL wait (_split_partials says when that is valid).
-    The same bits either way."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, counters, early)[0]
+    Two launches: split, combine. early: the split launch loads the rows below pos before
+    its PDL wait (_split_partials says when that is valid); the same bits either way."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
-                        counters: torch.Tensor | None = None, early: bool = False) -> tuple[torch.Tensor, dict]:
+                        early: bool = False) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine (bit for bit prepare_i8 of the output; the launch that
-    combines is compiled without fp fusion, as the quantization needs). counters: as in
+    combines is compiled without fp fusion, as the quantization needs). early: as in
     decode_attention. -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, counters, early)
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early)
 
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
-               counters: torch.Tensor | None, early: bool = False) -> tuple[torch.Tensor, dict]:
+               early: bool = False) -> tuple[torch.Tensor, dict]:
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
@@ -283,10 +235,6 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                  "BITS1": order[2], "enable_fp_fusion": False}
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv
-    if counters is not None and (counters.dtype != torch.int32 or counters.numel() < W * n_kv
-                                 or not counters.is_contiguous() or counters.device != q.device):
-        raise ValueError(f"counters must be contiguous int32 on {q.device} with at least W * n_kv = {W * n_kv} "
-                         f"elements, got {counters.dtype} {tuple(counters.shape)} on {counters.device}")
     o = torch.empty(W, n_heads, MAX_SPLITS, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
     m = torch.empty(W, n_heads, MAX_SPLITS, device=q.device, dtype=torch.float32)       # [W, H, S]
     l = torch.empty_like(m)
@@ -296,11 +244,6 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                o.stride(0), o.stride(1), o.stride(2))
     split_const = dict(N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
                        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
-    if counters is not None:      # one launch; with q8, all of it compiled without fusion (the split part is immune)
-        _attn_fused_kernel[(W, n_kv, MAX_SPLITS)](*split_args, out, counters, pos, hd ** -0.5, *strides, out.stride(0),
-                                                  **split_const, **qargs, maxnreg=FUSED_MAXNREG,
-                                                  **pdl_kwargs(pdl, q.device))
-        return out, q8
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
                                               EARLY=early, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),

@@ -46,7 +46,7 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
     mask = d < D
     x = tl.load(X + row * D + d, mask=mask, other=0.0)
     if TOP_K > 0:
-        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K, "")
+        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K)
         tl.store(X + row * D + d, x, mask=mask)
     elif HAS_Y:
         x += tl.load(Y + row * D + d, mask=mask, other=0.0)
@@ -153,7 +153,7 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
     row = tl.program_id(0)
     x = tl.load(X + row * D + d, mask=mask, other=0.0)
     if TOP_K > 0:
-        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K, "")
+        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K)
     r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
     h = (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty)
     if tl.program_id(1) == 0:

@@ -50,7 +50,7 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
     """One program per row: route_row's choice stored by rank."""
     pdl_start(PDL)                   # reads the router GEMV's output, writes what the last round's experts read
     m = tl.program_id(0).to(tl.int64)
-    w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)
+    w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM, "")
     j = tl.arange(0, BLOCK_K)
     tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
     tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
@@ -58,12 +58,12 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
 
 @triton.jit
 def route_row(logits, m, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-              NORM: tl.constexpr, CACHE: tl.constexpr = ""):
+              NORM: tl.constexpr, CACHE: tl.constexpr):
     """Row m's routing: softmax over its E logits, then TOP_K rounds of argmax (ties go
     to the lower expert id), the chosen weights renormalised to sum to 1 if NORM.
-    -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank (moe_i8's gate_up
-    calls it too, in each of its programs; CACHE: the logits' load cache modifier, ".cg"
-    where other CTAs of the launch wrote them)."""
+    -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank (fused's norm-router
+    launch calls it too, in a row's last program; CACHE: the logits' load cache modifier,
+    ".cg" where other CTAs of the launch wrote them)."""
     e = tl.arange(0, BLOCK_E)
     l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"), cache_modifier=CACHE)  # [BLOCK_E]
     p = tl.exp(l - tl.max(l, 0))
@@ -274,15 +274,14 @@ def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, 
 
 
 @triton.jit
-def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr, CACHE: tl.constexpr):
+def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr):
     """Row m's outputs n [BLOCK]: y = 0, then y = fma(part_r, weight_r, y) for the ranks
     in ascending order: the sum's order is fixed (and does not depend on which tier each
-    expert's weights came from). CACHE: the parts' load cache modifier (".cg" where other
-    CTAs of the same launch wrote them: moe_i8's one-launch down)."""
+    expert's weights came from)."""
     y = tl.zeros(n.shape, tl.float32)                                  # [BLOCK]
     for r in tl.static_range(TOP_K):
         wr = tl.load(weights + m * TOP_K + r)
-        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0, cache_modifier=CACHE)  # [BLOCK]
+        v = tl.load(part + (m * TOP_K + r) * N + n, mask=n < N, other=0.0)          # [BLOCK]
         y = tl.fma(v, wr, y)
     return y
 
@@ -294,7 +293,7 @@ def _down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.cons
     n_db = tl.cdiv(N, BD)
     m = (tl.program_id(0) // n_db).to(tl.int64)
     n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)  # [BD]
-    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K, ""), mask=n < N)
+    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K), mask=n < N)
 
 
 def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,

@@ -5,9 +5,8 @@
     prepare  the activations [W * k, F] to int8 in the down weight's lane order
     down     program (pair, n block): one expert's rows against its pair's int8 act,
              unweighted                                                          [W, k, D]
-    combine  moe._down_combine_kernel: y = fma(part_r, weight_r, y) in rank order; or, with
-             `counters`, in the down launch itself: the last of a (row, n block)'s TOP_K
-             programs to arrive combines that block (moe._combine_block, the same code)
+    combine  moe._down_combine_kernel: y = fma(part_r, weight_r, y) in rank order; or the next
+             norm does it (fused.add_rmsnorm's MoE parts, the same code)
 
 Each (pair, n block) runs qgemv_i8's per-slot arithmetic (the same LOAD, lanes, dp4a
 sums and per-lane FMA, one lane sum at the end) on a tile that is a function of the
@@ -22,7 +21,7 @@ import triton.language as tl
 
 from .expert_q8 import QBLOCK, supports
 from .expert_q8_gpu import CODES
-from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _combine_block, _down_combine_kernel
+from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
 from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, emit_q8, lane_order, new_q8, prepare_i8
@@ -138,13 +137,8 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
                     TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                    weights=None, out=None, counters=None, TOP_K: tl.constexpr = 1, COMBINE: tl.constexpr = False,
                     PDL: tl.constexpr = False):
-    """Program (pair, n block): the pair's unweighted part [BN]. COMBINE: then one
-    arrival on counters[row * n_nb + n block]; the TOP_K-th (last) arrival sums the
-    row's ranks for this n block into out and puts the counter back to 0. PDL: the wait
-    is at the top, before the part stores and the arrival (the previous layer's last
-    arrivals reset the counters this launch counts on)."""
+    """Program (pair, n block): the pair's unweighted part [BN]."""
     pdl_start(PDL)
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
     n_nb = tl.cdiv(N, BN)
@@ -166,17 +160,6 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
         y = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
                      BIAS, HAS_MIN, BN, NT, DP4A)
     tl.store(part + pair * N + n_out, y, mask=n_out < N)
-    if COMBINE:
-        m = pair // TOP_K
-        c = counters + m * n_nb + tl.program_id(0) % n_nb
-        tl.debug_barrier()              # every thread's part stores issued before the arrival
-        # acq_rel at gpu scope: releases this CTA's parts (ordered before it by the
-        # barrier) and, on the last arrival, acquires every other rank's
-        old = tl.atomic_add(c, 1, sem="acq_rel", scope="gpu")
-        if old == TOP_K - 1:            # the row's TOP_K ranks of this block are all written
-            tl.store(out + m * N + n_out, _combine_block(part, weights, m, n_out, N, TOP_K, ".cg"),
-                     mask=n_out < N)   # other CTAs' parts: through L2, never this SM's L1
-            tl.store(c, 0)              # back to 0 for the next call (graph replay: no memset)
 
 
 def _consts(w, N: int, DP4A: bool, emit: bool = False) -> dict:
@@ -243,33 +226,17 @@ def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order):
     return act, aq
 
 
-def moe_down_i8_counters(down, W: int, device: torch.device | str) -> torch.Tensor:
-    """Zeroed counters for moe_down_i8(..., counters=) on W rows: [W, cdiv(D, BN)] int32,
-    one per (row, output block of the down tile, which depends on the device)."""
-    dev = torch.device(device)
-    return torch.zeros((W, triton.cdiv(down.N, _consts(down, down.N, dev.type == "cuda")["BN"])),
-                       dtype=torch.int32, device=dev)                          # [W, D/BN]
-
-
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
-                table: torch.Tensor | None = None, bank=None, counters: torch.Tensor | None = None,
-                pdl: bool = False, combine: bool = True,
+                table: torch.Tensor | None = None, bank=None, pdl: bool = False, combine: bool = True,
                 prepared: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
     weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
-    counters: None, two launches (down, then moe's combine); or a contiguous int32
-    tensor of at least W * cdiv(D, BN) elements (moe_down_i8_counters; a larger one
-    serves smaller W), all 0, and left all 0: one launch whose last-arriving program
-    of each (row, n block) combines it, the same bits. Calls in stream order (a graph's
-    MoE layers) may share one; concurrent calls may not. pdl: every launch with
-    programmatic dependent launch (kernels/pdl.py). combine=False (without counters):
-    no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
+    Two launches (down, then moe's combine). pdl: every launch with programmatic
+    dependent launch (kernels/pdl.py). combine=False: no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
     to sum (fused.add_rmsnorm's MoE parts: the same bits). prepared: act's int8
     activations in the down's lane order (moe_gate_up_i8_q8 emits them), else made here."""
     _check_bank(down, table, bank)
-    if counters is not None and not combine:
-        raise ValueError("combine=False leaves the rank sum to the caller: no counters")
     W, k, F = act.shape
     D = down.N
     dev = act.device
@@ -277,22 +244,13 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
         prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)                # [W k, F/4], [W k, F/slot, 2]
     pk = pdl_kwargs(pdl, dev)
     part = torch.empty((W, k, D), dtype=torch.float32, device=dev)             # [W, k, D]
-    out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]
     c = _consts(down, D, dev.type == "cuda")
     grid = (W * k * triton.cdiv(D, c["BN"]),)
     args = (aq, asd, part, experts.contiguous(), *_bank_args(down, table, bank), D, 1)
-    if counters is not None:
-        if counters.dtype != torch.int32 or counters.device != dev or not counters.is_contiguous() \
-                or counters.numel() < W * triton.cdiv(D, c["BN"]):
-            raise ValueError(f"counters {counters.dtype} {tuple(counters.shape)} on {counters.device}: need a "
-                             f"contiguous int32 of >= {W * triton.cdiv(D, c['BN'])} on {dev}")
-        _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False,
-                              weights=weights.float().contiguous(), out=out, counters=counters, TOP_K=k,
-                              COMBINE=True, **c, **pk)
-        return out
     _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk)
     if not combine:
         return part, weights.float().contiguous()
+    out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]
     _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False,
         **pk)

@@ -44,7 +44,7 @@ from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_route_q8, rmsnorm_router_q8,
                              silu_mul, silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import (moe_down_i8, moe_down_i8_counters, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
+from ..kernels.moe_i8 import (moe_down_i8, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
                               moe_i8_order)
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
@@ -176,7 +176,6 @@ class MoE:
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
         self.emit_q8 = emit_q8 and gate.shape[1] % 32 == 0                 # gate [E, F, D]
-        self.counters: torch.Tensor | None = None   # set by GPUModel: the one-launch down (engine.fuse_combine)
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
@@ -201,7 +200,7 @@ class MoE:
         """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
         the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
         the router asks for its weights before it waits: PDL mode 2). combine=False: the
-        int8 path without counters may return its ranks unsummed, (part [W, k, D],
+        int8 path may return its ranks unsummed, (part [W, k, D],
         weights [W, k]), for the next norm to sum (fused.add_rmsnorm). logits: the router's [W, E], if the
         norm made them (engine.norm_router; the int8 path only); routed: [weights, expert ids] [W, k],
         if the norm also routed (engine.route_in_norm; the ids already in the store's record)."""
@@ -247,9 +246,7 @@ class MoE:
         return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
 
     def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool, combine: bool, prepared=None):
-        counters = self.counters if self.counters is not None and act.shape[0] <= self.counters.shape[0] else None
-        return moe_down_i8(act, dn, experts, weights, table, bank, counters, pdl, combine or counters is not None,
-                           prepared)
+        return moe_down_i8(act, dn, experts, weights, table, bank, pdl, combine, prepared)
 
 
 @dataclass
@@ -278,7 +275,7 @@ class GPUModel:
                  progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
                  prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None, fuse_combine: bool | None = None,
+                 pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
                  gemv_split: bool | None = None, route_in_norm: bool | None = None):
@@ -288,7 +285,7 @@ class GPUModel:
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / fuse_combine / combine_in_norm /
+        (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
         moe_emit_q8 / norm_router / early_kv / gemv_split / route_in_norm: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
@@ -361,18 +358,6 @@ class GPUModel:
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
-        # one-launch combines (the last-arriving program of a block merges it): arrival
-        # counters, zero between calls, shared by the layers (they run in stream order)
-        fuse_combine = DEFAULTS.engine.fuse_combine if fuse_combine is None else fuse_combine
-        self._attn_counters = torch.zeros(MAX_W * cfg.n_kv_heads, dtype=torch.int32, device=self.device) \
-            if fuse_combine else None                                                 # [MAX_W n_kv]
-        moes = [L.moe for L in self.layers if L.moe is not None and L.moe.i8]
-        if fuse_combine and moes:
-            m0 = moes[0]
-            down = m0.down if m0.store is None else m0.store.layer(m0.layer).host_down
-            counters = moe_down_i8_counters(down, MAX_W, self.device)                 # [MAX_W, D/BN]
-            for m in moes:
-                m.counters = counters
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -458,8 +443,6 @@ class GPUModel:
         kv_len = cache.k.shape[2]
         act = self.act_dtype
         pdl = self.pdl
-        cnt = self._attn_counters if self._attn_counters is not None and W * c.n_kv_heads <= \
-            self._attn_counters.numel() else None                                   # one-launch attention
         # each norm, the SiLU and the attention combine also emit the int8 activations of
         # the GEMVs that read their output (q8: {lane order: (xp, xsd)}, Linear.orders)
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
@@ -469,9 +452,9 @@ class GPUModel:
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             if L.o.orders and self._fuse_q8:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl,
-                                            cnt, self.early_kv)                        # [W, H*hd]
+                                            early=self.early_kv)                       # [W, H*hd]
             else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, cnt, self.early_kv), None
+                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
             logits = routed = None
             if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
                 parts, x_in = None, x
