@@ -70,9 +70,9 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
                      ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0):
-    """ADD: the sums are added to what `out` holds. SPLIT > 1: the
-    slots are cut into SPLIT equal runs of whole steps, one program each, and run s's sums
-    go to out + s * stride_split (partials, for the consumer to add in run order)."""
+    """ADD: the sums are added to what `out` holds. SPLIT > 1: the slots are cut into
+    SPLIT equal runs of whole steps, one program each, and run s's sums go to
+    out + s * stride_split (partials, for the consumer to add in run order)."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
