@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8, split_runs  # noqa: E402
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
@@ -110,6 +110,19 @@ def test_split_runs_sum_to_the_product(qtype):
         qgemv_i8(x, w, tile=GemvTile(16, 8, 4, split=3))
     with pytest.raises(ValueError, match="cannot add"):
         qgemv_i8(x, w, out=torch.zeros(5, n, device=DEV), tile=t, accumulate=True)
+
+
+def test_split_runs_rule():
+    """The runs where the measured sweep gained (gpu_qgemv_split-20261201-131530.json): the
+    8B shape's down (Q6_K or Q4_K) and o, the 30B-A3B's o; not its qkv (K = 2048), nor the
+    8B qkv (6144 rows) or gate|up (24576 rows); and never where a run is not whole steps."""
+    def w(qt, n, k):
+        return QuantWeight(qt, (n, k), {"qs": torch.zeros(1, dtype=torch.int32)})   # shape only
+    for qt, n, k, runs in ((T.Q6_K, 4096, 12288, 2), (T.Q4_K, 4096, 12288, 2), (T.Q4_K, 4096, 4096, 2),
+                           (T.Q4_K, 2048, 4096, 2), (T.Q4_K, 5120, 2048, 1), (T.Q4_K, 6144, 4096, 1),
+                           (T.Q4_K, 24576, 4096, 1), (T.Q6_K, 151936, 4096, 1),
+                           (T.Q8_0, 896, 4864, 1)):      # Qwen2.5-0.5B's down: 152 slots, not 2 runs of 32-slot steps
+        assert split_runs(w(qt, n, k)) == runs, (qt.name, n, k)
 
 
 def test_tile_is_a_function_of_the_weight():
