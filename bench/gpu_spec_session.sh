@@ -32,8 +32,9 @@ qwen-suite)
   Q=/tmp/models/qwen.gguf
   cat /tmp/stage/qwen.part0* > $Q
   echo "$2  $Q" | sha256sum -c - || { echo "qwen parts do not join to the expected file"; exit 2; }
-  timeout 230 python3 bench/spec_suite.py -m $Q --draft-head models/qwen2.5-coder-0.5b-instruct.mtp.gguf \
-      --device cuda --out "$OUT" --tag h200 2>&1 | tail -40
+  H=models/qwen2.5-coder-0.5b-instruct.mtp.gguf   # the distilled MTP sidecar, if carried (models/ is ignored)
+  ARMS=$( [ -f $H ] && echo "--draft-head $H" || echo "--arms none ngram" )   # without it: plain and n-gram
+  timeout 230 python3 bench/spec_suite.py -m $Q $ARMS --device cuda --out "$OUT" --tag h200 2>&1 | tail -40
   ;;
 embedded)
   timeout 150 python3 bench/spec_suite.py -m models/embedded/alphallama-embedded.gguf --device cuda \
