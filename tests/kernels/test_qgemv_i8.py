@@ -165,6 +165,17 @@ def compile_sm90() -> None:
         build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
                    HAS_MIN=has_min, BN=4, NT=NT, BW=BW, PREFETCH=True, DP4A=True))
+    # split runs (the 8B down), each run's planes and x a run further on
+    for qtype, K, BN, NT in ((T.Q6_K, 12288, 32, 64), (T.Q4_K, 12288, 16, 32)):
+        f = FORMATS[qtype]
+        packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
+        named = {n: packed.get(n, packed["qs"]) for n in PLANES}
+        bits, hbits, bias, has_min = CODES[qtype]
+        build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *[ptr[p.dtype] for p in named.values()],
+                                     "i32", "i32", "i32", "i32", "i32"],
+              dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
+                   HAS_MIN=has_min, BN=BN, NT=NT, BW=4, PREFETCH=1, DP4A=True, PDL=True, SPLIT=2,
+                   **{f"RUN_{n.upper()}": p.shape[-1] // 2 for n, p in named.items()}), num_warps=8)
     # two steps in flight, with the GPU's 16- and 32-row tiles
     for qtype, K, BN, NT in ((T.Q4_K, 4096, 32, 32), (T.Q6_K, 12288, 32, 64), (T.Q4_K, 4096, 16, 32)):
         f = FORMATS[qtype]

@@ -104,12 +104,12 @@ def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypa
 
 
 def _option_on_and_off(tmp_path, option: str, seed: int, applies, preset: str = "tiny-qwen3moe",
-                           quant: str = "Q4_K", n_layers: int = 1) -> dict[bool, torch.Tensor]:
-    """A tiny model's logits (3 rows; by default MoE) with an engine option off and on:
-    each against the reference; on, a round equals its last row run alone; applies(gpu)
-    says whether the option took effect."""
+                       quant: str = "Q4_K", n_layers: int = 1, **shape) -> dict[bool, torch.Tensor]:
+    """A tiny model's logits (3 rows; by default MoE; `shape`: preset overrides) with an
+    engine option off and on: each against the reference; on, a round equals its last row
+    run alone; applies(gpu) says whether the option took effect."""
     path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS[preset](n_layers=n_layers, quant=quant, seed=seed), path)
+    write_synthetic(PRESETS[preset](n_layers=n_layers, quant=quant, seed=seed, **shape), path)
     f = GGUFFile(path)
     ref = load_model(f, 128)
     toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(seed))
@@ -159,7 +159,8 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
         runs = [L.o.runs for L in gpu.layers] + [L.down.runs for L in gpu.layers if L.down is not None]
         assert len(set(runs)) == 1, runs
         return runs[0] == 2
-    logits = _option_on_and_off(tmp_path, "gemv_split", 13, split, preset, quant, n_layers=2)
+    # 8 heads: the o's rows of 512 values are 2 whole blocks of every quant, so they split too
+    logits = _option_on_and_off(tmp_path, "gemv_split", 13, split, preset, quant, n_layers=2, n_heads=8)
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
 

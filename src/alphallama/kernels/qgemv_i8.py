@@ -32,6 +32,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from .expert_q8 import QBLOCK, supports
+from .formats import PLANES
 from .expert_q8_gpu import CODES
 from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
@@ -69,21 +70,32 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                      HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
-                     ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0):
+                     ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0,
+                     RUN_QS: tl.constexpr = 0, RUN_QH: tl.constexpr = 0, RUN_SC: tl.constexpr = 0,
+                     RUN_SD: tl.constexpr = 0):
     """ADD: the sums are added to what `out` holds. SPLIT > 1: the slots are cut into
-    SPLIT equal runs of whole steps, one program each, and run s's sums go to
-    out + s * stride_split (partials, for the consumer to add in run order)."""
+    SPLIT equal runs of whole steps (and whole blocks), one program each, and run s's sums
+    go to out + s * stride_split (partials, for the consumer to add in run order). A run
+    starts its planes RUN_* elements a run further on and its x rows its slots further on,
+    then walks its slots as a whole row's are walked: the same loop, the same registers."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
-    SL: tl.constexpr = n_slots // SPLIT if SPLIT > 1 else n_slots       # slots of a run
+    SL: tl.constexpr = n_slots // SPLIT                                 # slots of a run (all of them: SPLIT 1)
+    LAST: tl.constexpr = (SL - 1) // NT * NT
     n_wt = tl.cdiv(W, BW)
     pid = tl.program_id(0) // SPLIT
-    base = (tl.program_id(0) % SPLIT) * SL                              # the run's first slot
-    LAST = base + (SL - 1) // NT * NT                                   # its last step
     pid_n = pid // n_wt
     m0 = (pid % n_wt) * BW
-    out += (tl.program_id(0) % SPLIT).to(tl.int64) * stride_split
+    if SPLIT > 1:
+        run = (tl.program_id(0) % SPLIT).to(tl.int64)
+        qs += run * RUN_QS
+        qh += run * RUN_QH
+        sc += run * RUN_SC
+        sd += run * RUN_SD
+        xp += run * (SL * (XROW // n_slots))
+        xsd += run * (SL * 2)
+        out += run * stride_split
     n_out = pid_n * BN + tl.arange(0, BN)                              # [BN]
     row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]               # [1, BN]; past N: recomputed, not stored
     # x rows past W recompute row W-1 and are not stored
@@ -105,13 +117,12 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     acc7 = tl.zeros([NT, BN], tl.float32)
     pdl_trigger(PDL)
     if PREFETCH:
-        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, base, one, n_slots, NT, V)
+        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
     if PREFETCH >= 2:
-        SECOND = tl.minimum(base + NT, LAST)                           # (one step only: reloaded)
+        SECOND: tl.constexpr = NT if NT < LAST else LAST               # (one step only: LAST = 0, reloaded)
         mwords, mh, ms1, ms2 = LOAD(qs, qh, sc, sd, row, SECOND, one, n_slots, NT, V)
     pdl_wait(PDL)                    # the weights above are no earlier kernel's output; x is
-    for j0 in range(0, SL, NT):
-        s0 = base + j0
+    for s0 in range(0, SL, NT):
         if PREFETCH >= 2:
             # two steps' weights in flight behind this one's arithmetic
             words, h, s1, s2 = nwords, nh, ns1, ns2
@@ -221,8 +232,7 @@ def split_runs(w: QuantWeight) -> int:
     16.3 / 17.5 / 30.6 -> 11.9 / 20.5 / 36.9, down Q4_K 11.7 / 17.3 / 30.9 -> 9.1 / 19.4 / 28.0,
     o 4.0 / 6.8 / 11.1 -> 3.6 / 7.6 / 11.5, 30B-A3B o 3.5 / 6.3 / 10.6 -> 2.4 / 5.0 / 9.0; the
     qkv (6144 rows, or K = 2048) and the gate|up (24576 rows) lose."""
-    ok = w.K >= SPLIT_MIN_K and w.N <= SPLIT_MAX_N and w.n_slots % (2 * split_nt(w, 2)) == 0
-    return 2 if ok else 1
+    return 2 if w.K >= SPLIT_MIN_K and w.N <= SPLIT_MAX_N and _whole_runs(w, 2, split_nt(w, 2)) else 1
 
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
@@ -256,8 +266,9 @@ def _split_partials(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None, t
     whose sum in run order is the row's x @ w^T."""
     if accumulate:
         raise ValueError("qgemv_i8: a split tile gives partial sums; it cannot add into `out`")
-    if w.n_slots % (t.split * t.NT):
-        raise ValueError(f"qgemv_i8: split {t.split} needs the {w.n_slots} slots in runs of whole {t.NT}-slot steps")
+    if not _whole_runs(w, t.split, t.NT):
+        raise ValueError(f"qgemv_i8: split {t.split} needs the {w.n_slots} slots in runs of whole {t.NT}-slot steps "
+                         f"and whole {w.qtype.name} blocks")
     W, N = x.shape[0], w.N
     check_gemv_args(x, w, None, "qgemv_i8", k_multiple=QBLOCK)
     if out is None:
@@ -265,8 +276,17 @@ def _split_partials(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None, t
     elif out.shape != (W, t.split, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"qgemv_i8: out must be a contiguous float32 [{W}, {t.split}, {N}], "
                          f"got {out.dtype} {tuple(out.shape)}")
-    _launch(x, w, out, t.split * N, t, prepared, pdl, SPLIT=t.split, stride_split=N)
+    runs = {f"RUN_{n.upper()}": p.shape[-1] // t.split for n, p in zip(PLANES, w.plane_args())}   # elements a run
+    _launch(x, w, out, t.split * N, t, prepared, pdl, SPLIT=t.split, stride_split=N, **runs)
     return out
+
+
+def _whole_runs(w: QuantWeight, runs: int, NT: int) -> bool:
+    """Can w's slots be cut into `runs` equal runs of whole NT-slot steps and whole blocks?
+    (Then every plane's row, a fixed number of elements a slot or a block, splits into
+    `runs` equal parts, one a run.)"""
+    per_run, per_block = w.n_slots // runs, w.fmt.block_size // w.fmt.slot
+    return w.n_slots % runs == 0 and per_run % NT == 0 and per_run % per_block == 0
 
 
 def _check_supported(w: QuantWeight) -> None:
