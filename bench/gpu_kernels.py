@@ -117,6 +117,22 @@ def time_graph(fn_list, reps: int = 20) -> float:
     return float(np.median(times)) / len(fn_list)
 
 
+# the decode round's matrices (type, N, K): the 8B shape's, and the 30B-A3B's attention
+DECODE_SHAPES = {"gate_up": (T.Q4_K, 24576, 4096), "down_q6": (T.Q6_K, 4096, 12288), "down_q4": (T.Q4_K, 4096, 12288),
+                 "qkv": (T.Q4_K, 6144, 4096), "o": (T.Q4_K, 4096, 4096), "head": (T.Q6_K, 151936, 4096),
+                 "qkv_30b": (T.Q4_K, 5120, 2048), "o_30b": (T.Q4_K, 2048, 4096)}
+
+
+def decode_weight(name: str, g: torch.Generator, copies: bool = True
+                  ) -> tuple[QuantWeight, list[QuantWeight], torch.Tensor]:
+    """One of DECODE_SHAPES with random GGUF bytes on DEV: (weight, the copies that defeat
+    L2 for timing, or [weight], 8 bf16 activation rows [8, K])."""
+    qt, n, k = DECODE_SHAPES[name]
+    w = QuantWeight.from_raw(random_raw(qt, n, k, g), qt, (n, k), DEV)
+    x8 = torch.randn(8, k, device=DEV, generator=g).to(torch.bfloat16)                 # [8, K]
+    return w, copies_for(w) if copies else [w], x8
+
+
 def copies_for(w: QuantWeight) -> list[QuantWeight]:
     n = max(2, math.ceil(4 * L2_BYTES / w.nbytes))
     return [w] + [QuantWeight(w.qtype, w.shape, {k: p.clone() for k, p in w.planes.items()}) for _ in range(n - 1)]

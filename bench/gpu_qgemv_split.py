@@ -22,18 +22,14 @@ import time
 from pathlib import Path
 
 import torch
-from gguf.constants import GGMLQuantizationType as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernels import copies_for, random_raw, run_header, time_graph  # noqa: E402
+from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
-SHAPES = {"gate_up": (T.Q4_K, 24576, 4096), "down_q6": (T.Q6_K, 4096, 12288), "down_q4": (T.Q4_K, 4096, 12288),
-          "qkv": (T.Q4_K, 6144, 4096), "o": (T.Q4_K, 4096, 4096),
-          "qkv_30b": (T.Q4_K, 5120, 2048), "o_30b": (T.Q4_K, 2048, 4096)}
 SPLITS = (1, 2, 3, 4, 6, 8)
 
 
@@ -56,16 +52,14 @@ def key(t: GemvTile) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--shapes", nargs="*", default=[n for n in DECODE_SHAPES if n != "head"])
     ap.add_argument("--widths", type=int, nargs="*", default=[1, 4, 8])
     args = ap.parse_args()
     res = {**run_header(torch.cuda.get_device_properties(0)), "command": " ".join(sys.argv), "rows": []}
     g = torch.Generator(device="cuda").manual_seed(0)
     for name in args.shapes:
-        qt, N, K = SHAPES[name]
-        w = QuantWeight.from_raw(random_raw(qt, N, K, g), qt, (N, K), "cuda")
-        ws = copies_for(w)
-        x8 = torch.randn(8, K, device="cuda", generator=g).to(torch.bfloat16)
+        qt, N, K = DECODE_SHAPES[name]
+        w, ws, x8 = decode_weight(name, g)
         ts = variants(w)
         row = {"shape": name, "qtype": qt.name, "N": N, "K": K, "MB": w.nbytes / 1e6, "default": str(gemv_tile(w)),
                "us": {}, "rel_err_vs_split1": {}, "rows_equal_alone": {}}

@@ -16,19 +16,13 @@ import time
 from pathlib import Path
 
 import torch
-from gguf.constants import GGMLQuantizationType as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernels import copies_for, random_raw, run_header, time_graph  # noqa: E402
+from gpu_kernels import DECODE_SHAPES as SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
-SHAPES = {"gate_up": (T.Q4_K, 24576, 4096), "down_q6": (T.Q6_K, 4096, 12288), "down_q4": (T.Q4_K, 4096, 12288),
-          "qkv": (T.Q4_K, 6144, 4096), "o": (T.Q4_K, 4096, 4096), "head": (T.Q6_K, 151936, 4096),
-          # the 30B-A3B shape's attention (latency-bound: 5.9 and 4.7 MB)
-          "qkv_30b": (T.Q4_K, 5120, 2048), "o_30b": (T.Q4_K, 2048, 4096)}
 TILES = [(8, 32, 4), (16, 32, 4), (16, 32, 8), (32, 32, 8), (32, 32, 4), (64, 32, 8), (32, 64, 8), (16, 64, 4),
          (4, 64, 4), (4, 32, 4), (16, 64, 8), (8, 32, 8)]
 
@@ -42,9 +36,7 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     for name in args.shapes:
         qt, N, K = SHAPES[name]
-        w = QuantWeight.from_raw(random_raw(qt, N, K, g), qt, (N, K), "cuda")
-        ws = [w] if args.warm_only else copies_for(w)
-        x8 = torch.randn(8, K, device="cuda", generator=g).to(torch.bfloat16)
+        w, ws, x8 = decode_weight(name, g, copies=not args.warm_only)
         ts = [GemvTile(*t) for t in TILES] + [gemv_tile(w)]
         row = {"shape": name, "qtype": qt.name, "N": N, "K": K, "MB": w.nbytes / 1e6, "default": str(gemv_tile(w)),
                "us": {}}
