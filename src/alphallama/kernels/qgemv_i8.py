@@ -270,12 +270,13 @@ def _split_partials(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None, t
         raise ValueError(f"qgemv_i8: split {t.split} needs the {w.n_slots} slots in runs of whole {t.NT}-slot steps "
                          f"and whole {w.qtype.name} blocks")
     W, N = x.shape[0], w.N
-    check_gemv_args(x, w, None, "qgemv_i8", k_multiple=QBLOCK)
     if out is None:
         out = torch.empty((W, t.split, N), dtype=torch.float32, device=x.device)      # [W, split, N]
     elif out.shape != (W, t.split, N) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"qgemv_i8: out must be a contiguous float32 [{W}, {t.split}, {N}], "
                          f"got {out.dtype} {tuple(out.shape)}")
+    # x and w checked as for any GEMV, run 0's columns standing for [W, N] (no spare buffer)
+    check_gemv_args(x, w, out[:, 0], "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
     runs = {f"RUN_{n.upper()}": p.shape[-1] // t.split for n, p in zip(PLANES, w.plane_args())}   # elements a run
     _launch(x, w, out, t.split * N, t, prepared, pdl, SPLIT=t.split, stride_split=N, **runs)
     return out

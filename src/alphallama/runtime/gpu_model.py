@@ -226,18 +226,14 @@ class MoE:
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
                     q8: dict | None, pdl: bool, combine: bool, routed: list | None = None) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self.orders[0])
-        if routed is not None:
-            weights, experts = routed
-        elif self.store is None:
-            weights, experts = moe_route(logits, self.top_k, self.norm, pdl=pdl)  # [W, k] each
-        else:
-            weights, experts = moe_route(logits, self.top_k, self.norm,
-                                         experts_out=self.store.routes[self.layer, :h.shape[0]], pdl=pdl)
         if self.store is None:
-            gu, dn, table, bgu, bdn = self.gate_up, self.down, None, None, None
-        else:
+            gu, dn, table, bgu, bdn, record = self.gate_up, self.down, None, None, None, None
+        else:       # the ids also land in the store's record of the round
             v = self.store.layer(self.layer)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
+            record = self.store.routes[self.layer, :h.shape[0]]
+        weights, experts = routed if routed is not None else \
+            moe_route(logits, self.top_k, self.norm, experts_out=record, pdl=pdl)   # [W, k] each
         x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
         if self.emit_q8:             # gate_up also makes the down's int8 input: no prepare launch
             act, aq = moe_gate_up_i8_q8(x8, gu, experts, act_dtype, lane_order(dn.expert(0)), table, bgu, pdl)
