@@ -53,7 +53,7 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # (all three: same bits), the dense gate|up GEMV with SiLU and the down's int8 input in its
 # epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
 # the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps), the experts'
-# gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8), the GEMV
+# gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8: slower, removed 20261201), the GEMV
 # tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts,
 # the FFN norm computing the router's logits (engine.norm_router), one step of NT = all
 # slots for rows of <= 64 slots (K = 2048 Q4_K: the 30B-A3B qkv and experts' gate_up; the
@@ -61,15 +61,15 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # attention's old keys loaded before its PDL wait (engine.early_kv, same bits; on since 20261130
 # with norm_router: the no- arms are their controls), the experts' down quantizing its own act
 # (engine.moe_down_quant: slower, removed 20261201), o and down GEMVs in 2 runs of their slots
-# whose partials the next norm adds (engine.gemv_split), the FFN norm's launch also routing (engine.route_in_norm,
-# same bits)
+# whose partials the next norm adds (engine.gemv_split), the FFN norm's launch also routing (engine.route_in_norm:
+# slower, removed 20261201)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/prefetch2": dict(prefetch=2),
                 "default/gate-up-unpaired": dict(gate_up_paired=False),
                 "default/combine-launch": dict(combine_in_norm=False),
                 "default/maxbw8": dict(max_bw=8), "default/maxbw2": dict(max_bw=2),
-                "default/moe-bn4": dict(moe_bn=4), "default/moe-emit": dict(moe_emit_q8=True),
+                "default/moe-bn4": dict(moe_bn=4),
                 "default/old-tiles": dict(old_tiles=True), "default/route4": dict(route_warps=4),
                 "default/route2": dict(route_warps=2), "default/combine2": dict(combine_warps=2),
                 "default/combine8": dict(combine_warps=8),
@@ -79,11 +79,10 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
                 "default/no-norm-router": dict(norm_router=False),
                 "default/split": dict(gemv_split=True),
-                "default/no-split": dict(gemv_split=False),
-                "default/route-in-norm": dict(route_in_norm=True)}
+                "default/no-split": dict(gemv_split=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/no-early-kv": "default", "default/route-in-norm": "default",
+             "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}

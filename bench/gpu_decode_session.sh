@@ -4,7 +4,7 @@
 #   bash bench/gpu_decode_session.sh tests     # the GPU tests of the kernels and the runtime
 #   bash bench/gpu_decode_session.sh prefill   # 30B-A3B prefill: grouped expert GEMMs (+graphs) against the loop and the graphs
 #   bash bench/gpu_decode_session.sh profile   # device time per kernel in the decode graphs, PDL off
-#   bash bench/gpu_decode_session.sh arms      # both shapes at the defaults; 30B-A3B against gate_up emitting the down's input
+#   bash bench/gpu_decode_session.sh arms      # both shapes at the defaults
 #   bash bench/gpu_decode_session.sh route1-capture   # the MoE prefill capture failure with routing at 1 warp, in full
 #   bash bench/gpu_decode_session.sh ncu       # Nsight Compute on the decode GEMV (8B matrices, W = 1, 4)
 #   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
@@ -22,12 +22,11 @@ prefill)
       | grep -v "_warn_once\|UserWarning"
   ;;
 arms)
-  # the next arms: the 8B default for reference; the 30B-A3B's experts' gate_up emitting the
-  # down's int8 input (engine.moe_emit_q8: no prepare launch) and the FFN norm's launch routing
-  # (engine.route_in_norm: no route launch, same bits) against the defaults (split runs on)
+  # both shapes at the defaults (moe-emit and route-in-norm: slower, removed 20261201);
+  # ARMS_EXTRA_8B / ARMS_EXTRA: the arms to set against them
   timeout 150 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default ${ARMS_EXTRA_8B:-} 2>&1 \
       | grep -v "_warn_once\|UserWarning" | tail -4
-  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/moe-emit default/route-in-norm \
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 tiles)

@@ -38,18 +38,14 @@ class EngineDefaults:
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
                                   # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
-    moe_emit_q8: bool = False     # "i8" experts: gate_up in 32-row programs that also emit the down's int8 input
-                                  # (moe_i8.moe_gate_up_i8_q8), no prepare launch; its own tile, so its own float
-                                  # order (the same at every W). H200 30B-A3B: W=1 1.952 -> 1.944 ms, W=8 5.507 ->
-                                  # 5.544 (gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json): off
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
                                   # W = 1 / 8: 8B 2.099 / 4.743 -> 1.983 / 4.850, 30B-A3B 1.670 / 4.285 -> 1.625 /
                                   # 4.183 (gpu_decode_arms-*-20261201-132*.json)
-    route_in_norm: bool = False   # with norm_router: the FFN norm's launch also routes (its last-arriving program
-                                  # per row, a gpu-scope count: fused.rmsnorm_route_q8), no route launch. The same
-                                  # choices and weights. Not yet timed
+    # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
+    # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
+    # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -19,10 +18,9 @@ from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
 from alphallama.kernels.moe_i8 import (  # noqa: E402
     moe_down_i8,
     moe_gate_up_i8,
-    moe_gate_up_i8_q8,
     moe_i8_order,
 )
-from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
+from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits  # noqa: E402
@@ -107,34 +105,6 @@ def test_paired_gate_up_keeps_the_bits(monkeypatch):
     assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu), want_tiers, "paired, tiers")
 
 
-@pytest.mark.parametrize("f", [F, 96], ids=["F256", "F96"])      # 96: a part-filled last program on the CPU
-def test_gate_up_emits_the_down_input(f):
-    """moe_gate_up_i8_q8: the act's int8 activations made in gate_up's launch are bit for
-    bit prepare_i8 of the act it returns (the down's lane order, from host planes and from
-    a bank slot); the down given them gives the bits of the down that prepares them; on
-    the CPU the act itself is moe_gate_up_i8's (the same tile there)."""
-    gate_up = _experts(T.Q4_K, 2 * f, K, 31)
-    down = QuantWeight.from_raw(random_raw(T.Q6_K, E * D, f + 160 if f % 256 else f, 32), T.Q6_K,
-                                (E, D, f + 160 if f % 256 else f), DEV)       # only its lane order is used below
-    _, _, x, experts, weights = _setup()
-    q8 = prepare_i8(x, gate_up.expert(0))
-    order = lane_order(down.expert(0))
-    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
-    hgu, bgu = _split(gate_up, [4, 0])
-    for args in ((), (table, bgu)):
-        gu = hgu if args else gate_up
-        act, (xp, xsd) = moe_gate_up_i8_q8(q8, gu, experts, torch.float32, order, *args)
-        want_xp, want_xsd = prepare_i8(act.reshape(-1, f), down.expert(0))
-        assert torch.equal(xp, want_xp) and torch.equal(xsd, want_xsd)
-        if DEV == "cpu":
-            assert_same_bits(act, moe_gate_up_i8(q8, gu, experts, torch.float32, *args), "act")
-    if f == F:                                                                 # a down of this width: K = F
-        _, dn, *_ = _setup()
-        act, aq = moe_gate_up_i8_q8(q8, gate_up, experts, torch.float32, lane_order(dn.expert(0)))
-        assert_same_bits(moe_down_i8(act, dn, experts, weights, prepared=aq), moe_down_i8(act, dn, experts, weights),
-                         "down given the emitted input")
-
-
 def test_order_is_the_gate_up_weights():
     gate_up, *_ = _setup()
     assert moe_i8_order(gate_up) == (32, 4, 4)
@@ -165,11 +135,6 @@ def compile_sm90() -> None:
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
         for table in (False, True):
             build(kern, *_sm90_args(qtype, K, kern, table))
-    for table in (False, True):      # gate_up emitting the down's int8 input (32-row programs)
-        types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
-        build(moe_i8._gate_up_i8_kernel, types + ["*i8", "*i32"],
-              {**const, "BN": 32, "PDL": True,
-               "PAIRED": True, "FQ": 768, "SLOT1": 16, "V1": 2, "BITS1": 4, "EMIT": True})
     for table in (False, True):      # gate_up walking gate and up rows together
         types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
         build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})

@@ -19,8 +19,7 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.fused import add_rmsnorm_q8, rmsnorm_route_q8, rmsnorm_router_q8  # noqa: E402
-from alphallama.kernels.moe import moe_route  # noqa: E402
+from alphallama.kernels.fused import add_rmsnorm_q8, rmsnorm_router_q8  # noqa: E402
 from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
@@ -82,46 +81,6 @@ def test_norm_router_adds_the_o_runs():
         rmsnorm_router_q8(x, w, router, 1e-6, ACT, orders, parts=(part, ones))
 
 
-@pytest.mark.parametrize("norm", [True, False], ids=["renorm", "softmax-weights"])
-def test_norm_routes_in_its_last_program(norm):
-    """rmsnorm_route_q8: the row's last program to arrive routes it from the logits all of
-    them stored: h, q8 and logits are rmsnorm_router_q8's, the weights and ids moe_route's
-    on those logits bit for bit, the counters are zero after every call (reusable, as a
-    graph replays them), the ids land in experts_out when given, a row alone routes as it
-    does in the round, and the o GEMV's runs (parts) go through as in rmsnorm_router_q8."""
-    D, E, K, W = 512, 20, 4, 3                          # 20 experts: 3 programs a row (8 each)
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(W, D, generator=g).to(DEV)
-    w = (torch.rand(D, generator=g) + 0.5).to(DEV)
-    router = (torch.randn(E, D, generator=g) / D ** 0.5).to(DEV)
-    orders = (lane_order(_weight(T.Q4_K, 8, D, seed=1)[1]),)
-    cnt = torch.zeros(8, dtype=torch.int32, device=DEV)
-    h, q8, logits, rw, ids = rmsnorm_route_q8(x, w, router, 1e-6, ACT, orders, K, norm, cnt)
-    h0, q80, l0 = rmsnorm_router_q8(x, w, router, 1e-6, ACT, orders)
-    assert torch.equal(h, h0) and torch.equal(logits, l0)
-    assert all(torch.equal(a, b) for a, b in zip(q8[orders[0]], q80[orders[0]]))
-    w_ref, ids_ref = moe_route(logits, K, norm)
-    assert torch.equal(rw, w_ref) and torch.equal(ids, ids_ref)
-    assert not cnt.any()
-    out = torch.full((W, K), -1, dtype=torch.int32, device=DEV)
-    _, _, _, rw2, ids2 = rmsnorm_route_q8(x, w, router, 1e-6, ACT, orders, K, norm, cnt, experts_out=out)
-    assert ids2 is out and torch.equal(out, ids_ref) and torch.equal(rw2, w_ref) and not cnt.any()
-    for m in range(W):                                  # a row alone
-        _, _, _, r1, i1 = rmsnorm_route_q8(x[m:m + 1].clone(), w, router, 1e-6, ACT, orders, K, norm, cnt)
-        assert torch.equal(r1, rw[m:m + 1]) and torch.equal(i1, ids[m:m + 1])
-    part = torch.randn(W, 2, D, generator=g).to(DEV)
-    ones = torch.ones(W, 2, device=DEV)
-    x_out = torch.empty_like(x)
-    hp, _, lp, rp, ip = rmsnorm_route_q8(x, w, router, 1e-6, ACT, orders, K, norm, cnt, parts=(part, ones),
-                                         x_out=x_out)
-    hq, _, lq = rmsnorm_router_q8(x, w, router, 1e-6, ACT, orders, parts=(part, ones), x_out=torch.empty_like(x))
-    assert torch.equal(hp, hq) and torch.equal(lp, lq) and torch.equal(x_out, x + (part[:, 0] + part[:, 1]))
-    wq, iq = moe_route(lp, K, norm)
-    assert torch.equal(rp, wq) and torch.equal(ip, iq) and not cnt.any()
-    with pytest.raises(ValueError, match="counters"):
-        rmsnorm_route_q8(x, w, router, 1e-6, ACT, orders, K, norm, torch.zeros(2, dtype=torch.int32, device=DEV))
-
-
 def test_gemv_adds_into_its_output():
     _, wq = _weight(T.Q4_K, 48, 512, seed=4)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)).to(DEV)
@@ -145,13 +104,6 @@ def compile_sm90() -> None:
     body = ptx[ptx.index(".entry"):]
     # the router rows are asked for before the wait
     assert body.index("ld.global") < body.index("griddepcontrol.wait") < body.index("st.global")
-    # routing in the last program (engine.route_in_norm): the 30B-A3B's 128 experts, top 8
-    ptx = compile_kernel(fused._norm_router_kernel, ["*fp32", "*fp32", "*bf16", "*fp32", "*fp32", "i32", "fp32",
-                                                     "*i8", "*i32", "*i32", "*fp32", "*i32"],
-                         dict(D=2048, BLOCK=2048, RB=fused.ROUTER_ROWS, XP2=None, XS2=None, NQ=1, SLOT1=32, V1=4,
-                              BITS1=4, SLOT2=32, V2=4, BITS2=4, PDL=True, PART=None, PW=None, TOP_K=0, XOUT=None, ROUTE_K=8,
-                              BLOCK_E=128, BLOCK_K=8, NORM=True), num_warps=16).asm["ptx"]
-    assert "atom.global.gpu.acq_rel.add" in ptx and "ld.global.cg" in ptx   # the count, the logits past L1
 
 
 def test_compiles_for_sm90():

@@ -127,16 +127,6 @@ def _option_on_and_off(tmp_path, option: str, seed: int, applies, preset: str = 
     return logits
 
 
-def test_moe_gate_up_emitting_the_down_input(tmp_path):
-    """engine.moe_emit_q8: the experts' gate_up makes the down's int8 input (no prepare
-    launch). Its 32-row tile is a float order of its own on the GPU (the CPU's tile is the
-    same either way, so there the logits are equal bit for bit); against the reference,
-    and a round equals its rows alone."""
-    logits = _option_on_and_off(tmp_path, "moe_emit_q8", 8, lambda g: all(L.moe.emit_q8 for L in g.layers))
-    if DEV == "cpu":
-        assert torch.equal(logits[True], logits[False])
-
-
 def test_moe_norm_computing_the_router_logits(tmp_path):
     """engine.norm_router: the o GEMV adds into the residual and the FFN norm computes the
     router's logits (one launch fewer a MoE layer): against the reference, close to the
@@ -163,33 +153,3 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
     logits = _option_on_and_off(tmp_path, "gemv_split", 13, split, preset, quant, n_layers=2, n_heads=8)
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
-
-@pytest.mark.parametrize("slots", [None, 3], ids=["resident", "expert-store"])
-def test_moe_norm_routing_in_its_launch(tmp_path, slots):
-    """engine.route_in_norm: the norm that computes the router's logits also routes (its
-    last-arriving program per row), no route launch. The same choices and weights, so the
-    same logits bit for bit; against the reference; a round equals its rows alone; with
-    an expert store, the round's record of the routing is the one the route launch makes."""
-    path = tmp_path / "moe.gguf"
-    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=2, quant="Q4_K", seed=19), path)
-    f = GGUFFile(path)
-    ref = load_model(f, 128)
-    toks = torch.randint(0, ref.cfg.vocab_size, (3,), generator=torch.Generator().manual_seed(19))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
-    logits, routes = {}, {}
-    for on in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", route_in_norm=on, expert_slots=slots, cpu_tier=False,
-                       graphs=False)
-        assert all(map(gpu._norm_router, gpu.layers)) and (gpu._route_counters is not None) == on
-        cache = gpu.new_cache(128)
-        logits[on] = gpu.forward(toks, 0, cache)[0].clone()
-        if slots is not None:
-            routes[on] = gpu.store.routes[:, :3].clone()
-        torch.testing.assert_close(logits[on].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
-        if on:
-            assert not gpu._route_counters.any()
-            cache.truncate(2)
-            assert torch.equal(gpu.forward(toks[2:], 2, cache)[0], logits[on][2:])   # the last row alone
-    assert torch.equal(logits[True], logits[False])
-    if slots is not None:
-        assert torch.equal(routes[True], routes[False])

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe import _combine_block, route_row
+from .moe import _combine_block
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qmatvec_i8 import emit_q8, new_q8
 
@@ -131,19 +131,13 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
                         XP1=None, XS1=None, XP2=None, XS2=None, NQ: tl.constexpr = 0,
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                         SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
-                        PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0, XOUT=None,
-                        ROUTE_K: tl.constexpr = 0, CNT=None, RW=None, RIDS=None, BLOCK_E: tl.constexpr = 1,
-                        BLOCK_K: tl.constexpr = 1, NORM: tl.constexpr = False):
+                        PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0, XOUT=None):
     """Program (row, expert block): rmsnorm(x) * w, and the router logits of RB experts
     from it. Every program of a row normalizes it (the same code: the same bits); the
     block-0 program stores h and its int8 activations. The router rows are loaded before
     the PDL wait (weights: no kernel's output). TOP_K > 0: x is X plus the parts PART
     [W, TOP_K, D] with weights PW [W, TOP_K] (moe's combine code, as _add_rmsnorm_kernel),
-    stored by the block-0 program into XOUT (not X: the row's other programs still read it).
-    ROUTE_K > 0: the row's last program to arrive (a gpu-scope acq_rel count in CNT[row],
-    as attention's one-launch combine counts) routes it from the logits all its programs
-    stored (moe.route_row, the route kernel's code: the same choice and weights), stores
-    RW [W, ROUTE_K] and RIDS [W, ROUTE_K], and zeroes its counter."""
+    stored by the block-0 program into XOUT (not X: the row's other programs still read it)."""
     pdl_trigger(PDL)
     e = tl.program_id(1) * RB + tl.arange(0, RB)                       # [RB]
     d = tl.arange(0, BLOCK)
@@ -166,16 +160,6 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
             emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP2, XS2, D, SLOT2, V2, BITS2, BLOCK != D)
     logit = tl.sum(rw.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)   # [RB]
     tl.store(LOGITS + row * E + e, logit, mask=e < E)
-    if ROUTE_K > 0:
-        # every thread's logit stores before the one release below (the barrier orders them at
-        # CTA scope; the gpu-scope release is cumulative over it)
-        tl.debug_barrier()
-        if tl.atomic_add(CNT + row, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-            wk, ids = route_row(LOGITS, row.to(tl.int64), E, ROUTE_K, BLOCK_E, BLOCK_K, NORM, ".cg")
-            j = tl.arange(0, BLOCK_K)
-            tl.store(RW + row * ROUTE_K + j, wk, mask=j < ROUTE_K)
-            tl.store(RIDS + row * ROUTE_K + j, ids, mask=j < ROUTE_K)
-            tl.store(CNT + row, 0)      # every arrival is in: zero for the next launch
 
 
 def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, eps: float, out_dtype: torch.dtype,
@@ -187,32 +171,6 @@ def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, ep
     router [E, D] (a float dtype) -> (h [W, D], {order: q8}, logits [W, E] fp32).
     parts = (part [W, k, D], weights [W, k]): the residual is x + their sum (add_rmsnorm's
     MoE-ranks add, the same bits), written to x_out [W, D] fp32 (x stays as it was)."""
-    return _norm_router(x, w, router, eps, out_dtype, orders, pdl, parts, x_out, {})
-
-
-def rmsnorm_route_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, eps: float, out_dtype: torch.dtype,
-                     orders: tuple, top_k: int, norm: bool, counters: torch.Tensor, pdl: bool = False,
-                     parts: MoEParts | None = None, x_out: torch.Tensor | None = None,
-                     experts_out: torch.Tensor | None = None) -> tuple:
-    """rmsnorm_router_q8, and the routing in the same launch: the last of a row's programs
-    to arrive routes it (moe.route_row: moe_route's choice and weights, bit for bit).
-    counters: contiguous int32, at least W of them, all 0 and left all 0 (one launch at a
-    time: a graph's layers in stream order may share them). experts_out: a contiguous
-    int32 [W, top_k] for the ids (the expert store's record). -> (h, {order: q8}, logits,
-    weights [W, top_k] fp32, expert ids [W, top_k] int32)."""
-    W = x.shape[0]
-    if counters.dtype != torch.int32 or counters.numel() < W or not counters.is_contiguous():
-        raise ValueError(f"rmsnorm_route_q8: counters must be contiguous int32 with at least {W} elements")
-    weights = torch.empty((W, top_k), dtype=torch.float32, device=x.device)           # [W, k]
-    experts = experts_out if experts_out is not None else \
-        torch.empty((W, top_k), dtype=torch.int32, device=x.device)                    # [W, k]
-    route = dict(ROUTE_K=top_k, CNT=counters, RW=weights, RIDS=experts, BLOCK_E=triton.next_power_of_2(router.shape[0]),
-                 BLOCK_K=triton.next_power_of_2(top_k), NORM=norm)
-    h, q8, logits = _norm_router(x, w, router, eps, out_dtype, orders, pdl, parts, x_out, route)
-    return h, q8, logits, weights, experts
-
-
-def _norm_router(x, w, router, eps, out_dtype, orders, pdl, parts, x_out, route: dict):
     W, D = x.shape
     E = router.shape[0]
     if D % 32 or router.shape[1] != D or not router.is_contiguous():
@@ -228,7 +186,6 @@ def _norm_router(x, w, router, eps, out_dtype, orders, pdl, parts, x_out, route:
     if parts is not None:
         _, ya = _y_args(x, parts)
         args.update(PART=ya["PART"], PW=ya["PW"], TOP_K=ya["TOP_K"], XOUT=x_out)
-    args.update(route)
     _norm_router_kernel[(W, triton.cdiv(E, ROUTER_ROWS))](
         x, w, h, router, logits, E, eps, D, triton.next_power_of_2(D), ROUTER_ROWS, enable_fp_fusion=False,
         num_warps=_norm_warps(D), **args, **pdl_kwargs(pdl, x.device))

@@ -50,7 +50,7 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
     """One program per row: route_row's choice stored by rank."""
     pdl_start(PDL)                   # reads the router GEMV's output, writes what the last round's experts read
     m = tl.program_id(0).to(tl.int64)
-    w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM, "")
+    w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)
     j = tl.arange(0, BLOCK_K)
     tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
     tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
@@ -58,14 +58,12 @@ def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.
 
 @triton.jit
 def route_row(logits, m, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-              NORM: tl.constexpr, CACHE: tl.constexpr):
+              NORM: tl.constexpr):
     """Row m's routing: softmax over its E logits, then TOP_K rounds of argmax (ties go
     to the lower expert id), the chosen weights renormalised to sum to 1 if NORM.
-    -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank (fused's norm-router
-    launch calls it too, in a row's last program; CACHE: the logits' load cache modifier,
-    ".cg" where other CTAs of the launch wrote them)."""
+    -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank."""
     e = tl.arange(0, BLOCK_E)
-    l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"), cache_modifier=CACHE)  # [BLOCK_E]
+    l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"))  # [BLOCK_E]
     p = tl.exp(l - tl.max(l, 0))
     p = p / tl.sum(p, 0)
     p = tl.where(e < E, p, -1.0)        # padding lanes are never chosen

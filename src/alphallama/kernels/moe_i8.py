@@ -19,12 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .expert_q8 import QBLOCK, supports
+from .expert_q8 import supports
 from .expert_q8_gpu import CODES
 from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
 from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
-from .qmatvec_i8 import _lanes, emit_q8, lane_order, new_q8, prepare_i8
+from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
 
 # gate_up walks K once for its gate and up rows together (_rows2_i8: the same bits, twice
@@ -98,12 +98,8 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False, XP1=None, XS1=None, FQ: tl.constexpr = 0,
-                       SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                       EMIT: tl.constexpr = False):
-    """Program (pair, n block).
-    EMIT (BN a multiple of 32): the act's int8 activations in the down's lane order too
-    (rows = pairs; FQ = F), as prepare_i8 would make them from the stored act."""
+                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False):
+    """Program (pair, n block)."""
     pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     n_fb = tl.cdiv(F, BN)
@@ -127,9 +123,6 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
                              BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED)
     y = (g / (1.0 + tl.exp(-g)) * u).to(out.dtype.element_ty)          # silu(gate) * up, as fused.silu_mul
     tl.store(out + pair.to(tl.int64) * F + n_out, y, mask=n_out < F)
-    if EMIT:                         # past F: recomputed rows, zero for the quantizer
-        emit_q8(tl.where(n_out < F, y.to(tl.float32), 0.0), (tl.program_id(0) % n_fb) * BN, pair.to(tl.int64),
-                XP1, XS1, FQ, SLOT1, V1, BITS1, FQ % BN != 0)
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -162,14 +155,13 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
     tl.store(part + pair * N + n_out, y, mask=n_out < N)
 
 
-def _consts(w, N: int, DP4A: bool, emit: bool = False) -> dict:
+def _consts(w, N: int, DP4A: bool) -> dict:
     """Constexprs of a [E, ., K] weight's kernels: its format, its tile (a function of the
     weight only; under the interpreter, whose reductions do not depend on the layout,
-    BN is raised because it pays per program). emit: gate_up programs of whole q8 blocks
-    (32 rows on the GPU)."""
+    BN is raised because it pays per program)."""
     bits, hbits, bias, has_min = CODES[w.qtype]
     t = gemv_tile(w.expert(0))
-    BN = (QBLOCK if emit else EXPERT_BN) if DP4A else min(128, triton.next_power_of_2(N))   # (N >= 32 with emit)
+    BN = EXPERT_BN if DP4A else min(128, triton.next_power_of_2(N))
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
                 HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A)
 
@@ -189,59 +181,33 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     """q8: the rows' int8 input in gate_up's lane order (moe_i8_order), gate_up [E, 2F, K],
     experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype. pdl: programmatic
     dependent launch (kernels/pdl.py)."""
-    return _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl, None)[0]
-
-
-def moe_gate_up_i8_q8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torch.Tensor,
-                      act_dtype: torch.dtype, order: tuple[int, int, int], table: torch.Tensor | None = None,
-                      bank=None, pdl: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """moe_gate_up_i8 in programs of whole q8 blocks (32 rows: a tile of its own, so a
-    float order of its own, the same at every W) that also emit the act's int8
-    activations in `order` (the down's lane order: moe_down_i8's `prepared`), the bits
-    prepare_i8 makes of the act; its launch goes. -> (act [W, k, F], (xp, xsd) of [W k, F])."""
-    F = gate_up.N // 2
-    if F % QBLOCK:
-        raise ValueError(f"moe_gate_up_i8_q8 needs F % {QBLOCK} == 0, got {F}")
-    return _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl, order)
-
-
-def _gate_up(q8, gate_up, experts, act_dtype, table, bank, pdl: bool, order):
-    """The gate_up launch (order: the lane order of the down's int8 input to emit, or None)."""
     _check_bank(gate_up, table, bank)
     xp, xsd = q8
     W, k = experts.shape
     F = gate_up.N // 2
     dev = experts.device
     act = torch.empty((W, k, F), dtype=act_dtype, device=dev)                   # [W, k, F]
-    c = _consts(gate_up, F, dev.type == "cuda", emit=order is not None)
-    aq, emit = None, {}
-    if order is not None:
-        aq = new_q8(W * k, F, order, dev)                                       # [W k, F/4], [W k, F/slot, 2]
-        emit = dict(XP1=aq[0].view(torch.int8), XS1=aq[1], FQ=F, SLOT1=order[0], V1=order[1], BITS1=order[2],
-                    EMIT=True)
+    c = _consts(gate_up, F, dev.type == "cuda")
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
-        **emit, **pdl_kwargs(pdl, dev))
-    return act, aq
+        **pdl_kwargs(pdl, dev))
+    return act
 
 
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
-                table: torch.Tensor | None = None, bank=None, pdl: bool = False, combine: bool = True,
-                prepared: tuple[torch.Tensor, torch.Tensor] | None = None
+                table: torch.Tensor | None = None, bank=None, pdl: bool = False, combine: bool = True
                 ) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
     weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
     Two launches (down, then moe's combine). pdl: every launch with programmatic
     dependent launch (kernels/pdl.py). combine=False: no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
-    to sum (fused.add_rmsnorm's MoE parts: the same bits). prepared: act's int8
-    activations in the down's lane order (moe_gate_up_i8_q8 emits them), else made here."""
+    to sum (fused.add_rmsnorm's MoE parts: the same bits)."""
     _check_bank(down, table, bank)
     W, k, F = act.shape
     D = down.N
     dev = act.device
-    aq, asd = prepared if prepared is not None else \
-        prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)                # [W k, F/4], [W k, F/slot, 2]
+    aq, asd = prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)           # [W k, F/4], [W k, F/slot, 2]
     pk = pdl_kwargs(pdl, dev)
     part = torch.empty((W, k, D), dtype=torch.float32, device=dev)             # [W, k, D]
     c = _consts(down, D, dev.type == "cuda")

@@ -41,11 +41,10 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.attention import decode_attention, decode_attention_q8
-from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_route_q8, rmsnorm_router_q8,
-                             silu_mul, silu_mul_q8)
+from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
+                             silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import (moe_down_i8, moe_gate_up_i8, moe_gate_up_i8_q8, moe_i8_ok,
-                              moe_i8_order)
+from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
@@ -158,8 +157,7 @@ class MoE:
     experts live there: the kernels take each from its VRAM slot or the host tier."""
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
-                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
-                 emit_q8: bool = False):
+                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32"):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
@@ -175,7 +173,6 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
-        self.emit_q8 = emit_q8 and gate.shape[1] % 32 == 0                 # gate [E, F, D]
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
@@ -196,18 +193,17 @@ class MoE:
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
                  pdl: bool = False, combine: bool = True,
-                 logits: torch.Tensor | None = None, routed: list | None = None) -> "torch.Tensor | MoEParts":
+                 logits: torch.Tensor | None = None) -> "torch.Tensor | MoEParts":
         """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
         the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
         the router asks for its weights before it waits: PDL mode 2). combine=False: the
         int8 path may return its ranks unsummed, (part [W, k, D],
         weights [W, k]), for the next norm to sum (fused.add_rmsnorm). logits: the router's [W, E], if the
-        norm made them (engine.norm_router; the int8 path only); routed: [weights, expert ids] [W, k],
-        if the norm also routed (engine.route_in_norm; the ids already in the store's record)."""
+        norm made them (engine.norm_router; the int8 path only)."""
         if self.i8 and self.link is None:
             if logits is None:
                 logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
-            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine, routed)
+            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine)
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
@@ -224,7 +220,7 @@ class MoE:
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
-                    q8: dict | None, pdl: bool, combine: bool, routed: list | None = None) -> "torch.Tensor | MoEParts":
+                    q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self.orders[0])
         if self.store is None:
             gu, dn, table, bgu, bdn, record = self.gate_up, self.down, None, None, None, None
@@ -232,17 +228,10 @@ class MoE:
             v = self.store.layer(self.layer)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
             record = self.store.routes[self.layer, :h.shape[0]]
-        weights, experts = routed if routed is not None else \
-            moe_route(logits, self.top_k, self.norm, experts_out=record, pdl=pdl)   # [W, k] each
+        weights, experts = moe_route(logits, self.top_k, self.norm, experts_out=record, pdl=pdl)   # [W, k] each
         x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
-        if self.emit_q8:             # gate_up also makes the down's int8 input: no prepare launch
-            act, aq = moe_gate_up_i8_q8(x8, gu, experts, act_dtype, lane_order(dn.expert(0)), table, bgu, pdl)
-            return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine, aq)
         act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
-        return self._down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
-
-    def _down_i8(self, act, dn, experts, weights, table, bank, pdl: bool, combine: bool, prepared=None):
-        return moe_down_i8(act, dn, experts, weights, table, bank, pdl, combine, prepared)
+        return moe_down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
 
 
 @dataclass
@@ -273,8 +262,7 @@ class GPUModel:
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
-                 moe_emit_q8: bool | None = None, norm_router: bool | None = None, early_kv: bool | None = None,
-                 gemv_split: bool | None = None, route_in_norm: bool | None = None):
+                 norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -282,7 +270,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        moe_emit_q8 / norm_router / early_kv / gemv_split / route_in_norm: config.py (None: its default)."""
+        norm_router / early_kv / gemv_split: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -316,8 +304,7 @@ class GPUModel:
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i, moe_gemv,
-                          DEFAULTS.engine.moe_emit_q8 if moe_emit_q8 is None else moe_emit_q8)
+                          self.store, i, moe_gemv)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
@@ -371,9 +358,6 @@ class GPUModel:
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.norm_router = e.norm_router if norm_router is None else norm_router
         self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
-        # the norm that computes the router's logits also routes: arrival counters, zero between launches
-        self._route_counters = torch.zeros(MAX_W, dtype=torch.int32, device=self.device) \
-            if (e.route_in_norm if route_in_norm is None else route_in_norm) else None   # [MAX_W]
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -434,7 +418,6 @@ class GPUModel:
     def _rows(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
         c = self.cfg
-        W = tokens.shape[0]
         x = self.embed(tokens)                                                      # [W, D]
         kv_len = cache.k.shape[2]
         act = self.act_dtype
@@ -451,7 +434,7 @@ class GPUModel:
                                             early=self.early_kv)                       # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
-            logits = routed = None
+            logits = None
             if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
                 parts, x_in = None, x
                 if L.o.runs > 1:       # o's runs, added by the norm into a new residual tensor
@@ -459,18 +442,12 @@ class GPUModel:
                 else:
                     L.o.add_into(a, q8, x, pdl)
                 m, x_out = L.moe, x if parts is not None else None
-                if self._route_counters is not None:      # and the routing (engine.route_in_norm)
-                    rec = m.store.routes[m.layer, :W] if m.store is not None else None
-                    h, q8, logits, *routed = rmsnorm_route_q8(
-                        x_in, L.ffn_norm, m.router_rows, c.norm_eps, act, m.orders[:2], m.top_k, m.norm,
-                        self._route_counters, pdl, parts, x_out, rec)                 # ..., [W, k] x2
-                else:
-                    h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
-                                                      m.orders[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
+                h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
+                                                  m.orders[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
             else:
                 h, q8 = self._norm(x, L.o.parts(a, q8, pdl), L.ffn_norm, L.gate_up or L.moe)   # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits, routed=routed)
+                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
             elif L.down.orders and self._fuse_q8:
                 s, q8 = silu_mul_q8(L.gate_up(h, q8, pdl), act, L.down.orders, pdl)       # [W, F]
                 d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
