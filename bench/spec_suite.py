@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from alphallama.bench.hostinfo import host_state
+from alphallama.bench.engine_bench import copy_bandwidth
 from alphallama.bench.suite import load_suite
 from alphallama.engine import Engine, Generation
 from alphallama.spec.config import SPEC_TYPES, SpecConfig
@@ -172,6 +173,7 @@ def main() -> int:
     load_s = time.perf_counter() - t0
     device = eng.cache.k.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    floor = bandwidth_floor(eng.model, device)
     tables = {}
     for arm in arms:                          # round costs: timed (or read from the cache) before any run
         kinds = SPEC_TYPES[specs[arm].spec_type]
@@ -194,7 +196,7 @@ def main() -> int:
             "host": host_state(sys.argv) if complete else host_at_start, "host_at_start": host_at_start,
             "model": args.model, "draft_head": args.draft_head, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "load_s": load_s, "graph_capture_s": getattr(eng.model, "capture_s", None),
+            "load_s": load_s, "graph_capture_s": getattr(eng.model, "capture_s", None), "floor": floor,
             "arms": {a: {"spec_type": s.spec_type, "gate": s.gate, "p_min": s.p_min, "draft_max": s.draft_max,
                          "mtp_depth": s.mtp_depth, "mtp_min_p": s.mtp_min_p, "mtp_switch": s.switched(),
                          "mode": s.mode} for a, s in specs.items()},
@@ -238,6 +240,18 @@ def main() -> int:
     return 0 if res["all_equal_to_plain"] in (True, None) else 1
 
 
+def bandwidth_floor(model, device) -> dict | None:
+    """Plain decode's floor (DESIGN §8): the weight bytes one token reads over the measured
+    device copy rate (KV bytes left out: they grow with the depth, ~1% of a 0.5B model's
+    bytes at 1K tokens). None off the GPU."""
+    nbytes = getattr(model, "weight_bytes", None)
+    if device.type != "cuda" or not nbytes:
+        return None
+    bw = copy_bandwidth()
+    return {"weight_bytes": nbytes, "copy_bandwidth_GBps": bw / 1e9, "floor_tok_s": bw / nbytes,
+            "floor_ms_per_round": nbytes / bw * 1000}
+
+
 def print_table(res: dict, arms: list[str]) -> None:
     print(f"{'set':4} {'arm':14} {'tok/s':>8} {'ms/rd':>7} {'tok/rd':>7} {'x plain':>7}  share of rounds")
     for s, per in res["summary"].items():
@@ -247,6 +261,10 @@ def print_table(res: dict, arms: list[str]) -> None:
             x = a["speedup_vs_plain_geomean"]
             print(f"{s:4} {arm:14} {a['tok_s_geomean']:8.1f} {a['ms_per_round_geomean']:7.3f} "
                   f"{a['tokens_per_round']:7.2f} {x if x is None else round(x, 2)!s:>7}  {share}")
+    if res.get("floor"):
+        f = res["floor"]
+        print(f"plain-decode floor: {f['weight_bytes'] / 1e6:.0f} MB a token at {f['copy_bandwidth_GBps']:.0f} GB/s = "
+              f"{f['floor_tok_s']:.0f} tok/s ({f['floor_ms_per_round']:.3f} ms a round)")
 
 
 def plot(res: dict, path: Path) -> None:
