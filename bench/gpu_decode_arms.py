@@ -162,6 +162,7 @@ def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, d
 
 
 def main() -> int:
+    global WIDTHS
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-8b")
     ap.add_argument("--layers", type=int, default=None)
@@ -169,7 +170,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--arms", nargs="*", default=None)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (tiny presets)")
+    ap.add_argument("--widths", type=int, nargs="*", default=list(WIDTHS),
+                    help="round widths timed (graph buckets; 1 and 8 always added)")
     args = ap.parse_args()
+    WIDTHS = tuple(sorted(set(args.widths) | {1, 8}))
     path = f"/tmp/arms-{args.preset}.gguf"
     write_synthetic(PRESETS[args.preset](**({"n_layers": args.layers} if args.layers else {})), path)
     f = GGUFFile(path)
