@@ -10,6 +10,7 @@
 #   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
 #   bash bench/gpu_decode_session.sh barrier   # grid-wide barriers in one persistent kernel against a PDL chain
 #   bash bench/gpu_decode_session.sh final     # both shapes at the defaults, with their last flips' controls
+#   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma, Q4_K) against dp4a at W 1-16, its GPU tests
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -28,6 +29,13 @@ arms)
       | grep -v "_warn_once\|UserWarning" | tail -4
   timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
+  ;;
+mma)
+  # does inline PTX see the fragments we built (the probe), do the kernel's GPU tests pass (the
+  # PTX, not the emulation), and what do its isums on the tensor cores cost against dp4a
+  timeout 60 python3 bench/gpu_mma_probe.py 2>&1 | grep -v "_warn_once\|UserWarning"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py 2>&1 | tail -3
+  timeout 300 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 tiles)
   # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)

@@ -1,0 +1,90 @@
+"""The Q4_K decode GEMV with its integer sums on the tensor cores (kernels/qgemv_mma: inline
+PTX mma.sync m16n8k32, fragments loaded in fragment order, one fma chain a (row, column))
+against qgemv_i8 (dp4a) at W = 1, 2, 4, 8, 16: can one kernel serve every W, W = 8 at about
+W = 1's cost (issue 7's W8/W1 <= 1.3), without losing W = 1? The Q4_K matrices of the 8B and
+30B-A3B shapes; PDL launches in CUDA graphs, weight copies (and their fragment planes)
+cycled to defeat L2; the activations' fragment order made outside the timing (a producer
+would emit it). Checks: relative error against qgemv_i8 (another float order), every row
+of a 16-row call equal to the row alone. Writes $OUT/gpu_qgemv_mma-*.json.
+
+    GIT_COMMIT=... PYTHONUNBUFFERED=1 python bench/gpu_qgemv_mma.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # noqa: E402
+
+from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.qgemv_mma import mma_planes, mma_x, qgemv_mma  # noqa: E402
+from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+
+ARMS = {"dp4a": None, "mma w4 u2": (4, 2), "mma w8 u2": (8, 2), "mma w2 u2": (2, 2), "mma w4 u1": (4, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="*", default=["gate_up", "qkv", "o", "down_q4", "qkv_30b", "o_30b"])
+    ap.add_argument("--widths", type=int, nargs="*", default=[1, 2, 4, 8, 16])
+    args = ap.parse_args()
+    res = {**run_header(torch.cuda.get_device_properties(0)), "command": " ".join(sys.argv), "rows": []}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name in args.shapes:
+        qt, N, K = DECODE_SHAPES[name]
+        w, ws, _ = decode_weight(name, g)
+        planes = [mma_planes(w_) for w_ in ws]
+        x16 = torch.randn(16, K, device="cuda", generator=g).to(torch.bfloat16)           # [16, K]
+        row = {"shape": name, "qtype": qt.name, "N": N, "K": K, "MB": w.nbytes / 1e6, "dp4a_tile": str(gemv_tile(w)),
+               "us": {}, "rel_err_vs_dp4a": {}, "rows_equal_alone": {}}
+        ref = qgemv_i8(x16, w)
+        for arm, cfg in ARMS.items():
+            warps, steps = cfg or (None, None)
+            try:
+                for W in args.widths:
+                    x = x16[:W].contiguous()
+                    prep = prepare_i8(x, w)
+                    xf = mma_x(prep[0], w.n_slots)
+                    out = torch.empty(W, N, device="cuda")
+                    if warps is None:
+                        fns = [lambda w_=w_: qgemv_i8(x, w_, out=out, prepared=prep, pdl=True) for w_ in ws]
+                    else:
+                        fns = [lambda w_=w_, p_=p_: qgemv_mma(x, w_, planes=p_, out=out, prepared=prep, xf=xf,
+                                                              warps=warps, steps=steps, pdl=True)
+                               for w_, p_ in zip(ws, planes)]
+                    row["us"][f"{W}:{arm}"] = time_graph(fns) * 1e6
+                if warps is not None:
+                    y = qgemv_mma(x16, w, planes=planes[0], warps=warps, steps=steps)
+                    row["rel_err_vs_dp4a"][arm] = float(((y - ref).abs().max() / ref.abs().max()).item())
+                    alone = torch.cat([qgemv_mma(x16[m:m + 1], w, planes=planes[0], warps=warps, steps=steps)
+                                       for m in range(16)])
+                    row["rows_equal_alone"][arm] = bool(torch.equal(y, alone))
+            except Exception as e:                          # recorded, not fatal
+                row["us"][f"error:{arm}"] = f"{type(e).__name__}: {str(e)[:300]}"
+                torch.cuda.synchronize()
+        res["rows"].append(row)
+        print(f"{name} {qt.name} {N}x{K} {row['MB']:.1f} MB:", flush=True)
+        for arm, cfg in ARMS.items():
+            us = {W: row["us"].get(f"{W}:{arm}") for W in args.widths}
+            if None in us.values():
+                print(f"   {arm:8s} {row['us'].get(f'error:{arm}', 'failed')[:150]}", flush=True)
+                continue
+            print(f"   {arm:8s} " + "  ".join(f"W{W} {v:6.1f}" for W, v in us.items())
+                  + f"  | W1 {row['MB'] / us[args.widths[0]]:.2f} TB/s  W8/W1 {us.get(8, 0) / us[args.widths[0]]:.2f}"
+                  + (f"  err {row['rel_err_vs_dp4a'][arm]:.1e} equal {row['rows_equal_alone'][arm]}" if cfg else ""),
+                  flush=True)
+        del ws, planes
+        torch.cuda.empty_cache()
+    out = Path(os.environ.get("OUT", ".")) / f"gpu_qgemv_mma-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""qgemv_mma: the decode GEMV with the per-slot integer sums on the tensor cores (Q4_K;
+built for timing, not used by the engine yet).
+
+Why: qgemv_i8 multiplies codes by int8 activations with dp4a, one instruction per 4 codes
+per x row, so at W = 8 a Q4_K weight costs 2 dp4a a code (~85% of the H200's integer issue
+rate at the copy rate): a verify round cannot cost what a W = 1 round does. One mma.sync
+m16n8k32 (s8 x s8 -> s32) is one 32-value slot of 16 weight rows against 8 x rows.
+
+Triton's tl.dot did not serve (session 20: the int8 operands went through shared memory
+every step, 0.1-1 TB/s), so the mma is inline PTX, and each thread's fragment registers
+are the elements of one row of a [threads, 4] tensor: Triton lays a tensor loaded with
+contiguous offsets of at most 16 bytes a row one row a thread, rows in thread order
+(threadsPerWarp [32, 1]; checked in the TTGIR by the tests; at 32 bytes a row it splits
+a row over 2 threads, which bench/gpu_mma_probe.py showed gives wrong sums). So the
+operands come straight from 16-byte loads of planes laid out in fragment order:
+
+    weights (mma_planes): per 16-row group, per step of 2 slots, per lane 4g + t:
+        qs word t of rows g and g + 8 of each slot   (the mma's a0 | a1 after & 0x0F0F0F0F,
+                                                      a2 | a3 after >> 4: k-groups t, 4 + t)
+    x (mma_x): per 8-column block, per step, per lane 4g + t:
+        column g's lo and hi activation words t of each slot (prepare_i8's lane order, so
+        byte j of both pairs with field 2j / 2j + 1 of qs word t)
+
+c0..c3 are the exact isums of (row g, column 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+The float part is qgemv_i8's per-slot sequence (t = d sc * isum - dmin m * xsum), and each
+(row, column) sums its slots in k order in one fma chain in one thread: no cross-thread sum,
+so a row's bits depend on neither its column nor W, by construction.
+
+Under the Triton interpreter (CPU tests) the mma is emulated with tensor ops over the
+same fragments (EMULATE), so the planes, the k pairing and the float part are tested on
+the CPU; the PTX itself only on a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from .expert_q8 import QBLOCK
+from .qmatvec_i8 import _dp4a, prepare_i8
+from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
+from .qweight import QuantWeight, check_gemv_args
+
+ROWS = 16               # weight rows a warp (the mma's M)
+COLS = 8                # x rows a program (the mma's N)
+STEP = 2                # slots a step: 16 bytes a thread a plane (at 32 Triton splits a row over 2 threads)
+
+
+@triton.jit
+def _mma_q4(w, b):
+    """w, b [T, 4] int32, a step's 2 slots: (qs word t of row g, of row g + 8) and (b0, b1)
+    -> (c0 c1, c2 c3) [T, 4] each: slot j's pair at elements 2 j, 2 j + 1."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 a0, a1, a2, a3;\n"
+        "and.b32 a0, $4, 0x0F0F0F0F;\n"
+        "and.b32 a1, $5, 0x0F0F0F0F;\n"
+        "shr.u32 a2, $4, 4;\n"
+        "and.b32 a2, a2, 0x0F0F0F0F;\n"
+        "shr.u32 a3, $5, 4;\n"
+        "and.b32 a3, a3, 0x0F0F0F0F;\n"
+        "mov.b32 $0, 0;\n mov.b32 $1, 0;\n mov.b32 $2, 0;\n mov.b32 $3, 0;\n"
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$6, $7}, "
+        "{$0, $1, $2, $3}; }",
+        "=r,=r,=r,=r,r,r,r,r", [w, b], dtype=(tl.int32, tl.int32), is_pure=True, pack=2)
+
+
+@triton.jit
+def _mma_q4_emulated(w, b, WARPS: tl.constexpr):
+    """_mma_q4 with tensor ops across the threads' rows (the Triton interpreter)."""
+    Tn: tl.constexpr = 32 * WARPS
+    w6 = tl.reshape(w, (WARPS, 8, 4, 2, 2))                            # [W, g, t, j, h]
+    a = tl.join(w6 & 0x0F0F0F0F, (w6 >> 4) & 0x0F0F0F0F)              # [W, g, t, j, h, e]: k-group 4 e + t
+    a = tl.reshape(tl.permute(a, (0, 3, 4, 1, 5, 2)), (WARPS, 2, 16, 8))   # [W, j, row 8 h + g, k-group]
+    b5 = tl.reshape(b, (WARPS, 8, 4, 2, 2))                            # [W, column g, t, j, e]
+    bb = tl.reshape(tl.permute(b5, (0, 3, 1, 4, 2)), (WARPS, 2, 8, 8))     # [W, j, column, k-group]
+    prod = _dp4a(a[:, :, :, None, :], bb[:, :, None, :, :], 0, False)  # [W, j, 16, 8, 8]
+    isum = tl.sum(prod, axis=4)                                        # [W, j, row, column]
+    isum = tl.reshape(isum, (WARPS, 2, 2, 8, 4, 2))                    # [W, j, h, g, t, column bit]
+    c = tl.permute(isum, (0, 3, 4, 1, 5, 2))                           # [W, g, t, j, cb, h]
+    c_lo, c_hi = tl.split(c)
+    return tl.reshape(c_lo, (Tn, 4)), tl.reshape(c_hi, (Tn, 4))
+
+
+@triton.jit
+def _fetch(qrow, sc, sd, r_lo, r_hi, st, n_slots: tl.constexpr):
+    """Step st's weights [T, 4] (one 16-byte load) and its rows' raw scales (sc | m << 8 of its
+    2 slots, (d, dmin) of their super-block; rows g and g + 8, [T, 2] each): everything from
+    HBM, asked for a step or two ahead of its use."""
+    w = tl.load(qrow + st * 128)
+    sl = 2 * st + tl.arange(0, 2)[None, :]                            # [1, 2]: the slots
+    sb = (st // 4) * 2 + tl.arange(0, 2)[None, :]                     # a step's slots share a super-block
+    return (w, tl.load(sc + r_lo * n_slots + sl), tl.load(sd + r_lo * (n_slots // 4) + sb),
+            tl.load(sc + r_hi * n_slots + sl), tl.load(sd + r_hi * (n_slots // 4) + sb))
+
+
+@triton.jit
+def _scales(s, dd, one):
+    """Q4_K: raw sc | m << 8 [T, n] and (d, dmin) [T, 2] -> d * sc, dmin * m [T, n]."""
+    s = s.to(tl.int32)
+    d, dmin = tl.split(dd.to(tl.float32))                             # [T] each
+    sc_f = ((s & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    m_f = (((s >> 8) & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    return d[:, None] * sc_f, dmin[:, None] * m_f
+
+
+@triton.jit
+def _chain(acc, c, s1, s2, xsum, dx):
+    """acc [T, 2 (column bit)] + a step's 2 slots in k order: c [T, 4] (slot j, column bit),
+    s1, s2 [T, 2 (j)], xsum [T, 2 (cb), 2 (j)] int32, dx [T, 2, 2] float32."""
+    Tn: tl.constexpr = c.shape[0]
+    isum = tl.permute(tl.reshape(c, (Tn, 2, 2)), (0, 2, 1)).to(tl.float32)    # [T, cb, j]
+    tv = s1[:, None, :] * isum - s2[:, None, :] * xsum.to(tl.float32)  # qgemv_i8's t, per (cb, j)
+    t0, t1 = tl.split(tv)                                              # [T, cb] each: slots j = 0, 1
+    d0, d1 = tl.split(dx)
+    return tl.fma(t1, d1, tl.fma(t0, d0, acc))
+
+
+@triton.jit
+def _isums(w, b, WARPS: tl.constexpr, EMULATE: tl.constexpr):
+    if EMULATE:
+        return _mma_q4_emulated(w, b, WARPS)
+    return _mma_q4(w, b)
+
+
+@triton.jit
+def _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, st, one, n_slots: tl.constexpr, WARPS: tl.constexpr,
+          EMULATE: tl.constexpr):
+    """Step st (its weights and scales fetched ahead in `cur`): the isums, then both rows'
+    chains. The activations and their records come from L2, loaded here."""
+    w, s_lo, d_lo, s_hi, d_hi = cur
+    Tn: tl.constexpr = w.shape[0]
+    s1_lo, s2_lo = _scales(s_lo, d_lo, one)                           # [T, 2 (j)]
+    s1_hi, s2_hi = _scales(s_hi, d_hi, one)
+    # the columns' (xsum, dx) of both slots: 16 contiguous bytes a column
+    rec = tl.load(xsd + col[:, :, None] * (n_slots * 2) + st * 4 + tl.arange(0, 4)[None, None, :],
+                  mask=ok[:, :, None], other=0)                         # [T, 2 (cb), 4 (j, field)]
+    xsum, dxb = tl.split(tl.reshape(rec, (Tn, 2, 2, 2)))               # [T, cb, j] each
+    dx = dxb.to(tl.float32, bitcast=True)
+    c_lo, c_hi = _isums(w, tl.load(xrow + st * 128), WARPS, EMULATE)
+    return _chain(acc_lo, c_lo, s1_lo, s2_lo, xsum, dx), _chain(acc_hi, c_hi, s1_hi, s2_hi, xsum, dx)
+
+
+@triton.jit(do_not_specialize=["one"])
+def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr,
+                      WARPS: tl.constexpr, EMULATE: tl.constexpr, U: tl.constexpr = 2, PDL: tl.constexpr = False):
+    """U: steps (of 2 slots) an iteration, whose weights and scales are loaded an iteration
+    ahead (not in the float order: the same ops in the same order at any U)."""
+    tl.static_assert(U == 1 or U == 2, "U: 1 or 2 steps an iteration")
+    Tn: tl.constexpr = 32 * WARPS
+    STEPS: tl.constexpr = n_slots // 2
+    tl.static_assert(STEPS % U == 0, "whole iterations")
+    ITERS: tl.constexpr = STEPS // U
+    n_cb = tl.cdiv(W, 8)
+    cb = tl.program_id(0) % n_cb
+    i = tl.arange(0, Tn)[:, None]                                      # [T, 1]: the thread
+    e4 = tl.arange(0, 4)[None, :]                                      # [1, 4]: its elements
+    lane = i % 32
+    g = lane // 4
+    t = lane % 4
+    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32                 # [T, 1]: the warp's 16-row group
+    n_grp = N // 16
+    grp = tl.minimum(grp, n_grp - 1).to(tl.int64)                      # past N: recomputed, not stored
+    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4                     # [T, 4]: step 0's words
+    xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
+    r_lo = grp * 16 + g                                                # [T, 1]: rows g and g + 8
+    r_hi = r_lo + 8
+    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]                    # [T, 2]: columns 2t, 2t + 1
+    ok = col < W
+    col = tl.minimum(col, W - 1).to(tl.int64)
+    acc_lo = tl.zeros([Tn, 2], tl.float32)
+    acc_hi = tl.zeros([Tn, 2], tl.float32)
+    pdl_trigger(PDL)
+    nxt_a = _fetch(qrow, sc, sd, r_lo, r_hi, 0, n_slots)
+    if U == 2:
+        nxt_b = _fetch(qrow, sc, sd, r_lo, r_hi, 1, n_slots)
+    pdl_wait(PDL)
+    for it in range(0, ITERS):
+        cur = nxt_a
+        nxt_a = _fetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(it + 1, ITERS - 1) * U, n_slots)
+        acc_lo, acc_hi = _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, it * U, one, n_slots, WARPS, EMULATE)
+        if U == 2:
+            cur = nxt_b
+            nxt_b = _fetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(it + 1, ITERS - 1) * U + 1, n_slots)
+            acc_lo, acc_hi = _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, it * U + 1, one, n_slots, WARPS, EMULATE)
+    keep = ok & ((tl.program_id(0) // n_cb) * WARPS + i // 32 < n_grp)
+    tl.store(out + col * stride_out + r_lo, acc_lo, mask=keep)
+    tl.store(out + col * stride_out + r_hi, acc_hi, mask=keep)
+
+
+def supports_mma(w: QuantWeight) -> bool:
+    return w.qtype == T.Q4_K and w.N % ROWS == 0 and w.n_slots % (2 * STEP) == 0
+
+
+def mma_planes(w: QuantWeight) -> torch.Tensor:
+    """The qs plane in fragment order: int32 [N/16, n_slots/2, 32 lanes, 2 slots, 2 rows]
+    (lane 4g + t holds qs word t of rows g and g + 8 of the group's 16)."""
+    if not supports_mma(w):
+        raise ValueError(f"qgemv_mma: Q4_K with N a multiple of {ROWS}, got {w.qtype.name} {w.N}x{w.K}")
+    qs = w.planes["qs"].reshape(w.N // 16, 2, 8, w.n_slots // 2, 2, 4)   # [G, h, g, step, j, t]
+    return qs.permute(0, 3, 2, 5, 4, 1).contiguous()                     # [G, step, g, t, j, h]
+
+
+def mma_x(xp: torch.Tensor, n_slots: int) -> torch.Tensor:
+    """prepare_i8's words [W, n_slots * 8] -> fragment order [W/8, n_slots/2, 32 lanes, 2 slots,
+    2 (lo, hi)]: lane 4g + t holds column g's lo and hi word t (columns past W: zero)."""
+    W = xp.shape[0]
+    n_cb = triton.cdiv(W, COLS)
+    x = torch.zeros((n_cb * COLS, n_slots * 8), dtype=torch.int32, device=xp.device)
+    x[:W] = xp
+    x = x.reshape(n_cb, 8, n_slots // 2, 2, 2, 4)                      # [cb, g, step, j, e, t]
+    return x.permute(0, 2, 1, 5, 3, 4).contiguous()                    # [cb, step, g, t, j, e]
+
+
+def qgemv_mma(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
+              prepared: tuple[torch.Tensor, torch.Tensor] | None = None, xf: torch.Tensor | None = None,
+              warps: int = 4, steps: int = 2, pdl: bool = False) -> torch.Tensor:
+    """Q4_K x [W, K] @ w^T -> [W, N] float32 on prepare_i8's activations, the isums on the
+    tensor cores (emulated under the interpreter). planes: mma_planes(w), made here if not
+    given; xf: mma_x of prepared's words (a producer would emit them in this order; made
+    here if not given). steps: 2-slot steps an iteration (1 or 2; loaded an iteration ahead)."""
+    W, N, out = check_gemv_args(x, w, out, "qgemv_mma", k_multiple=QBLOCK, out_col_slice=True)
+    qf = planes if planes is not None else mma_planes(w)
+    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
+    xf = xf if xf is not None else mma_x(xp, w.n_slots)
+    grid = (triton.cdiv(N // ROWS, warps) * triton.cdiv(W, COLS),)
+    _qgemv_mma_kernel[grid](xf, xsd, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
+                            n_slots=w.n_slots, WARPS=warps, EMULATE=not x.is_cuda, U=steps, num_warps=warps,
+                            enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
+    return out

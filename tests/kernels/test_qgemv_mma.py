@@ -1,0 +1,108 @@
+"""qgemv_mma (the Q4_K decode GEMV with its integer sums on the tensor cores) against a
+float64 product of the same quantized activations with gguf's dequantized weights; rows
+bit-identical whatever W and their column; the fragment-order planes against their index
+formula; and, compiled for sm_90, the layout the inline PTX relies on (every operand of
+the mma one row a thread). CPU: the interpreter with the mma emulated over the same
+fragments; on a GPU the same tests run the PTX."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
+
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+from alphallama.kernels.qgemv_mma import mma_planes, mma_x, qgemv_mma, supports_mma  # noqa: E402
+from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
+from tests.kernels.test_qgemv_i8 import reference64  # noqa: E402
+from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
+
+
+def _rel_err(out, ref, scale) -> float:
+    return ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+
+
+@pytest.mark.parametrize("n,k,W,warps,steps", [(80, 512, 3, 2, 2), (32, 2048, 1, 4, 2), (48, 256, 11, 1, 1)])
+def test_matches_float64_of_the_quantized_activations(n, k, W, warps, steps):
+    """N past a whole program (80 rows at 2 warps: 2.5 programs), W past one 8-column block."""
+    raw, w = _weight(T.Q4_K, n, k, seed=3)
+    x = _x(W, k, seed=4)
+    out = torch.full((W, n), float("nan"), device=x.device)
+    qgemv_mma(x, w, out=out, warps=warps, steps=steps)
+    ref, scale = reference64(x, raw, T.Q4_K, n, k)
+    assert torch.isfinite(out).all() and _rel_err(out, ref, scale) < 2e-6
+
+
+def test_rows_do_not_depend_on_width_or_column():
+    """Every row of a 10-row call (two column blocks, the second padded) equals that row
+    alone and that row at another column, bit for bit."""
+    raw, w = _weight(T.Q4_K, 32, 1024, seed=5)
+    x = _x(10, 1024, seed=6)
+    planes = mma_planes(w)
+    full = qgemv_mma(x, w, planes=planes, warps=2)
+    alone = torch.cat([qgemv_mma(x[m:m + 1], w, planes=planes, warps=2) for m in range(10)])
+    assert torch.equal(full, alone)
+    rolled = qgemv_mma(torch.roll(x, 3, dims=0), w, planes=planes, warps=2)
+    assert torch.equal(torch.roll(full, 3, dims=0), rolled)
+    # loading one step an iteration ahead instead of two: the same ops in the same order
+    assert torch.equal(qgemv_mma(x, w, planes=planes, warps=2, steps=1), full)
+
+
+def test_fragment_planes_follow_the_mma_layout():
+    """Lane 4g + t of group G, step s holds qs word t of rows 16G + g and 16G + g + 8 of
+    slots 2s and 2s + 1; x: column g's lo and hi words t (columns past W zero)."""
+    _, w = _weight(T.Q4_K, 32, 512, seed=7)
+    qs = w.planes["qs"].reshape(32, w.n_slots, 4)                      # [N, slot, word]
+    qf = mma_planes(w).reshape(2, w.n_slots // 2, 32, 2, 2)            # [G, step, lane, j, h]
+    for G, s, lane, j, h in [(0, 0, 0, 0, 0), (1, 3, 29, 1, 1), (0, 7, 6, 1, 0), (1, 0, 31, 0, 1)]:
+        g, t = divmod(lane, 4)
+        assert qf[G, s, lane, j, h] == qs[16 * G + g + 8 * h, 2 * s + j, t]
+    x = _x(3, 512, seed=8)
+    xp, _ = prepare_i8(x, w)
+    xw = xp.reshape(3, w.n_slots, 8)                                   # [W, slot, word e*4 + t]
+    xf = mma_x(xp, w.n_slots).reshape(1, w.n_slots // 2, 32, 2, 2)    # [cb, step, lane, j, e]
+    for s, lane, j, e in [(0, 0, 0, 0), (5, 9, 1, 1), (2, 11, 0, 1)]:
+        g, t = divmod(lane, 4)
+        assert xf[0, s, lane, j, e] == xw[g, 2 * s + j, 4 * e + t]
+    assert not xf[0, :, 12:].any()                                     # columns 3..7: padding
+
+
+def test_refuses_what_it_does_not_cover():
+    _, w6 = _weight(T.Q6_K, 32, 256, seed=1)
+    _, w_odd = _weight(T.Q4_K, 24, 256, seed=1)
+    assert not supports_mma(w6) and not supports_mma(w_odd)
+    with pytest.raises(ValueError, match="Q4_K"):
+        mma_planes(w6)
+
+
+def compile_sm90() -> None:
+    """The kernel for sm_90 (child process): every inline-asm operand and result lies one row
+    a thread (threadsPerWarp [32, 1], the row's 4 elements in the thread: the mma's
+    fragments), and nothing goes through shared memory."""
+    import re
+
+    from alphallama.kernels.qgemv_mma import _qgemv_mma_kernel
+    from tests.kernels.sm90 import compile_sm90 as build
+
+    for warps, U in ((4, 2), (8, 2), (4, 1)):
+        k = build(_qgemv_mma_kernel, ["*i32", "*i32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"],
+                  dict(n_slots=128, WARPS=warps, EMULATE=False, U=U), num_warps=warps)
+        ttgir = k.asm["ttgir"]
+        layouts = dict(re.findall(r"^(#blocked\d*) = (.*)$", ttgir, re.M))
+        asm = [ln for ln in ttgir.splitlines() if "elementwise_inline_asm" in ln]
+        assert asm, "no inline asm in the kernel"
+        for name in set(re.findall(r"#blocked\d*", " ".join(asm))):
+            lay = layouts[name]
+            assert "sizePerThread = [1, 4]" in lay and "threadsPerWarp = [32, 1]" in lay \
+                and f"warpsPerCTA = [{warps}, 1]" in lay and "order = [1, 0]" in lay, lay
+        assert k.metadata.shared == 0
+        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 2 * U
+
+
+def test_compiles_for_sm90_with_fragments_one_row_a_thread():
+    run_in_child("test_qgemv_mma")
