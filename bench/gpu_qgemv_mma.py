@@ -24,10 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
 from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
-from alphallama.kernels.qgemv_mma import mma_planes, mma_x, qgemv_mma  # noqa: E402
+from alphallama.kernels.qgemv_mma import mma_planes, mma_x, prepare_q8k, qgemv_mma, qgemv_mma_k  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
-ARMS = {"dp4a": None, "mma w4 u2": (4, 2), "mma w8 u2": (8, 2), "mma w2 u2": (2, 2), "mma w4 u1": (4, 1)}
+# (warps, steps ahead); "k": qgemv_mma_k, activations with one scale a super-block (another
+# quantization than the engine's: its error against dp4a is that, not a bug)
+ARMS = {"dp4a": None, "mma w4 u2": (4, 2), "mma w8 u2": (8, 2), "mma w2 u2": (2, 2), "mma w4 u1": (4, 1),
+        "mma-k w4": (4, "k"), "mma-k w8": (8, "k")}
+
+
+def _call(x, w, planes, warps, steps, **kw):
+    if steps == "k":
+        return qgemv_mma_k(x, w, planes=planes, warps=warps, **kw)
+    return qgemv_mma(x, w, planes=planes, warps=warps, steps=steps, **kw)
 
 
 def main() -> None:
@@ -51,20 +60,19 @@ def main() -> None:
                 for W in args.widths:
                     x = x16[:W].contiguous()
                     prep = prepare_i8(x, w)
-                    xf = mma_x(prep[0], w.n_slots)
                     out = torch.empty(W, N, device="cuda")
                     if warps is None:
                         fns = [lambda w_=w_: qgemv_i8(x, w_, out=out, prepared=prep, pdl=True) for w_ in ws]
                     else:
-                        fns = [lambda w_=w_, p_=p_: qgemv_mma(x, w_, planes=p_, out=out, prepared=prep, xf=xf,
-                                                              warps=warps, steps=steps, pdl=True)
+                        kw = (dict(prepared=prepare_q8k(x, w.n_slots)) if steps == "k"
+                              else dict(prepared=prep, xf=mma_x(prep[0], w.n_slots)))
+                        fns = [lambda w_=w_, p_=p_, kw=kw: _call(x, w_, p_, warps, steps, out=out, pdl=True, **kw)
                                for w_, p_ in zip(ws, planes)]
                     row["us"][f"{W}:{arm}"] = time_graph(fns) * 1e6
                 if warps is not None:
-                    y = qgemv_mma(x16, w, planes=planes[0], warps=warps, steps=steps)
+                    y = _call(x16, w, planes[0], warps, steps)
                     row["rel_err_vs_dp4a"][arm] = float(((y - ref).abs().max() / ref.abs().max()).item())
-                    alone = torch.cat([qgemv_mma(x16[m:m + 1], w, planes=planes[0], warps=warps, steps=steps)
-                                       for m in range(16)])
+                    alone = torch.cat([_call(x16[m:m + 1], w, planes[0], warps, steps) for m in range(16)])
                     row["rows_equal_alone"][arm] = bool(torch.equal(y, alone))
             except Exception as e:                          # recorded, not fatal
                 row["us"][f"error:{arm}"] = f"{type(e).__name__}: {str(e)[:300]}"

@@ -16,10 +16,12 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.qgemv_mma import mma_planes, mma_x, qgemv_mma, supports_mma  # noqa: E402
+from alphallama.kernels.qgemv_mma import (mma_planes, mma_x, prepare_q8k, qgemv_mma, qgemv_mma_k,  # noqa: E402
+                                          supports_mma)
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qgemv_i8 import reference64  # noqa: E402
+from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
 
@@ -72,6 +74,25 @@ def test_fragment_planes_follow_the_mma_layout():
     assert not xf[0, :, 12:].any()                                     # columns 3..7: padding
 
 
+def test_q8k_variant_matches_float64_and_keeps_rows_apart():
+    """qgemv_mma_k: activations with one scale a 256-value super-block (the slots folded in
+    integers, the float work once a super-block) against float64 of those activations."""
+    n, k, W = 48, 1024, 10
+    raw, w = _weight(T.Q4_K, n, k, seed=3)
+    x = _x(W, k, seed=4)
+    out = qgemv_mma_k(x, w, warps=2)
+    xb = x.cpu().float().reshape(W, -1, 256)
+    amax = xb.abs().amax(-1)
+    q = torch.round(xb * torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), 0.0)[..., None]).clamp(-127, 127)
+    xd = (q.double() * (amax / 127.0).double()[..., None]).reshape(W, k)
+    wd = gguf_dequant(raw, T.Q4_K).double().reshape(n, k)
+    assert _rel_err(out, xd @ wd.T, xd.abs() @ wd.abs().T) < 2e-6
+    alone = torch.cat([qgemv_mma_k(x[m:m + 1], w, warps=2) for m in range(W)])
+    assert torch.equal(out, alone)
+    _, xs, dx = prepare_q8k(x, w.n_slots)
+    assert xs.shape == (W, w.n_slots) and dx.shape == (W, k // 256)
+
+
 def test_refuses_what_it_does_not_cover():
     _, w6 = _weight(T.Q6_K, 32, 256, seed=1)
     _, w_odd = _weight(T.Q4_K, 24, 256, seed=1)
@@ -86,12 +107,18 @@ def compile_sm90() -> None:
     fragments), and nothing goes through shared memory."""
     import re
 
-    from alphallama.kernels.qgemv_mma import _qgemv_mma_kernel
+    from alphallama.kernels.qgemv_mma import _qgemv_mma_k_kernel, _qgemv_mma_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
-    for warps, U in ((4, 2), (8, 2), (4, 1)):
-        k = build(_qgemv_mma_kernel, ["*i32", "*i32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"],
-                  dict(n_slots=128, WARPS=warps, EMULATE=False, U=U), num_warps=warps)
+    i32, i16, f16, f32 = "*i32", "*i16", "*fp16", "*fp32"
+    for warps, U in ((4, 2), (8, 2), (4, 1), (4, "k"), (8, "k")):
+        if U == "k":                                   # the per-256 variant: 4 steps a loop, 2 mma each
+            k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32", "i32"],
+                      dict(n_slots=128, WARPS=warps, EMULATE=False), num_warps=warps)
+            U = 4
+        else:
+            k = build(_qgemv_mma_kernel, [i32, i32, f32, i32, i16, f16, "i32", "i32", "i32", "i32"],
+                      dict(n_slots=128, WARPS=warps, EMULATE=False, U=U), num_warps=warps)
         ttgir = k.asm["ttgir"]
         layouts = dict(re.findall(r"^(#blocked\d*) = (.*)$", ttgir, re.M))
         asm = [ln for ln in ttgir.splitlines() if "elementwise_inline_asm" in ln]

@@ -188,6 +188,123 @@ def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: 
     tl.store(out + col * stride_out + r_hi, acc_hi, mask=keep)
 
 
+@triton.jit
+def _fold(ai, am, c, s, xsum):
+    """A step's 2 slots into a super-block's integer sums (exact): ai += sc_j * isum_j,
+    am += m_j * xsum_j. c [T, 4] (slot j, column bit), s [T, 2 (j)] (sc | m << 8), xsum
+    [T, 2 (cb), 2 (j)]; ai, am [T, 2 (cb)] int32."""
+    Tn: tl.constexpr = c.shape[0]
+    c0, c1 = tl.split(tl.permute(tl.reshape(c, (Tn, 2, 2)), (0, 2, 1)))     # [T, cb] each
+    x0, x1 = tl.split(xsum)
+    s = s.to(tl.int32)
+    s0, s1 = tl.split(s)                                               # [T] each
+    ai = ai + (s0 & 0xFF)[:, None] * c0 + (s1 & 0xFF)[:, None] * c1
+    am = am + ((s0 >> 8) & 0xFF)[:, None] * x0 + ((s1 >> 8) & 0xFF)[:, None] * x1
+    return ai, am
+
+
+@triton.jit
+def _flush(y, ai, am, dd, dx):
+    """y [T, 2 (cb)] + a super-block's terms: d dx * ai - dmin dx * am (dd [T, 2]: d, dmin
+    of the row; dx [T, 2 (cb)]: the columns' super-block scale)."""
+    d, dmin = tl.split(dd.to(tl.float32))                             # [T] each
+    t = (d[:, None] * dx) * ai.to(tl.float32) - (dmin[:, None] * dx) * am.to(tl.float32)
+    return y + t
+
+
+@triton.jit(do_not_specialize=["one"])
+def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr,
+                        WARPS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False):
+    """qgemv_mma on activations with one scale a super-block (prepare_q8k, llama.cpp's q8_K
+    layout of scales): a super-block's 8 slots fold in integers (_fold), its float work
+    happens once (_flush). A spike: another quantization of the activations than the
+    engine's (one dx per 32 values), so not the engine's bits."""
+    Tn: tl.constexpr = 32 * WARPS
+    STEPS: tl.constexpr = n_slots // 2
+    NSB: tl.constexpr = n_slots // 8
+    n_cb = tl.cdiv(W, 8)
+    cb = tl.program_id(0) % n_cb
+    i = tl.arange(0, Tn)[:, None]
+    e4 = tl.arange(0, 4)[None, :]
+    lane = i % 32
+    g = lane // 4
+    t = lane % 4
+    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32
+    n_grp = N // 16
+    grp = tl.minimum(grp, n_grp - 1).to(tl.int64)
+    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4
+    xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
+    r_lo = grp * 16 + g
+    r_hi = r_lo + 8
+    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]
+    ok = col < W
+    col = tl.minimum(col, W - 1).to(tl.int64)
+    j2 = tl.arange(0, 2)[None, :]
+    y_lo = tl.zeros([Tn, 2], tl.float32)
+    y_hi = tl.zeros([Tn, 2], tl.float32)
+    pdl_trigger(PDL)
+    nw = tl.load(qrow)
+    ns_lo = tl.load(sc + r_lo * n_slots + j2)
+    ns_hi = tl.load(sc + r_hi * n_slots + j2)
+    pdl_wait(PDL)
+    for sb in range(0, NSB):
+        dd_lo = tl.load(sd + r_lo * (n_slots // 4) + sb * 2 + j2)      # asked for at the top, used at the end
+        dd_hi = tl.load(sd + r_hi * (n_slots // 4) + sb * 2 + j2)
+        dx = tl.load(dxs + col * NSB + sb, mask=ok, other=0.0)         # [T, 2 (cb)]
+        ai_lo = tl.zeros([Tn, 2], tl.int32)
+        am_lo = tl.zeros([Tn, 2], tl.int32)
+        ai_hi = tl.zeros([Tn, 2], tl.int32)
+        am_hi = tl.zeros([Tn, 2], tl.int32)
+        for u in tl.static_range(4):
+            st = sb * 4 + u
+            w, s_lo, s_hi = nw, ns_lo, ns_hi
+            nst = tl.minimum(st + 1, STEPS - 1)
+            nw = tl.load(qrow + nst * 128)                              # the next step's weights and sc, ahead
+            ns_lo = tl.load(sc + r_lo * n_slots + 2 * nst + j2)
+            ns_hi = tl.load(sc + r_hi * n_slots + 2 * nst + j2)
+            c_lo, c_hi = _isums(w, tl.load(xrow + st * 128), WARPS, EMULATE)
+            xsum = tl.load(xs + col[:, :, None] * n_slots + 2 * st + tl.arange(0, 2)[None, None, :],
+                           mask=ok[:, :, None], other=0)                # [T, 2 (cb), 2 (j)]
+            ai_lo, am_lo = _fold(ai_lo, am_lo, c_lo, s_lo, xsum)
+            ai_hi, am_hi = _fold(ai_hi, am_hi, c_hi, s_hi, xsum)
+        y_lo = _flush(y_lo, ai_lo, am_lo, dd_lo, dx)
+        y_hi = _flush(y_hi, ai_hi, am_hi, dd_hi, dx)
+    keep = ok & ((tl.program_id(0) // n_cb) * WARPS + i // 32 < n_grp)
+    tl.store(out + col * stride_out + r_lo, y_lo, mask=keep)
+    tl.store(out + col * stride_out + r_hi, y_hi, mask=keep)
+
+
+def prepare_q8k(x: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [W, K] -> int8 activations with one scale a 256-value super-block (llama.cpp's q8_K
+    scales): (fragment-order words for qgemv_mma_k, xsum int32 [W, n_slots] per 32-slot,
+    dx float32 [W, K / 256]). Bytes in prepare_i8's lane order within each slot."""
+    from .qmatvec_i8 import lane_perm
+    W, K = x.shape
+    xb = x.float().reshape(W, K // 256, 256)
+    amax = xb.abs().amax(-1)                                           # [W, nsb]
+    dx = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    q = torch.round(xb * inv[..., None]).clamp(-127, 127).to(torch.int32).reshape(W, n_slots, 32)
+    xsum = q.sum(-1, dtype=torch.int32)                                # [W, n_slots]
+    qp = q[:, :, lane_perm(32, 4, 4).to(q.device)].to(torch.int8).reshape(W, K).contiguous()
+    return mma_x(qp.view(torch.int32), n_slots), xsum.contiguous(), dx.contiguous()
+
+
+def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int = 4,
+                pdl: bool = False) -> torch.Tensor:
+    """Q4_K x [W, K] @ w^T on prepare_q8k's activations (one scale a super-block), the isums on
+    the tensor cores and a super-block's slots folded in integers. A spike for timing."""
+    W, N, out = check_gemv_args(x, w, out, "qgemv_mma_k", k_multiple=256, out_col_slice=True)
+    qf = planes if planes is not None else mma_planes(w)
+    xf, xs, dxs = prepared if prepared is not None else prepare_q8k(x, w.n_slots)
+    grid = (triton.cdiv(N // ROWS, warps) * triton.cdiv(W, COLS),)
+    _qgemv_mma_k_kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
+                              n_slots=w.n_slots, WARPS=warps, EMULATE=not x.is_cuda, num_warps=warps,
+                              enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
+    return out
+
+
 def supports_mma(w: QuantWeight) -> bool:
     return w.qtype == T.Q4_K and w.N % ROWS == 0 and w.n_slots % (2 * STEP) == 0
 
