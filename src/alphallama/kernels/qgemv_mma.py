@@ -212,12 +212,40 @@ def _flush(y, ai, am, dd, dx):
     return y + t
 
 
+@triton.jit
+def _kfetch(qrow, sc, sd, r_lo, r_hi, sb, n_slots: tl.constexpr):
+    """Super-block sb's 4 steps of weights ([T, 4] each), sc | m << 8 of its rows' slot pairs
+    ([T, 2] each) and (d, dmin) of both rows: 14 loads from HBM, issued a super-block ahead."""
+    j2 = tl.arange(0, 2)[None, :]
+    q = qrow + sb * 512
+    o_lo = sc + r_lo * n_slots + sb * 8 + j2
+    o_hi = sc + r_hi * n_slots + sb * 8 + j2
+    return (tl.load(q), tl.load(q + 128), tl.load(q + 256), tl.load(q + 384),
+            tl.load(o_lo), tl.load(o_lo + 2), tl.load(o_lo + 4), tl.load(o_lo + 6),
+            tl.load(o_hi), tl.load(o_hi + 2), tl.load(o_hi + 4), tl.load(o_hi + 6),
+            tl.load(sd + r_lo * (n_slots // 4) + sb * 2 + j2), tl.load(sd + r_hi * (n_slots // 4) + sb * 2 + j2))
+
+
+@triton.jit
+def _kstep(acc, w, s_lo, s_hi, xrow, xs, col, ok, st, n_slots: tl.constexpr, WARPS: tl.constexpr,
+           EMULATE: tl.constexpr):
+    """Step st into the super-block's integer sums acc = (ai_lo, am_lo, ai_hi, am_hi)."""
+    ai_lo, am_lo, ai_hi, am_hi = acc
+    c_lo, c_hi = _isums(w, tl.load(xrow + st * 128), WARPS, EMULATE)
+    xsum = tl.load(xs + col[:, :, None] * n_slots + 2 * st + tl.arange(0, 2)[None, None, :],
+                   mask=ok[:, :, None], other=0)                        # [T, 2 (cb), 2 (j)]
+    ai_lo, am_lo = _fold(ai_lo, am_lo, c_lo, s_lo, xsum)
+    ai_hi, am_hi = _fold(ai_hi, am_hi, c_hi, s_hi, xsum)
+    return ai_lo, am_lo, ai_hi, am_hi
+
+
 @triton.jit(do_not_specialize=["one"])
 def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr,
                         WARPS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False):
     """qgemv_mma on activations with one scale a super-block (prepare_q8k, llama.cpp's q8_K
     layout of scales): a super-block's 8 slots fold in integers (_fold), its float work
-    happens once (_flush). A spike: another quantization of the activations than the
+    happens once (_flush); its weights and scales are loaded a super-block ahead (64 bytes
+    of weights a thread). A spike: another quantization of the activations than the
     engine's (one dx per 32 values), so not the engine's bits."""
     Tn: tl.constexpr = 32 * WARPS
     STEPS: tl.constexpr = n_slots // 2
@@ -239,34 +267,22 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_s
     col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]
     ok = col < W
     col = tl.minimum(col, W - 1).to(tl.int64)
-    j2 = tl.arange(0, 2)[None, :]
     y_lo = tl.zeros([Tn, 2], tl.float32)
     y_hi = tl.zeros([Tn, 2], tl.float32)
+    zero = tl.zeros([Tn, 2], tl.int32)
     pdl_trigger(PDL)
-    nw = tl.load(qrow)
-    ns_lo = tl.load(sc + r_lo * n_slots + j2)
-    ns_hi = tl.load(sc + r_hi * n_slots + j2)
+    nxt = _kfetch(qrow, sc, sd, r_lo, r_hi, 0, n_slots)
     pdl_wait(PDL)
     for sb in range(0, NSB):
-        dd_lo = tl.load(sd + r_lo * (n_slots // 4) + sb * 2 + j2)      # asked for at the top, used at the end
-        dd_hi = tl.load(sd + r_hi * (n_slots // 4) + sb * 2 + j2)
+        w0, w1, w2, w3, sl0, sl1, sl2, sl3, sh0, sh1, sh2, sh3, dd_lo, dd_hi = nxt
+        nxt = _kfetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(sb + 1, NSB - 1), n_slots)
         dx = tl.load(dxs + col * NSB + sb, mask=ok, other=0.0)         # [T, 2 (cb)]
-        ai_lo = tl.zeros([Tn, 2], tl.int32)
-        am_lo = tl.zeros([Tn, 2], tl.int32)
-        ai_hi = tl.zeros([Tn, 2], tl.int32)
-        am_hi = tl.zeros([Tn, 2], tl.int32)
-        for u in tl.static_range(4):
-            st = sb * 4 + u
-            w, s_lo, s_hi = nw, ns_lo, ns_hi
-            nst = tl.minimum(st + 1, STEPS - 1)
-            nw = tl.load(qrow + nst * 128)                              # the next step's weights and sc, ahead
-            ns_lo = tl.load(sc + r_lo * n_slots + 2 * nst + j2)
-            ns_hi = tl.load(sc + r_hi * n_slots + 2 * nst + j2)
-            c_lo, c_hi = _isums(w, tl.load(xrow + st * 128), WARPS, EMULATE)
-            xsum = tl.load(xs + col[:, :, None] * n_slots + 2 * st + tl.arange(0, 2)[None, None, :],
-                           mask=ok[:, :, None], other=0)                # [T, 2 (cb), 2 (j)]
-            ai_lo, am_lo = _fold(ai_lo, am_lo, c_lo, s_lo, xsum)
-            ai_hi, am_hi = _fold(ai_hi, am_hi, c_hi, s_hi, xsum)
+        acc = (zero, zero, zero, zero)
+        acc = _kstep(acc, w0, sl0, sh0, xrow, xs, col, ok, sb * 4, n_slots, WARPS, EMULATE)
+        acc = _kstep(acc, w1, sl1, sh1, xrow, xs, col, ok, sb * 4 + 1, n_slots, WARPS, EMULATE)
+        acc = _kstep(acc, w2, sl2, sh2, xrow, xs, col, ok, sb * 4 + 2, n_slots, WARPS, EMULATE)
+        acc = _kstep(acc, w3, sl3, sh3, xrow, xs, col, ok, sb * 4 + 3, n_slots, WARPS, EMULATE)
+        ai_lo, am_lo, ai_hi, am_hi = acc
         y_lo = _flush(y_lo, ai_lo, am_lo, dd_lo, dx)
         y_hi = _flush(y_hi, ai_hi, am_hi, dd_hi, dx)
     keep = ok & ((tl.program_id(0) // n_cb) * WARPS + i // 32 < n_grp)
