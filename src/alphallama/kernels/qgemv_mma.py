@@ -26,6 +26,13 @@ The float part is qgemv_i8's per-slot sequence (t = d sc * isum - dmin m * xsum)
 (row, column) sums its slots in k order in one fma chain in one thread: no cross-thread sum,
 so a row's bits depend on neither its column nor W, by construction.
 
+qgemv_mma_k is the same kernel on activations with one scale a 256-value super-block
+(prepare_q8k; llama.cpp's q8_K scales): a super-block's slots fold into exact int32 sums
+(sc * isum, m * xsum) and its float work happens once. Read off the SASS (sm_90a), the
+per-slot float part makes qgemv_mma cost 8.1 instructions a weight byte, qgemv_mma_k 4.5,
+dp4a at W = 1 2.9 and at W = 8 12.7: which of them holds W = 1 is for the H200 to say
+(bench/gpu_qgemv_mma.py).
+
 Under the Triton interpreter (CPU tests) the mma is emulated with tensor ops over the
 same fragments (EMULATE), so the planes, the k pairing and the float part are tested on
 the CPU; the PTX itself only on a GPU.
