@@ -93,6 +93,28 @@ def test_q8k_variant_matches_float64_and_keeps_rows_apart():
     assert xs.shape == (W, w.n_slots) and dx.shape == (W, k // 256)
 
 
+def test_prepare_q8k_bytes_land_in_fragment_order():
+    """The one-launch q8_K prepare against plain torch: expert_q8's rounding rule with one
+    scale a 256-value super-block, prepare_i8's lane order inside each slot, mma_x's order of
+    words (the padding columns of the last 8-column block are not written: not compared)."""
+    from alphallama.kernels.expert_q8 import rne
+    from alphallama.kernels.qmatvec_i8 import lane_perm
+    W, K = 11, 512
+    n_slots = K // 32
+    x = _x(W, K, seed=9)
+    xf, xs, dx = prepare_q8k(x, n_slots)
+    xb = x.cpu().float().reshape(W, K // 256, 256)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / torch.where(amax > 0, amax, torch.ones_like(amax)), 0.0)
+    q = rne(xb * inv[..., None]).to(torch.int32).reshape(W, n_slots, 32)
+    assert torch.equal(dx.cpu(), amax / torch.tensor(127.0))
+    assert torch.equal(xs.cpu(), q.sum(-1, dtype=torch.int32))
+    words = q[:, :, lane_perm(32, 4, 4)].to(torch.int8).reshape(W, K).contiguous().view(torch.int32)
+    ref = mma_x(words, n_slots).reshape(2, n_slots // 2, 8, 4, 2, 2)    # [cb, step, g, t, j, e]
+    got = xf.cpu().reshape(2, n_slots // 2, 8, 4, 2, 2)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1, :, :W - 8], ref[1, :, :W - 8])
+
+
 def test_refuses_what_it_does_not_cover():
     _, w6 = _weight(T.Q6_K, 32, 256, seed=1)
     _, w_odd = _weight(T.Q4_K, 24, 256, seed=1)
@@ -107,8 +129,10 @@ def compile_sm90() -> None:
     fragments), and nothing goes through shared memory."""
     import re
 
-    from alphallama.kernels.qgemv_mma import _qgemv_mma_k_kernel, _qgemv_mma_kernel
+    from alphallama.kernels.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel, _qgemv_mma_kernel
     from tests.kernels.sm90 import compile_sm90 as build
+
+    build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "i32"], dict(n_slots=128, PDL=True))
 
     i32, i16, f16, f32 = "*i32", "*i16", "*fp16", "*fp32"
     for warps, U in ((4, 2), (8, 2), (4, 1), (4, "k"), (8, "k")):

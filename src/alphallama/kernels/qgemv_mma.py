@@ -45,8 +45,9 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from .expert_q8 import QBLOCK
+from .expert_q8_gpu import _quantize_block
 from .qmatvec_i8 import _dp4a, prepare_i8
-from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
+from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qweight import QuantWeight, check_gemv_args
 
 ROWS = 16               # weight rows a warp (the mma's M)
@@ -297,20 +298,44 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_s
     tl.store(out + col * stride_out + r_hi, y_hi, mask=keep)
 
 
-def prepare_q8k(x: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@triton.jit
+def _prepare_q8k_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row m, super-block b): q8 of x[m, 256 b : 256 b + 256] with one scale
+    (expert_q8's rounding rule), the bytes straight to their fragment-order places (prepare_i8's
+    lane order inside a slot, mma_x's order of words), xsum a slot, dx a super-block."""
+    pdl_start(PDL)
+    STEPS: tl.constexpr = n_slots // 2
+    m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1)
+    k = b * 256 + tl.arange(0, 256)                                    # [256]
+    q, dx = _quantize_block(tl.reshape(tl.load(x + m * stride_x + k).to(tl.float32), (1, 256)))
+    q = tl.reshape(q, (256,))
+    tl.store(xs + m * n_slots + b * 8 + tl.arange(0, 8), tl.sum(tl.reshape(q, (8, 32)), axis=1))
+    tl.store(dxs + m * (n_slots // 8) + b + tl.arange(0, 1), dx)
+    kk = k % 32                                                        # within the slot: emit_q8's lane rule
+    e = kk % 2                                                         # lo (0) or hi (1) word
+    v = (kk % 8) // 2                                                  # word t of that half
+    jh = kk // 8                                                       # its byte
+    s = k // 32                                                        # the slot, its step and place in it
+    word = (((m // 8) * STEPS + s // 2) * 32 + 4 * (m % 8) + v) * 4 + 2 * (s % 2) + e
+    tl.store(xf + word * 4 + jh, q.to(tl.int8))
+
+
+def prepare_q8k(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [W, K] -> int8 activations with one scale a 256-value super-block (llama.cpp's q8_K
-    scales): (fragment-order words for qgemv_mma_k, xsum int32 [W, n_slots] per 32-slot,
-    dx float32 [W, K / 256]). Bytes in prepare_i8's lane order within each slot."""
-    from .qmatvec_i8 import lane_perm
+    scales), one launch: (fragment-order words for qgemv_mma_k [W/8 blocks, n_slots/2, 32, 2, 2]
+    (the padding columns' words are left unwritten: their sums are never stored), xsum int32
+    [W, n_slots] a 32-slot, dx float32 [W, K / 256])."""
     W, K = x.shape
-    xb = x.float().reshape(W, K // 256, 256)
-    amax = xb.abs().amax(-1)                                           # [W, nsb]
-    dx = amax / 127.0
-    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.zeros_like(amax))
-    q = torch.round(xb * inv[..., None]).clamp(-127, 127).to(torch.int32).reshape(W, n_slots, 32)
-    xsum = q.sum(-1, dtype=torch.int32)                                # [W, n_slots]
-    qp = q[:, :, lane_perm(32, 4, 4).to(q.device)].to(torch.int8).reshape(W, K).contiguous()
-    return mma_x(qp.view(torch.int32), n_slots), xsum.contiguous(), dx.contiguous()
+    if K != n_slots * 32 or K % 256:
+        raise ValueError(f"prepare_q8k: K = {K} must be {n_slots} slots of 32 and whole super-blocks")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    xf = torch.empty((triton.cdiv(W, COLS) * COLS * n_slots * 8,), dtype=torch.int32, device=x.device)
+    xs = torch.empty((W, n_slots), dtype=torch.int32, device=x.device)
+    dxs = torch.empty((W, K // 256), dtype=torch.float32, device=x.device)
+    _prepare_q8k_kernel[(W, K // 256)](x, xf.view(torch.int8), xs, dxs, x.stride(0), n_slots=n_slots,
+                                       num_warps=4, enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
+    return xf, xs, dxs
 
 
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -320,7 +345,7 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
     the tensor cores and a super-block's slots folded in integers. A spike for timing."""
     W, N, out = check_gemv_args(x, w, out, "qgemv_mma_k", k_multiple=256, out_col_slice=True)
     qf = planes if planes is not None else mma_planes(w)
-    xf, xs, dxs = prepared if prepared is not None else prepare_q8k(x, w.n_slots)
+    xf, xs, dxs = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
     grid = (triton.cdiv(N // ROWS, warps) * triton.cdiv(W, COLS),)
     _qgemv_mma_k_kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
                               n_slots=w.n_slots, WARPS=warps, EMULATE=not x.is_cuda, num_warps=warps,
