@@ -62,7 +62,8 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # with norm_router: the no- arms are their controls), the experts' down quantizing its own act
 # (engine.moe_down_quant: slower, removed 20261201), o and down GEMVs in 2 runs of their slots
 # whose partials the next norm adds (engine.gemv_split), the FFN norm's launch also routing (engine.route_in_norm:
-# slower, removed 20261201)
+# slower, removed 20261201), the Q4_K dense weights on the tensor cores with activations scaled a super-block
+# (engine.gemv_mma: kernels/qgemv_mma.qgemv_mma_k; not the default's bits)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/prefetch2": dict(prefetch=2),
@@ -79,7 +80,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
                 "default/no-norm-router": dict(norm_router=False),
                 "default/split": dict(gemv_split=True),
-                "default/no-split": dict(gemv_split=False)}
+                "default/no-split": dict(gemv_split=False),
+                "default/mma-k": dict(gemv_mma=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",

@@ -11,6 +11,7 @@
 #   bash bench/gpu_decode_session.sh barrier   # grid-wide barriers in one persistent kernel against a PDL chain
 #   bash bench/gpu_decode_session.sh final     # both shapes at the defaults, with their last flips' controls
 #   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma, Q4_K) against dp4a at W 1-16, its GPU tests
+#   bash bench/gpu_decode_session.sh mma-arms  # both shapes' rounds with the Q4_K dense weights on the tensor cores
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -36,6 +37,14 @@ mma)
   timeout 60 python3 bench/gpu_mma_probe.py 2>&1 | grep -v "_warn_once\|UserWarning"
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py 2>&1 | tail -3
   timeout 300 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
+  ;;
+mma-arms)
+  # whole rounds at every width: the defaults against engine.gemv_mma (the 30B-A3B: its attention only)
+  W="1 2 3 4 5 6 7 8 12 16 32 64"
+  timeout 230 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-k --widths $W 2>&1 \
+      | grep -v "_warn_once\|UserWarning" | tail -3
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/mma-k --widths $W 2>&1 \
+      | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
 tiles)
   # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)

@@ -43,6 +43,10 @@ class EngineDefaults:
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
                                   # W = 1 / 8: 8B 2.099 / 4.743 -> 1.983 / 4.850, 30B-A3B 1.670 / 4.285 -> 1.625 /
                                   # 4.183 (gpu_decode_arms-*-20261201-132*.json)
+    gemv_mma: bool = False        # "i8": Q4_K dense weights through kernels/qgemv_mma.qgemv_mma_k (the isums on the
+                                  # tensor cores, activations with one scale a 256-value super-block, prepared in a
+                                  # launch of their own; the weights also held in fragment order). Another float
+                                  # order and activation rounding, the same at every W. Untimed (arm default/mma-k)
     # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
     # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
     # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290

@@ -48,6 +48,7 @@ from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_orde
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
+from ..kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -86,8 +87,10 @@ class Linear:
     writes its columns of one output buffer (no concatenation); weights without an
     integer form (F16, F32) take qmatmul."""
 
-    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False):
-        """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add."""
+    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False, mma: bool = False):
+        """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
+        mma: the weights qgemv_mma covers run there (engine.gemv_mma), on activations this
+        Linear prepares itself (one scale a super-block: no producer emits them)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -100,17 +103,22 @@ class Linear:
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
+        self.mma = [mma and i8 and supports_mma(w) for w, i8 in zip(self.weights, self.i8)]
+        # the qs plane again in the mma's fragment order (the prefill path reads the planes as they are):
+        # more memory held, the same bytes read a round (nbytes, the floor's numerator)
+        self._planes = [mma_planes(w) if m else None for w, m in zip(self.weights, self.mma)]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
-        self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
+        self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8, m in zip(self.weights, self.i8, self.mma)
+                                          if i8 and not m))
         self.runs = split_runs(self.weights[0]) if split and self.adds else 1
         # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
         self._ones = torch.ones((MAX_W, self.runs), dtype=torch.float32, device=device) if self.runs > 1 else None
 
     @property
     def adds(self) -> bool:
-        """Can add_into run: one weight with an integer form."""
-        return len(self.weights) == 1 and self.i8[0]
+        """Can add_into run: one weight with an integer form (dp4a's: its epilogue adds)."""
+        return len(self.weights) == 1 and self.i8[0] and not self.mma[0]
 
     def add_into(self, x: torch.Tensor, q8: dict | None, out: torch.Tensor, pdl: bool = False) -> None:
         """out += x @ w^T in the GEMV's epilogue (one weight, i8: self.adds): the residual
@@ -137,9 +145,13 @@ class Linear:
         out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
         prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = dict(q8 or {})
         n0 = 0
-        for w, i8 in zip(self.weights, self.i8):
+        for w, i8, planes in zip(self.weights, self.i8, self._planes):
             part = out[:, n0:n0 + w.N]
-            if i8:
+            if planes is not None:
+                if "q8k" not in prepared:
+                    prepared["q8k"] = prepare_q8k(x, w.n_slots, pdl)
+                qgemv_mma_k(x, w, planes=planes, out=part, prepared=prepared["q8k"], pdl=pdl)
+            elif i8:
                 key = lane_order(w)
                 if key not in prepared:
                     prepared[key] = prepare_i8(x, w, pdl)
@@ -262,7 +274,8 @@ class GPUModel:
                  decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
-                 norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None):
+                 norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
+                 gemv_mma: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -270,7 +283,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split: config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma: config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -294,6 +307,8 @@ class GPUModel:
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts)
         split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
+        # Q4_K dense weights on the tensor cores (Linear: qgemv_mma_k; emulated under the interpreter)
+        mma = (DEFAULTS.engine.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8"
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -307,14 +322,16 @@ class GPUModel:
                           self.store, i, moe_gemv)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
-                qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv),
+                qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv,
+                           mma=mma),
                 qkv_bias=bias,
                 q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split),
+                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split, mma=mma),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv) if dense else None,
-                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split) if dense else None,
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv, mma=mma)
+                if dense else None,
+                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split, mma=mma) if dense else None,
                 moe=moe,
             ))
             if progress is not None:
