@@ -35,7 +35,8 @@ mma)
   # does inline PTX see the fragments we built (the probe), do the kernel's GPU tests pass (the
   # PTX, not the emulation), and what do its isums on the tensor cores cost against dp4a
   timeout 60 python3 bench/gpu_mma_probe.py 2>&1 | grep -v "_warn_once\|UserWarning"
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py 2>&1 | tail -3
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py \
+      tests/runtime/test_gpu_model.py -k "mma or tensor_cores or q8k or fragment" 2>&1 | tail -3
   timeout 300 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 mma-arms)

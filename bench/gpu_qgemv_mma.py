@@ -25,15 +25,19 @@ from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # 
 
 from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.qgemv_mma import mma_planes, mma_x, prepare_q8k, qgemv_mma, qgemv_mma_k  # noqa: E402
+from alphallama.kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
 # (warps, steps ahead); "k": qgemv_mma_k, activations with one scale a super-block (another
 # quantization than the engine's: its error against dp4a is that, not a bug)
 ARMS = {"dp4a": None, "mma w4 u2": (4, 2), "mma w8 u2": (8, 2), "mma w2 u2": (2, 2), "mma w4 u1": (4, 1),
         "mma-k w4": (4, "k"), "mma-k w8": (8, "k")}
+ARMS_Q6 = {"dp4a": None, "mma6 w4": (4, "6"), "mma6 w8": (8, "6"), "mma6 w2": (2, "6")}    # Q6_K: qgemv_mma6
 
 
 def _call(x, w, planes, warps, steps, **kw):
+    if steps == "6":
+        return qgemv_mma6(x, w, planes=planes, warps=warps, **kw)
     if steps == "k":
         return qgemv_mma_k(x, w, planes=planes, warps=warps, **kw)
     return qgemv_mma(x, w, planes=planes, warps=warps, steps=steps, **kw)
@@ -41,7 +45,7 @@ def _call(x, w, planes, warps, steps, **kw):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="*", default=["gate_up", "qkv", "o", "down_q4", "qkv_30b", "o_30b"])
+    ap.add_argument("--shapes", nargs="*", default=["gate_up", "qkv", "o", "down_q4", "qkv_30b", "o_30b", "down_q6", "head"])
     ap.add_argument("--widths", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     args = ap.parse_args()
     res = {**run_header(torch.cuda.get_device_properties(0)), "command": " ".join(sys.argv), "rows": []}
@@ -49,12 +53,14 @@ def main() -> None:
     for name in args.shapes:
         qt, N, K = DECODE_SHAPES[name]
         w, ws, _ = decode_weight(name, g)
-        planes = [mma_planes(w_) for w_ in ws]
+        q6 = qt.name == "Q6_K"
+        arms = ARMS_Q6 if q6 else ARMS
+        planes = [(mma6_planes if q6 else mma_planes)(w_) for w_ in ws]
         x16 = torch.randn(16, K, device="cuda", generator=g).to(torch.bfloat16)           # [16, K]
         row = {"shape": name, "qtype": qt.name, "N": N, "K": K, "MB": w.nbytes / 1e6, "dp4a_tile": str(gemv_tile(w)),
                "us": {}, "rel_err_vs_dp4a": {}, "rows_equal_alone": {}}
         ref = qgemv_i8(x16, w)
-        for arm, cfg in ARMS.items():
+        for arm, cfg in arms.items():
             warps, steps = cfg or (None, None)
             try:
                 for W in args.widths:
@@ -64,7 +70,8 @@ def main() -> None:
                     if warps is None:
                         fns = [lambda w_=w_: qgemv_i8(x, w_, out=out, prepared=prep, pdl=True) for w_ in ws]
                     else:
-                        kw = (dict(prepared=prepare_q8k(x, w.n_slots)) if steps == "k"
+                        kw = (dict(prepared=prepare_q8k6(x, w.n_slots)) if steps == "6"
+                              else dict(prepared=prepare_q8k(x, w.n_slots)) if steps == "k"
                               else dict(prepared=prep, xf=mma_x(prep[0], w.n_slots)))
                         fns = [lambda w_=w_, p_=p_, kw=kw: _call(x, w_, p_, warps, steps, out=out, pdl=True, **kw)
                                for w_, p_ in zip(ws, planes)]
@@ -79,7 +86,7 @@ def main() -> None:
                 torch.cuda.synchronize()
         res["rows"].append(row)
         print(f"{name} {qt.name} {N}x{K} {row['MB']:.1f} MB:", flush=True)
-        for arm, cfg in ARMS.items():
+        for arm, cfg in arms.items():
             us = {W: row["us"].get(f"{W}:{arm}") for W in args.widths}
             if None in us.values():
                 print(f"   {arm:8s} {row['us'].get(f'error:{arm}', 'failed')[:150]}", flush=True)

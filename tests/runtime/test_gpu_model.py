@@ -155,13 +155,13 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
 
 
 
-def test_dense_q4_k_weights_on_the_tensor_cores(tmp_path):
-    """engine.gemv_mma: the Q4_K dense weights through qgemv_mma_k (its mma emulated under the
-    interpreter), on activations with one scale a super-block that their Linear prepares:
-    against the reference, near the dp4a model (the coarser activation scale is the gap), a
-    round equals its rows alone."""
+@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K")])
+def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant):
+    """engine.gemv_mma: the Q4_K / Q6_K dense weights (and head) through qgemv_mma_k /
+    qgemv_mma6 (their mma emulated under the interpreter), on activations with one scale a
+    super-block that their Linear prepares: against the reference, near the dp4a model (the
+    coarser activation scale is the gap), a round equals its rows alone."""
     def on(gpu) -> bool:
-        flags = [m for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) for m in lin.mma]
-        return any(flags)
-    logits = _option_on_and_off(tmp_path, "gemv_mma", 17, on, "tiny-qwen3", "Q4_K", n_layers=2, n_heads=8)
+        return any(m for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) for m in lin.mma)
+    logits = _option_on_and_off(tmp_path, "gemv_mma", 17, on, preset, quant, n_layers=2, n_heads=8)
     torch.testing.assert_close(logits[True], logits[False], atol=5e-2 * logits[False].abs().max().item(), rtol=0)

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
@@ -49,6 +50,7 @@ from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
+from ..kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -89,8 +91,9 @@ class Linear:
 
     def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False, mma: bool = False):
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
-        mma: the weights qgemv_mma covers run there (engine.gemv_mma), on activations this
-        Linear prepares itself (one scale a super-block: no producer emits them)."""
+        mma: the weights qgemv_mma_k (Q4_K) or qgemv_mma6 (Q6_K) covers run there
+        (engine.gemv_mma), on activations this Linear prepares itself (one scale a
+        super-block: no producer emits them)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -103,10 +106,11 @@ class Linear:
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
-        self.mma = [mma and i8 and supports_mma(w) for w, i8 in zip(self.weights, self.i8)]
-        # the qs plane again in the mma's fragment order (the prefill path reads the planes as they are):
-        # more memory held, the same bytes read a round (nbytes, the floor's numerator)
-        self._planes = [mma_planes(w) if m else None for w, m in zip(self.weights, self.mma)]
+        self.mma = [mma and i8 and (supports_mma(w) or supports_mma6(w)) for w, i8 in zip(self.weights, self.i8)]
+        # the code planes again in the mma's fragment order (the prefill path reads the planes as they
+        # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
+        self._planes = [None if not m else mma_planes(w) if w.qtype != GGMLQuantizationType.Q6_K else mma6_planes(w)
+                        for w, m in zip(self.weights, self.mma)]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
         self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8, m in zip(self.weights, self.i8, self.mma)
@@ -147,7 +151,11 @@ class Linear:
         n0 = 0
         for w, i8, planes in zip(self.weights, self.i8, self._planes):
             part = out[:, n0:n0 + w.N]
-            if planes is not None:
+            if planes is not None and w.qtype == GGMLQuantizationType.Q6_K:
+                if "q8k6" not in prepared:
+                    prepared["q8k6"] = prepare_q8k6(x, w.n_slots, pdl)
+                qgemv_mma6(x, w, planes=planes, out=part, prepared=prepared["q8k6"], pdl=pdl)
+            elif planes is not None:
                 if "q8k" not in prepared:
                     prepared["q8k"] = prepare_q8k(x, w.n_slots, pdl)
                 qgemv_mma_k(x, w, planes=planes, out=part, prepared=prepared["q8k"], pdl=pdl)
@@ -343,7 +351,7 @@ class GPUModel:
         if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
             self._start_cpu_tier(cpu_threads, progress)
         self.output_norm = vec("output_norm.weight")
-        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv)
+        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv, mma=mma)
         emb = t["token_embd.weight"]
         self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
         # planes, gathered by one kernel (a tied head's own planes); a format without
