@@ -25,6 +25,24 @@ from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
 
+def q8k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [W, K] int32, dx [W, K/256]) with expert_q8's rounding rule, one scale a super-block."""
+    from alphallama.kernels.expert_q8 import rne
+    W, K = x.shape
+    xb = x.cpu().float().reshape(W, K // 256, 256)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / torch.where(amax > 0, amax, torch.ones_like(amax)), 0.0)
+    return rne(xb * inv[..., None]).to(torch.int32).reshape(W, K), amax / torch.tensor(127.0)
+
+
+def q8k_reference64(x: torch.Tensor, raw, qtype, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 [W, N] of q8k(x) @ w^T, the bound scale |q8k(x)| @ |w|^T)."""
+    q, dx = q8k(x)
+    xd = (q.double().reshape(x.shape[0], -1, 256) * dx.double()[..., None]).reshape(x.shape[0], k)
+    wd = gguf_dequant(raw, qtype).double().reshape(n, k)
+    return xd @ wd.T, xd.abs() @ wd.abs().T
+
+
 def _rel_err(out, ref, scale) -> float:
     return ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
 
@@ -81,12 +99,7 @@ def test_q8k_variant_matches_float64_and_keeps_rows_apart():
     raw, w = _weight(T.Q4_K, n, k, seed=3)
     x = _x(W, k, seed=4)
     out = qgemv_mma_k(x, w, warps=2)
-    xb = x.cpu().float().reshape(W, -1, 256)
-    amax = xb.abs().amax(-1)
-    q = torch.round(xb * torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), 0.0)[..., None]).clamp(-127, 127)
-    xd = (q.double() * (amax / 127.0).double()[..., None]).reshape(W, k)
-    wd = gguf_dequant(raw, T.Q4_K).double().reshape(n, k)
-    assert _rel_err(out, xd @ wd.T, xd.abs() @ wd.abs().T) < 2e-6
+    assert _rel_err(out, *q8k_reference64(x, raw, T.Q4_K, n, k)) < 2e-6
     alone = torch.cat([qgemv_mma_k(x[m:m + 1], w, warps=2) for m in range(W)])
     assert torch.equal(out, alone)
     _, xs, dx = prepare_q8k(x, w.n_slots)
@@ -97,17 +110,14 @@ def test_prepare_q8k_bytes_land_in_fragment_order():
     """The one-launch q8_K prepare against plain torch: expert_q8's rounding rule with one
     scale a 256-value super-block, prepare_i8's lane order inside each slot, mma_x's order of
     words (the padding columns of the last 8-column block are not written: not compared)."""
-    from alphallama.kernels.expert_q8 import rne
     from alphallama.kernels.qmatvec_i8 import lane_perm
     W, K = 11, 512
     n_slots = K // 32
     x = _x(W, K, seed=9)
     xf, xs, dx = prepare_q8k(x, n_slots)
-    xb = x.cpu().float().reshape(W, K // 256, 256)
-    amax = xb.abs().amax(-1)
-    inv = torch.where(amax > 0, torch.tensor(127.0) / torch.where(amax > 0, amax, torch.ones_like(amax)), 0.0)
-    q = rne(xb * inv[..., None]).to(torch.int32).reshape(W, n_slots, 32)
-    assert torch.equal(dx.cpu(), amax / torch.tensor(127.0))
+    q, dxr = q8k(x)
+    q = q.reshape(W, n_slots, 32)
+    assert torch.equal(dx.cpu(), dxr)
     assert torch.equal(xs.cpu(), q.sum(-1, dtype=torch.int32))
     words = q[:, :, lane_perm(32, 4, 4)].to(torch.int8).reshape(W, K).contiguous().view(torch.int32)
     ref = mma_x(words, n_slots).reshape(2, n_slots // 2, 8, 4, 2, 2)    # [cb, step, g, t, j, e]
@@ -137,7 +147,7 @@ def compile_sm90() -> None:
     i32, i16, f16, f32 = "*i32", "*i16", "*fp16", "*fp32"
     for warps, U in ((4, 2), (8, 2), (4, 1), (4, "k"), (8, "k")):
         if U == "k":                                   # the per-256 variant: 4 steps a loop, 2 mma each
-            k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32", "i32"],
+            k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32"],
                       dict(n_slots=128, WARPS=warps, EMULATE=False), num_warps=warps)
             U = 4
         else:

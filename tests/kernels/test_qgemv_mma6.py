@@ -18,18 +18,8 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 from alphallama.kernels.formats import torch_fields, torch_high  # noqa: E402
 from alphallama.kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
-from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
+from tests.kernels.test_qgemv_mma import q8k, q8k_reference64  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
-
-
-def _q8k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q [W, K] int32, dx [W, K/256]) with expert_q8's rounding rule, one scale a super-block."""
-    from alphallama.kernels.expert_q8 import rne
-    W, K = x.shape
-    xb = x.cpu().float().reshape(W, K // 256, 256)
-    amax = xb.abs().amax(-1)
-    inv = torch.where(amax > 0, torch.tensor(127.0) / torch.where(amax > 0, amax, torch.ones_like(amax)), 0.0)
-    return rne(xb * inv[..., None]).to(torch.int32).reshape(W, K), amax / torch.tensor(127.0)
 
 
 @pytest.mark.parametrize("n,k,W,warps", [(48, 512, 10, 2), (32, 768, 1, 1), (64, 256, 3, 4)])
@@ -37,10 +27,8 @@ def test_matches_float64_of_the_q8k_activations(n, k, W, warps):
     raw, w = _weight(T.Q6_K, n, k, seed=3)
     x = _x(W, k, seed=4)
     out = qgemv_mma6(x, w, warps=warps)
-    q, dx = _q8k(x)
-    xd = (q.double().reshape(W, -1, 256) * dx.double()[..., None]).reshape(W, k)
-    wd = gguf_dequant(raw, T.Q6_K).double().reshape(n, k)
-    err = ((out.cpu().double() - xd @ wd.T).abs() / (xd.abs() @ wd.abs().T).clamp_min(1e-30)).max().item()
+    ref, scale = q8k_reference64(x, raw, T.Q6_K, n, k)
+    err = ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
     assert torch.isfinite(out).all() and err < 2e-6
 
 
@@ -75,7 +63,7 @@ def test_prepare_q8k6_against_plain_torch():
     n_slots = K // 16
     x = _x(W, K, seed=9)
     xf, xs, dx = prepare_q8k6(x, n_slots)
-    q, dxr = _q8k(x)
+    q, dxr = q8k(x)
     assert torch.equal(dx.cpu(), dxr)
     assert torch.equal(xs.cpu(), q.reshape(W, n_slots, 16).sum(-1, dtype=torch.int32))
     b = xf.cpu().view(torch.int8).reshape(2, n_slots // 8, 8, 4, 2, 4, 4)   # [cb, chunk, g, t, parity, i, byte]

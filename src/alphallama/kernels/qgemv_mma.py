@@ -149,6 +149,21 @@ def _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, st, one, n_slots: tl.constexp
     return _chain(acc_lo, c_lo, s1_lo, s2_lo, xsum, dx), _chain(acc_hi, c_hi, s1_hi, s2_hi, xsum, dx)
 
 
+@triton.jit
+def _warp_rows(W, N, WARPS: tl.constexpr):
+    """A program's place for every kernel here: (its 8-column block cb, each thread's lane
+    4g + t as lane, g, t [T, 1], the warp's 16-row group grp [T, 1] int64 (past N: clamped,
+    recomputed, not stored), rows_ok [T, 1]: the group lies inside N)."""
+    Tn: tl.constexpr = 32 * WARPS
+    n_cb = tl.cdiv(W, 8)
+    i = tl.arange(0, Tn)[:, None]                                      # [T, 1]: the thread
+    lane = i % 32
+    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32
+    n_grp = N // 16
+    return (tl.program_id(0) % n_cb, lane, lane // 4, lane % 4, tl.minimum(grp, n_grp - 1).to(tl.int64),
+            grp < n_grp)
+
+
 @triton.jit(do_not_specialize=["one"])
 def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr,
                       WARPS: tl.constexpr, EMULATE: tl.constexpr, U: tl.constexpr = 2, PDL: tl.constexpr = False):
@@ -159,16 +174,8 @@ def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: 
     STEPS: tl.constexpr = n_slots // 2
     tl.static_assert(STEPS % U == 0, "whole iterations")
     ITERS: tl.constexpr = STEPS // U
-    n_cb = tl.cdiv(W, 8)
-    cb = tl.program_id(0) % n_cb
-    i = tl.arange(0, Tn)[:, None]                                      # [T, 1]: the thread
-    e4 = tl.arange(0, 4)[None, :]                                      # [1, 4]: its elements
-    lane = i % 32
-    g = lane // 4
-    t = lane % 4
-    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32                 # [T, 1]: the warp's 16-row group
-    n_grp = N // 16
-    grp = tl.minimum(grp, n_grp - 1).to(tl.int64)                      # past N: recomputed, not stored
+    cb, lane, g, t, grp, rows_ok = _warp_rows(W, N, WARPS)
+    e4 = tl.arange(0, 4)[None, :]                                      # [1, 4]: a thread's elements
     qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4                     # [T, 4]: step 0's words
     xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
     r_lo = grp * 16 + g                                                # [T, 1]: rows g and g + 8
@@ -191,7 +198,7 @@ def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: 
             cur = nxt_b
             nxt_b = _fetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(it + 1, ITERS - 1) * U + 1, n_slots)
             acc_lo, acc_hi = _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, it * U + 1, one, n_slots, WARPS, EMULATE)
-    keep = ok & ((tl.program_id(0) // n_cb) * WARPS + i // 32 < n_grp)
+    keep = ok & rows_ok
     tl.store(out + col * stride_out + r_lo, acc_lo, mask=keep)
     tl.store(out + col * stride_out + r_hi, acc_hi, mask=keep)
 
@@ -247,8 +254,8 @@ def _kstep(acc, w, s_lo, s_hi, xrow, xs, col, ok, st, n_slots: tl.constexpr, WAR
     return ai_lo, am_lo, ai_hi, am_hi
 
 
-@triton.jit(do_not_specialize=["one"])
-def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr,
+@triton.jit
+def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.constexpr,
                         WARPS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False):
     """qgemv_mma on activations with one scale a super-block (prepare_q8k, llama.cpp's q8_K
     layout of scales): a super-block's 8 slots fold in integers (_fold), its float work
@@ -258,16 +265,8 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_s
     Tn: tl.constexpr = 32 * WARPS
     STEPS: tl.constexpr = n_slots // 2
     NSB: tl.constexpr = n_slots // 8
-    n_cb = tl.cdiv(W, 8)
-    cb = tl.program_id(0) % n_cb
-    i = tl.arange(0, Tn)[:, None]
+    cb, lane, g, t, grp, rows_ok = _warp_rows(W, N, WARPS)
     e4 = tl.arange(0, 4)[None, :]
-    lane = i % 32
-    g = lane // 4
-    t = lane % 4
-    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32
-    n_grp = N // 16
-    grp = tl.minimum(grp, n_grp - 1).to(tl.int64)
     qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4
     xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
     r_lo = grp * 16 + g
@@ -293,9 +292,25 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, one, n_s
         ai_lo, am_lo, ai_hi, am_hi = acc
         y_lo = _flush(y_lo, ai_lo, am_lo, dd_lo, dx)
         y_hi = _flush(y_hi, ai_hi, am_hi, dd_hi, dx)
-    keep = ok & ((tl.program_id(0) // n_cb) * WARPS + i // 32 < n_grp)
+    keep = ok & rows_ok
     tl.store(out + col * stride_out + r_lo, y_lo, mask=keep)
     tl.store(out + col * stride_out + r_hi, y_hi, mask=keep)
+
+
+@triton.jit
+def q8k_block(x, xs, dxs, stride_x, n_slots: tl.constexpr, SLOT: tl.constexpr):
+    """Program (row m, super-block b) of a q8_K prepare: x[m, 256 b : 256 b + 256] to q8 with
+    one scale (expert_q8's rounding rule); stores xsum a SLOT-value slot and dx; -> (m, its
+    k [256], q [256] int32), for the caller to place the bytes."""
+    m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1)
+    k = b * 256 + tl.arange(0, 256)                                    # [256]
+    q, dx = _quantize_block(tl.reshape(tl.load(x + m * stride_x + k).to(tl.float32), (1, 256)))
+    q = tl.reshape(q, (256,))
+    NS: tl.constexpr = 256 // SLOT                                     # slots a super-block
+    tl.store(xs + m * n_slots + b * NS + tl.arange(0, NS), tl.sum(tl.reshape(q, (NS, SLOT)), axis=1))
+    tl.store(dxs + m * (n_slots // NS) + b + tl.arange(0, 1), dx)
+    return m, k, q
 
 
 @triton.jit
@@ -305,13 +320,7 @@ def _prepare_q8k_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: tl
     lane order inside a slot, mma_x's order of words), xsum a slot, dx a super-block."""
     pdl_start(PDL)
     STEPS: tl.constexpr = n_slots // 2
-    m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    k = b * 256 + tl.arange(0, 256)                                    # [256]
-    q, dx = _quantize_block(tl.reshape(tl.load(x + m * stride_x + k).to(tl.float32), (1, 256)))
-    q = tl.reshape(q, (256,))
-    tl.store(xs + m * n_slots + b * 8 + tl.arange(0, 8), tl.sum(tl.reshape(q, (8, 32)), axis=1))
-    tl.store(dxs + m * (n_slots // 8) + b + tl.arange(0, 1), dx)
+    m, k, q = q8k_block(x, xs, dxs, stride_x, n_slots, 32)
     kk = k % 32                                                        # within the slot: emit_q8's lane rule
     e = kk % 2                                                         # lo (0) or hi (1) word
     v = (kk % 8) // 2                                                  # word t of that half
@@ -326,15 +335,23 @@ def prepare_q8k(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch
     scales), one launch: (fragment-order words for qgemv_mma_k [W/8 blocks, n_slots/2, 32, 2, 2]
     (the padding columns' words are left unwritten: their sums are never stored), xsum int32
     [W, n_slots] a 32-slot, dx float32 [W, K / 256])."""
+    return launch_prepare(_prepare_q8k_kernel, x, n_slots, 32, "prepare_q8k", pdl)
+
+
+def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
+                   pdl: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch of a q8_K prepare kernel (program per row and super-block): (fragment-order
+    words, a whole 8-column block's worth (the padding columns' left unwritten), xsum int32
+    [W, n_slots], dx float32 [W, K / 256])."""
     W, K = x.shape
-    if K != n_slots * 32 or K % 256:
-        raise ValueError(f"prepare_q8k: K = {K} must be {n_slots} slots of 32 and whole super-blocks")
+    if K != n_slots * slot or K % 256:
+        raise ValueError(f"{name}: K = {K} must be {n_slots} slots of {slot} and whole super-blocks")
     x = x if x.stride(1) == 1 else x.contiguous()
-    xf = torch.empty((triton.cdiv(W, COLS) * COLS * n_slots * 8,), dtype=torch.int32, device=x.device)
+    xf = torch.empty((triton.cdiv(W, COLS) * COLS * K // 4,), dtype=torch.int32, device=x.device)
     xs = torch.empty((W, n_slots), dtype=torch.int32, device=x.device)
     dxs = torch.empty((W, K // 256), dtype=torch.float32, device=x.device)
-    _prepare_q8k_kernel[(W, K // 256)](x, xf.view(torch.int8), xs, dxs, x.stride(0), n_slots=n_slots,
-                                       num_warps=4, enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
+    kernel[(W, K // 256)](x, xf.view(torch.int8), xs, dxs, x.stride(0), n_slots=n_slots,
+                          num_warps=4, enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
     return xf, xs, dxs
 
 
@@ -343,13 +360,22 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
                 pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T on prepare_q8k's activations (one scale a super-block), the isums on
     the tensor cores and a super-block's slots folded in integers. A spike for timing."""
-    W, N, out = check_gemv_args(x, w, out, "qgemv_mma_k", k_multiple=256, out_col_slice=True)
-    qf = planes if planes is not None else mma_planes(w)
-    xf, xs, dxs = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
+    return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
+                           warps, pdl)
+
+
+def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
+                    planes: torch.Tensor | None, prepared: tuple | None, make_planes, prepare, warps: int,
+                    pdl: bool) -> torch.Tensor:
+    """One launch of a q8_K tensor-core GEMV (qgemv_mma_k, qgemv_mma6): x and out checked,
+    the fragment planes and the activations made here where not given."""
+    W, N, out = check_gemv_args(x, w, out, name, k_multiple=256, out_col_slice=True)
+    qf = planes if planes is not None else make_planes(w)
+    xf, xs, dxs = prepared if prepared is not None else prepare(x, w.n_slots, pdl)
     grid = (triton.cdiv(N // ROWS, warps) * triton.cdiv(W, COLS),)
-    _qgemv_mma_k_kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
-                              n_slots=w.n_slots, WARPS=warps, EMULATE=not x.is_cuda, num_warps=warps,
-                              enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
+    kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,
+                 WARPS=warps, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+                 **pdl_kwargs(pdl, x.device))
     return out
 
 

@@ -24,13 +24,11 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .expert_q8_gpu import _quantize_block
 from .formats import torch_fields, torch_high
+from .qgemv_mma import _warp_rows, launch_prepare, launch_q8k_gemv, q8k_block
 from .qmatvec_i8 import _dp4a
-from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from .qweight import QuantWeight, check_gemv_args
-
-COLS = 8
+from .pdl import pdl_start, pdl_trigger, pdl_wait
+from .qweight import QuantWeight
 
 
 def _slot_asm(e: int) -> str:
@@ -119,16 +117,8 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
                WARPS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False):
     Tn: tl.constexpr = 32 * WARPS
     NCH: tl.constexpr = n_slots // 8                                   # 8-slot chunks (2 a super-block)
-    n_cb = tl.cdiv(W, 8)
-    cb = tl.program_id(0) % n_cb
-    i = tl.arange(0, Tn)[:, None]
+    cb, lane, g, t, grp, row_ok = _warp_rows(W, N, WARPS)
     e4 = tl.arange(0, 4)[None, :]
-    lane = i % 32
-    g = lane // 4
-    t = lane % 4
-    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32
-    n_grp = N // 16
-    grp = tl.minimum(grp, n_grp - 1).to(tl.int64)
     qrow = qf + (grp * NCH * 32 + lane) * 12 + e4                      # [T, 4]: chunk 0's LO_g
     xrow = xf + (cb * NCH * 32 + lane) * 8 + e4                        # [T, 4]: chunk 0's XA
     r_lo = grp * 16 + g                                                # [T, 1]
@@ -182,7 +172,6 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
         y1 = y1 + (d_lo * dx1) * a1.to(tl.float32)[:, None]
         y2 = y2 + (d_hi * dx0) * a2.to(tl.float32)[:, None]
         y3 = y3 + (d_hi * dx1) * a3.to(tl.float32)[:, None]
-    row_ok = (tl.program_id(0) // n_cb) * WARPS + i // 32 < n_grp
     tl.store(out + c0 * stride_out + r_lo, y0, mask=ok0 & row_ok)
     tl.store(out + c1 * stride_out + r_lo, y1, mask=ok1 & row_ok)
     tl.store(out + c0 * stride_out + r_hi, y2, mask=ok0 & row_ok)
@@ -217,13 +206,7 @@ def _prepare_q8k6_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: t
     bytes in natural k order to their fragment places, xsum a 16-slot, dx a super-block."""
     pdl_start(PDL)
     NCH: tl.constexpr = n_slots // 8
-    m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    k = b * 256 + tl.arange(0, 256)
-    q, dx = _quantize_block(tl.reshape(tl.load(x + m * stride_x + k).to(tl.float32), (1, 256)))
-    q = tl.reshape(q, (256,))
-    tl.store(xs + m * n_slots + b * 16 + tl.arange(0, 16), tl.sum(tl.reshape(q, (16, 16)), axis=1))
-    tl.store(dxs + m * (n_slots // 16) + b + tl.arange(0, 1), dx)
+    m, k, q = q8k_block(x, xs, dxs, stride_x, n_slots, 16)
     s = k // 16                                                        # the slot
     kk = k % 16
     word = (((m // 8) * NCH + s // 8) * 32 + 4 * (m % 8) + kk // 4) * 8 + ((s % 8) % 2) * 4 + (s % 8) // 2
@@ -233,16 +216,7 @@ def _prepare_q8k6_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: t
 def prepare_q8k6(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [W, K] -> (fragment words [W/8 blocks, n_slots/8, 32 lanes, 2 (XA, XB), 4], xsum int32
     [W, n_slots] a 16-value slot, dx float32 [W, K / 256]); padding columns unwritten."""
-    W, K = x.shape
-    if K != n_slots * 16 or K % 256:
-        raise ValueError(f"prepare_q8k6: K = {K} must be {n_slots} slots of 16 and whole super-blocks")
-    x = x if x.stride(1) == 1 else x.contiguous()
-    xf = torch.empty((triton.cdiv(W, COLS) * COLS * K // 4,), dtype=torch.int32, device=x.device)
-    xs = torch.empty((W, n_slots), dtype=torch.int32, device=x.device)
-    dxs = torch.empty((W, K // 256), dtype=torch.float32, device=x.device)
-    _prepare_q8k6_kernel[(W, K // 256)](x, xf.view(torch.int8), xs, dxs, x.stride(0), n_slots=n_slots,
-                                        num_warps=4, enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
-    return xf, xs, dxs
+    return launch_prepare(_prepare_q8k6_kernel, x, n_slots, 16, "prepare_q8k6", pdl)
 
 
 def qgemv_mma6(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -250,11 +224,5 @@ def qgemv_mma6(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = No
                pdl: bool = False) -> torch.Tensor:
     """Q6_K x [W, K] @ w^T -> [W, N] float32 on prepare_q8k6's activations, the isums on the
     tensor cores (emulated under the interpreter). A spike for timing."""
-    W, N, out = check_gemv_args(x, w, out, "qgemv_mma6", k_multiple=256, out_col_slice=True)
-    qf = planes if planes is not None else mma6_planes(w)
-    xf, xs, dxs = prepared if prepared is not None else prepare_q8k6(x, w.n_slots, pdl)
-    grid = (triton.cdiv(N // 16, warps) * triton.cdiv(W, COLS),)
-    _q6_kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0),
-                     n_slots=w.n_slots, WARPS=warps, EMULATE=not x.is_cuda, num_warps=warps,
-                     enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
-    return out
+    return launch_q8k_gemv(_q6_kernel, "qgemv_mma6", x, w, out, planes, prepared, mma6_planes, prepare_q8k6,
+                           warps, pdl)

@@ -34,9 +34,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType as QT
 
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
@@ -80,6 +81,23 @@ def _concat_rows(parts: list[TensorInfo]) -> tuple[torch.Tensor, tuple[int, int]
     return raw, (sum(p.shape[0] for p in parts), parts[0].shape[1])
 
 
+class MmaForm(NamedTuple):
+    """A weight format engine.gemv_mma runs on the tensor cores, on q8_K activations."""
+    supports: Callable[[QuantWeight], bool]
+    planes: Callable[[QuantWeight], torch.Tensor]         # its codes in fragment order
+    prepare: Callable                                     # (x, n_slots, pdl) -> the activations
+    gemv: Callable                                        # (x, w, planes=, out=, prepared=, pdl=)
+
+
+_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k),
+              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6)}
+
+
+def _mma_form(w: QuantWeight) -> MmaForm | None:
+    f = _MMA_FORMS.get(w.qtype)
+    return f if f is not None and f.supports(w) else None
+
+
 class Linear:
     """One or more GGUF matrices applied to the same input; outputs concatenated.
     Matrices of the same type are fused into one weight (one launch).
@@ -106,11 +124,11 @@ class Linear:
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
-        self.mma = [mma and i8 and (supports_mma(w) or supports_mma6(w)) for w, i8 in zip(self.weights, self.i8)]
+        self._mma = [_mma_form(w) if mma and i8 else None for w, i8 in zip(self.weights, self.i8)]
+        self.mma = [f is not None for f in self._mma]
         # the code planes again in the mma's fragment order (the prefill path reads the planes as they
         # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
-        self._planes = [None if not m else mma_planes(w) if w.qtype != GGMLQuantizationType.Q6_K else mma6_planes(w)
-                        for w, m in zip(self.weights, self.mma)]
+        self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
         self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8, m in zip(self.weights, self.i8, self.mma)
@@ -149,16 +167,13 @@ class Linear:
         out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
         prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = dict(q8 or {})
         n0 = 0
-        for w, i8, planes in zip(self.weights, self.i8, self._planes):
+        for w, i8, form, planes in zip(self.weights, self.i8, self._mma, self._planes):
             part = out[:, n0:n0 + w.N]
-            if planes is not None and w.qtype == GGMLQuantizationType.Q6_K:
-                if "q8k6" not in prepared:
-                    prepared["q8k6"] = prepare_q8k6(x, w.n_slots, pdl)
-                qgemv_mma6(x, w, planes=planes, out=part, prepared=prepared["q8k6"], pdl=pdl)
-            elif planes is not None:
-                if "q8k" not in prepared:
-                    prepared["q8k"] = prepare_q8k(x, w.n_slots, pdl)
-                qgemv_mma_k(x, w, planes=planes, out=part, prepared=prepared["q8k"], pdl=pdl)
+            if form is not None:
+                key = ("q8k", w.fmt.slot)                  # one q8_K layout per slot width
+                if key not in prepared:
+                    prepared[key] = form.prepare(x, w.n_slots, pdl)
+                form.gemv(x, w, planes=planes, out=part, prepared=prepared[key], pdl=pdl)
             elif i8:
                 key = lane_order(w)
                 if key not in prepared:
