@@ -98,7 +98,8 @@ def old_gemv_tile(w):
     return GemvTile(BN=4 if w.N <= 32768 else 16, NT=min(64 if wide else 32, triton.next_power_of_2(w.n_slots)))
 
 
-def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda") -> dict:
+def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda",
+            widths: tuple[int, ...] = WIDTHS) -> dict:
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
@@ -126,20 +127,21 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         GPUModel.embed = lambda self, tokens: dequantize(raw[tokens], self.embd_qtype,
                                                          (tokens.shape[0], self.cfg.d_model))
     try:
-        return _run_arm(f, kw, depth, reps, toks, device)
+        return _run_arm(f, kw, depth, reps, toks, device, widths)
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
          attention.BLOCK_N, moe_i8.gemv_tile) = saved
 
 
-def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str) -> dict:
+def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,
+             widths: tuple[int, ...]) -> dict:
     model = GPUModel(f, 4096 if device == "cuda" else 256, device, **kw)
     cache = model.new_cache()
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)
     out = {"capture_s": model.capture_s, "ms_per_round": {}}
-    for W in WIDTHS:
+    for W in widths:
         if device != "cuda":            # a smoke run (CPU, the interpreter): one eager round
             t0 = time.perf_counter()
             model.forward(toks[:W], depth, cache)
@@ -164,7 +166,6 @@ def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, d
 
 
 def main() -> int:
-    global WIDTHS
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-8b")
     ap.add_argument("--layers", type=int, default=None)
@@ -175,7 +176,7 @@ def main() -> int:
     ap.add_argument("--widths", type=int, nargs="*", default=list(WIDTHS),
                     help="round widths timed (graph buckets; 1 and 8 always added)")
     args = ap.parse_args()
-    WIDTHS = tuple(sorted(set(args.widths) | {1, 8}))
+    widths = tuple(sorted(set(args.widths) | {1, 8}))
     path = f"/tmp/arms-{args.preset}.gguf"
     write_synthetic(PRESETS[args.preset](**({"n_layers": args.layers} if args.layers else {})), path)
     f = GGUFFile(path)
@@ -189,7 +190,7 @@ def main() -> int:
     logits = {}
     for name, kw in arms.items():
         try:
-            r = run_arm(f, kw, args.depth, args.reps, toks, args.device)
+            r = run_arm(f, kw, args.depth, args.reps, toks, args.device, widths)
         except Exception as e:  # noqa: BLE001
             res["arms"][name] = {"error": repr(e)[:500]}
             print(f"{name}: {e!r}", flush=True)
