@@ -28,18 +28,23 @@ from alphallama.kernels.qgemv_mma import mma_planes, mma_x, prepare_q8k, qgemv_m
 from alphallama.kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
-# (warps, steps ahead); "k": qgemv_mma_k, activations with one scale a super-block (another
-# quantization than the engine's: its error against dp4a is that, not a bug)
-ARMS = {"dp4a": None, "mma w4 u2": (4, 2), "mma w8 u2": (8, 2), "mma w2 u2": (2, 2), "mma w4 u1": (4, 1),
-        "mma-k w4": (4, "k"), "mma-k w8": (8, "k")}
-ARMS_Q6 = {"dp4a": None, "mma6 w4": (4, "6"), "mma6 w8": (8, "6"), "mma6 w2": (2, "6")}    # Q6_K: qgemv_mma6
+# (warps, steps ahead) for qgemv_mma (per-32 activations, measured 20261201: 2-10x dp4a at W = 1,
+# off the default arms); "k": qgemv_mma_k, activations with one scale a super-block (another
+# quantization than the engine's: its error against dp4a is that, not a bug), with runs (warps
+# a row group, K cut over them) and whether the activations are loaded a super-block ahead
+ARMS = {"dp4a": None, "mma-k w4 r1": (4, "k", 1, True), "mma-k w4 r4": (4, "k", 4, True),
+        "mma-k w4 r4 x": (4, "k", 4, False), "mma-k w8 r8": (8, "k", 8, True), "mma-k w8 r4": (8, "k", 4, True),
+        "mma-k w2 r2": (2, "k", 2, True)}
+ARMS_Q6 = {"dp4a": None, "mma6 w4 r1": (4, "6", 1, None), "mma6 w4 r4": (4, "6", 4, None),
+           "mma6 w8 r8": (8, "6", 8, None), "mma6 w8 r4": (8, "6", 4, None), "mma6 w2 r2": (2, "6", 2, None)}
+OLD_ARMS = {"mma w4 u2": (4, 2, None, None), "mma w8 u2": (8, 2, None, None)}     # --old
 
 
-def _call(x, w, planes, warps, steps, **kw):
+def _call(x, w, planes, warps, steps, runs, ahead, **kw):
     if steps == "6":
-        return qgemv_mma6(x, w, planes=planes, warps=warps, **kw)
+        return qgemv_mma6(x, w, planes=planes, warps=warps, runs=runs, **kw)
     if steps == "k":
-        return qgemv_mma_k(x, w, planes=planes, warps=warps, **kw)
+        return qgemv_mma_k(x, w, planes=planes, warps=warps, runs=runs, ahead=ahead, **kw)
     return qgemv_mma(x, w, planes=planes, warps=warps, steps=steps, **kw)
 
 
@@ -47,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=["gate_up", "qkv", "o", "down_q4", "qkv_30b", "o_30b", "down_q6", "head"])
     ap.add_argument("--widths", type=int, nargs="*", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--old", action="store_true", help="also qgemv_mma (per-32 activations)")
     args = ap.parse_args()
     res = {**run_header(torch.cuda.get_device_properties(0)), "command": " ".join(sys.argv), "rows": []}
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -54,14 +60,14 @@ def main() -> None:
         qt, N, K = DECODE_SHAPES[name]
         w, ws, _ = decode_weight(name, g)
         q6 = qt.name == "Q6_K"
-        arms = ARMS_Q6 if q6 else ARMS
+        arms = ARMS_Q6 if q6 else {**ARMS, **(OLD_ARMS if args.old else {})}
         planes = [(mma6_planes if q6 else mma_planes)(w_) for w_ in ws]
         x16 = torch.randn(16, K, device="cuda", generator=g).to(torch.bfloat16)           # [16, K]
         row = {"shape": name, "qtype": qt.name, "N": N, "K": K, "MB": w.nbytes / 1e6, "dp4a_tile": str(gemv_tile(w)),
                "us": {}, "rel_err_vs_dp4a": {}, "rows_equal_alone": {}}
         ref = qgemv_i8(x16, w)
         for arm, cfg in arms.items():
-            warps, steps = cfg or (None, None)
+            warps, steps, runs, ahead = cfg or (None, None, None, None)
             try:
                 for W in args.widths:
                     x = x16[:W].contiguous()
@@ -73,13 +79,14 @@ def main() -> None:
                         kw = (dict(prepared=prepare_q8k6(x, w.n_slots)) if steps == "6"
                               else dict(prepared=prepare_q8k(x, w.n_slots)) if steps == "k"
                               else dict(prepared=prep, xf=mma_x(prep[0], w.n_slots)))
-                        fns = [lambda w_=w_, p_=p_, kw=kw: _call(x, w_, p_, warps, steps, out=out, pdl=True, **kw)
+                        fns = [lambda w_=w_, p_=p_, kw=kw: _call(x, w_, p_, warps, steps, runs, ahead, out=out,
+                                                                 pdl=True, **kw)
                                for w_, p_ in zip(ws, planes)]
                     row["us"][f"{W}:{arm}"] = time_graph(fns) * 1e6
                 if warps is not None:
-                    y = _call(x16, w, planes[0], warps, steps)
+                    y = _call(x16, w, planes[0], warps, steps, runs, ahead)
                     row["rel_err_vs_dp4a"][arm] = float(((y - ref).abs().max() / ref.abs().max()).item())
-                    alone = torch.cat([_call(x16[m:m + 1], w, planes[0], warps, steps) for m in range(16)])
+                    alone = torch.cat([_call(x16[m:m + 1], w, planes[0], warps, steps, runs, ahead) for m in range(16)])
                     row["rows_equal_alone"][arm] = bool(torch.equal(y, alone))
             except Exception as e:                          # recorded, not fatal
                 row["us"][f"error:{arm}"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -89,9 +96,9 @@ def main() -> None:
         for arm, cfg in arms.items():
             us = {W: row["us"].get(f"{W}:{arm}") for W in args.widths}
             if None in us.values():
-                print(f"   {arm:8s} {row['us'].get(f'error:{arm}', 'failed')[:150]}", flush=True)
+                print(f"   {arm:13s} {row['us'].get(f'error:{arm}', 'failed')[:150]}", flush=True)
                 continue
-            print(f"   {arm:8s} " + "  ".join(f"W{W} {v:6.1f}" for W, v in us.items())
+            print(f"   {arm:13s} " + "  ".join(f"W{W} {v:6.1f}" for W, v in us.items())
                   + f"  | W1 {row['MB'] / us[args.widths[0]]:.2f} TB/s  W8/W1 {us.get(8, 0) / us[args.widths[0]]:.2f}"
                   + (f"  err {row['rel_err_vs_dp4a'][arm]:.1e} equal {row['rows_equal_alone'][arm]}" if cfg else ""),
                   flush=True)

@@ -92,16 +92,20 @@ def test_fragment_planes_follow_the_mma_layout():
     assert not xf[0, :, 12:].any()                                     # columns 3..7: padding
 
 
-def test_q8k_variant_matches_float64_and_keeps_rows_apart():
+@pytest.mark.parametrize("warps,runs,ahead", [(2, 1, True), (2, 2, True), (4, 4, False), (4, 2, True)])
+def test_q8k_variant_matches_float64_and_keeps_rows_apart(warps, runs, ahead):
     """qgemv_mma_k: activations with one scale a 256-value super-block (the slots folded in
-    integers, the float work once a super-block) against float64 of those activations."""
+    integers, the float work once a super-block) against float64 of those activations; K cut
+    in runs over a row group's warps (48 rows at 4 warps in 2 runs: 1.5 programs)."""
     n, k, W = 48, 1024, 10
     raw, w = _weight(T.Q4_K, n, k, seed=3)
     x = _x(W, k, seed=4)
-    out = qgemv_mma_k(x, w, warps=2)
+    out = qgemv_mma_k(x, w, warps=warps, runs=runs, ahead=ahead)
     assert _rel_err(out, *q8k_reference64(x, raw, T.Q4_K, n, k)) < 2e-6
-    alone = torch.cat([qgemv_mma_k(x[m:m + 1], w, warps=2) for m in range(W)])
+    alone = torch.cat([qgemv_mma_k(x[m:m + 1], w, warps=warps, runs=runs, ahead=ahead) for m in range(W)])
     assert torch.equal(out, alone)
+    rolled = qgemv_mma_k(torch.roll(x, 3, dims=0), w, warps=warps, runs=runs, ahead=ahead)
+    assert torch.equal(torch.roll(out, 3, dims=0), rolled)
     _, xs, dx = prepare_q8k(x, w.n_slots)
     assert xs.shape == (W, w.n_slots) and dx.shape == (W, k // 256)
 
@@ -145,10 +149,10 @@ def compile_sm90() -> None:
     build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "i32"], dict(n_slots=128, PDL=True))
 
     i32, i16, f16, f32 = "*i32", "*i16", "*fp16", "*fp32"
-    for warps, U in ((4, 2), (8, 2), (4, 1), (4, "k"), (8, "k")):
+    for warps, U, runs in ((4, 2, 1), (8, 2, 1), (4, 1, 1), (4, "k", 1), (8, "k", 1), (4, "k", 4), (8, "k", 4)):
         if U == "k":                                   # the per-256 variant: 4 steps a loop, 2 mma each
             k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32"],
-                      dict(n_slots=128, WARPS=warps, EMULATE=False), num_warps=warps)
+                      dict(n_slots=128, WARPS=warps, EMULATE=False, KW=runs), num_warps=warps)
             U = 4
         else:
             k = build(_qgemv_mma_kernel, [i32, i32, f32, i32, i16, f16, "i32", "i32", "i32", "i32"],
@@ -161,7 +165,7 @@ def compile_sm90() -> None:
             lay = layouts[name]
             assert "sizePerThread = [1, 4]" in lay and "threadsPerWarp = [32, 1]" in lay \
                 and f"warpsPerCTA = [{warps}, 1]" in lay and "order = [1, 0]" in lay, lay
-        assert k.metadata.shared == 0
+        assert (k.metadata.shared == 0) == (runs == 1)      # only the runs' sum goes through shared memory
         assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 2 * U
 
 

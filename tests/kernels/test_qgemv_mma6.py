@@ -22,24 +22,28 @@ from tests.kernels.test_qgemv_mma import q8k, q8k_reference64  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
 
-@pytest.mark.parametrize("n,k,W,warps", [(48, 512, 10, 2), (32, 768, 1, 1), (64, 256, 3, 4)])
-def test_matches_float64_of_the_q8k_activations(n, k, W, warps):
+@pytest.mark.parametrize("n,k,W,warps,runs", [(48, 512, 10, 2, 1), (32, 768, 1, 1, 1), (64, 256, 3, 4, 1),
+                                              (48, 1024, 10, 4, 4), (32, 512, 3, 4, 2)])
+def test_matches_float64_of_the_q8k_activations(n, k, W, warps, runs):
+    """runs > 1: K cut over a row group's warps, their sums added at the end."""
     raw, w = _weight(T.Q6_K, n, k, seed=3)
     x = _x(W, k, seed=4)
-    out = qgemv_mma6(x, w, warps=warps)
+    out = qgemv_mma6(x, w, warps=warps, runs=runs)
     ref, scale = q8k_reference64(x, raw, T.Q6_K, n, k)
     err = ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
     assert torch.isfinite(out).all() and err < 2e-6
 
 
-def test_rows_do_not_depend_on_width_or_column():
+@pytest.mark.parametrize("warps,runs", [(2, 1), (2, 2)])
+def test_rows_do_not_depend_on_width_or_column(warps, runs):
     _, w = _weight(T.Q6_K, 32, 512, seed=5)
     x = _x(10, 512, seed=6)
     planes = mma6_planes(w)
-    full = qgemv_mma6(x, w, planes=planes, warps=2)
-    alone = torch.cat([qgemv_mma6(x[m:m + 1], w, planes=planes, warps=2) for m in range(10)])
+    kw = dict(planes=planes, warps=warps, runs=runs)
+    full = qgemv_mma6(x, w, **kw)
+    alone = torch.cat([qgemv_mma6(x[m:m + 1], w, **kw) for m in range(10)])
     assert torch.equal(full, alone)
-    assert torch.equal(torch.roll(full, 3, dims=0), qgemv_mma6(torch.roll(x, 3, dims=0), w, planes=planes, warps=2))
+    assert torch.equal(torch.roll(full, 3, dims=0), qgemv_mma6(torch.roll(x, 3, dims=0), w, **kw))
 
 
 def test_planes_decode_back_to_the_codes():
@@ -89,9 +93,9 @@ def compile_sm90() -> None:
     from tests.kernels.sm90 import compile_sm90 as build
 
     build(_prepare_q8k6_kernel, ["*bf16", "*i8", "*i32", "*fp32", "i32"], dict(n_slots=768, PDL=True))
-    for warps in (4, 8):
+    for warps, runs in ((4, 1), (8, 1), (4, 4), (8, 8)):
         k = build(_q6_kernel, ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i8", "*fp16", "i32", "i32", "i32"],
-                  dict(n_slots=768, WARPS=warps, EMULATE=False), num_warps=warps)
+                  dict(n_slots=768, WARPS=warps, EMULATE=False, KW=runs), num_warps=warps)
         ttgir = k.asm["ttgir"]
         layouts = dict(re.findall(r"^(#blocked\d*) = (.*)$", ttgir, re.M))
         asm = [ln for ln in ttgir.splitlines() if "elementwise_inline_asm" in ln]
@@ -99,7 +103,7 @@ def compile_sm90() -> None:
         for name in set(re.findall(r"#blocked\d*", " ".join(asm))):
             lay = layouts[name]
             assert "sizePerThread = [1, 4]" in lay and "threadsPerWarp = [32, 1]" in lay and "order = [1, 0]" in lay, lay
-        assert k.metadata.shared == 0
+        assert (k.metadata.shared == 0) == (runs == 1)      # only the runs' sum goes through shared memory
         assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", k.asm["ptx"])) == 16
 
 

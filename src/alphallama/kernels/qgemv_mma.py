@@ -150,18 +150,37 @@ def _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, st, one, n_slots: tl.constexp
 
 
 @triton.jit
-def _warp_rows(W, N, WARPS: tl.constexpr):
+def _warp_place(W, N, WARPS: tl.constexpr, KW: tl.constexpr):
     """A program's place for every kernel here: (its 8-column block cb, each thread's lane
     4g + t as lane, g, t [T, 1], the warp's 16-row group grp [T, 1] int64 (past N: clamped,
-    recomputed, not stored), rows_ok [T, 1]: the group lies inside N)."""
+    recomputed, not stored), rows_ok [T, 1]: the group lies inside N, the warp's run [T, 1]).
+    A program holds WARPS / KW row groups of KW warps each; warp w of a group takes run w of
+    the K range cut into KW runs of whole super-blocks (_runs_sum adds them at the end)."""
     Tn: tl.constexpr = 32 * WARPS
     n_cb = tl.cdiv(W, 8)
     i = tl.arange(0, Tn)[:, None]                                      # [T, 1]: the thread
     lane = i % 32
-    grp = (tl.program_id(0) // n_cb) * WARPS + i // 32
+    grp = (tl.program_id(0) // n_cb) * (WARPS // KW) + (i // 32) // KW
     n_grp = N // 16
     return (tl.program_id(0) % n_cb, lane, lane // 4, lane % 4, tl.minimum(grp, n_grp - 1).to(tl.int64),
-            grp < n_grp)
+            grp < n_grp, (i // 32) % KW)
+
+
+@triton.jit
+def _warp_rows(W, N, WARPS: tl.constexpr):
+    """_warp_place with one run (every warp its own row group, the whole K)."""
+    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS, 1)
+    return cb, lane, g, t, grp, rows_ok
+
+
+@triton.jit
+def _runs_sum(y, KW: tl.constexpr):
+    """y [T, C] of a program's warps -> [T / KW, C]: each row group's KW runs added in
+    tl.sum's tree over the warps (shared memory, once a program). The tree is fixed by the
+    tile, never by W: the same bits for a row at every W."""
+    Tn: tl.constexpr = y.shape[0]
+    C: tl.constexpr = y.shape[1]
+    return tl.reshape(tl.sum(tl.reshape(y, (Tn // (32 * KW), KW, 32, C)), axis=1), (Tn // KW, C))
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -242,13 +261,24 @@ def _kfetch(qrow, sc, sd, r_lo, r_hi, sb, n_slots: tl.constexpr):
 
 
 @triton.jit
-def _kstep(acc, w, s_lo, s_hi, xrow, xs, col, ok, st, n_slots: tl.constexpr, WARPS: tl.constexpr,
-           EMULATE: tl.constexpr):
-    """Step st into the super-block's integer sums acc = (ai_lo, am_lo, ai_hi, am_hi)."""
+def _xfetch(xrow, xs, dxs, col, ok, sb, n_slots: tl.constexpr):
+    """Super-block sb's activations for the thread's columns (from L2): 4 steps' words
+    ([T, 4] each), their slots' xsums ([T, 2 (cb), 2 (j)] each), dx [T, 2 (cb)]."""
+    NSB: tl.constexpr = n_slots // 8
+    xq = xrow + sb * 512
+    xo = xs + col[:, :, None] * n_slots + sb[:, :, None] * 8 + tl.arange(0, 2)[None, None, :]
+    m3 = ok[:, :, None]
+    return (tl.load(xq), tl.load(xq + 128), tl.load(xq + 256), tl.load(xq + 384),
+            tl.load(xo, mask=m3, other=0), tl.load(xo + 2, mask=m3, other=0),
+            tl.load(xo + 4, mask=m3, other=0), tl.load(xo + 6, mask=m3, other=0),
+            tl.load(dxs + col * NSB + sb, mask=ok, other=0.0))
+
+
+@triton.jit
+def _kstep(acc, w, s_lo, s_hi, xw, xsum, WARPS: tl.constexpr, EMULATE: tl.constexpr):
+    """A step into the super-block's integer sums acc = (ai_lo, am_lo, ai_hi, am_hi)."""
     ai_lo, am_lo, ai_hi, am_hi = acc
-    c_lo, c_hi = _isums(w, tl.load(xrow + st * 128), WARPS, EMULATE)
-    xsum = tl.load(xs + col[:, :, None] * n_slots + 2 * st + tl.arange(0, 2)[None, None, :],
-                   mask=ok[:, :, None], other=0)                        # [T, 2 (cb), 2 (j)]
+    c_lo, c_hi = _isums(w, xw, WARPS, EMULATE)
     ai_lo, am_lo = _fold(ai_lo, am_lo, c_lo, s_lo, xsum)
     ai_hi, am_hi = _fold(ai_hi, am_hi, c_hi, s_hi, xsum)
     return ai_lo, am_lo, ai_hi, am_hi
@@ -256,45 +286,67 @@ def _kstep(acc, w, s_lo, s_hi, xrow, xs, col, ok, st, n_slots: tl.constexpr, WAR
 
 @triton.jit
 def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.constexpr,
-                        WARPS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False):
+                        WARPS: tl.constexpr, EMULATE: tl.constexpr, KW: tl.constexpr = 1, XA: tl.constexpr = True,
+                        PDL: tl.constexpr = False):
     """qgemv_mma on activations with one scale a super-block (prepare_q8k, llama.cpp's q8_K
     layout of scales): a super-block's 8 slots fold in integers (_fold), its float work
-    happens once (_flush); its weights and scales are loaded a super-block ahead (64 bytes
-    of weights a thread). A spike: another quantization of the activations than the
-    engine's (one dx per 32 values), so not the engine's bits."""
+    happens once (_flush). KW: warps a row group, each a run of K (_warp_place); the runs'
+    sums added at the end (_runs_sum). Weights and scales are loaded a super-block ahead,
+    and with XA the activations too (else at the top of their super-block)."""
     Tn: tl.constexpr = 32 * WARPS
     STEPS: tl.constexpr = n_slots // 2
     NSB: tl.constexpr = n_slots // 8
-    cb, lane, g, t, grp, rows_ok = _warp_rows(W, N, WARPS)
+    tl.static_assert(WARPS % KW == 0 and NSB % KW == 0, "whole row groups and whole super-block runs")
+    NR: tl.constexpr = NSB // KW                                       # super-blocks a run
+    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS, KW)
     e4 = tl.arange(0, 4)[None, :]
-    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4
+    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4                     # [T, 4]: step 0's words
     xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
-    r_lo = grp * 16 + g
+    r_lo = grp * 16 + g                                                # [T, 1]: rows g and g + 8
     r_hi = r_lo + 8
-    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]
+    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]                    # [T, 2]: columns 2t, 2t + 1
     ok = col < W
     col = tl.minimum(col, W - 1).to(tl.int64)
     y_lo = tl.zeros([Tn, 2], tl.float32)
     y_hi = tl.zeros([Tn, 2], tl.float32)
     zero = tl.zeros([Tn, 2], tl.int32)
+    sb0 = run * NR                                                     # [T, 1]: the run's first super-block
     pdl_trigger(PDL)
-    nxt = _kfetch(qrow, sc, sd, r_lo, r_hi, 0, n_slots)
+    nw = _kfetch(qrow, sc, sd, r_lo, r_hi, sb0, n_slots)
     pdl_wait(PDL)
-    for sb in range(0, NSB):
-        w0, w1, w2, w3, sl0, sl1, sl2, sl3, sh0, sh1, sh2, sh3, dd_lo, dd_hi = nxt
-        nxt = _kfetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(sb + 1, NSB - 1), n_slots)
-        dx = tl.load(dxs + col * NSB + sb, mask=ok, other=0.0)         # [T, 2 (cb)]
+    nx = _xfetch(xrow, xs, dxs, col, ok, sb0, n_slots)
+    for s in range(0, NR):
+        w0, w1, w2, w3, sl0, sl1, sl2, sl3, sh0, sh1, sh2, sh3, dd_lo, dd_hi = nw
+        nb = sb0 + tl.minimum(s + 1, NR - 1)
+        nw = _kfetch(qrow, sc, sd, r_lo, r_hi, nb, n_slots)
+        if XA:
+            x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = nx
+            nx = _xfetch(xrow, xs, dxs, col, ok, nb, n_slots)
+        else:
+            x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = _xfetch(xrow, xs, dxs, col, ok, sb0 + s, n_slots)
         acc = (zero, zero, zero, zero)
-        acc = _kstep(acc, w0, sl0, sh0, xrow, xs, col, ok, sb * 4, n_slots, WARPS, EMULATE)
-        acc = _kstep(acc, w1, sl1, sh1, xrow, xs, col, ok, sb * 4 + 1, n_slots, WARPS, EMULATE)
-        acc = _kstep(acc, w2, sl2, sh2, xrow, xs, col, ok, sb * 4 + 2, n_slots, WARPS, EMULATE)
-        acc = _kstep(acc, w3, sl3, sh3, xrow, xs, col, ok, sb * 4 + 3, n_slots, WARPS, EMULATE)
+        acc = _kstep(acc, w0, sl0, sh0, x0, xs0, WARPS, EMULATE)
+        acc = _kstep(acc, w1, sl1, sh1, x1, xs1, WARPS, EMULATE)
+        acc = _kstep(acc, w2, sl2, sh2, x2, xs2, WARPS, EMULATE)
+        acc = _kstep(acc, w3, sl3, sh3, x3, xs3, WARPS, EMULATE)
         ai_lo, am_lo, ai_hi, am_hi = acc
         y_lo = _flush(y_lo, ai_lo, am_lo, dd_lo, dx)
         y_hi = _flush(y_hi, ai_hi, am_hi, dd_hi, dx)
-    keep = ok & rows_ok
+    _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS, KW)
+
+
+@triton.jit
+def _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS: tl.constexpr, KW: tl.constexpr):
+    """The runs of rows g and g + 8 ([T, 2 (cb)] each) added (_runs_sum) and stored."""
+    y_lo = _runs_sum(y_lo, KW)                                         # [T / KW, 2]
+    y_hi = _runs_sum(y_hi, KW)
+    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS // KW, 1)
+    r_lo = grp * 16 + g
+    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]
+    keep = (col < W) & rows_ok
+    col = tl.minimum(col, W - 1).to(tl.int64)
     tl.store(out + col * stride_out + r_lo, y_lo, mask=keep)
-    tl.store(out + col * stride_out + r_hi, y_hi, mask=keep)
+    tl.store(out + col * stride_out + r_lo + 8, y_hi, mask=keep)
 
 
 @triton.jit
@@ -357,26 +409,39 @@ def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
 
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int = 4,
-                pdl: bool = False) -> torch.Tensor:
+                runs: int | None = None, ahead: bool = True, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T on prepare_q8k's activations (one scale a super-block), the isums on
-    the tensor cores and a super-block's slots folded in integers. A spike for timing."""
+    the tensor cores and a super-block's slots folded in integers. runs: warps a row group
+    (K cut in that many runs; default mma_runs); ahead: activations loaded a super-block ahead."""
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
-                           warps, pdl)
+                           warps, runs, pdl, XA=ahead)
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
                     planes: torch.Tensor | None, prepared: tuple | None, make_planes, prepare, warps: int,
-                    pdl: bool) -> torch.Tensor:
+                    runs: int | None, pdl: bool, **consts) -> torch.Tensor:
     """One launch of a q8_K tensor-core GEMV (qgemv_mma_k, qgemv_mma6): x and out checked,
-    the fragment planes and the activations made here where not given."""
+    the fragment planes and the activations made here where not given. runs: warps a row
+    group, each a run of K (mma_runs(w, warps) if None); a property of the weight's tile,
+    never of W (the runs' sum is part of the float order)."""
     W, N, out = check_gemv_args(x, w, out, name, k_multiple=256, out_col_slice=True)
+    kw = mma_runs(w, warps) if runs is None else runs
+    if warps % kw or (w.K // 256) % kw:
+        raise ValueError(f"{name}: {kw} runs need {warps} warps and {w.K // 256} super-blocks in whole runs")
     qf = planes if planes is not None else make_planes(w)
     xf, xs, dxs = prepared if prepared is not None else prepare(x, w.n_slots, pdl)
-    grid = (triton.cdiv(N // ROWS, warps) * triton.cdiv(W, COLS),)
+    grid = (triton.cdiv(N // ROWS, warps // kw) * triton.cdiv(W, COLS),)
     kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,
-                 WARPS=warps, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,
-                 **pdl_kwargs(pdl, x.device))
+                 WARPS=warps, KW=kw, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+                 **consts, **pdl_kwargs(pdl, x.device))
     return out
+
+
+def mma_runs(w: QuantWeight, warps: int) -> int:
+    """Runs of K a row group (one warp each) by default: the most that divide both the
+    program's warps and the row's super-blocks. A 16-row group is one warp's tile, so a
+    4096-row matrix is only 256 warps; cutting K over warps multiplies the bytes in flight."""
+    return max(r for r in range(1, warps + 1) if warps % r == 0 and (w.K // 256) % r == 0)
 
 
 def supports_mma(w: QuantWeight) -> bool:

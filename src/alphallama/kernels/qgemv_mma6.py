@@ -25,7 +25,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from .formats import torch_fields, torch_high
-from .qgemv_mma import _warp_rows, launch_prepare, launch_q8k_gemv, q8k_block
+from .qgemv_mma import _store_runs, _warp_place, launch_prepare, launch_q8k_gemv, q8k_block
 from .qmatvec_i8 import _dp4a
 from .pdl import pdl_start, pdl_trigger, pdl_wait
 from .qweight import QuantWeight
@@ -114,10 +114,13 @@ def _fold6(ai, c_e, c_o, sc_e, sc_o, xs_e, xs_o):
 
 @triton.jit
 def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.constexpr,
-               WARPS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False):
+               WARPS: tl.constexpr, EMULATE: tl.constexpr, KW: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """KW: warps a row group, each a run of whole super-blocks (qgemv_mma_k's runs)."""
     Tn: tl.constexpr = 32 * WARPS
     NCH: tl.constexpr = n_slots // 8                                   # 8-slot chunks (2 a super-block)
-    cb, lane, g, t, grp, row_ok = _warp_rows(W, N, WARPS)
+    tl.static_assert(WARPS % KW == 0 and (NCH // 2) % KW == 0, "whole row groups and whole super-block runs")
+    NR: tl.constexpr = NCH // 2 // KW                                  # super-blocks a run
+    cb, lane, g, t, grp, row_ok, run = _warp_place(W, N, WARPS, KW)
     e4 = tl.arange(0, 4)[None, :]
     qrow = qf + (grp * NCH * 32 + lane) * 12 + e4                      # [T, 4]: chunk 0's LO_g
     xrow = xf + (cb * NCH * 32 + lane) * 8 + e4                        # [T, 4]: chunk 0's XA
@@ -132,10 +135,14 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
     y1 = tl.zeros([Tn, 1], tl.float32)
     y2 = tl.zeros([Tn, 1], tl.float32)
     y3 = tl.zeros([Tn, 1], tl.float32)
+    sb0 = run * NR                                                     # [T, 1]: the run's first super-block
+    last = (sb0 + NR) * 2 - 1                                          # its last chunk
     pdl_trigger(PDL)
-    nq = (tl.load(qrow), tl.load(qrow + 4), tl.load(qrow + 8))
+    q0 = qrow + sb0 * (2 * 32 * 12)
+    nq = (tl.load(q0), tl.load(q0 + 4), tl.load(q0 + 8))
     pdl_wait(PDL)
-    for sb in range(0, NCH // 2):
+    for s in range(0, NR):
+        sb = sb0 + s
         dx0 = tl.load(dxs + c0 * (NCH // 2) + sb)                      # [T, 1]
         dx1 = tl.load(dxs + c1 * (NCH // 2) + sb)
         d_lo = tl.load(sd + r_lo * (NCH // 2) + sb).to(tl.float32)
@@ -147,7 +154,7 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
         for h in tl.static_range(2):
             ch = sb * 2 + h
             lo_g, lo_g8, hi = nq
-            nxt = tl.minimum(ch + 1, NCH - 1) * (32 * 12)
+            nxt = tl.minimum(ch + 1, last) * (32 * 12)
             nq = (tl.load(qrow + nxt), tl.load(qrow + nxt + 4), tl.load(qrow + nxt + 8))   # a chunk ahead
             xa = tl.load(xrow + ch * (32 * 8))
             xb = tl.load(xrow + ch * (32 * 8) + 4)
@@ -172,10 +179,7 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
         y1 = y1 + (d_lo * dx1) * a1.to(tl.float32)[:, None]
         y2 = y2 + (d_hi * dx0) * a2.to(tl.float32)[:, None]
         y3 = y3 + (d_hi * dx1) * a3.to(tl.float32)[:, None]
-    tl.store(out + c0 * stride_out + r_lo, y0, mask=ok0 & row_ok)
-    tl.store(out + c1 * stride_out + r_lo, y1, mask=ok1 & row_ok)
-    tl.store(out + c0 * stride_out + r_hi, y2, mask=ok0 & row_ok)
-    tl.store(out + c1 * stride_out + r_hi, y3, mask=ok1 & row_ok)
+    _store_runs(out, tl.join(y0, y1).reshape(Tn, 2), tl.join(y2, y3).reshape(Tn, 2), W, N, stride_out, WARPS, KW)
 
 
 def supports_mma6(w: QuantWeight) -> bool:
@@ -221,8 +225,8 @@ def prepare_q8k6(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torc
 
 def qgemv_mma6(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int = 4,
-               pdl: bool = False) -> torch.Tensor:
+               runs: int | None = None, pdl: bool = False) -> torch.Tensor:
     """Q6_K x [W, K] @ w^T -> [W, N] float32 on prepare_q8k6's activations, the isums on the
-    tensor cores (emulated under the interpreter). A spike for timing."""
+    tensor cores (emulated under the interpreter). runs: as qgemv_mma_k's."""
     return launch_q8k_gemv(_q6_kernel, "qgemv_mma6", x, w, out, planes, prepared, mma6_planes, prepare_q8k6,
-                           warps, pdl)
+                           warps, runs, pdl)
