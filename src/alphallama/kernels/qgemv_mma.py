@@ -408,23 +408,27 @@ def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
 
 
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int = 4,
+                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int | None = None,
                 runs: int | None = None, ahead: bool = True, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T on prepare_q8k's activations (one scale a super-block), the isums on
-    the tensor cores and a super-block's slots folded in integers. runs: warps a row group
-    (K cut in that many runs; default mma_runs); ahead: activations loaded a super-block ahead."""
+    the tensor cores and a super-block's slots folded in integers. warps, runs: the program's
+    warps and the runs of K a row group (None: mma_tile's, from the shape; runs alone:
+    mma_runs); ahead: activations loaded a super-block ahead."""
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
                            warps, runs, pdl, XA=ahead)
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
-                    planes: torch.Tensor | None, prepared: tuple | None, make_planes, prepare, warps: int,
+                    planes: torch.Tensor | None, prepared: tuple | None, make_planes, prepare, warps: int | None,
                     runs: int | None, pdl: bool, **consts) -> torch.Tensor:
     """One launch of a q8_K tensor-core GEMV (qgemv_mma_k, qgemv_mma6): x and out checked,
-    the fragment planes and the activations made here where not given. runs: warps a row
-    group, each a run of K (mma_runs(w, warps) if None); a property of the weight's tile,
-    never of W (the runs' sum is part of the float order)."""
+    the fragment planes and the activations made here where not given. warps None: the
+    tile's (mma_tile); runs: warps a row group, each a run of K (mma_runs(w, warps) if None);
+    a property of the weight's tile, never of W (the runs' sum is part of the float order)."""
     W, N, out = check_gemv_args(x, w, out, name, k_multiple=256, out_col_slice=True)
+    if warps is None:
+        warps, tile_runs = mma_tile(w)
+        runs = tile_runs if runs is None else runs
     kw = mma_runs(w, warps) if runs is None else runs
     if warps % kw or (w.K // 256) % kw:
         raise ValueError(f"{name}: {kw} runs need {warps} warps and {w.K // 256} super-blocks in whole runs")
@@ -437,11 +441,24 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
     return out
 
 
-def mma_runs(w: QuantWeight, warps: int) -> int:
-    """Runs of K a row group (one warp each) by default: the most that divide both the
+def mma_runs(w: QuantWeight, warps: int, most: int | None = None) -> int:
+    """Runs of K a row group (one warp each): the most (up to `most`) that divide both the
     program's warps and the row's super-blocks. A 16-row group is one warp's tile, so a
     4096-row matrix is only 256 warps; cutting K over warps multiplies the bytes in flight."""
-    return max(r for r in range(1, warps + 1) if warps % r == 0 and (w.K // 256) % r == 0)
+    top = warps if most is None else min(most, warps)
+    return max(r for r in range(1, top + 1) if warps % r == 0 and (w.K // 256) % r == 0)
+
+
+def mma_tile(w: QuantWeight) -> tuple[int, int]:
+    """(warps, runs) of a weight's tensor-core GEMV, from its shape alone (never W: the runs'
+    sum is part of the float order). H200 sweep (gpu_qgemv_mma-20261201-183426.json, us at
+    W = 1): 8 warps in 8 runs for <= 4096 rows (8B o 5.6, down Q4_K 11.4, down Q6_K 32.4,
+    30B-A3B o 4.6), 8 warps in 4 runs below 64K rows (gate_up 22.2, qkv 7.5), 4 warps in one
+    run for the output head (234: its 9,496 groups fill the GPU already)."""
+    if w.N >= 65536:
+        return 4, 1
+    warps = 8
+    return warps, mma_runs(w, warps, 8 if w.N <= 4096 else 4)
 
 
 def supports_mma(w: QuantWeight) -> bool:

@@ -224,7 +224,7 @@ def prepare_q8k6(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torc
 
 
 def qgemv_mma6(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
-               prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int = 4,
+               prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int | None = None,
                runs: int | None = None, pdl: bool = False) -> torch.Tensor:
     """Q6_K x [W, K] @ w^T -> [W, N] float32 on prepare_q8k6's activations, the isums on the
     tensor cores (emulated under the interpreter). runs: as qgemv_mma_k's."""
