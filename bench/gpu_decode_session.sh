@@ -32,12 +32,12 @@ arms)
       ${ARMS_EXTRA:-} 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 mma)
-  # does inline PTX see the fragments we built (the probe), do the kernel's GPU tests pass (the
-  # PTX, not the emulation), and what do its isums on the tensor cores cost against dp4a
-  timeout 60 python3 bench/gpu_mma_probe.py 2>&1 | grep -v "_warn_once\|UserWarning"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py \
-      tests/runtime/test_gpu_model.py -k "mma or tensor_cores or q8k or fragment" 2>&1 | tail -3
-  timeout 300 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
+  # do the kernels' GPU tests pass (the PTX, not the emulation), and what do the tensor-core
+  # GEMVs and their dp4a partner (qgemv_q8k: the same bits) cost against dp4a
+  # (bench/gpu_mma_probe.py: how Triton lays out the fragments, run on its own)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py tests/kernels/test_qgemv_q8k.py \
+      tests/runtime/test_gpu_model.py -k "mma or tensor_cores or q8k or fragment or bit or width" 2>&1 | tail -3
+  timeout 360 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 mma-arms)
   # whole rounds at every width: the defaults against engine.gemv_mma (the 30B-A3B: its attention only)

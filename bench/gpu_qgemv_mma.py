@@ -26,26 +26,32 @@ from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # 
 from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.qgemv_mma import mma_planes, mma_x, prepare_q8k, qgemv_mma, qgemv_mma_k  # noqa: E402
 from alphallama.kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6  # noqa: E402
+from alphallama.kernels.qgemv_q8k import qgemv_q8k  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
 # (warps, steps ahead) for qgemv_mma (per-32 activations, measured 20261201: 2-10x dp4a at W = 1,
 # off the default arms); "k": qgemv_mma_k, activations with one scale a super-block (another
 # quantization than the engine's: its error against dp4a is that, not a bug), with runs (warps
 # a row group, K cut over them) and whether the activations are loaded a super-block ahead
-ARMS = {"dp4a": None, "mma-k w4 r1": (4, "k", 1, True), "mma-k w4 r4": (4, "k", 4, True),
-        "mma-k w4 r4 x": (4, "k", 4, False), "mma-k w8 r8": (8, "k", 8, True), "mma-k w8 r4": (8, "k", 4, True),
-        "mma-k w2 r2": (2, "k", 2, True)}
-ARMS_Q6 = {"dp4a": None, "mma6 w4 r1": (4, "6", 1, None), "mma6 w4 r4": (4, "6", 4, None),
-           "mma6 w8 r8": (8, "6", 8, None), "mma6 w8 r4": (8, "6", 4, None), "mma6 w2 r2": (2, "6", 2, None)}
-OLD_ARMS = {"mma w4 u2": (4, 2, None, None), "mma w8 u2": (8, 2, None, None)}     # --old
+ARMS = {"dp4a": None, "mma-k": {"kind": "k"}, "mma-k w4 r1": {"kind": "k", "warps": 4, "runs": 1},
+        "q8k 16x1": {"kind": "q", "rows": 16, "cols": 1}, "q8k 8x1": {"kind": "q", "rows": 8, "cols": 1},
+        "q8k 32x1 w8": {"kind": "q", "rows": 32, "cols": 1, "warps": 8},
+        "q8k 16x2": {"kind": "q", "rows": 16, "cols": 2}, "q8k 16x4": {"kind": "q", "rows": 16, "cols": 4}}
+ARMS_Q6 = {"dp4a": None, "mma6": {"kind": "6"}, "mma6 w4 r1": {"kind": "6", "warps": 4, "runs": 1}}
+OLD_ARMS = {"mma w4 u2": {"kind": "u", "warps": 4, "steps": 2}}     # --old
+Q8K = ("k", "q")                 # kinds on prepare_q8k's activations: bit for bit the same (checked)
 
 
-def _call(x, w, planes, warps, steps, runs, ahead, **kw):
-    if steps == "6":
-        return qgemv_mma6(x, w, planes=planes, warps=warps, runs=runs, **kw)
-    if steps == "k":
-        return qgemv_mma_k(x, w, planes=planes, warps=warps, runs=runs, ahead=ahead, **kw)
-    return qgemv_mma(x, w, planes=planes, warps=warps, steps=steps, **kw)
+def _call(x, w, planes, cfg, **kw):
+    cfg = dict(cfg)
+    kind = cfg.pop("kind")
+    if kind == "6":
+        return qgemv_mma6(x, w, planes=planes, **cfg, **kw)
+    if kind == "k":
+        return qgemv_mma_k(x, w, planes=planes, **cfg, **kw)
+    if kind == "q":
+        return qgemv_q8k(x, w, **cfg, **kw)
+    return qgemv_mma(x, w, planes=planes, **cfg, **kw)
 
 
 def main() -> None:
@@ -67,27 +73,28 @@ def main() -> None:
                "us": {}, "rel_err_vs_dp4a": {}, "rows_equal_alone": {}}
         ref = qgemv_i8(x16, w)
         for arm, cfg in arms.items():
-            warps, steps, runs, ahead = cfg or (None, None, None, None)
             try:
                 for W in args.widths:
                     x = x16[:W].contiguous()
                     prep = prepare_i8(x, w)
                     out = torch.empty(W, N, device="cuda")
-                    if warps is None:
+                    if cfg is None:
                         fns = [lambda w_=w_: qgemv_i8(x, w_, out=out, prepared=prep, pdl=True) for w_ in ws]
                     else:
-                        kw = (dict(prepared=prepare_q8k6(x, w.n_slots)) if steps == "6"
-                              else dict(prepared=prepare_q8k(x, w.n_slots)) if steps == "k"
-                              else dict(prepared=prep, xf=mma_x(prep[0], w.n_slots)))
-                        fns = [lambda w_=w_, p_=p_, kw=kw: _call(x, w_, p_, warps, steps, runs, ahead, out=out,
-                                                                 pdl=True, **kw)
+                        kind = cfg["kind"]
+                        kw = ({"prepared": prepare_q8k6(x, w.n_slots)} if kind == "6"
+                              else {"prepared": prepare_q8k(x, w.n_slots)} if kind in Q8K
+                              else {"prepared": prep, "xf": mma_x(prep[0], w.n_slots)})
+                        fns = [lambda w_=w_, p_=p_, kw=kw, cfg=cfg: _call(x, w_, p_, cfg, out=out, pdl=True, **kw)
                                for w_, p_ in zip(ws, planes)]
                     row["us"][f"{W}:{arm}"] = time_graph(fns) * 1e6
-                if warps is not None:
-                    y = _call(x16, w, planes[0], warps, steps, runs, ahead)
+                if cfg is not None:
+                    y = _call(x16, w, planes[0], cfg)
                     row["rel_err_vs_dp4a"][arm] = float(((y - ref).abs().max() / ref.abs().max()).item())
-                    alone = torch.cat([_call(x16[m:m + 1], w, planes[0], warps, steps, runs, ahead) for m in range(16)])
+                    alone = torch.cat([_call(x16[m:m + 1], w, planes[0], cfg) for m in range(16)])
                     row["rows_equal_alone"][arm] = bool(torch.equal(y, alone))
+                    if cfg["kind"] == "q":       # the narrow-W partner gives the tensor-core kernel's bits
+                        row.setdefault("equal_mma_k", {})[arm] = bool(torch.equal(y, _call(x16, w, planes[0], {"kind": "k"})))
             except Exception as e:                          # recorded, not fatal
                 row["us"][f"error:{arm}"] = f"{type(e).__name__}: {str(e)[:300]}"
                 torch.cuda.synchronize()
@@ -100,7 +107,8 @@ def main() -> None:
                 continue
             print(f"   {arm:13s} " + "  ".join(f"W{W} {v:6.1f}" for W, v in us.items())
                   + f"  | W1 {row['MB'] / us[args.widths[0]]:.2f} TB/s  W8/W1 {us.get(8, 0) / us[args.widths[0]]:.2f}"
-                  + (f"  err {row['rel_err_vs_dp4a'][arm]:.1e} equal {row['rows_equal_alone'][arm]}" if cfg else ""),
+                  + (f"  err {row['rel_err_vs_dp4a'][arm]:.1e} equal {row['rows_equal_alone'][arm]}" if cfg else "")
+                  + (f" = mma-k {row['equal_mma_k'][arm]}" if arm in row.get("equal_mma_k", {}) else ""),
                   flush=True)
         del ws, planes
         torch.cuda.empty_cache()

@@ -174,13 +174,36 @@ def _warp_rows(W, N, WARPS: tl.constexpr):
 
 
 @triton.jit
+def _pairs(y):
+    """[A, B, K] -> [A, B, K / 2]: adjacent pairs added (y[2i] + y[2i + 1])."""
+    a, b = tl.split(tl.reshape(y, (y.shape[0], y.shape[1], y.shape[2] // 2, 2)))
+    return a + b
+
+
+@triton.jit
+def _tree(y, K: tl.constexpr):
+    """y [A, B, K] (K = 1, 2, 4 or 8 runs) -> [A, B]: ((y0 + y1) + (y2 + y3)) + ...: the one
+    order every kernel on q8_K activations adds its runs in (qgemv_q8k must match it bit for
+    bit; tl.sum's tree would follow each kernel's layout)."""
+    tl.static_assert(K == 1 or K == 2 or K == 4 or K == 8, "1, 2, 4 or 8 runs")
+    if K >= 2:
+        y = _pairs(y)
+    if K >= 4:
+        y = _pairs(y)
+    if K >= 8:
+        y = _pairs(y)
+    return tl.reshape(y, (y.shape[0], y.shape[1]))
+
+
+@triton.jit
 def _runs_sum(y, KW: tl.constexpr):
-    """y [T, C] of a program's warps -> [T / KW, C]: each row group's KW runs added in
-    tl.sum's tree over the warps (shared memory, once a program). The tree is fixed by the
-    tile, never by W: the same bits for a row at every W."""
+    """y [T, C] of a program's warps -> [T / KW, C]: each row group's KW runs added in the
+    written-out tree (_tree; through shared memory, once a program). Fixed by the tile,
+    never by W: the same bits for a row at every W."""
     Tn: tl.constexpr = y.shape[0]
     C: tl.constexpr = y.shape[1]
-    return tl.reshape(tl.sum(tl.reshape(y, (Tn // (32 * KW), KW, 32, C)), axis=1), (Tn // KW, C))
+    y = tl.permute(tl.reshape(y, (Tn // (32 * KW), KW, 32, C)), (0, 2, 3, 1))     # [G, 32, C, KW]
+    return _tree(tl.reshape(y, (Tn // KW, C, KW)), KW)
 
 
 @triton.jit(do_not_specialize=["one"])
