@@ -29,6 +29,7 @@ own order, SDPA is not the split-KV kernel); gpu_model.py says what that changes
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import warnings
 
@@ -181,16 +182,26 @@ def _graph_pool():
 def _capture(fn, pool):
     """fn's launches as a CUDA graph -> (replay, fn's output: a static tensor or None).
     capture_begin/end on a side stream rather than torch.cuda.graph(), whose entry runs
-    gc.collect() and empties the allocator's cache: once per stretch, n_layers + 1 times."""
+    gc.collect() and empties the allocator's cache: once per stretch, n_layers + 1 times.
+    The cyclic collector is off meanwhile: a collection that frees an unreachable CUDAGraph
+    during the capture runs its reset, which CUDA refuses while a stream captures, and that
+    invalidates this capture (seen on the H200 as a later test's sticky "previous error
+    during capture" once an earlier test's graphs were garbage)."""
     g = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        g.capture_begin(pool=pool)
-        try:
-            out = fn()
-        finally:
-            g.capture_end()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.stream(stream):
+            g.capture_begin(pool=pool)
+            try:
+                out = fn()
+            finally:
+                g.capture_end()
+    finally:
+        if collecting:
+            gc.enable()
     torch.cuda.current_stream().wait_stream(stream)
     return g.replay, out
 
