@@ -61,6 +61,7 @@ from ..kernels.qgemm import Scratch, gather_rows
 from ..offload.cpu_tier import CpuLink
 from ..offload.mailbox import Mailbox
 from ..offload.store import ExpertStore, pack_experts
+from .capture import collector_paused
 from .gpu_prefill import prefill_rows
 from .kv_cache import KVCache
 
@@ -534,11 +535,12 @@ class GPUModel:
                 self._rows(self._tokens[:b], self._pos, cache)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        for b in reversed(BUCKETS):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                logits, hidden = self._rows(self._tokens[:b], self._pos, cache)
-            self.graphs[b] = (g, logits, hidden)
+        with collector_paused():          # no graph's reset mid-capture (runtime/capture.py)
+            for b in reversed(BUCKETS):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    logits, hidden = self._rows(self._tokens[:b], self._pos, cache)
+                self.graphs[b] = (g, logits, hidden)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
 

@@ -41,6 +41,7 @@ from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qweight import QuantWeight
 from ..model.layers import rope_tables
+from .capture import collector_paused
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPULayer, GPUModel, Linear, MoE, bucket_of
 from .kv_cache import KVCache
 
@@ -247,7 +248,7 @@ class GPUMTPHead:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
+        with collector_paused(), torch.cuda.graph(g, pool=self._pool):     # runtime/capture.py
             out = self._run(b, depth, cache)
         torch.cuda.synchronize()
         self.graphs[(b, depth)] = (g, out)

@@ -29,7 +29,6 @@ own order, SDPA is not the split-KV kernel); gpu_model.py says what that changes
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import warnings
 
@@ -42,6 +41,7 @@ from ..kernels.moe import moe_route
 from ..kernels.moe_gemm import moe_prefill
 from ..kernels.qgemm import Scratch
 from ..kernels.qmatmul import qmatmul
+from .capture import collector_paused
 
 # Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (grouped GEMMs
 # dequantizing on the fly, no host sync); False: the per-expert loop (moe_loop)
@@ -183,25 +183,16 @@ def _capture(fn, pool):
     """fn's launches as a CUDA graph -> (replay, fn's output: a static tensor or None).
     capture_begin/end on a side stream rather than torch.cuda.graph(), whose entry runs
     gc.collect() and empties the allocator's cache: once per stretch, n_layers + 1 times.
-    The cyclic collector is off meanwhile: a collection that frees an unreachable CUDAGraph
-    during the capture runs its reset, which CUDA refuses while a stream captures, and that
-    invalidates this capture (seen on the H200 as a later test's sticky "previous error
-    during capture" once an earlier test's graphs were garbage)."""
+    The cyclic collector is paused meanwhile (capture.collector_paused)."""
     g = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.stream(stream):
-            g.capture_begin(pool=pool)
-            try:
-                out = fn()
-            finally:
-                g.capture_end()
-    finally:
-        if collecting:
-            gc.enable()
+    with collector_paused(), torch.cuda.stream(stream):
+        g.capture_begin(pool=pool)
+        try:
+            out = fn()
+        finally:
+            g.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
     return g.replay, out
 
