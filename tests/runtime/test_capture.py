@@ -24,3 +24,23 @@ def test_pauses_and_restores_the_collector():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_collects_first_when_asked():
+    """A dead cycle is gone after entering with collect=True, though the collector is off."""
+    import weakref
+
+    class Node:
+        pass
+
+    gc.disable()
+    try:
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        ref = weakref.ref(a)
+        del a, b
+        assert ref() is not None                       # a cycle: refcounts alone do not free it
+        with collector_paused(collect=True):
+            assert ref() is None and not gc.isenabled()
+    finally:
+        gc.enable()

@@ -535,7 +535,7 @@ class GPUModel:
                 self._rows(self._tokens[:b], self._pos, cache)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        with collector_paused():          # no graph's reset mid-capture (runtime/capture.py)
+        with collector_paused(collect=True):      # no graph's reset mid-capture (runtime/capture.py)
             for b in reversed(BUCKETS):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
