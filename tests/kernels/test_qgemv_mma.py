@@ -106,19 +106,20 @@ def test_q8k_variant_matches_float64_and_keeps_rows_apart(warps, runs, ahead):
     assert torch.equal(out, alone)
     rolled = qgemv_mma_k(torch.roll(x, 3, dims=0), w, warps=warps, runs=runs, ahead=ahead)
     assert torch.equal(torch.roll(out, 3, dims=0), rolled)
-    _, xs, dx = prepare_q8k(x, w.n_slots)
+    _, xs, dx, _ = prepare_q8k(x, w.n_slots)
     assert xs.shape == (W, w.n_slots) and dx.shape == (W, k // 256)
 
 
 def test_prepare_q8k_bytes_land_in_fragment_order():
     """The one-launch q8_K prepare against plain torch: expert_q8's rounding rule with one
     scale a 256-value super-block, prepare_i8's lane order inside each slot, mma_x's order of
-    words (the padding columns of the last 8-column block are not written: not compared)."""
+    words (the padding columns of the last 8-column block are not written: not compared), and
+    the row-order copy for qgemv_q8k: prepare_i8's words exactly."""
     from alphallama.kernels.qmatvec_i8 import lane_perm
     W, K = 11, 512
     n_slots = K // 32
     x = _x(W, K, seed=9)
-    xf, xs, dx = prepare_q8k(x, n_slots)
+    xf, xs, dx, xl = prepare_q8k(x, n_slots)
     q, dxr = q8k(x)
     q = q.reshape(W, n_slots, 32)
     assert torch.equal(dx.cpu(), dxr)
@@ -127,6 +128,7 @@ def test_prepare_q8k_bytes_land_in_fragment_order():
     ref = mma_x(words, n_slots).reshape(2, n_slots // 2, 8, 4, 2, 2)    # [cb, step, g, t, j, e]
     got = xf.cpu().reshape(2, n_slots // 2, 8, 4, 2, 2)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1, :, :W - 8], ref[1, :, :W - 8])
+    assert torch.equal(xl.cpu(), words)
 
 
 def test_refuses_what_it_does_not_cover():
@@ -146,7 +148,7 @@ def compile_sm90() -> None:
     from alphallama.kernels.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel, _qgemv_mma_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
-    build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "i32"], dict(n_slots=128, PDL=True))
+    build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "*i8", "i32"], dict(n_slots=128, PDL=True))
 
     i32, i16, f16, f32 = "*i32", "*i16", "*fp16", "*fp32"
     for warps, U, runs in ((4, 2, 1), (8, 2, 1), (4, 1, 1), (4, "k", 1), (8, "k", 1), (4, "k", 4), (8, "k", 4)):

@@ -52,7 +52,7 @@ def compile_sm90() -> None:
     from tests.kernels.sm90 import compile_sm90 as build
 
     for bn, r, bw in ((16, 4, 1), (16, 8, 1), (32, 4, 2), (16, 4, 4)):
-        k = build(_q8k_dp4a_kernel, ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32"],
+        k = build(_q8k_dp4a_kernel, ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"],
                   {"n_slots": 128, "BN": bn, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=4)
         assert "dp4a.u32.s32" in k.asm["ptx"]
 

@@ -154,8 +154,9 @@ def _warp_place(W, N, WARPS: tl.constexpr, KW: tl.constexpr):
     """A program's place for every kernel here: (its 8-column block cb, each thread's lane
     4g + t as lane, g, t [T, 1], the warp's 16-row group grp [T, 1] int64 (past N: clamped,
     recomputed, not stored), rows_ok [T, 1]: the group lies inside N, the warp's run [T, 1]).
-    A program holds WARPS / KW row groups of KW warps each; warp w of a group takes run w of
-    the K range cut into KW runs of whole super-blocks (_runs_sum adds them at the end)."""
+    A program holds WARPS / KW row groups of KW warps each; warp w of a group takes run w:
+    super-blocks w, w + KW, w + 2 KW, .. (interleaved, so that qgemv_q8k's step of KW runs
+    is KW adjacent super-blocks; _runs_sum adds the runs at the end)."""
     Tn: tl.constexpr = 32 * WARPS
     n_cb = tl.cdiv(W, 8)
     i = tl.arange(0, Tn)[:, None]                                      # [T, 1]: the thread
@@ -333,20 +334,20 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots:
     y_lo = tl.zeros([Tn, 2], tl.float32)
     y_hi = tl.zeros([Tn, 2], tl.float32)
     zero = tl.zeros([Tn, 2], tl.int32)
-    sb0 = run * NR                                                     # [T, 1]: the run's first super-block
+    sb0 = run                                                          # [T, 1]: the run's first super-block
     pdl_trigger(PDL)
     nw = _kfetch(qrow, sc, sd, r_lo, r_hi, sb0, n_slots)
     pdl_wait(PDL)
     nx = _xfetch(xrow, xs, dxs, col, ok, sb0, n_slots)
     for s in range(0, NR):
         w0, w1, w2, w3, sl0, sl1, sl2, sl3, sh0, sh1, sh2, sh3, dd_lo, dd_hi = nw
-        nb = sb0 + tl.minimum(s + 1, NR - 1)
+        nb = sb0 + tl.minimum(s + 1, NR - 1) * KW                      # runs interleave: r, r + KW, ..
         nw = _kfetch(qrow, sc, sd, r_lo, r_hi, nb, n_slots)
         if XA:
             x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = nx
             nx = _xfetch(xrow, xs, dxs, col, ok, nb, n_slots)
         else:
-            x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = _xfetch(xrow, xs, dxs, col, ok, sb0 + s, n_slots)
+            x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = _xfetch(xrow, xs, dxs, col, ok, sb0 + s * KW, n_slots)
         acc = (zero, zero, zero, zero)
         acc = _kstep(acc, w0, sl0, sh0, x0, xs0, WARPS, EMULATE)
         acc = _kstep(acc, w1, sl1, sh1, x1, xs1, WARPS, EMULATE)
@@ -389,10 +390,11 @@ def q8k_block(x, xs, dxs, stride_x, n_slots: tl.constexpr, SLOT: tl.constexpr):
 
 
 @triton.jit
-def _prepare_q8k_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
+def _prepare_q8k_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row m, super-block b): q8 of x[m, 256 b : 256 b + 256] with one scale
     (expert_q8's rounding rule), the bytes straight to their fragment-order places (prepare_i8's
-    lane order inside a slot, mma_x's order of words), xsum a slot, dx a super-block."""
+    lane order inside a slot, mma_x's order of words) and again in row order (xl: prepare_i8's
+    words, a slot's 4 lo then 4 hi words, for qgemv_q8k), xsum a slot, dx a super-block."""
     pdl_start(PDL)
     STEPS: tl.constexpr = n_slots // 2
     m, k, q = q8k_block(x, xs, dxs, stride_x, n_slots, 32)
@@ -403,21 +405,23 @@ def _prepare_q8k_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: tl
     s = k // 32                                                        # the slot, its step and place in it
     word = (((m // 8) * STEPS + s // 2) * 32 + 4 * (m % 8) + v) * 4 + 2 * (s % 2) + e
     tl.store(xf + word * 4 + jh, q.to(tl.int8))
+    tl.store(xl + ((m * n_slots + s) * 8 + e * 4 + v) * 4 + jh, q.to(tl.int8))
 
 
-def prepare_q8k(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def prepare_q8k(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, ...]:
     """x [W, K] -> int8 activations with one scale a 256-value super-block (llama.cpp's q8_K
     scales), one launch: (fragment-order words for qgemv_mma_k [W/8 blocks, n_slots/2, 32, 2, 2]
     (the padding columns' words are left unwritten: their sums are never stored), xsum int32
-    [W, n_slots] a 32-slot, dx float32 [W, K / 256])."""
-    return launch_prepare(_prepare_q8k_kernel, x, n_slots, 32, "prepare_q8k", pdl)
+    [W, n_slots] a 32-slot, dx float32 [W, K / 256], the same bytes in row order for
+    qgemv_q8k: int32 [W, n_slots, 2 (lo, hi), 4])."""
+    return launch_prepare(_prepare_q8k_kernel, x, n_slots, 32, "prepare_q8k", pdl, rows=True)
 
 
 def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
-                   pdl: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   pdl: bool, rows: bool = False) -> tuple[torch.Tensor, ...]:
     """One launch of a q8_K prepare kernel (program per row and super-block): (fragment-order
     words, a whole 8-column block's worth (the padding columns' left unwritten), xsum int32
-    [W, n_slots], dx float32 [W, K / 256])."""
+    [W, n_slots], dx float32 [W, K / 256]) and with `rows` the words in row order [W, K / 4]."""
     W, K = x.shape
     if K != n_slots * slot or K % 256:
         raise ValueError(f"{name}: K = {K} must be {n_slots} slots of {slot} and whole super-blocks")
@@ -425,9 +429,10 @@ def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
     xf = torch.empty((triton.cdiv(W, COLS) * COLS * K // 4,), dtype=torch.int32, device=x.device)
     xs = torch.empty((W, n_slots), dtype=torch.int32, device=x.device)
     dxs = torch.empty((W, K // 256), dtype=torch.float32, device=x.device)
-    kernel[(W, K // 256)](x, xf.view(torch.int8), xs, dxs, x.stride(0), n_slots=n_slots,
-                          num_warps=4, enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
-    return xf, xs, dxs
+    xl = (torch.empty((W, K // 4), dtype=torch.int32, device=x.device),) if rows else ()
+    kernel[(W, K // 256)](x, xf.view(torch.int8), xs, dxs, *(t.view(torch.int8) for t in xl), x.stride(0),
+                          n_slots=n_slots, num_warps=4, enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
+    return (xf, xs, dxs, *xl)
 
 
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -456,7 +461,7 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
     if warps % kw or (w.K // 256) % kw:
         raise ValueError(f"{name}: {kw} runs need {warps} warps and {w.K // 256} super-blocks in whole runs")
     qf = planes if planes is not None else make_planes(w)
-    xf, xs, dxs = prepared if prepared is not None else prepare(x, w.n_slots, pdl)
+    xf, xs, dxs = (prepared if prepared is not None else prepare(x, w.n_slots, pdl))[:3]
     grid = (triton.cdiv(N // ROWS, warps // kw) * triton.cdiv(W, COLS),)
     kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,
                  WARPS=warps, KW=kw, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,

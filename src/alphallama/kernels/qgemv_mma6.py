@@ -135,14 +135,14 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
     y1 = tl.zeros([Tn, 1], tl.float32)
     y2 = tl.zeros([Tn, 1], tl.float32)
     y3 = tl.zeros([Tn, 1], tl.float32)
-    sb0 = run * NR                                                     # [T, 1]: the run's first super-block
-    last = (sb0 + NR) * 2 - 1                                          # its last chunk
+    sb0 = run                                                          # [T, 1]: runs interleave (qgemv_mma_k's)
     pdl_trigger(PDL)
     q0 = qrow + sb0 * (2 * 32 * 12)
     nq = (tl.load(q0), tl.load(q0 + 4), tl.load(q0 + 8))
     pdl_wait(PDL)
     for s in range(0, NR):
-        sb = sb0 + s
+        sb = sb0 + s * KW
+        nsb = sb0 + tl.minimum(s + 1, NR - 1) * KW                     # the run's next super-block
         dx0 = tl.load(dxs + c0 * (NCH // 2) + sb)                      # [T, 1]
         dx1 = tl.load(dxs + c1 * (NCH // 2) + sb)
         d_lo = tl.load(sd + r_lo * (NCH // 2) + sb).to(tl.float32)
@@ -154,7 +154,10 @@ def _q6_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.const
         for h in tl.static_range(2):
             ch = sb * 2 + h
             lo_g, lo_g8, hi = nq
-            nxt = tl.minimum(ch + 1, last) * (32 * 12)
+            if h == 0:
+                nxt = (sb * 2 + 1) * (32 * 12)                         # this super-block's second chunk
+            else:
+                nxt = (nsb * 2) * (32 * 12)                            # the run's next super-block
             nq = (tl.load(qrow + nxt), tl.load(qrow + nxt + 4), tl.load(qrow + nxt + 8))   # a chunk ahead
             xa = tl.load(xrow + ch * (32 * 8))
             xb = tl.load(xrow + ch * (32 * 8) + 4)

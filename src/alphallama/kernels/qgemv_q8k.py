@@ -12,8 +12,9 @@ integers with dp4a (its sums over words and slots are integer, so their order is
 then the same float expressions in the same order: the mma for wide rounds, dp4a for
 narrow ones, one set of bits (checked bit for bit against qgemv_mma_k in the tests).
 
-Tile: BN rows x R runs (R = the weight's mma_tile runs: part of the float order) x the 8
-slots of a super-block, 16 bytes of qs a (row, run, slot) element; BW columns a program.
+Tile (qgemv_i8's shapes): [S, BN, V] words a step, S = R runs x the 8 slots of one
+super-block each (R = the weight's mma_tile runs: part of the float order), 16 bytes of qs
+a (slot, row); BW <= 4 columns a program, a named accumulator [R, BN] each.
 """
 from __future__ import annotations
 
@@ -22,59 +23,116 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
-from .qgemv_mma import COLS, _tree, mma_tile, prepare_q8k, supports_mma
+from .qgemv_mma import _tree, mma_tile, prepare_q8k, supports_mma
 from .qmatvec_i8 import _dp4a
 from .qweight import QuantWeight, check_gemv_args
 
 
 @triton.jit
-def _q8k_dp4a_kernel(xf, xs, dxs, out, qs, sc, sd, W, N, stride_out, n_slots: tl.constexpr, BN: tl.constexpr,
+def _dot4(a, b, c, DP4A: tl.constexpr):
+    """c + the dp4a of a and b [S, BN, 4] (the same shape and layout) over their 4 words,
+    one chain in the thread: [S, BN] int32."""
+    S: tl.constexpr = a.shape[0]
+    BN: tl.constexpr = a.shape[1]
+    a02, a13 = tl.split(tl.reshape(a, (S, BN, 2, 2)))
+    b02, b13 = tl.split(tl.reshape(b, (S, BN, 2, 2)))
+    a0, a2 = tl.split(a02)
+    a1, a3 = tl.split(a13)
+    b0, b2 = tl.split(b02)
+    b1, b3 = tl.split(b13)
+    return _dp4a(a3, b3, _dp4a(a2, b2, _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
+
+
+@triton.jit
+def _col_step(y, lo, hi, raw, d, dmin, xl, xs, dxs, col, ok, s, one, n_slots: tl.constexpr, R: tl.constexpr,
+              DP4A: tl.constexpr):
+    """Column col's super-block s of every run into y [R, BN]: the isums by dp4a (lo/hi
+    [S, BN, V] codes, S = R runs x 8 slots), folded in integers, then qgemv_mma_k's _flush."""
+    S: tl.constexpr = R * 8
+    BN: tl.constexpr = lo.shape[1]
+    NSB: tl.constexpr = n_slots // 8
+    i = tl.arange(0, S)                                                # [S]: run i // 8, slot i % 8
+    slot = s * S + i                                                   # runs interleave: step s is super-blocks s R ..
+    # prepare_q8k's row-order words (prepare_i8's: a slot's 4 lo words, then its 4 hi words),
+    # addressed as qgemv_i8 does (a row pointer, small offsets: the loads stay 16-byte vectors)
+    x_row = xl + col * (n_slots * 8)
+    xo = slot[:, None, None] * 8 + tl.arange(0, 4)[None, None, :]      # [S, 1, V]
+    # the x words loaded as a [S, BN, V] tile (each thread its rows' copy of its slot's words,
+    # the same addresses): a [S, 1, V] load is 128 elements for 128+ threads, so the compiler
+    # gives it a one-word-a-thread layout and moves the weights to it every step
+    xp = tl.broadcast_to(x_row + xo, (S, BN, 4))
+    isum = _dot4(hi, tl.load(xp + 4), _dot4(lo, tl.load(xp), 0, DP4A), DP4A)   # [S, BN]
+    xsum = tl.load(xs + col * n_slots + slot * one)                    # [S] (one: no vector across slots)
+    ai = tl.sum(tl.reshape((raw & 0xFF) * isum, (R, 8, BN)), axis=1)   # [R, BN]: any order, integers
+    am = tl.sum(tl.reshape(((raw >> 8) & 0xFF) * xsum[:, None], (R, 8, BN)), axis=1)
+    dx = tl.load(dxs + col * NSB + s * R + tl.arange(0, R) * one)      # [R]
+    dx = tl.where(ok, dx, 0.0)[:, None]                                # [R, 1]
+    t = (d * dx) * ai.to(tl.float32) - (dmin * dx) * am.to(tl.float32)     # qgemv_mma_k's _flush, op for op
+    return y + t
+
+
+@triton.jit
+def _store_col(out, y, rows, rows_ok, col, ok, stride_out, R: tl.constexpr):
+    """Column col's runs added in _tree's order and stored."""
+    BN: tl.constexpr = y.shape[1]
+    yr = tl.reshape(_tree(tl.reshape(tl.permute(y, (1, 0)), (BN, 1, R)), R), (BN,))
+    tl.store(out + col * stride_out + rows, yr, mask=rows_ok & ok)
+
+
+@triton.jit(do_not_specialize=["one"])
+def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, BN: tl.constexpr,
                      R: tl.constexpr, BW: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
+    """A program: BN rows x BW columns; a step: super-block s of each of the R runs (S = 8 R
+    slots, 16 bytes of qs a (slot, row)), the next step's weights loaded ahead. `one` is a
+    run-time 1 in the scales' slot strides (formats.slot_field's reason: no vector load
+    across slots, which would move the scales between threads through shared memory)."""
+    tl.static_assert(BW == 1 or BW == 2 or BW == 4, "1, 2 or 4 columns a program")
     NSB: tl.constexpr = n_slots // 8
     tl.static_assert(NSB % R == 0, "whole super-block runs")
     NR: tl.constexpr = NSB // R                                        # super-blocks a run
-    STEPS: tl.constexpr = n_slots // 2
+    S: tl.constexpr = R * 8
     n_wb = tl.cdiv(W, BW)
     rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
     rows_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)
-    cols = (tl.program_id(0) % n_wb) * BW + tl.arange(0, BW)           # [BW]
-    cols_ok = cols < W
-    cols = tl.minimum(cols, W - 1).to(tl.int64)
-    r4 = rows[:, None, None, None, None]                               # [BN, 1, 1, 1, 1]
-    c4 = cols[None, :, None, None, None]                               # [1, BW, 1, 1, 1]
-    run = tl.arange(0, R)[None, None, :, None, None]                   # [1, 1, R, 1, 1]
-    sl = tl.arange(0, 8)[None, None, None, :, None]                    # [1, 1, 1, 8, 1]: slot in the super-block
-    t4 = tl.arange(0, 4)[None, None, None, None, :]                    # [1, 1, 1, 1, 4]: word
-    slot0 = run * NR * 8 + sl                                          # the run's first super-block's slots
-    q_at = qs + r4 * (n_slots * 4) + slot0 * 4 + t4                    # [BN, 1, R, 8, 4]
-    # prepare_q8k's words: column c's lo | hi word t of slot s at lane 4 (c % 8) + t, step s // 2
-    x_at = xf + ((((c4 // 8) * STEPS + slot0 // 2) * 32 + 4 * (c4 % 8) + t4) * 2 + slot0 % 2) * 2   # [1, BW, R, 8, 4]
-    s3 = tl.reshape(slot0, (1, R, 8))
-    sc_at = sc + rows[:, None, None] * n_slots + s3                    # [BN, R, 8]
-    xs_at = xs + cols[:, None, None] * n_slots + s3                    # [BW, R, 8]
-    sb0 = tl.arange(0, R)[None, :] * NR                                # [1, R]
-    y = tl.zeros([BN, BW, R], tl.float32)
+    c0 = (tl.program_id(0) % n_wb) * BW
+    i = tl.arange(0, S)
+    slot0 = i                                                          # [S]: step 0's slots (run i // 8)
+    q_at = qs + rows[None, :, None] * (n_slots * 4) + slot0[:, None, None] * 4 + tl.arange(0, 4)[None, None, :]
+    sc_at = sc + rows[None, :] * n_slots + slot0[:, None] * one        # [S, BN]
+    sb0 = tl.arange(0, R)[:, None]                                     # [R, 1]
+    y0 = tl.zeros([R, BN], tl.float32)
+    y1 = tl.zeros([R, BN], tl.float32)
+    y2 = tl.zeros([R, BN], tl.float32)
+    y3 = tl.zeros([R, BN], tl.float32)
+    m0 = tl.minimum(c0, W - 1).to(tl.int64)
+    m1 = tl.minimum(c0 + 1, W - 1).to(tl.int64)
+    m2 = tl.minimum(c0 + 2, W - 1).to(tl.int64)
+    m3 = tl.minimum(c0 + 3, W - 1).to(tl.int64)
     pdl_trigger(PDL)
+    nw = tl.load(q_at)                                                 # [S, BN, V]
     pdl_wait(PDL)
     for s in range(0, NR):
-        w = tl.load(q_at + s * 32)                                     # [BN, 1, R, 8, 4]
-        xl = tl.load(x_at + s * 512, mask=cols_ok[None, :, None, None, None], other=0)   # [1, BW, R, 8, 4]
-        xh = tl.load(x_at + s * 512 + 1, mask=cols_ok[None, :, None, None, None], other=0)
-        isum = tl.sum(_dp4a(w & 0x0F0F0F0F, xl, 0, DP4A) + _dp4a((w >> 4) & 0x0F0F0F0F, xh, 0, DP4A), axis=4)
-        raw = tl.load(sc_at + s * 8).to(tl.int32)                      # [BN, R, 8]: sc | m << 8
-        xsum = tl.load(xs_at + s * 8, mask=cols_ok[:, None, None], other=0)   # [BW, R, 8]
-        ai = tl.sum((raw & 0xFF)[:, None, :, :] * isum, axis=3)        # [BN, BW, R] int32, exact
-        am = tl.sum(((raw >> 8) & 0xFF)[:, None, :, :] * xsum[None, :, :, :], axis=3)
-        sb = sb0 + s                                                   # [1, R]
-        d = tl.load(sd + rows[:, None] * (NSB * 2) + sb * 2).to(tl.float32)      # [BN, R]
-        dmin = tl.load(sd + rows[:, None] * (NSB * 2) + sb * 2 + 1).to(tl.float32)
-        dx = tl.load(dxs + cols[:, None] * NSB + sb, mask=cols_ok[:, None], other=0.0)   # [BW, R]
-        # qgemv_mma_k's _flush, op for op
-        t = (d[:, None, :] * dx[None, :, :]) * ai.to(tl.float32) - (dmin[:, None, :] * dx[None, :, :]) * am.to(tl.float32)
-        y = y + t
-    yr = _tree(y, R)                                                   # [BN, BW]
-    tl.store(out + cols[None, :] * stride_out + rows[:, None], yr, mask=rows_ok[:, None] & cols_ok[None, :])
+        w = nw
+        nw = tl.load(q_at + tl.minimum(s + 1, NR - 1) * (S * 4))       # a step ahead
+        raw = tl.load(sc_at + s * S).to(tl.int32)                      # [S, BN]: sc | m << 8
+        sd_at = sd + rows[None, :] * (NSB * 2) + (s * R + sb0) * (2 * one)     # [R, BN]
+        d = tl.load(sd_at).to(tl.float32)
+        dmin = tl.load(sd_at + 1).to(tl.float32)
+        lo = w & 0x0F0F0F0F
+        hi = (w >> 4) & 0x0F0F0F0F
+        y0 = _col_step(y0, lo, hi, raw, d, dmin, xl, xs, dxs, m0, c0 < W, s, one, n_slots, R, DP4A)
+        if BW > 1:
+            y1 = _col_step(y1, lo, hi, raw, d, dmin, xl, xs, dxs, m1, c0 + 1 < W, s, one, n_slots, R, DP4A)
+        if BW > 2:
+            y2 = _col_step(y2, lo, hi, raw, d, dmin, xl, xs, dxs, m2, c0 + 2 < W, s, one, n_slots, R, DP4A)
+            y3 = _col_step(y3, lo, hi, raw, d, dmin, xl, xs, dxs, m3, c0 + 3 < W, s, one, n_slots, R, DP4A)
+    _store_col(out, y0, rows, rows_ok, m0, c0 < W, stride_out, R)
+    if BW > 1:
+        _store_col(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out, R)
+    if BW > 2:
+        _store_col(out, y2, rows, rows_ok, m2, c0 + 2 < W, stride_out, R)
+        _store_col(out, y3, rows, rows_ok, m3, c0 + 3 < W, stride_out, R)
 
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
@@ -85,11 +143,10 @@ def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)
-    xf, xs, dxs = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
-    assert xf.numel() >= triton.cdiv(W, COLS) * COLS * w.K // 4
+    xf, xs, dxs, xl = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
     runs = mma_tile(w)[1]
     grid = (triton.cdiv(N, rows) * triton.cdiv(W, cols),)
-    _q8k_dp4a_kernel[grid](xf, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0),
+    _q8k_dp4a_kernel[grid](xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
                            n_slots=w.n_slots, BN=rows, R=runs, BW=cols, DP4A=x.is_cuda, num_warps=warps,
                            enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
     return out
