@@ -44,9 +44,11 @@ mma-arms)
   # (MMA_30B=1: the 30B-A3B too, ~5 min more)
   W="1 2 3 4 5 6 7 8 12 16 32 64"
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py \
-      tests/runtime/test_gpu_model.py -k "q8k or float64 or rows or tensor_cores" 2>&1 | tail -2
-  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-k --widths $W 2>&1 \
-      | grep -v "_warn_once\|UserWarning" | tail -3
+      tests/kernels/test_qgemv_q8k.py tests/runtime/test_gpu_model.py -k "q8k or float64 or rows or tensor_cores or narrow \
+      or bit" 2>&1 | tail -2
+  # default/mma-wide: Q4_K through qgemv_q8k at W <= 4 and the mma wider, one set of bits (exact)
+  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-k \
+      --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
   [ "${MMA_30B:-0}" = 1 ] && timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       default/mma-k --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;

@@ -104,10 +104,12 @@ def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypa
 
 
 def _option_on_and_off(tmp_path, option: str, seed: int, applies, preset: str = "tiny-qwen3moe",
-                       quant: str = "Q4_K", n_layers: int = 1, **shape) -> dict[bool, torch.Tensor]:
+                       quant: str = "Q4_K", n_layers: int = 1, extra: dict | None = None,
+                       **shape) -> dict[bool, torch.Tensor]:
     """A tiny model's logits (3 rows; by default MoE; `shape`: preset overrides) with an
-    engine option off and on: each against the reference; on, a round equals its last row
-    run alone; applies(gpu) says whether the option took effect."""
+    engine option off and on (`extra`: more engine options, both times): each against the
+    reference; on, a round equals its last row run alone; applies(gpu) says whether the
+    option took effect."""
     path = tmp_path / "moe.gguf"
     write_synthetic(PRESETS[preset](n_layers=n_layers, quant=quant, seed=seed, **shape), path)
     f = GGUFFile(path)
@@ -116,7 +118,7 @@ def _option_on_and_off(tmp_path, option: str, seed: int, applies, preset: str = 
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     logits = {}
     for on in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", **{option: on})
+        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", **{option: on}, **(extra or {}))
         assert applies(gpu) == on
         cache = gpu.new_cache(128)
         logits[on] = gpu.forward(toks, 0, cache)[0].clone()
@@ -155,13 +157,31 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
 
 
 
-@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K")])
-def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant):
+@pytest.mark.parametrize("preset,quant,narrow", [("tiny-qwen3", "Q4_K", 0), ("tiny-qwen3", "Q4_K", 1),
+                                                ("tiny-llama", "Q6_K", 0)])
+def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant, narrow):
     """engine.gemv_mma: the Q4_K / Q6_K dense weights (and head) through qgemv_mma_k /
     qgemv_mma6 (their mma emulated under the interpreter), on activations with one scale a
     super-block that their Linear prepares: against the reference, near the dp4a model (the
-    coarser activation scale is the gap), a round equals its rows alone."""
+    coarser activation scale is the gap), a round equals its rows alone. narrow 1: the
+    3-row round on the mma, the row alone on qgemv_q8k (dp4a): still equal, bit for bit."""
     def on(gpu) -> bool:
         return any(m for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) for m in lin.mma)
-    logits = _option_on_and_off(tmp_path, "gemv_mma", 17, on, preset, quant, n_layers=2, n_heads=8)
+    extra = {"gemv_mma_narrow": narrow, "gemv_mma_q6": quant == "Q6_K"}
+    logits = _option_on_and_off(tmp_path, "gemv_mma", 17, on, preset, quant, n_layers=2, extra=extra, n_heads=8)
     torch.testing.assert_close(logits[True], logits[False], atol=5e-2 * logits[False].abs().max().item(), rtol=0)
+
+
+def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
+    """engine.gemv_mma_narrow: a 3-row round through qgemv_q8k (narrow 4) and through the mma
+    (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width."""
+    path = tmp_path / "m.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=8), path)
+    f = GGUFFile(path)
+    toks = torch.randint(0, 64, (3,), generator=torch.Generator().manual_seed(19))
+    out = {}
+    for narrow in (0, 4):
+        gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=narrow)
+        assert any(gpu.layers[0].gate_up.mma)
+        out[narrow] = gpu.forward(toks, 0, gpu.new_cache(128))[0].clone()
+    assert torch.equal(out[0], out[4])

@@ -136,15 +136,17 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
 
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
-              prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, rows: int = 16,
-              cols: int = 1, warps: int = 4, pdl: bool = False) -> torch.Tensor:
+              prepared: tuple[torch.Tensor, ...] | None = None, rows: int = 16,
+              cols: int | None = None, warps: int = 4, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
-    of qgemv_mma_k on the same weight (its runs: mma_tile). rows, cols: the tile (BN, BW)."""
+    of qgemv_mma_k on the same weight (its runs: mma_tile). rows, cols: the tile (BN, BW;
+    cols, x rows a program, is not in the float order: by default W up to 4)."""
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)
     xf, xs, dxs, xl = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
     runs = mma_tile(w)[1]
+    cols = cols or (1 if W == 1 else 2 if W == 2 else 4)
     grid = (triton.cdiv(N, rows) * triton.cdiv(W, cols),)
     _q8k_dp4a_kernel[grid](xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
                            n_slots=w.n_slots, BN=rows, R=runs, BW=cols, DP4A=x.is_cuda, num_warps=warps,

@@ -52,6 +52,7 @@ from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
 from ..kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6
+from ..kernels.qgemv_q8k import qgemv_q8k
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -88,15 +89,26 @@ class MmaForm(NamedTuple):
     planes: Callable[[QuantWeight], torch.Tensor]         # its codes in fragment order
     prepare: Callable                                     # (x, n_slots, pdl) -> the activations
     gemv: Callable                                        # (x, w, planes=, out=, prepared=, pdl=)
+    narrow: Callable | None                               # dp4a with gemv's bits (x, w, out=, prepared=, pdl=)
 
 
-_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k),
-              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6)}
+_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k),
+              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6, None)}
 
 
-def _mma_form(w: QuantWeight) -> MmaForm | None:
+@dataclass(frozen=True)
+class MmaChoice:
+    """engine.gemv_mma's reach (config.py): widths up to `narrow` take a format's dp4a
+    partner (the same bits), wider ones the mma; Q6_K weights only with `q6`."""
+    narrow: int = 4
+    q6: bool = False
+
+
+def _mma_form(w: QuantWeight, choice: MmaChoice) -> MmaForm | None:
     f = _MMA_FORMS.get(w.qtype)
-    return f if f is not None and f.supports(w) else None
+    if f is None or not f.supports(w) or (w.qtype == QT.Q6_K and not choice.q6):
+        return None
+    return f
 
 
 class Linear:
@@ -108,11 +120,13 @@ class Linear:
     writes its columns of one output buffer (no concatenation); weights without an
     integer form (F16, F32) take qmatmul."""
 
-    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False, mma: bool = False):
+    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False,
+                 mma: MmaChoice | None = None):
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
-        mma: the weights qgemv_mma_k (Q4_K) or qgemv_mma6 (Q6_K) covers run there
-        (engine.gemv_mma), on activations this Linear prepares itself (one scale a
-        super-block: no producer emits them)."""
+        mma: the weights qgemv_mma_k (Q4_K) or qgemv_mma6 (Q6_K, if mma.q6) covers run
+        there (engine.gemv_mma), on activations this Linear prepares itself (one scale a
+        super-block: no producer emits them); rounds of up to mma.narrow rows take the
+        format's dp4a partner where it has one (qgemv_q8k: the same bits)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -125,7 +139,8 @@ class Linear:
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
-        self._mma = [_mma_form(w) if mma and i8 else None for w, i8 in zip(self.weights, self.i8)]
+        self._mma = [_mma_form(w, mma) if mma is not None and i8 else None for w, i8 in zip(self.weights, self.i8)]
+        self._narrow = mma.narrow if mma is not None else 0
         self.mma = [f is not None for f in self._mma]
         # the code planes again in the mma's fragment order (the prefill path reads the planes as they
         # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
@@ -174,7 +189,10 @@ class Linear:
                 key = ("q8k", w.fmt.slot)                  # one q8_K layout per slot width
                 if key not in prepared:
                     prepared[key] = form.prepare(x, w.n_slots, pdl)
-                form.gemv(x, w, planes=planes, out=part, prepared=prepared[key], pdl=pdl)
+                if form.narrow is not None and x.shape[0] <= self._narrow:
+                    form.narrow(x, w, out=part, prepared=prepared[key], pdl=pdl)
+                else:
+                    form.gemv(x, w, planes=planes, out=part, prepared=prepared[key], pdl=pdl)
             elif i8:
                 key = lane_order(w)
                 if key not in prepared:
@@ -299,7 +317,7 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, gemv_mma_q6: bool | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -307,7 +325,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma: config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma (_narrow, _q6): config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -331,8 +349,12 @@ class GPUModel:
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts)
         split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
-        # Q4_K dense weights on the tensor cores (Linear: qgemv_mma_k; emulated under the interpreter)
-        mma = (DEFAULTS.engine.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8"
+        # Q4_K (and Q6_K) dense weights on the tensor cores (Linear; emulated under the interpreter)
+        E = DEFAULTS.engine
+        mma = None
+        if (E.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8":
+            mma = MmaChoice(E.gemv_mma_narrow if gemv_mma_narrow is None else gemv_mma_narrow,
+                            E.gemv_mma_q6 if gemv_mma_q6 is None else gemv_mma_q6)
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
