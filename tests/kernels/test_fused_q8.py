@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.attention import decode_attention_q8, decode_attention_ref  # noqa: E402
 from alphallama.kernels.fused import add_rmsnorm_q8, add_rmsnorm_ref, silu_mul_q8, silu_mul_ref  # noqa: E402
+from alphallama.kernels.qgemv_mma import Q8K, prepare_q8k  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
@@ -94,6 +95,39 @@ def test_silu_mul_q8_equals_prepare(F):
     _same(q8[o], prepare_i8(a, w), f"F={F}")
 
 
+def _same_q8k(got: tuple, want: tuple, W: int, what: str) -> None:
+    """prepare_q8k's four tensors; the fragment words of the padding columns (past W in the
+    last 8-column block) are written by neither, so not compared."""
+    K = want[3].shape[1] * 4
+    fg, fw = (t.reshape(-1, K // 64, 8, 4, 2, 2) for t in (got[0], want[0]))   # [cb, step, g, t, j, e]
+    for cb in range(fg.shape[0]):
+        n = min(8, W - 8 * cb)
+        assert torch.equal(fg[cb, :, :n], fw[cb, :, :n]), f"{what}: fragment words of columns {8 * cb}.."
+    for x, y, name in zip(got[1:], want[1:], ("xsum", "dx", "row words")):
+        assert torch.equal(x, y), f"{what}: {name} differs in {int((x != y).sum())} of {x.numel()}"
+
+
+@pytest.mark.parametrize("D", [768, 1024 + 256])                # D not a power of 2: the norm's padded row
+def test_add_rmsnorm_emits_prepare_q8k(D):
+    """Q8K among the orders: the norm's fused q8_K activations are prepare_q8k's of h, bit for
+    bit, beside a lane order in the same launch."""
+    g = torch.Generator().manual_seed(D + 1)
+    x = torch.randn(10, D, generator=g).to(DEV)
+    w = (torch.rand(D, generator=g) + 0.5).to(DEV)
+    wq = _weight(T.Q6_K, 8, D, seed=1)[1]
+    h, q8 = add_rmsnorm_q8(x.clone(), None, w, 1e-6, ACT, (lane_order(wq), Q8K))
+    _same_q8k(q8[Q8K], prepare_q8k(h, D // 32), 10, f"D={D}")
+    _same(q8[lane_order(wq)], prepare_i8(h, wq), f"D={D} beside q8_K")
+
+
+@pytest.mark.parametrize("F", [1024, 1024 + 256])              # one whole SiLU block; a ragged last block
+def test_silu_mul_emits_prepare_q8k(F):
+    g = torch.Generator().manual_seed(F + 2)
+    gu = (torch.randn(3, 2 * F, generator=g) * 3).to(DEV)
+    a, q8 = silu_mul_q8(gu, ACT, (Q8K,))
+    _same_q8k(q8[Q8K], prepare_q8k(a, F // 32), 3, f"F={F}")
+
+
 def test_attention_q8_equals_prepare_and_is_row_invariant():
     g = torch.Generator().manual_seed(7)
     n_heads, n_kv, hd, pos, W = 4, 2, 64, 37, 3
@@ -132,6 +166,14 @@ def compile_sm90() -> None:
     for F in (12288, 4864):
         build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))
+    # with q8_K activations (qgemv_mma.Q8K) beside a lane order: the 8B shape's norm and SiLU
+    q8k = ["*i8", "*i32", "*fp32", "*i8"]
+    lanes = dict(SLOT1=16, V1=2, BITS1=4, SLOT2=32, V2=4, BITS2=4)
+    build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
+          + ["*fp32", "*fp32"] + q8k, dict(D=4096, BLOCK=4096, HAS_Y=True, NQ=1, PDL=True, TOP_K=0, Q8K=True, **lanes),
+          num_warps=16)
+    build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,
+          dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, Q8K=True))
     from tests.kernels.test_attention_split import combine_q8_sm90
     build(attention._attn_combine_kernel, *combine_q8_sm90())
 

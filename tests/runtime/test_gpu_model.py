@@ -174,7 +174,9 @@ def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant, narrow):
 
 def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     """engine.gemv_mma_narrow: a 3-row round through qgemv_q8k (narrow 4) and through the mma
-    (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width."""
+    (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width.
+    The norms emit the q8_K activations (no prepare launch for qkv and gate_up)."""
+    from alphallama.kernels.qgemv_mma import Q8K
     path = tmp_path / "m.gguf"
     write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=8), path)
     f = GGUFFile(path)
@@ -182,6 +184,8 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     out = {}
     for narrow in (0, 4):
         gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=narrow)
-        assert any(gpu.layers[0].gate_up.mma)
+        L = gpu.layers[0]
+        assert any(L.gate_up.mma) and gpu._fuse_q8
+        assert Q8K in L.qkv.orders and Q8K in L.gate_up.orders   # the norms emit the q8_K activations
         out[narrow] = gpu.forward(toks, 0, gpu.new_cache(128))[0].clone()
     assert torch.equal(out[0], out[4])

@@ -390,22 +390,61 @@ def q8k_block(x, xs, dxs, stride_x, n_slots: tl.constexpr, SLOT: tl.constexpr):
 
 
 @triton.jit
-def _prepare_q8k_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (row m, super-block b): q8 of x[m, 256 b : 256 b + 256] with one scale
-    (expert_q8's rounding rule), the bytes straight to their fragment-order places (prepare_i8's
-    lane order inside a slot, mma_x's order of words) and again in row order (xl: prepare_i8's
-    words, a slot's 4 lo then 4 hi words, for qgemv_q8k), xsum a slot, dx a super-block."""
-    pdl_start(PDL)
+def emit_q8k(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = False):
+    """prepare_q8k's outputs for x[m, k0 : k0 + BQ] = a [BQ] float32 (k0 and BQ multiples of
+    256): q8 with one scale a super-block (expert_q8's rounding rule), the bytes to their
+    fragment-order places (prepare_i8's lane order inside a slot, mma_x's order of words) and
+    again in row order (xl: prepare_i8's words, for qgemv_q8k), xsum a slot, dx a super-block.
+    MASKED: k may run past K (a is 0 there) and nothing is stored past it. The prepare
+    launch and the producers that fuse it (kernels/fused.py) share it: the same bits."""
+    BQ: tl.constexpr = a.shape[0]
+    NB: tl.constexpr = BQ // 256
+    n_slots: tl.constexpr = K // 32
     STEPS: tl.constexpr = n_slots // 2
-    m, k, q = q8k_block(x, xs, dxs, stride_x, n_slots, 32)
+    q, dx = _quantize_block(tl.reshape(a, (NB, 256)))                 # [NB, 256], [NB]
+    q = tl.reshape(q, (BQ,))
+    k = k0 + tl.arange(0, BQ)                                          # [BQ]
     kk = k % 32                                                        # within the slot: emit_q8's lane rule
     e = kk % 2                                                         # lo (0) or hi (1) word
     v = (kk % 8) // 2                                                  # word t of that half
     jh = kk // 8                                                       # its byte
     s = k // 32                                                        # the slot, its step and place in it
     word = (((m // 8) * STEPS + s // 2) * 32 + 4 * (m % 8) + v) * 4 + 2 * (s % 2) + e
-    tl.store(xf + word * 4 + jh, q.to(tl.int8))
-    tl.store(xl + ((m * n_slots + s) * 8 + e * 4 + v) * 4 + jh, q.to(tl.int8))
+    row_word = (m * n_slots + s) * 8 + e * 4 + v
+    slots = k0 // 32 + tl.arange(0, BQ // 32)                          # [BQ/32]
+    xsum = tl.sum(tl.reshape(q, (BQ // 32, 32)), axis=1)
+    blocks = k0 // 256 + tl.arange(0, NB)
+    if MASKED:
+        tl.store(xf + word * 4 + jh, q.to(tl.int8), mask=k < K)
+        tl.store(xl + row_word * 4 + jh, q.to(tl.int8), mask=k < K)
+        tl.store(xs + m * n_slots + slots, xsum, mask=slots < n_slots)
+        tl.store(dxs + m * (K // 256) + blocks, dx, mask=blocks < K // 256)
+    else:
+        tl.store(xf + word * 4 + jh, q.to(tl.int8))
+        tl.store(xl + row_word * 4 + jh, q.to(tl.int8))
+        tl.store(xs + m * n_slots + slots, xsum)
+        tl.store(dxs + m * (K // 256) + blocks, dx)
+
+
+@triton.jit
+def _prepare_q8k_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row m, super-block b): emit_q8k of x[m, 256 b : 256 b + 256]."""
+    pdl_start(PDL)
+    m = tl.program_id(0).to(tl.int64)
+    k0 = tl.program_id(1) * 256
+    a = tl.load(x + m * stride_x + k0 + tl.arange(0, 256)).to(tl.float32)
+    emit_q8k(a, k0, m, xf, xs, dxs, xl, n_slots * 32)
+
+
+Q8K = ("q8k", 32)       # prepare_q8k's activations among the orders a producer emits (Linear.orders)
+
+
+def new_q8k(W: int, K: int, device) -> tuple[torch.Tensor, ...]:
+    """Empty buffers for prepare_q8k's outputs (launch_prepare's shapes): (xf, xs, dxs, xl)."""
+    return (torch.empty((triton.cdiv(W, COLS) * COLS * K // 4,), dtype=torch.int32, device=device),
+            torch.empty((W, K // 32), dtype=torch.int32, device=device),
+            torch.empty((W, K // 256), dtype=torch.float32, device=device),
+            torch.empty((W, K // 4), dtype=torch.int32, device=device))
 
 
 def prepare_q8k(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, ...]:

@@ -50,7 +50,7 @@ from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_orde
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
-from ..kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
+from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
 from ..kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6
 from ..kernels.qgemv_q8k import qgemv_q8k
 from ..kernels.qmatmul import qmatmul
@@ -90,10 +90,11 @@ class MmaForm(NamedTuple):
     prepare: Callable                                     # (x, n_slots, pdl) -> the activations
     gemv: Callable                                        # (x, w, planes=, out=, prepared=, pdl=)
     narrow: Callable | None                               # dp4a with gemv's bits (x, w, out=, prepared=, pdl=)
+    order: tuple | None                                   # the key a producer emits its activations under
 
 
-_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k),
-              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6, None)}
+_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k, Q8K),
+              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6, None, None)}
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,11 @@ class Linear:
         # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
         self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
         self.N = sum(w.N for w in self.weights)
-        # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py)
-        self.orders = tuple(dict.fromkeys(lane_order(w) for w, i8, m in zip(self.weights, self.i8, self.mma)
-                                          if i8 and not m))
+        # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py), and
+        # qgemv_mma.Q8K for weights on q8_K activations that a norm or the SiLU can emit
+        self.orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
+                                          for w, i8, f in zip(self.weights, self.i8, self._mma)
+                                          if i8 and (f is None or f.order is not None)))
         self.runs = split_runs(self.weights[0]) if split and self.adds else 1
         # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
         self._ones = torch.ones((MAX_W, self.runs), dtype=torch.float32, device=device) if self.runs > 1 else None
@@ -186,7 +189,7 @@ class Linear:
         for w, i8, form, planes in zip(self.weights, self.i8, self._mma, self._planes):
             part = out[:, n0:n0 + w.N]
             if form is not None:
-                key = ("q8k", w.fmt.slot)                  # one q8_K layout per slot width
+                key = form.order or ("q8k", w.fmt.slot)    # one q8_K layout per slot width
                 if key not in prepared:
                     prepared[key] = form.prepare(x, w.n_slots, pdl)
                 if form.narrow is not None and x.shape[0] <= self._narrow:
@@ -492,8 +495,9 @@ class GPUModel:
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
-            if L.o.orders and self._fuse_q8:
-                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, L.o.orders[:1], pdl,
+            lanes = tuple(o for o in L.o.orders if o != Q8K)    # a head's program cannot make q8_K's scales
+            if lanes and self._fuse_q8:
+                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes[:1], pdl,
                                             early=self.early_kv)                       # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
