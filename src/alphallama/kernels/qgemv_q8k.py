@@ -136,16 +136,19 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
 
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
-              prepared: tuple[torch.Tensor, ...] | None = None, rows: int = 16,
+              prepared: tuple[torch.Tensor, ...] | None = None, rows: int | None = None,
               cols: int | None = None, warps: int = 4, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
     of qgemv_mma_k on the same weight (its runs: mma_tile). rows, cols: the tile (BN, BW;
-    cols, x rows a program, is not in the float order: by default W up to 4)."""
+    neither is in the float order: rows 16, or 8 at 8 runs; cols W up to 4). SASS (sm_90a,
+    K = 4096, 4 runs, 16 rows): 3.7 instructions a weight byte at W = 1 (qgemv_i8: 2.9),
+    10.1 at 4 columns (qgemv_i8: 6.4): the slots' integer folds cost shuffles and IMADs."""
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)
     xf, xs, dxs, xl = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
     runs = mma_tile(w)[1]
+    rows = rows or (16 if runs <= 4 else 8)             # 8 runs x 16 rows: ~160 registers (sm_90a)
     cols = cols or (1 if W == 1 else 2 if W == 2 else 4)
     grid = (triton.cdiv(N, rows) * triton.cdiv(W, cols),)
     _q8k_dp4a_kernel[grid](xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
