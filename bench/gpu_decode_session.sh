@@ -43,9 +43,7 @@ mma-arms)
   # whole rounds at every width: the defaults against engine.gemv_mma (the 30B-A3B: its attention only)
   # (MMA_30B=1: the 30B-A3B too, ~5 min more)
   W="1 2 3 4 5 6 7 8 12 16 32 64"
-  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py \
-      tests/kernels/test_qgemv_q8k.py tests/runtime/test_gpu_model.py -k "q8k or float64 or rows or tensor_cores or narrow \
-      or bit" 2>&1 | tail -2
+  # (their GPU tests: the mma case)
   # default/mma-wide: Q4_K through qgemv_q8k at W <= 4 and the mma wider, one set of bits (exact)
   # (mma-wide1: qgemv_q8k at W = 1 only; its 4-column tile costs 10 instructions a byte)
   timeout 450 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide1 \
