@@ -34,9 +34,8 @@ from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 # quantization than the engine's: its error against dp4a is that, not a bug), with runs (warps
 # a row group, K cut over them) and whether the activations are loaded a super-block ahead
 ARMS = {"dp4a": None, "mma-k": {"kind": "k"}, "mma-k w4 r1": {"kind": "k", "warps": 4, "runs": 1},
-        "q8k 16x1": {"kind": "q", "rows": 16, "cols": 1}, "q8k 8x1": {"kind": "q", "rows": 8, "cols": 1},
-        "q8k 32x1 w8": {"kind": "q", "rows": 32, "cols": 1, "warps": 8},
-        "q8k 16x2": {"kind": "q", "rows": 16, "cols": 2}, "q8k 16x4": {"kind": "q", "rows": 16, "cols": 4}}
+        "q8k rows": {"kind": "q", "tile": "rows"}, "q8k slots": {"kind": "q", "tile": "slots"},
+        "q8k slots 8": {"kind": "q", "tile": "slots", "rows": 8}}
 ARMS_Q6 = {"dp4a": None, "mma6": {"kind": "6"}, "mma6 w4 r1": {"kind": "6", "warps": 4, "runs": 1}}
 OLD_ARMS = {"mma w4 u2": {"kind": "u", "warps": 4, "steps": 2}}     # --old
 Q8K = ("k", "q")                 # kinds on prepare_q8k's activations: bit for bit the same (checked)
@@ -56,7 +55,8 @@ def _call(x, w, planes, cfg, **kw):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="*", default=["gate_up", "qkv", "o", "down_q4", "qkv_30b", "o_30b", "down_q6", "head"])
+    ap.add_argument("--shapes", nargs="*",
+                    default=["gate_up", "qkv", "o", "down_q4", "qkv_30b", "o_30b", "down_q6", "head"])
     ap.add_argument("--widths", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     ap.add_argument("--old", action="store_true", help="also qgemv_mma (per-32 activations)")
     args = ap.parse_args()
@@ -94,7 +94,8 @@ def main() -> None:
                     alone = torch.cat([_call(x16[m:m + 1], w, planes[0], cfg) for m in range(16)])
                     row["rows_equal_alone"][arm] = bool(torch.equal(y, alone))
                     if cfg["kind"] == "q":       # the narrow-W partner gives the tensor-core kernel's bits
-                        row.setdefault("equal_mma_k", {})[arm] = bool(torch.equal(y, _call(x16, w, planes[0], {"kind": "k"})))
+                        mma_k = _call(x16, w, planes[0], {"kind": "k"})
+                        row.setdefault("equal_mma_k", {})[arm] = bool(torch.equal(y, mma_k))
             except Exception as e:                          # recorded, not fatal
                 row["us"][f"error:{arm}"] = f"{type(e).__name__}: {str(e)[:300]}"
                 torch.cuda.synchronize()

@@ -17,15 +17,16 @@ from tests.kernels.test_qgemv_mma import _rel_err, q8k_reference64  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
 
+@pytest.mark.parametrize("tile", ["slots", "rows"])
 @pytest.mark.parametrize("n,k,W,rows,cols", [(48, 1024, 3, 16, 1), (32, 2048, 10, 16, 4), (4112, 512, 2, 32, 2)])
-def test_equals_the_tensor_core_kernel_bit_for_bit(n, k, W, rows, cols):
+def test_equals_the_tensor_core_kernel_bit_for_bit(n, k, W, rows, cols, tile):
     """Runs 4 (48 and 32 rows: mma_tile's runs below 4096 rows at 4 / 8 super-blocks), 1 and
     2 (4112 rows: 4 runs do not divide 2 super-blocks): the same runs, the same tree."""
     raw, w = _weight(T.Q4_K, n, k, seed=11)
     x = _x(W, k, seed=12)
     prep = prepare_q8k(x, w.n_slots)
     want = qgemv_mma_k(x, w, prepared=prep)
-    got = qgemv_q8k(x, w, prepared=prep, rows=rows, cols=cols)
+    got = qgemv_q8k(x, w, prepared=prep, rows=rows, cols=cols, tile=tile)
     assert mma_tile(w)[1] > 1 or n > 4096
     assert torch.equal(got, want)
     assert _rel_err(got, *q8k_reference64(x, raw, T.Q4_K, n, k)) < 2e-6
@@ -48,12 +49,15 @@ def test_refuses_what_it_does_not_cover():
 
 def compile_sm90() -> None:
     """The kernel for sm_90 (child process): dp4a in the PTX, at the tiles the bench times."""
-    from alphallama.kernels.qgemv_q8k import _q8k_dp4a_kernel
+    from alphallama.kernels.qgemv_q8k import _q8k_dp4a_kernel, _q8k_rows_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
-    for bn, r, bw in ((16, 4, 1), (16, 8, 1), (32, 4, 2), (16, 4, 4)):
-        k = build(_q8k_dp4a_kernel, ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"],
-                  {"n_slots": 128, "BN": bn, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=4)
+    args = ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"]
+    for bn, r, bw in ((16, 4, 1), (8, 8, 1), (16, 4, 4)):
+        k = build(_q8k_dp4a_kernel, args, {"n_slots": 128, "BN": bn, "R": r, "BW": bw, "DP4A": True, "PDL": True})
+        assert "dp4a.u32.s32" in k.asm["ptx"]
+    for r, bw in ((1, 1), (4, 1), (8, 2), (4, 4)):
+        k = build(_q8k_rows_kernel, args, {"n_slots": 128, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=r)
         assert "dp4a.u32.s32" in k.asm["ptx"]
 
 
