@@ -84,7 +84,9 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/mma-k": dict(gemv_mma=True, gemv_mma_narrow=0, gemv_mma_q6=True),
                 # Q4_K: qgemv_q8k at W <= 4, the mma wider (the same bits); Q6_K and the head on dp4a
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4, gemv_mma_q6=False),
-                "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=False)}
+                "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=False),
+                # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64, gemv_mma_q6=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",

@@ -11,7 +11,8 @@
 #   bash bench/gpu_decode_session.sh barrier   # grid-wide barriers in one persistent kernel against a PDL chain
 #   bash bench/gpu_decode_session.sh final     # both shapes at the defaults, with their last flips' controls
 #   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma, Q4_K) against dp4a at W 1-16, its GPU tests
-#   bash bench/gpu_decode_session.sh mma-arms  # both shapes' rounds with the Q4_K dense weights on the tensor cores
+#   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
+#   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -40,16 +41,21 @@ mma)
   timeout 360 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 mma-arms)
-  # whole rounds at every width: the defaults against engine.gemv_mma (the 30B-A3B: its attention only)
-  # (MMA_30B=1: the 30B-A3B too, ~5 min more)
+  # whole 8B rounds at every width, the defaults against engine.gemv_mma: mma-wide (Q4_K through
+  # qgemv_q8k at W <= 4 and the mma wider, one set of bits: exact), mma-wide1 (qgemv_q8k at W = 1
+  # only). Their GPU tests: the mma case. mma-arms2: the rest
   W="1 2 3 4 5 6 7 8 12 16 32 64"
-  # (their GPU tests: the mma case)
-  # default/mma-wide: Q4_K through qgemv_q8k at W <= 4 and the mma wider, one set of bits (exact)
-  # (mma-wide1: qgemv_q8k at W = 1 only; its 4-column tile costs 10 instructions a byte)
-  timeout 450 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide1 \
-      default/mma-k --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
+  timeout 560 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide1 \
+      --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  ;;
+mma-arms2)
+  # default/q8k: Q4_K through qgemv_q8k at every width (dp4a on q8_K activations, no tensor
+  # cores); default/mma-k: every dense weight and the head on the mma (measured 20261201-184043)
+  W="1 2 3 4 5 6 7 8 12 16 32 64"
+  timeout 560 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/q8k default/mma-k \
+      --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
   [ "${MMA_30B:-0}" = 1 ] && timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
-      default/mma-k --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+      default/mma-wide --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
 tiles)
   # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)
