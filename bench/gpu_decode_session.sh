@@ -94,7 +94,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2"; exit 2
   ;;
 esac
 ls -l "$OUT"
