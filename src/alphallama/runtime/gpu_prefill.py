@@ -224,7 +224,10 @@ class ChunkGraphs:
 
     def __init__(self, m, cache, T: int, logits: bool, pos: int, rows_per_thread: int):
         c = m.cfg
-        self.m, self.cache, self.logits, self.T = m, cache, logits, T
+        # not the model itself: the model's scratch keeps this object (Scratch.captured), and a
+        # reference back would make a cycle that only the cyclic collector frees, resetting
+        # the graphs wherever it runs, inside another capture too (runtime/capture.py)
+        self.n_layers, self.cache, self.logits, self.T = len(m.layers), cache, logits, T
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
         self.pos = torch.full((1,), pos, dtype=torch.int32, device=m.device)  # warm-up writes K/V rows the chunk owns
         self.a = torch.zeros(T, c.n_heads * c.head_dim, dtype=m.scratch.dtype, device=m.device)  # [T, H*hd]
@@ -248,10 +251,9 @@ class ChunkGraphs:
     def run(self, x: torch.Tensor, pos: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """x [T, D] fp32 (the embedded rows) at pos.. -> (logits or None, x after the last layer):
         fresh tensors (the graphs' own are overwritten by the next chunk)."""
-        m = self.m
         self.x.copy_(x)
         self.pos.fill_(pos)
-        for i in range(len(m.layers)):
+        for i in range(self.n_layers):
             self.replays[i]()
             self.a.copy_(prefill_attention(self.outs[i], self.cache.k[i], self.cache.v[i], pos, self.a.dtype))
         self.replays[-1]()
