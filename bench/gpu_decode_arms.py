@@ -85,6 +85,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 # Q4_K: qgemv_q8k at W <= 4, the mma wider (the same bits); Q6_K and the head on dp4a
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4, gemv_mma_q6=False),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=False),
+                # and the Q6_K weights and head too (qgemv_q8k6 at W <= 4, qgemv_mma6 wider)
+                "default/mma-wide6": dict(gemv_mma=True, gemv_mma_narrow=4, gemv_mma_q6=True),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
                 "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64, gemv_mma_q6=False)}
 # arms that must give another arm's logits bit for bit (only the launches differ)

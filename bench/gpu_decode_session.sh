@@ -43,10 +43,11 @@ mma)
 mma-arms)
   # whole 8B rounds at every width, the defaults against engine.gemv_mma: mma-wide (Q4_K through
   # qgemv_q8k at W <= 4 and the mma wider, one set of bits: exact), mma-wide1 (qgemv_q8k at W = 1
-  # only). Their GPU tests: the mma case. mma-arms2: the rest
+  # only), mma-wide6 (the Q6_K weights and head too: qgemv_q8k6 / qgemv_mma6). Their GPU tests:
+  # the mma case. mma-arms2: the rest
   W="1 2 3 4 5 6 7 8 12 16 32 64"
-  timeout 560 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide1 \
-      --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 570 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide1 \
+      default/mma-wide6 --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 mma-arms2)
   # default/q8k: Q4_K through qgemv_q8k at every width (dp4a on q8_K activations, no tensor

@@ -27,6 +27,7 @@ from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.qgemv_mma import mma_planes, mma_x, prepare_q8k, qgemv_mma, qgemv_mma_k  # noqa: E402
 from alphallama.kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6  # noqa: E402
 from alphallama.kernels.qgemv_q8k import qgemv_q8k  # noqa: E402
+from alphallama.kernels.qgemv_q8k6 import qgemv_q8k6  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
 # (warps, steps ahead) for qgemv_mma (per-32 activations, measured 20261201: 2-10x dp4a at W = 1,
@@ -36,9 +37,9 @@ from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 ARMS = {"dp4a": None, "mma-k": {"kind": "k"}, "mma-k w4 r1": {"kind": "k", "warps": 4, "runs": 1},
         "q8k rows": {"kind": "q", "tile": "rows"}, "q8k slots": {"kind": "q", "tile": "slots"},
         "q8k slots 8": {"kind": "q", "tile": "slots", "rows": 8}}
-ARMS_Q6 = {"dp4a": None, "mma6": {"kind": "6"}, "mma6 w4 r1": {"kind": "6", "warps": 4, "runs": 1}}
+ARMS_Q6 = {"dp4a": None, "mma6": {"kind": "6"}, "q8k6": {"kind": "q6"}}
 OLD_ARMS = {"mma w4 u2": {"kind": "u", "warps": 4, "steps": 2}}     # --old
-Q8K = ("k", "q")                 # kinds on prepare_q8k's activations: bit for bit the same (checked)
+Q8K = ("k", "q")                 # kinds on prepare_q8k's activations: bit for bit the same (checked; Q6_K: 6, q6)
 
 
 def _call(x, w, planes, cfg, **kw):
@@ -50,6 +51,8 @@ def _call(x, w, planes, cfg, **kw):
         return qgemv_mma_k(x, w, planes=planes, **cfg, **kw)
     if kind == "q":
         return qgemv_q8k(x, w, **cfg, **kw)
+    if kind == "q6":
+        return qgemv_q8k6(x, w, **cfg, **kw)
     return qgemv_mma(x, w, planes=planes, **cfg, **kw)
 
 
@@ -82,7 +85,7 @@ def main() -> None:
                         fns = [lambda w_=w_: qgemv_i8(x, w_, out=out, prepared=prep, pdl=True) for w_ in ws]
                     else:
                         kind = cfg["kind"]
-                        kw = ({"prepared": prepare_q8k6(x, w.n_slots)} if kind == "6"
+                        kw = ({"prepared": prepare_q8k6(x, w.n_slots)} if kind in ("6", "q6")
                               else {"prepared": prepare_q8k(x, w.n_slots)} if kind in Q8K
                               else {"prepared": prep, "xf": mma_x(prep[0], w.n_slots)})
                         fns = [lambda w_=w_, p_=p_, kw=kw, cfg=cfg: _call(x, w_, p_, cfg, out=out, pdl=True, **kw)
@@ -93,8 +96,8 @@ def main() -> None:
                     row["rel_err_vs_dp4a"][arm] = float(((y - ref).abs().max() / ref.abs().max()).item())
                     alone = torch.cat([_call(x16[m:m + 1], w, planes[0], cfg) for m in range(16)])
                     row["rows_equal_alone"][arm] = bool(torch.equal(y, alone))
-                    if cfg["kind"] == "q":       # the narrow-W partner gives the tensor-core kernel's bits
-                        mma_k = _call(x16, w, planes[0], {"kind": "k"})
+                    if cfg["kind"] in ("q", "q6"):       # the narrow-W partner gives the tensor-core kernel's bits
+                        mma_k = _call(x16, w, planes[0], {"kind": "k" if cfg["kind"] == "q" else "6"})
                         row.setdefault("equal_mma_k", {})[arm] = bool(torch.equal(y, mma_k))
             except Exception as e:                          # recorded, not fatal
                 row["us"][f"error:{arm}"] = f"{type(e).__name__}: {str(e)[:300]}"

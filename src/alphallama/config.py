@@ -51,8 +51,8 @@ class EngineDefaults:
                                   # ms (gpu_decode_arms-qwen3-8b-20261201-184043.json): off
     gemv_mma_narrow: int = 4      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
                                   # activations, the mma's bits: exact mode holds) for Q4_K; 0: the mma at every W
-    gemv_mma_q6: bool = False     # with gemv_mma: Q6_K weights (and head) through qgemv_mma6 too (no dp4a partner:
-                                  # the mma at every W; 2x dp4a at W = 1 on the 8B down and head)
+    gemv_mma_q6: bool = False     # with gemv_mma: Q6_K weights (and head) too: qgemv_q8k6 (dp4a) up to narrow rows,
+                                  # qgemv_mma6 wider (2x dp4a at W = 1 on the 8B down and head; untimed partner)
     # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
     # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
     # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290

@@ -66,8 +66,11 @@ def test_prepare_q8k6_against_plain_torch():
     W, K = 11, 512
     n_slots = K // 16
     x = _x(W, K, seed=9)
-    xf, xs, dx = prepare_q8k6(x, n_slots)
+    xf, xs, dx, xl = prepare_q8k6(x, n_slots)
     q, dxr = q8k(x)
+    from alphallama.kernels.qmatvec_i8 import lane_perm                 # the row copy: prepare_i8's Q6_K words
+    assert torch.equal(xl.cpu(), q.reshape(W, n_slots, 16)[:, :, lane_perm(16, 2, 4)].to(torch.int8)
+                       .reshape(W, K).contiguous().view(torch.int32))
     assert torch.equal(dx.cpu(), dxr)
     assert torch.equal(xs.cpu(), q.reshape(W, n_slots, 16).sum(-1, dtype=torch.int32))
     b = xf.cpu().view(torch.int8).reshape(2, n_slots // 8, 8, 4, 2, 4, 4)   # [cb, chunk, g, t, parity, i, byte]
@@ -92,7 +95,7 @@ def compile_sm90() -> None:
     from alphallama.kernels.qgemv_mma6 import _prepare_q8k6_kernel, _q6_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
-    build(_prepare_q8k6_kernel, ["*bf16", "*i8", "*i32", "*fp32", "i32"], dict(n_slots=768, PDL=True))
+    build(_prepare_q8k6_kernel, ["*bf16", "*i8", "*i32", "*fp32", "*i8", "i32"], dict(n_slots=768, PDL=True))
     for warps, runs in ((4, 1), (8, 1), (4, 4), (8, 8)):
         k = build(_q6_kernel, ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i8", "*fp16", "i32", "i32", "i32"],
                   dict(n_slots=768, WARPS=warps, EMULATE=False, KW=runs), num_warps=warps)

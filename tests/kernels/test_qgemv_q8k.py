@@ -59,8 +59,29 @@ def compile_sm90() -> None:
     for r, bw in ((1, 1), (4, 1), (8, 2), (4, 4)):
         k = build(_q8k_rows_kernel, args, {"n_slots": 128, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=r)
         assert "dp4a.u32.s32" in k.asm["ptx"]
+    from alphallama.kernels.qgemv_q8k6 import _q8k6_rows_kernel    # Q6_K: the 8B down's K, 4 and 8 runs
+    args6 = ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i32", "*i8", "*fp16", "i32", "i32", "i32", "i32"]
+    for r, bw in ((4, 1), (8, 2), (1, 1)):
+        k = build(_q8k6_rows_kernel, args6, {"n_slots": 768, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=r)
+        assert "dp4a.u32.s32" in k.asm["ptx"]
 
 
 def test_compiles_for_sm90():
     from tests.kernels.sm90 import run_in_child
     run_in_child("test_qgemv_q8k")
+
+
+@pytest.mark.parametrize("n,k,W", [(48, 1024, 3), (32, 2048, 2), (4112, 512, 1)])
+def test_q6k_partner_equals_the_tensor_core_kernel_bit_for_bit(n, k, W):
+    """qgemv_q8k6 (dp4a, Q6_K) against qgemv_mma6 on the same activations: 4 and 8 runs
+    (48 and 32 rows), 2 (4112 rows, 2 super-blocks); and float64 of those activations."""
+    from alphallama.kernels.qgemv_mma6 import prepare_q8k6, qgemv_mma6
+    from alphallama.kernels.qgemv_q8k6 import qgemv_q8k6
+    raw, w = _weight(T.Q6_K, n, k, seed=21)
+    x = _x(W, k, seed=22)
+    prep = prepare_q8k6(x, w.n_slots)
+    got = qgemv_q8k6(x, w, prepared=prep)
+    assert torch.equal(got, qgemv_mma6(x, w, prepared=prep))
+    assert _rel_err(got, *q8k_reference64(x, raw, T.Q6_K, n, k)) < 2e-6
+    alone = torch.cat([qgemv_q8k6(x[m:m + 1], w) for m in range(W)])
+    assert torch.equal(got, alone)

@@ -158,13 +158,14 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
 
 
 @pytest.mark.parametrize("preset,quant,narrow", [("tiny-qwen3", "Q4_K", 0), ("tiny-qwen3", "Q4_K", 1),
-                                                ("tiny-llama", "Q6_K", 0)])
+                                                ("tiny-llama", "Q6_K", 0), ("tiny-llama", "Q6_K", 1)])
 def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant, narrow):
     """engine.gemv_mma: the Q4_K / Q6_K dense weights (and head) through qgemv_mma_k /
     qgemv_mma6 (their mma emulated under the interpreter), on activations with one scale a
     super-block that their Linear prepares: against the reference, near the dp4a model (the
     coarser activation scale is the gap), a round equals its rows alone. narrow 1: the
-    3-row round on the mma, the row alone on qgemv_q8k (dp4a): still equal, bit for bit."""
+    3-row round on the mma, the row alone on qgemv_q8k / qgemv_q8k6 (dp4a): still equal, bit
+    for bit."""
     def on(gpu) -> bool:
         return any(m for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) for m in lin.mma)
     extra = {"gemv_mma_narrow": narrow, "gemv_mma_q6": quant == "Q6_K"}

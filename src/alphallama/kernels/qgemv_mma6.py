@@ -208,9 +208,10 @@ def mma6_planes(w: QuantWeight) -> torch.Tensor:
 
 
 @triton.jit
-def _prepare_q8k6_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
+def _prepare_q8k6_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row m, super-block b): q8 with one scale (expert_q8's rounding rule), the
-    bytes in natural k order to their fragment places, xsum a 16-slot, dx a super-block."""
+    bytes in natural k order to their fragment places, and again in row order in prepare_i8's
+    Q6_K lane order (xl, for qgemv_q8k6), xsum a 16-slot, dx a super-block."""
     pdl_start(PDL)
     NCH: tl.constexpr = n_slots // 8
     m, k, q = q8k_block(x, xs, dxs, stride_x, n_slots, 16)
@@ -218,12 +219,16 @@ def _prepare_q8k6_kernel(x, xf, xs, dxs, stride_x, n_slots: tl.constexpr, PDL: t
     kk = k % 16
     word = (((m // 8) * NCH + s // 8) * 32 + 4 * (m % 8) + kk // 4) * 8 + ((s % 8) % 2) * 4 + (s % 8) // 2
     tl.store(xf + word * 4 + kk % 4, q.to(tl.int8))
+    r = kk % 4                                                         # emit_q8's lane rule (slot 16, V 2, 4 bits)
+    lane = ((r % 2) * 2 + r // 2) * 4 + kk // 4                        # word e V + v, byte j // 2
+    tl.store(xl + m * (n_slots * 16) + s * 16 + lane, q.to(tl.int8))
 
 
-def prepare_q8k6(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def prepare_q8k6(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, ...]:
     """x [W, K] -> (fragment words [W/8 blocks, n_slots/8, 32 lanes, 2 (XA, XB), 4], xsum int32
-    [W, n_slots] a 16-value slot, dx float32 [W, K / 256]); padding columns unwritten."""
-    return launch_prepare(_prepare_q8k6_kernel, x, n_slots, 16, "prepare_q8k6", pdl)
+    [W, n_slots] a 16-value slot, dx float32 [W, K / 256], the bytes again in row order in
+    prepare_i8's Q6_K lane order: int32 [W, K / 4]); padding columns unwritten."""
+    return launch_prepare(_prepare_q8k6_kernel, x, n_slots, 16, "prepare_q8k6", pdl, rows=True)
 
 
 def qgemv_mma6(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
