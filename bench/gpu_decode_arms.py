@@ -87,8 +87,9 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=False),
                 # and the Q6_K weights and head too (qgemv_q8k6 at W <= 4, qgemv_mma6 wider)
                 "default/mma-wide6": dict(gemv_mma=True, gemv_mma_narrow=4, gemv_mma_q6=True),
-                # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
-                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64, gemv_mma_q6=False)}
+                # Q4_K and Q6_K through qgemv_q8k / qgemv_q8k6 (dp4a on q8_K activations, a thread a
+                # row's run) at every width: no tensor cores; is W = 1 faster than qgemv_i8?
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64, gemv_mma_q6=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",

@@ -50,8 +50,9 @@ mma-arms)
       default/mma-wide6 --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 mma-arms2)
-  # default/q8k: Q4_K through qgemv_q8k at every width (dp4a on q8_K activations, no tensor
-  # cores); default/mma-k: every dense weight and the head on the mma (measured 20261201-184043)
+  # default/q8k: Q4_K and Q6_K through qgemv_q8k / qgemv_q8k6 at every width (dp4a on q8_K
+  # activations, no tensor cores); default/mma-k: every dense weight and the head on the mma
+  # (measured 20261201-184043)
   W="1 2 3 4 5 6 7 8 12 16 32 64"
   timeout 560 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/q8k default/mma-k \
       --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
