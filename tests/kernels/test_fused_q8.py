@@ -148,6 +148,24 @@ def test_attention_q8_equals_prepare_and_is_row_invariant():
         _same(tuple(t[0] for t in q8_one[o]), tuple(t[r] for t in q8[o]), f"row {r}")
 
 
+def test_attention_emits_prepare_q8k_two_heads_a_program():
+    """Q8K: the combine takes the two heads of a 256-value super-block a program; its output
+    is the one-head-a-program combine's, bit for bit, and its q8_K activations prepare_q8k's."""
+    from alphallama.kernels.attention import decode_attention
+    g = torch.Generator().manual_seed(8)
+    n_heads, n_kv, hd, pos, W = 4, 2, 128, 37, 3
+    k = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
+    v = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
+    q = torch.randn(W, n_heads, hd, generator=g).to(DEV)
+    pos_t = torch.tensor([pos], dtype=torch.int32, device=DEV)
+    out, q8 = decode_attention_q8(q, k, v, pos_t, ACT, (Q8K,))
+    assert torch.equal(out, decode_attention(q, k, v, pos_t, 128, ACT))
+    _same_q8k(q8[Q8K], prepare_q8k(out, n_heads * hd // 32), W, "attention output")
+    with pytest.raises(ValueError, match="head_dim 128"):
+        decode_attention_q8(q[:, :, :64].contiguous(), k[:, :, :64].contiguous(), v[:, :, :64].contiguous(), pos_t,
+                            ACT, (Q8K,))
+
+
 def compile_sm90() -> None:
     """Both producers and the attention combine with their q8 outputs, for sm_90."""
     import triton
@@ -174,8 +192,18 @@ def compile_sm90() -> None:
           num_warps=16)
     build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,
           dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, Q8K=True))
+    types, const = combine_q8_sm90_q8k()
+    build(attention._attn_combine_kernel, types, const)
     from tests.kernels.test_attention_split import combine_q8_sm90
     build(attention._attn_combine_kernel, *combine_q8_sm90())
+
+
+def combine_q8_sm90_q8k() -> tuple[list[str], dict]:
+    """The combine emitting q8_K activations at the Qwen3-8B shape (two heads a program)."""
+    from alphallama.kernels import attention as A
+    return (["*fp32", "*fp32", "*fp32", "*bf16", "*i32"] + ["i32"] * 4 + ["*i8", "*i32"] + ["*i8", "*i32", "*fp32", "*i8"],
+            dict(N_HEADS=32, HD=128, BLOCK_N=A.BLOCK_N, MAX_SPLITS=A.MAX_SPLITS, NQ=0, SLOT1=32, V1=4, BITS1=4,
+                 PDL=True, Q8K=True))
 
 
 def test_compiles_for_sm90():

@@ -176,10 +176,11 @@ def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant, narrow):
 def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     """engine.gemv_mma_narrow: a 3-row round through qgemv_q8k (narrow 4) and through the mma
     (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width.
-    The norms emit the q8_K activations (no prepare launch for qkv and gate_up)."""
+    The producers emit the q8_K activations (the norms, the SiLU, the attention combine)."""
     from alphallama.kernels.qgemv_mma import Q8K
     path = tmp_path / "m.gguf"
-    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=8), path)
+    # head_dim 128: the attention combine emits o's q8_K activations, two heads a program
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=4, head_dim=128), path)
     f = GGUFFile(path)
     toks = torch.randint(0, 64, (3,), generator=torch.Generator().manual_seed(19))
     out = {}
@@ -187,6 +188,9 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
         gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=narrow)
         L = gpu.layers[0]
         assert any(L.gate_up.mma) and gpu._fuse_q8
-        assert Q8K in L.qkv.orders and Q8K in L.gate_up.orders   # the norms emit the q8_K activations
+        assert Q8K in L.qkv.orders and Q8K in L.gate_up.orders and Q8K in L.o.orders   # their producers emit them
         out[narrow] = gpu.forward(toks, 0, gpu.new_cache(128))[0].clone()
     assert torch.equal(out[0], out[4])
+    ref = load_model(f, 128)
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    torch.testing.assert_close(out[4].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)

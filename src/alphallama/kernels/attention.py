@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
+from .qgemv_mma import Q8K, emit_q8k, new_q8k
 from .qmatvec_i8 import emit_q8, new_q8
 
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512. 64 measured twice on the
@@ -166,6 +167,7 @@ def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os,
     tl.store(OUT + row * stride_outw + h * HD + d, out)
     if NQ > 0:                       # the o projection's int8 activations (kernels/fused.py)
         emit_q8(out.to(tl.float32), h * HD, row.to(tl.int64), XP1, XS1, N_HEADS * HD, SLOT1, V1, BITS1)
+    return out
 
 
 @triton.jit
@@ -192,12 +194,25 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
 def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os, stride_outw,
                          N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                          XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
-                         BITS1: tl.constexpr = 4, PDL: tl.constexpr = False):
+                         BITS1: tl.constexpr = 4, PDL: tl.constexpr = False, Q8K: tl.constexpr = False,
+                         XF=None, XK=None, DXK=None, XL=None):
+    """Q8K: a program combines the two heads of one 256-value super-block (HD 128), each as
+    alone (the same ops: the same bits), and emits their q8_K activations (qgemv_mma.emit_q8k)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     length = tl.load(pos_ptr) + row + 1
-    _combine_head(O, M, L, OUT, row, tl.program_id(1), length, stride_ow, stride_oh, stride_os, stride_outw,
-                  N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1)
+    if Q8K:
+        tl.static_assert(HD == 128, "q8_K activations from the combine: two heads of 128 a super-block")
+        h0 = tl.program_id(1) * 2
+        a = _combine_head(O, M, L, OUT, row, h0, length, stride_ow, stride_oh, stride_os, stride_outw,
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1)
+        b = _combine_head(O, M, L, OUT, row, h0 + 1, length, stride_ow, stride_oh, stride_os, stride_outw,
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1)
+        ab = tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * HD,)).to(tl.float32)   # head h0, then h0 + 1
+        emit_q8k(ab, h0 * HD, row.to(tl.int64), XF, XK, DXK, XL, N_HEADS * HD)
+    else:
+        _combine_head(O, M, L, OUT, row, tl.program_id(1), length, stride_ow, stride_oh, stride_os, stride_outw,
+                      N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
@@ -227,10 +242,18 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
-    q8: dict = {o: new_q8(W, n_heads * hd, o, q.device) for o in orders}
-    qargs = {}
+    if Q8K in orders and (hd != 128 or n_heads % 2):
+        raise ValueError(f"q8_K attention output needs head_dim 128 and whole head pairs, got {n_heads} x {hd}")
+    qargs, heads = {}, n_heads
+    q8: dict = {}
     for order in orders:
-        xp, xsd = q8[order]
+        if order == Q8K:            # two heads a combine program: one 256-value super-block
+            q8[order] = xf, xs, dxs, xl = new_q8k(W, n_heads * hd, q.device)
+            qargs = {"Q8K": True, "XF": xf.view(torch.int8), "XK": xs, "DXK": dxs, "XL": xl.view(torch.int8),
+                     "enable_fp_fusion": False}
+            heads = n_heads // 2
+            continue
+        q8[order] = xp, xsd = new_q8(W, n_heads * hd, order, q.device)
         qargs = {"XP1": xp.view(torch.int8), "XS1": xsd, "NQ": 1, "SLOT1": order[0], "V1": order[1],
                  "BITS1": order[2], "enable_fp_fusion": False}
     n_kv = k_cache.shape[0]
@@ -246,7 +269,7 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
                                               EARLY=early, **pdl_kwargs(pdl, q.device))
-    _attn_combine_kernel[(W, n_heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
+    _attn_combine_kernel[(W, heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
                                        num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
     return out, q8

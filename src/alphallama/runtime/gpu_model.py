@@ -496,9 +496,12 @@ class GPUModel:
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
-            lanes = tuple(o for o in L.o.orders if o != Q8K)    # a head's program cannot make q8_K's scales
+            # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
+            # take a super-block's two heads (head_dim 128)
+            lanes = tuple(o for o in L.o.orders if o != Q8K)[:1] or \
+                ((Q8K,) if Q8K in L.o.orders and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
             if lanes and self._fuse_q8:
-                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes[:1], pdl,
+                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes, pdl,
                                             early=self.early_kv)                       # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
