@@ -12,6 +12,7 @@ import triton.language as tl
 from .moe import _combine_block
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qgemv_mma import Q8K, emit_q8k, new_q8k
+from .qgemv_mma6 import Q8K6, emit_q8k6
 from .qmatvec_i8 import emit_q8, new_q8
 
 Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
@@ -38,10 +39,11 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                         SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
                         PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0,
-                        Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None):
+                        QK: tl.constexpr = 0, XF=None, XK=None, DXK=None, XL=None):
     """TOP_K > 0: y is the MoE ranks' sum, made here from PART [W, TOP_K, D] and PW
     [W, TOP_K] by moe's combine code (the same fma chain: y's bits are the combine
-    kernel's), instead of loaded from Y. Q8K: prepare_q8k's activations of h too."""
+    kernel's), instead of loaded from Y. QK 32 / 16: prepare_q8k's / prepare_q8k6's
+    activations of h too (_emit_qk)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
@@ -62,14 +64,23 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
         emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP1, XS1, D, SLOT1, V1, BITS1, BLOCK != D)
     if NQ > 1:
         emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP2, XS2, D, SLOT2, V2, BITS2, BLOCK != D)
-    if Q8K:
-        emit_q8k(h.to(tl.float32), 0, row.to(tl.int64), XF, XK, DXK, XL, D, BLOCK != D)
+    _emit_qk(h.to(tl.float32), 0, row.to(tl.int64), XF, XK, DXK, XL, D, QK, BLOCK != D)
+
+
+@triton.jit
+def _emit_qk(a, k0, m, XF, XK, DXK, XL, K: tl.constexpr, QK: tl.constexpr, MASKED: tl.constexpr):
+    """A producer's q8_K activations: none (QK 0), qgemv_mma_k / qgemv_q8k's (32) or
+    qgemv_mma6 / qgemv_q8k6's (16)."""
+    if QK == 32:
+        emit_q8k(a, k0, m, XF, XK, DXK, XL, K, MASKED)
+    if QK == 16:
+        emit_q8k6(a, k0, m, XF, XK, DXK, XL, K, MASKED)
 
 
 def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
-    """Buffers for up to two lane orders (and prepare_q8k's activations, if Q8K is among
-    the orders) and the kernel arguments that name them."""
-    lanes = tuple(o for o in orders if o != Q8K)
+    """Buffers for up to two lane orders (and one q8_K layout, qgemv_mma.Q8K or
+    qgemv_mma6.Q8K6, the first among the orders) and the kernel arguments that name them."""
+    lanes = tuple(o for o in orders if o not in (Q8K, Q8K6))
     if len(lanes) > 2:
         raise ValueError(f"at most two lane orders per producer, got {orders}")
     q8 = {o: new_q8(W, K, o, device) for o in lanes}
@@ -77,11 +88,12 @@ def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
     for i, o in enumerate(lanes, 1):
         xp, xsd = q8[o]
         args.update({f"XP{i}": xp.view(torch.int8), f"XS{i}": xsd, f"SLOT{i}": o[0], f"V{i}": o[1], f"BITS{i}": o[2]})
-    if Q8K in orders:
+    qk = [o for o in orders if o in (Q8K, Q8K6)][:1]
+    if qk:
         if K % 256:
             raise ValueError(f"q8_K activations need K % 256 == 0, got {K}")
-        q8[Q8K] = xf, xs, dxs, xl = new_q8k(W, K, device)
-        args.update(Q8K=True, XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
+        q8[qk[0]] = xf, xs, dxs, xl = new_q8k(W, K, device, qk[0][1])
+        args.update(QK=qk[0][1], XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
     return q8, args
 
 
@@ -115,8 +127,8 @@ def add_rmsnorm(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.T
 def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
                    out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
-    lane order in `orders` (at most two; qmatvec_i8.lane_order; and qgemv_mma.Q8K):
-    bit for bit what prepare_i8 (prepare_q8k) would make of the returned tensor.
+    lane order in `orders` (at most two; qmatvec_i8.lane_order; and qgemv_mma.Q8K or Q8K6):
+    bit for bit what prepare_i8 (prepare_q8k, prepare_q8k6) would make of the returned tensor.
     -> (h [W, D], {order: (xp, xsd) (Q8K: prepare_q8k's four tensors)})."""
     W, D = x.shape
     if D % 32:
@@ -209,7 +221,7 @@ def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, ep
 def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
                      XP1=None, XS1=None, NQ: tl.constexpr = 0,
                      SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                     PDL: tl.constexpr = False, Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None):
+                     PDL: tl.constexpr = False, QK: tl.constexpr = 0, XF=None, XK=None, DXK=None, XL=None):
     pdl_start(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -221,8 +233,8 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
     tl.store(OUT + row * F + f, a, mask=mask)
     if NQ > 0:                       # the down GEMV's int8 activations (see _add_rmsnorm_kernel)
         emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
-    if Q8K:                          # or prepare_q8k's (qgemv_mma_k / qgemv_q8k)
-        emit_q8k(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, F % BLOCK != 0)
+    # or q8_K's (qgemv_mma_k / qgemv_q8k, qgemv_mma6 / qgemv_q8k6)
+    _emit_qk(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, QK, F % BLOCK != 0)
 
 
 def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:

@@ -374,22 +374,6 @@ def _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS: tl.constexpr, KW: tl.c
 
 
 @triton.jit
-def q8k_block(x, xs, dxs, stride_x, n_slots: tl.constexpr, SLOT: tl.constexpr):
-    """Program (row m, super-block b) of a q8_K prepare: x[m, 256 b : 256 b + 256] to q8 with
-    one scale (expert_q8's rounding rule); stores xsum a SLOT-value slot and dx; -> (m, its
-    k [256], q [256] int32), for the caller to place the bytes."""
-    m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    k = b * 256 + tl.arange(0, 256)                                    # [256]
-    q, dx = _quantize_block(tl.reshape(tl.load(x + m * stride_x + k).to(tl.float32), (1, 256)))
-    q = tl.reshape(q, (256,))
-    NS: tl.constexpr = 256 // SLOT                                     # slots a super-block
-    tl.store(xs + m * n_slots + b * NS + tl.arange(0, NS), tl.sum(tl.reshape(q, (NS, SLOT)), axis=1))
-    tl.store(dxs + m * (n_slots // NS) + b + tl.arange(0, 1), dx)
-    return m, k, q
-
-
-@triton.jit
 def emit_q8k(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = False):
     """prepare_q8k's outputs for x[m, k0 : k0 + BQ] = a [BQ] float32 (k0 and BQ multiples of
     256): q8 with one scale a super-block (expert_q8's rounding rule), the bytes to their
@@ -439,10 +423,11 @@ def _prepare_q8k_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL
 Q8K = ("q8k", 32)       # prepare_q8k's activations among the orders a producer emits (Linear.orders)
 
 
-def new_q8k(W: int, K: int, device) -> tuple[torch.Tensor, ...]:
-    """Empty buffers for prepare_q8k's outputs (launch_prepare's shapes): (xf, xs, dxs, xl)."""
+def new_q8k(W: int, K: int, device, slot: int = 32) -> tuple[torch.Tensor, ...]:
+    """Empty buffers for prepare_q8k's (slot 32) or prepare_q8k6's (16) outputs, launch_prepare's
+    shapes: (xf, xs, dxs, xl)."""
     return (torch.empty((triton.cdiv(W, COLS) * COLS * K // 4,), dtype=torch.int32, device=device),
-            torch.empty((W, K // 32), dtype=torch.int32, device=device),
+            torch.empty((W, K // slot), dtype=torch.int32, device=device),
             torch.empty((W, K // 256), dtype=torch.float32, device=device),
             torch.empty((W, K // 4), dtype=torch.int32, device=device))
 

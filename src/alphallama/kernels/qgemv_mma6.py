@@ -25,7 +25,8 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from .formats import torch_fields, torch_high
-from .qgemv_mma import _store_runs, _warp_place, launch_prepare, launch_q8k_gemv, q8k_block
+from .expert_q8_gpu import _quantize_block
+from .qgemv_mma import _store_runs, _warp_place, launch_prepare, launch_q8k_gemv
 from .qmatvec_i8 import _dp4a
 from .pdl import pdl_start, pdl_trigger, pdl_wait
 from .qweight import QuantWeight
@@ -208,20 +209,49 @@ def mma6_planes(w: QuantWeight) -> torch.Tensor:
 
 
 @triton.jit
-def _prepare_q8k6_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (row m, super-block b): q8 with one scale (expert_q8's rounding rule), the
-    bytes in natural k order to their fragment places, and again in row order in prepare_i8's
-    Q6_K lane order (xl, for qgemv_q8k6), xsum a 16-slot, dx a super-block."""
-    pdl_start(PDL)
+def emit_q8k6(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = False):
+    """prepare_q8k6's outputs for x[m, k0 : k0 + BQ] = a [BQ] float32 (k0 and BQ multiples of
+    256): q8 with one scale a super-block (expert_q8's rounding rule), the bytes in natural k
+    order to their fragment places and again in row order in prepare_i8's Q6_K lane order
+    (xl, for qgemv_q8k6), xsum a 16-slot, dx a super-block. MASKED: k may run past K (a is 0
+    there), nothing stored past it. The prepare launch and the fused producers share it."""
+    BQ: tl.constexpr = a.shape[0]
+    NB: tl.constexpr = BQ // 256
+    n_slots: tl.constexpr = K // 16
     NCH: tl.constexpr = n_slots // 8
-    m, k, q = q8k_block(x, xs, dxs, stride_x, n_slots, 16)
+    q, dx = _quantize_block(tl.reshape(a, (NB, 256)))                 # [NB, 256], [NB]
+    q = tl.reshape(q, (BQ,))
+    k = k0 + tl.arange(0, BQ)
     s = k // 16                                                        # the slot
     kk = k % 16
     word = (((m // 8) * NCH + s // 8) * 32 + 4 * (m % 8) + kk // 4) * 8 + ((s % 8) % 2) * 4 + (s % 8) // 2
-    tl.store(xf + word * 4 + kk % 4, q.to(tl.int8))
     r = kk % 4                                                         # emit_q8's lane rule (slot 16, V 2, 4 bits)
     lane = ((r % 2) * 2 + r // 2) * 4 + kk // 4                        # word e V + v, byte j // 2
-    tl.store(xl + m * (n_slots * 16) + s * 16 + lane, q.to(tl.int8))
+    slots = k0 // 16 + tl.arange(0, BQ // 16)
+    xsum = tl.sum(tl.reshape(q, (BQ // 16, 16)), axis=1)
+    blocks = k0 // 256 + tl.arange(0, NB)
+    if MASKED:
+        tl.store(xf + word * 4 + kk % 4, q.to(tl.int8), mask=k < K)
+        tl.store(xl + m * K + s * 16 + lane, q.to(tl.int8), mask=k < K)
+        tl.store(xs + m * n_slots + slots, xsum, mask=slots < n_slots)
+        tl.store(dxs + m * (K // 256) + blocks, dx, mask=blocks < K // 256)
+    else:
+        tl.store(xf + word * 4 + kk % 4, q.to(tl.int8))
+        tl.store(xl + m * K + s * 16 + lane, q.to(tl.int8))
+        tl.store(xs + m * n_slots + slots, xsum)
+        tl.store(dxs + m * (K // 256) + blocks, dx)
+
+
+@triton.jit
+def _prepare_q8k6_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row m, super-block b): emit_q8k6 of x[m, 256 b : 256 b + 256]."""
+    pdl_start(PDL)
+    m = tl.program_id(0).to(tl.int64)
+    k0 = tl.program_id(1) * 256
+    emit_q8k6(tl.load(x + m * stride_x + k0 + tl.arange(0, 256)).to(tl.float32), k0, m, xf, xs, dxs, xl, n_slots * 16)
+
+
+Q8K6 = ("q8k", 16)      # prepare_q8k6's activations among the orders a producer emits (Linear.orders)
 
 
 def prepare_q8k6(x: torch.Tensor, n_slots: int, pdl: bool = False) -> tuple[torch.Tensor, ...]:

@@ -51,7 +51,7 @@ from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
-from ..kernels.qgemv_mma6 import mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6
+from ..kernels.qgemv_mma6 import Q8K6, mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6
 from ..kernels.qgemv_q8k import qgemv_q8k
 from ..kernels.qgemv_q8k6 import qgemv_q8k6
 from ..kernels.qmatmul import qmatmul
@@ -95,7 +95,7 @@ class MmaForm(NamedTuple):
 
 
 _MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k, Q8K),
-              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6, qgemv_q8k6, None)}
+              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6, qgemv_q8k6, Q8K6)}
 
 
 @dataclass(frozen=True)
@@ -498,7 +498,7 @@ class GPUModel:
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
             # take a super-block's two heads (head_dim 128)
-            lanes = tuple(o for o in L.o.orders if o != Q8K)[:1] or \
+            lanes = tuple(o for o in L.o.orders if o not in (Q8K, Q8K6))[:1] or \
                 ((Q8K,) if Q8K in L.o.orders and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
             if lanes and self._fuse_q8:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes, pdl,
