@@ -26,7 +26,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from .formats import torch_fields, torch_high
 from .expert_q8_gpu import _quantize_block
-from .qgemv_mma import _store_runs, _warp_place, launch_prepare, launch_q8k_gemv
+from .qgemv_mma import _store_runs, _warp_place, launch_prepare, launch_q8k_gemv, q8k_store
 from .qmatvec_i8 import _dp4a
 from .pdl import pdl_start, pdl_trigger, pdl_wait
 from .qweight import QuantWeight
@@ -227,19 +227,7 @@ def emit_q8k6(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr =
     word = (((m // 8) * NCH + s // 8) * 32 + 4 * (m % 8) + kk // 4) * 8 + ((s % 8) % 2) * 4 + (s % 8) // 2
     r = kk % 4                                                         # emit_q8's lane rule (slot 16, V 2, 4 bits)
     lane = ((r % 2) * 2 + r // 2) * 4 + kk // 4                        # word e V + v, byte j // 2
-    slots = k0 // 16 + tl.arange(0, BQ // 16)
-    xsum = tl.sum(tl.reshape(q, (BQ // 16, 16)), axis=1)
-    blocks = k0 // 256 + tl.arange(0, NB)
-    if MASKED:
-        tl.store(xf + word * 4 + kk % 4, q.to(tl.int8), mask=k < K)
-        tl.store(xl + m * K + s * 16 + lane, q.to(tl.int8), mask=k < K)
-        tl.store(xs + m * n_slots + slots, xsum, mask=slots < n_slots)
-        tl.store(dxs + m * (K // 256) + blocks, dx, mask=blocks < K // 256)
-    else:
-        tl.store(xf + word * 4 + kk % 4, q.to(tl.int8))
-        tl.store(xl + m * K + s * 16 + lane, q.to(tl.int8))
-        tl.store(xs + m * n_slots + slots, xsum)
-        tl.store(dxs + m * (K // 256) + blocks, dx)
+    q8k_store(q, dx, k0, m, word * 4 + kk % 4, m * K + s * 16 + lane, xf, xs, dxs, xl, K, 16, MASKED)
 
 
 @triton.jit

@@ -29,6 +29,15 @@ from .qweight import QuantWeight, check_gemv_args
 
 
 @triton.jit
+def row_tile(W, N, BN: tl.constexpr, BW: tl.constexpr):
+    """A program's rows [BN] int64 (past N: the last row, recomputed, not stored), which of
+    them lie inside N, and its first column: programs walk the columns innermost."""
+    n_wb = tl.cdiv(W, BW)
+    rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
+    return tl.minimum(rows, N - 1).to(tl.int64), rows < N, (tl.program_id(0) % n_wb) * BW
+
+
+@triton.jit
 def _dot4(a, b, c, DP4A: tl.constexpr):
     """c + the dp4a of a and b [S, BN, 4] (the same shape and layout) over their 4 words,
     one chain in the thread: [S, BN] int32."""
@@ -91,11 +100,7 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
     tl.static_assert(NSB % R == 0, "whole super-block runs")
     NR: tl.constexpr = NSB // R                                        # super-blocks a run
     S: tl.constexpr = R * 8
-    n_wb = tl.cdiv(W, BW)
-    rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
-    rows_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    c0 = (tl.program_id(0) % n_wb) * BW
+    rows, rows_ok, c0 = row_tile(W, N, BN, BW)
     i = tl.arange(0, S)
     slot0 = i                                                          # [S]: step 0's slots (run i // 8)
     q_at = qs + rows[None, :, None] * (n_slots * 4) + slot0[:, None, None] * 4 + tl.arange(0, 4)[None, None, :]
@@ -190,11 +195,7 @@ def _q8k_rows_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
     tl.static_assert(NSB % R == 0, "whole super-block runs")
     NR: tl.constexpr = NSB // R
     BN: tl.constexpr = 32
-    n_wb = tl.cdiv(W, BW)
-    rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
-    rows_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    c0 = (tl.program_id(0) % n_wb) * BW
+    rows, rows_ok, c0 = row_tile(W, N, BN, BW)
     run = tl.arange(0, R)[None, :, None]                               # [1, R, 1]
     j = tl.arange(0, 8)[None, None, :]                                 # [1, 1, 8]
     q_at = qs + rows[:, None, None, None] * (n_slots * 4) + ((run * 8 + j) * 4)[:, :, :, None] \

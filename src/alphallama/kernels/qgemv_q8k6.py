@@ -18,6 +18,7 @@ import triton.language as tl
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from .qgemv_mma import _tree, mma_tile
 from .qgemv_mma6 import prepare_q8k6, supports_mma6
+from .qgemv_q8k import row_tile
 from .qmatvec_i8 import _dp4a
 from .qweight import QuantWeight, check_gemv_args
 
@@ -85,11 +86,7 @@ def _q8k6_rows_kernel(xl, xs, dxs, out, qs, qh, sc, sd, W, N, stride_out, one, n
     tl.static_assert(NSB % R == 0, "whole super-block runs")
     NR: tl.constexpr = NSB // R
     BN: tl.constexpr = 32
-    n_wb = tl.cdiv(W, BW)
-    rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
-    rows_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    c0 = (tl.program_id(0) % n_wb) * BW
+    rows, rows_ok, c0 = row_tile(W, N, BN, BW)
     run = tl.arange(0, R)[None, :, None]                               # [1, R, 1]
     j = tl.arange(0, 8)[None, None, :]                                 # [1, 1, 8]
     r3 = rows[:, None, None]
