@@ -126,9 +126,10 @@ class Linear:
                  mma: MmaChoice | None = None):
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
         mma: the weights qgemv_mma_k (Q4_K) or qgemv_mma6 (Q6_K, if mma.q6) covers run
-        there (engine.gemv_mma), on activations this Linear prepares itself (one scale a
-        super-block: no producer emits them); rounds of up to mma.narrow rows take the
-        format's dp4a partner where it has one (qgemv_q8k: the same bits)."""
+        there (engine.gemv_mma), on q8_K activations (one scale a super-block) that its
+        producer emits (orders: qgemv_mma.Q8K, qgemv_mma6.Q8K6) or this Linear prepares;
+        rounds of up to mma.narrow rows take the format's dp4a partner (qgemv_q8k,
+        qgemv_q8k6: the same bits)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -149,7 +150,7 @@ class Linear:
         self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py), and
-        # qgemv_mma.Q8K for weights on q8_K activations that a norm or the SiLU can emit
+        # the q8_K layouts (Q8K, Q8K6) of weights on q8_K activations
         self.orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
                                           for w, i8, f in zip(self.weights, self.i8, self._mma)
                                           if i8 and (f is None or f.order is not None)))
