@@ -37,7 +37,7 @@ mma)
   # GEMVs and their dp4a partner (qgemv_q8k: the same bits) cost against dp4a
   # (bench/gpu_mma_probe.py: how Triton lays out the fragments, run on its own)
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py tests/kernels/test_qgemv_q8k.py \
-      tests/runtime/test_gpu_model.py -k "mma or tensor_cores or q8k or fragment or bit or width" 2>&1 | tail -3
+      tests/runtime/test_gpu_model.py -k "mma or tensor_cores or q8k or fragment or bit or width or narrow or exact" 2>&1 | tail -3
   timeout 360 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 mma-arms)

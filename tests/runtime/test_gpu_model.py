@@ -194,3 +194,25 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     ref = load_model(f, 128)
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     torch.testing.assert_close(out[4].cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+
+
+def test_exact_speculation_with_the_kernel_chosen_by_width(tmp_path):
+    """engine.gemv_mma with narrow 1: plain rounds (W = 1) on the dp4a q8_K kernels, verify
+    rounds (W > 1) on the tensor-core ones, Q4_K and Q6_K: n-gram speculation in exact mode
+    gives plain greedy's tokens, with drafts verified."""
+    from alphallama.engine import Engine, Generation
+    from alphallama.spec.config import SpecConfig
+    from alphallama.tokenizer import Tokenizer
+    path = tmp_path / "m.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q4_K", seed=23, n_heads=4, head_dim=128), path)
+    f = GGUFFile(path)
+    gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=True)
+    assert any(gpu.layers[0].qkv.mma)
+    engine = Engine(f, gpu, Tokenizer.from_metadata(f.metadata), None, 128)
+    base = torch.randint(gpu.cfg.vocab_size, (17,), generator=torch.Generator().manual_seed(23)).tolist()
+    prompt = base * 3                   # repeats for the copy drafter
+    g0, g1 = Generation(), Generation()
+    plain = list(engine.generate(prompt, 6, gen=g0))
+    engine.reset()
+    spec = list(engine.generate(prompt, 6, gen=g1, spec=SpecConfig("ngram", 8, 1, gate=False)))
+    assert spec == plain and len(plain) == 6 and g1.stats.draft_n > 0
