@@ -197,6 +197,19 @@ def _tree(y, K: tl.constexpr):
 
 
 @triton.jit
+def _fragment_at(qf, xf, cb, lane, g, t, grp, W, STEPS: tl.constexpr):
+    """A Q4_K mma kernel's thread addresses from its place (_warp_place): step 0's weight and
+    activation words [T, 4] in fragment order, its rows g and g + 8 [T, 1], its columns 2t,
+    2t + 1 [T, 2] (clamped to W - 1; ok: inside W)."""
+    e4 = tl.arange(0, 4)[None, :]                                      # [1, 4]: a thread's elements
+    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4                     # [T, 4]: step 0's words
+    xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
+    r_lo = grp * 16 + g                                                # [T, 1]: rows g and g + 8
+    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]                    # [T, 2]: columns 2t, 2t + 1
+    return qrow, xrow, r_lo, r_lo + 8, tl.minimum(col, W - 1).to(tl.int64), col < W
+
+
+@triton.jit
 def _runs_sum(y, KW: tl.constexpr):
     """y [T, C] of a program's warps -> [T / KW, C]: each row group's KW runs added in the
     written-out tree (_tree; through shared memory, once a program). Fixed by the tile,
@@ -218,14 +231,7 @@ def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: 
     tl.static_assert(STEPS % U == 0, "whole iterations")
     ITERS: tl.constexpr = STEPS // U
     cb, lane, g, t, grp, rows_ok = _warp_rows(W, N, WARPS)
-    e4 = tl.arange(0, 4)[None, :]                                      # [1, 4]: a thread's elements
-    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4                     # [T, 4]: step 0's words
-    xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
-    r_lo = grp * 16 + g                                                # [T, 1]: rows g and g + 8
-    r_hi = r_lo + 8
-    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]                    # [T, 2]: columns 2t, 2t + 1
-    ok = col < W
-    col = tl.minimum(col, W - 1).to(tl.int64)
+    qrow, xrow, r_lo, r_hi, col, ok = _fragment_at(qf, xf, cb, lane, g, t, grp, W, STEPS)
     acc_lo = tl.zeros([Tn, 2], tl.float32)
     acc_hi = tl.zeros([Tn, 2], tl.float32)
     pdl_trigger(PDL)
@@ -323,14 +329,7 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots:
     tl.static_assert(WARPS % KW == 0 and NSB % KW == 0, "whole row groups and whole super-block runs")
     NR: tl.constexpr = NSB // KW                                       # super-blocks a run
     cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS, KW)
-    e4 = tl.arange(0, 4)[None, :]
-    qrow = qf + (grp * STEPS * 32 + lane) * 4 + e4                     # [T, 4]: step 0's words
-    xrow = xf + (cb * STEPS * 32 + lane) * 4 + e4
-    r_lo = grp * 16 + g                                                # [T, 1]: rows g and g + 8
-    r_hi = r_lo + 8
-    col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]                    # [T, 2]: columns 2t, 2t + 1
-    ok = col < W
-    col = tl.minimum(col, W - 1).to(tl.int64)
+    qrow, xrow, r_lo, r_hi, col, ok = _fragment_at(qf, xf, cb, lane, g, t, grp, W, STEPS)
     y_lo = tl.zeros([Tn, 2], tl.float32)
     y_hi = tl.zeros([Tn, 2], tl.float32)
     zero = tl.zeros([Tn, 2], tl.int32)

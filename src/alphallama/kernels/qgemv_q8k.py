@@ -80,14 +80,6 @@ def _col_step(y, lo, hi, raw, d, dmin, xl, xs, dxs, col, ok, s, one, n_slots: tl
     return y + t
 
 
-@triton.jit
-def _store_col(out, y, rows, rows_ok, col, ok, stride_out, R: tl.constexpr):
-    """Column col's runs added in _tree's order and stored."""
-    BN: tl.constexpr = y.shape[1]
-    yr = tl.reshape(_tree(tl.reshape(tl.permute(y, (1, 0)), (BN, 1, R)), R), (BN,))
-    tl.store(out + col * stride_out + rows, yr, mask=rows_ok & ok)
-
-
 @triton.jit(do_not_specialize=["one"])
 def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, BN: tl.constexpr,
                      R: tl.constexpr, BW: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
@@ -132,12 +124,12 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
         if BW > 2:
             y2 = _col_step(y2, lo, hi, raw, d, dmin, xl, xs, dxs, m2, c0 + 2 < W, s, one, n_slots, R, DP4A)
             y3 = _col_step(y3, lo, hi, raw, d, dmin, xl, xs, dxs, m3, c0 + 3 < W, s, one, n_slots, R, DP4A)
-    _store_col(out, y0, rows, rows_ok, m0, c0 < W, stride_out, R)
+    rows_store(out, tl.permute(y0, (1, 0)), rows, rows_ok, m0, c0 < W, stride_out)
     if BW > 1:
-        _store_col(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out, R)
+        rows_store(out, tl.permute(y1, (1, 0)), rows, rows_ok, m1, c0 + 1 < W, stride_out)
     if BW > 2:
-        _store_col(out, y2, rows, rows_ok, m2, c0 + 2 < W, stride_out, R)
-        _store_col(out, y3, rows, rows_ok, m3, c0 + 3 < W, stride_out, R)
+        rows_store(out, tl.permute(y2, (1, 0)), rows, rows_ok, m2, c0 + 2 < W, stride_out)
+        rows_store(out, tl.permute(y3, (1, 0)), rows, rows_ok, m3, c0 + 3 < W, stride_out)
 
 
 @triton.jit
@@ -178,7 +170,9 @@ def _rows_col(y, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, col, s, one, n_slots: tl
 
 
 @triton.jit
-def _rows_store(out, y, rows, rows_ok, col, ok, stride_out):
+def rows_store(out, y, rows, rows_ok, col, ok, stride_out):
+    """A rows-tile column y [BN, R] (runs on the second axis): the runs added in _tree's order,
+    stored (qgemv_q8k6 too)."""
     BN: tl.constexpr = y.shape[0]
     R: tl.constexpr = y.shape[1]
     yr = tl.reshape(_tree(tl.reshape(y, (BN, 1, R)), R), (BN,))
@@ -228,12 +222,12 @@ def _q8k_rows_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
         if BW > 2:
             y2 = _rows_col(y2, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, m2, s, one, n_slots, DP4A)
             y3 = _rows_col(y3, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, m3, s, one, n_slots, DP4A)
-    _rows_store(out, y0, rows, rows_ok, m0, c0 < W, stride_out)
+    rows_store(out, y0, rows, rows_ok, m0, c0 < W, stride_out)
     if BW > 1:
-        _rows_store(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out)
+        rows_store(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out)
     if BW > 2:
-        _rows_store(out, y2, rows, rows_ok, m2, c0 + 2 < W, stride_out)
-        _rows_store(out, y3, rows, rows_ok, m3, c0 + 3 < W, stride_out)
+        rows_store(out, y2, rows, rows_ok, m2, c0 + 2 < W, stride_out)
+        rows_store(out, y3, rows, rows_ok, m3, c0 + 3 < W, stride_out)
 
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,

@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
-from .qgemv_mma import _tree, mma_tile
+from .qgemv_mma import mma_tile
 from .qgemv_mma6 import prepare_q8k6, supports_mma6
-from .qgemv_q8k import row_tile
+from .qgemv_q8k import row_tile, rows_store
 from .qmatvec_i8 import _dp4a
 from .qweight import QuantWeight, check_gemv_args
 
@@ -43,8 +43,9 @@ def _dot2(a, b, c, DP4A: tl.constexpr):
 
 
 @triton.jit
-def _half(ai, w, h, sc8, xl, xs, col, slot, DP4A: tl.constexpr):
-    """ai [BN, R] + half a super-block's 8 slots (slot [1, R, 8]) of column col, exact."""
+def _half(ai, w, h, sc8, xl, xs, slot, DP4A: tl.constexpr):
+    """ai [BN, R] + half a super-block's 8 slots (slot [1, R, 8]) of a column (xl, xs: its
+    activation words and xsums), exact."""
     BN: tl.constexpr = w.shape[0]
     R: tl.constexpr = w.shape[1]
     lo, hi = _codes(w, h)
@@ -65,17 +66,10 @@ def _col(y, w0, h0, w1, h1, sc0, sc1, d, xl, xs, dxs, col, s, one, n_slots: tl.c
     x_row = xl + col * (n_slots * 4)
     x_s = xs + col * n_slots
     ai = tl.zeros([BN, R], tl.int32)
-    ai = _half(ai, w0, h0, sc0, x_row, x_s, col, slot, DP4A)
-    ai = _half(ai, w1, h1, sc1, x_row, x_s, col, slot + 8, DP4A)
+    ai = _half(ai, w0, h0, sc0, x_row, x_s, slot, DP4A)
+    ai = _half(ai, w1, h1, sc1, x_row, x_s, slot + 8, DP4A)
     dx = tl.load(dxs + col * NSB + s * R + tl.broadcast_to(tl.arange(0, R)[None, :] * one, (BN, R)))   # [BN, R]
     return y + (d * dx) * ai.to(tl.float32)                             # qgemv_mma6's flush, op for op
-
-
-@triton.jit
-def _store(out, y, rows, rows_ok, col, ok, stride_out):
-    BN: tl.constexpr = y.shape[0]
-    R: tl.constexpr = y.shape[1]
-    tl.store(out + col * stride_out + rows, tl.reshape(_tree(tl.reshape(y, (BN, 1, R)), R), (BN,)), mask=rows_ok & ok)
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -118,9 +112,9 @@ def _q8k6_rows_kernel(xl, xs, dxs, out, qs, qh, sc, sd, W, N, stride_out, one, n
         y0 = _col(y0, w0, h0, w1, h1, sc0, sc1, d, xl, xs, dxs, m0, s, one, n_slots, DP4A)
         if BW > 1:
             y1 = _col(y1, w0, h0, w1, h1, sc0, sc1, d, xl, xs, dxs, m1, s, one, n_slots, DP4A)
-    _store(out, y0, rows, rows_ok, m0, c0 < W, stride_out)
+    rows_store(out, y0, rows, rows_ok, m0, c0 < W, stride_out)
     if BW > 1:
-        _store(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out)
+        rows_store(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out)
 
 
 def qgemv_q8k6(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
