@@ -129,7 +129,7 @@ def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torc
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
     lane order in `orders` (at most two; qmatvec_i8.lane_order; and qgemv_mma.Q8K or Q8K6):
     bit for bit what prepare_i8 (prepare_q8k, prepare_q8k6) would make of the returned tensor.
-    -> (h [W, D], {order: (xp, xsd) (Q8K: prepare_q8k's four tensors)})."""
+    -> (h [W, D], {order: (xp, xsd) (Q8K, Q8K6: prepare_q8k's / prepare_q8k6's four tensors)})."""
     W, D = x.shape
     if D % 32:
         raise ValueError(f"int8 activations need D % 32 == 0, got {D}")
@@ -250,7 +250,8 @@ def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool
 def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
                 pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """silu_mul, and the int8 activations of its output in (at most) one lane order (or
-    qgemv_mma.Q8K), in the same launch. -> (act [W, F], {order: (xp, xsd) or prepare_q8k's})."""
+    qgemv_mma.Q8K / qgemv_mma6.Q8K6), in the same launch. -> (act [W, F], {order: (xp, xsd),
+    or prepare_q8k's / prepare_q8k6's four tensors})."""
     W, F2 = gu.shape
     F = F2 // 2
     if F % 32 or len(orders) > 1:

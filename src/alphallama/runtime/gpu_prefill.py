@@ -181,8 +181,8 @@ def _graph_pool():
 
 def _capture(fn, pool):
     """fn's launches as a CUDA graph -> (replay, fn's output: a static tensor or None).
-    capture_begin/end on a side stream rather than torch.cuda.graph(), whose entry runs
-    gc.collect() and empties the allocator's cache: once per stretch, n_layers + 1 times.
+    capture_begin/end on a side stream rather than torch.cuda.graph(), whose entry
+    synchronizes and empties the allocator's cache: once per stretch, n_layers + 1 times.
     The cyclic collector is paused meanwhile (capture.collector_paused)."""
     g = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
