@@ -232,7 +232,7 @@ def _q8k_rows_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
               prepared: tuple[torch.Tensor, ...] | None = None, rows: int | None = None,
-              cols: int | None = None, warps: int = 4, tile: str = "rows", pdl: bool = False) -> torch.Tensor:
+              cols: int | None = None, warps: int = 4, tile: str = "slots", pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
     of qgemv_mma_k on the same weight (its runs: mma_tile). tile "rows" (_q8k_rows_kernel: a
     thread one row's run, the slots' folds inside the thread) or "slots" (_q8k_dp4a_kernel:
