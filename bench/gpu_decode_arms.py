@@ -63,7 +63,8 @@ MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True
 # (engine.moe_down_quant: slower, removed 20261201), o and down GEMVs in 2 runs of their slots
 # whose partials the next norm adds (engine.gemv_split), the FFN norm's launch also routing (engine.route_in_norm:
 # slower, removed 20261201), the Q4_K dense weights on the tensor cores with activations scaled a super-block
-# (engine.gemv_mma: kernels/qgemv_mma.qgemv_mma_k; not the default's bits)
+# (engine.gemv_mma: kernels/qgemv_mma.qgemv_mma_k; not the default's bits; the Q6_K weights and head too:
+# slower, removed 20261201, W = 1 3.135 ms against 1.930, gpu_decode_arms-qwen3-8b-20261201-214103.json)
 DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
                 "default/prefetch2": dict(prefetch=2),
@@ -81,15 +82,13 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/no-norm-router": dict(norm_router=False),
                 "default/split": dict(gemv_split=True),
                 "default/no-split": dict(gemv_split=False),
-                "default/mma-k": dict(gemv_mma=True, gemv_mma_narrow=0, gemv_mma_q6=True),
+                # the Q4_K weights on the mma at every width (Q6_K and the head on dp4a)
+                "default/mma-k": dict(gemv_mma=True, gemv_mma_narrow=0),
                 # Q4_K: qgemv_q8k at W <= 4, the mma wider (the same bits); Q6_K and the head on dp4a
-                "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4, gemv_mma_q6=False),
-                "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=False),
-                # and the Q6_K weights and head too (qgemv_q8k6 at W <= 4, qgemv_mma6 wider)
-                "default/mma-wide6": dict(gemv_mma=True, gemv_mma_narrow=4, gemv_mma_q6=True),
-                # Q4_K and Q6_K through qgemv_q8k / qgemv_q8k6 (dp4a on q8_K activations, a thread a
-                # row's run) at every width: no tensor cores; is W = 1 faster than qgemv_i8?
-                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64, gemv_mma_q6=True)}
+                "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
+                "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
+                # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",

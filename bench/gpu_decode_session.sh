@@ -10,7 +10,7 @@
 #   bash bench/gpu_decode_session.sh tiles     # the GEMV tile sweep at MAX_BW 4 (8B matrices, the 30B-A3B attention)
 #   bash bench/gpu_decode_session.sh barrier   # grid-wide barriers in one persistent kernel against a PDL chain
 #   bash bench/gpu_decode_session.sh final     # both shapes at the defaults, with their last flips' controls
-#   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma, Q4_K) against dp4a at W 1-16, its GPU tests
+#   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma_k, Q4_K) against dp4a at W 1-16, its GPU tests
 #   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
 set -u
@@ -36,23 +36,22 @@ mma)
   # do the kernels' GPU tests pass (the PTX, not the emulation), and what do the tensor-core
   # GEMVs and their dp4a partner (qgemv_q8k: the same bits) cost against dp4a
   # (bench/gpu_mma_probe.py: how Triton lays out the fragments, run on its own)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_mma6.py tests/kernels/test_qgemv_q8k.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_mma.py tests/kernels/test_qgemv_q8k.py \
       tests/runtime/test_gpu_model.py -k "mma or tensor_cores or q8k or fragment or bit or width or narrow or exact" 2>&1 | tail -3
   timeout 360 python3 bench/gpu_qgemv_mma.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 mma-arms)
   # whole 8B rounds at every width, the defaults against engine.gemv_mma: mma-wide (Q4_K through
   # qgemv_q8k at W <= 4 and the mma wider, one set of bits: exact), mma-wide1 (qgemv_q8k at W = 1
-  # only), mma-wide6 (the Q6_K weights and head too: qgemv_q8k6 / qgemv_mma6). Their GPU tests:
-  # the mma case. mma-arms2: the rest
+  # only). Their GPU tests: the mma case. mma-arms2: the rest (the Q6_K arm: slower, removed 20261201)
   W="1 2 3 4 5 6 7 8 12 16 32 64"
   timeout 570 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide1 \
-      default/mma-wide6 --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
+      --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
   ;;
 mma-arms2)
-  # default/q8k: Q4_K and Q6_K through qgemv_q8k / qgemv_q8k6 at every width (dp4a on q8_K
-  # activations, no tensor cores); default/mma-k: every dense weight and the head on the mma
-  # (measured 20261201-184043)
+  # default/q8k: Q4_K through qgemv_q8k at every width (dp4a on q8_K activations, no tensor
+  # cores); default/mma-k: the Q4_K weights on the mma at every width (with Q6_K and the head
+  # too: measured 20261201-184043)
   W="1 2 3 4 5 6 7 8 12 16 32 64"
   timeout 560 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/q8k default/mma-k \
       --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4

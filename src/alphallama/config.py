@@ -47,12 +47,14 @@ class EngineDefaults:
                                   # tensor cores, activations with one scale a 256-value super-block, prepared in a
                                   # launch of their own; the weights also held in fragment order). Another float
                                   # order and activation rounding, the same at every W. H200 8B, all dense weights
-                                  # and the head on the mma (narrow 0, q6 on): W=1 / 8 1.933 / 4.772 -> 3.068 / 3.984
+                                  # and the head on the mma (narrow 0, Q6_K too): W=1 / 8 1.933 / 4.772 -> 3.068 / 3.984
                                   # ms (gpu_decode_arms-qwen3-8b-20261201-184043.json): off
     gemv_mma_narrow: int = 4      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
                                   # activations, the mma's bits: exact mode holds) for Q4_K; 0: the mma at every W
-    gemv_mma_q6: bool = False     # with gemv_mma: Q6_K weights (and head) too: qgemv_q8k6 (dp4a) up to narrow rows,
-                                  # qgemv_mma6 wider (2x dp4a at W = 1 on the 8B down and head; untimed partner)
+    # removed, slower on the H200 (gpu_qgemv_mma-20261201-213840.json, gpu_decode_arms-qwen3-8b-20261201-214103):
+    # gemv_mma's Q6_K option (Q6_K weights and head on the tensor cores, a dp4a partner up to narrow rows): us at
+    # W = 1 on the 8B down / head 31.2 / 234 (mma) and 41 / 309 (dp4a partner) against dp4a's 16.4 / 138; rounds
+    # at W = 1 3.135 ms against the default's 1.930
     # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
     # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
     # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290

@@ -121,22 +121,12 @@ def test_add_rmsnorm_emits_prepare_q8k(D):
 
 
 @pytest.mark.parametrize("F", [1024, 1024 + 256])              # one whole SiLU block; a ragged last block
-@pytest.mark.parametrize("slot", [32, 16])
-def test_silu_mul_emits_prepare_q8k(F, slot):
-    """The SiLU's fused q8_K activations: prepare_q8k's (slot 32) or prepare_q8k6's (16)."""
-    from alphallama.kernels.qgemv_mma6 import Q8K6, prepare_q8k6
+def test_silu_mul_emits_prepare_q8k(F):
+    """The SiLU's fused q8_K activations: prepare_q8k's, bit for bit."""
     g = torch.Generator().manual_seed(F + 2)
     gu = (torch.randn(3, 2 * F, generator=g) * 3).to(DEV)
-    key, prep = (Q8K, prepare_q8k) if slot == 32 else (Q8K6, prepare_q8k6)
-    a, q8 = silu_mul_q8(gu, ACT, (key,))
-    want = prep(a, F // slot)
-    if slot == 32:
-        _same_q8k(q8[key], want, 3, f"F={F}")
-    else:                              # qgemv_mma6's fragment words: [cb, chunk, lane, 2, 4]; padding columns
-        got_f = q8[key][0].reshape(1, F // 128, 32, 8)[:, :, :12]          # columns 0..2: lanes 4g + t, g < 3
-        assert torch.equal(got_f, want[0].reshape(1, F // 128, 32, 8)[:, :, :12])
-        for x, y in zip(q8[key][1:], want[1:]):
-            assert torch.equal(x, y)
+    a, q8 = silu_mul_q8(gu, ACT, (Q8K,))
+    _same_q8k(q8[Q8K], prepare_q8k(a, F // 32), 3, f"F={F}")
 
 
 def test_attention_q8_equals_prepare_and_is_row_invariant():
@@ -201,9 +191,8 @@ def compile_sm90() -> None:
     build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
           + ["*fp32", "*fp32"] + q8k, dict(D=4096, BLOCK=4096, HAS_Y=True, NQ=1, PDL=True, TOP_K=0, QK=32, **lanes),
           num_warps=16)
-    for qk in (32, 16):                 # the 8B down's input for qgemv_q8k / qgemv_q8k6
-        build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,
-              dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, QK=qk))
+    build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,      # the 8B down's input for qgemv_q8k
+          dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, QK=32))
     types, const = combine_q8_sm90_q8k()
     build(attention._attn_combine_kernel, types, const)
     from tests.kernels.test_attention_split import combine_q8_sm90

@@ -1,9 +1,9 @@
-"""qgemv_mma (the Q4_K decode GEMV with its integer sums on the tensor cores) against a
-float64 product of the same quantized activations with gguf's dequantized weights; rows
-bit-identical whatever W and their column; the fragment-order planes against their index
-formula; and, compiled for sm_90, the layout the inline PTX relies on (every operand of
-the mma one row a thread). CPU: the interpreter with the mma emulated over the same
-fragments; on a GPU the same tests run the PTX."""
+"""qgemv_mma_k (the Q4_K decode GEMV with its integer sums on the tensor cores, on q8_K
+activations) against a float64 product of the same quantized activations with gguf's
+dequantized weights; rows bit-identical whatever W and their column; the fragment-order
+planes and activations against their index formula; and, compiled for sm_90, the layout
+the inline PTX relies on (every operand of the mma one row a thread). CPU: the interpreter
+with the mma emulated over the same fragments; on a GPU the same tests run the PTX."""
 from __future__ import annotations
 
 import os
@@ -16,11 +16,9 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.qgemv_mma import (mma_planes, mma_x, prepare_q8k, qgemv_mma, qgemv_mma_k,  # noqa: E402
-                                          supports_mma)
+from alphallama.kernels.qgemv_mma import COLS, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
-from tests.kernels.test_qgemv_i8 import reference64  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
@@ -47,30 +45,16 @@ def _rel_err(out, ref, scale) -> float:
     return ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
 
 
-@pytest.mark.parametrize("n,k,W,warps,steps", [(80, 512, 3, 2, 2), (32, 2048, 1, 4, 2), (48, 256, 11, 1, 1)])
-def test_matches_float64_of_the_quantized_activations(n, k, W, warps, steps):
-    """N past a whole program (80 rows at 2 warps: 2.5 programs), W past one 8-column block."""
-    raw, w = _weight(T.Q4_K, n, k, seed=3)
-    x = _x(W, k, seed=4)
-    out = torch.full((W, n), float("nan"), device=x.device)
-    qgemv_mma(x, w, out=out, warps=warps, steps=steps)
-    ref, scale = reference64(x, raw, T.Q4_K, n, k)
-    assert torch.isfinite(out).all() and _rel_err(out, ref, scale) < 2e-6
-
-
-def test_rows_do_not_depend_on_width_or_column():
-    """Every row of a 10-row call (two column blocks, the second padded) equals that row
-    alone and that row at another column, bit for bit."""
-    raw, w = _weight(T.Q4_K, 32, 1024, seed=5)
-    x = _x(10, 1024, seed=6)
-    planes = mma_planes(w)
-    full = qgemv_mma(x, w, planes=planes, warps=2)
-    alone = torch.cat([qgemv_mma(x[m:m + 1], w, planes=planes, warps=2) for m in range(10)])
-    assert torch.equal(full, alone)
-    rolled = qgemv_mma(torch.roll(x, 3, dims=0), w, planes=planes, warps=2)
-    assert torch.equal(torch.roll(full, 3, dims=0), rolled)
-    # loading one step an iteration ahead instead of two: the same ops in the same order
-    assert torch.equal(qgemv_mma(x, w, planes=planes, warps=2, steps=1), full)
+def mma_x(xp: torch.Tensor, n_slots: int) -> torch.Tensor:
+    """prepare_i8's words [W, n_slots * 8] -> fragment order [W/8, n_slots/2, 32 lanes, 2 slots,
+    2 (lo, hi)]: lane 4g + t holds column g's lo and hi word t (columns past W: zero). The
+    reference for emit_q8k's order of words."""
+    W = xp.shape[0]
+    n_cb = -(-W // COLS)
+    x = torch.zeros((n_cb * COLS, n_slots * 8), dtype=torch.int32, device=xp.device)
+    x[:W] = xp
+    x = x.reshape(n_cb, 8, n_slots // 2, 2, 2, 4)                      # [cb, g, step, j, e, t]
+    return x.permute(0, 2, 1, 5, 3, 4).contiguous()                    # [cb, step, g, t, j, e]
 
 
 def test_fragment_planes_follow_the_mma_layout():
@@ -145,20 +129,15 @@ def compile_sm90() -> None:
     fragments), and nothing goes through shared memory."""
     import re
 
-    from alphallama.kernels.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel, _qgemv_mma_kernel
+    from alphallama.kernels.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
     build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "*i8", "i32"], dict(n_slots=128, PDL=True))
 
     i32, i16, f16, f32 = "*i32", "*i16", "*fp16", "*fp32"
-    for warps, U, runs in ((4, 2, 1), (8, 2, 1), (4, 1, 1), (4, "k", 1), (8, "k", 1), (4, "k", 4), (8, "k", 4)):
-        if U == "k":                                   # the per-256 variant: 4 steps a loop, 2 mma each
-            k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32"],
-                      dict(n_slots=128, WARPS=warps, EMULATE=False, KW=runs), num_warps=warps)
-            U = 4
-        else:
-            k = build(_qgemv_mma_kernel, [i32, i32, f32, i32, i16, f16, "i32", "i32", "i32", "i32"],
-                      dict(n_slots=128, WARPS=warps, EMULATE=False, U=U), num_warps=warps)
+    for warps, runs in ((4, 1), (8, 1), (4, 4), (8, 4)):   # 4 steps a super-block, 2 mma each
+        k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32"],
+                  dict(n_slots=128, WARPS=warps, EMULATE=False, KW=runs), num_warps=warps)
         ttgir = k.asm["ttgir"]
         layouts = dict(re.findall(r"^(#blocked\d*) = (.*)$", ttgir, re.M))
         asm = [ln for ln in ttgir.splitlines() if "elementwise_inline_asm" in ln]
@@ -168,7 +147,7 @@ def compile_sm90() -> None:
             assert "sizePerThread = [1, 4]" in lay and "threadsPerWarp = [32, 1]" in lay \
                 and f"warpsPerCTA = [{warps}, 1]" in lay and "order = [1, 0]" in lay, lay
         assert (k.metadata.shared == 0) == (runs == 1)      # only the runs' sum goes through shared memory
-        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 2 * U
+        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 8
 
 
 def test_compiles_for_sm90_with_fragments_one_row_a_thread():

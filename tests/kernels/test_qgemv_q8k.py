@@ -17,16 +17,15 @@ from tests.kernels.test_qgemv_mma import _rel_err, q8k_reference64  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
 
-@pytest.mark.parametrize("tile", ["slots", "rows"])
 @pytest.mark.parametrize("n,k,W,rows,cols", [(48, 1024, 3, 16, 1), (32, 2048, 10, 16, 4), (4112, 512, 2, 32, 2)])
-def test_equals_the_tensor_core_kernel_bit_for_bit(n, k, W, rows, cols, tile):
+def test_equals_the_tensor_core_kernel_bit_for_bit(n, k, W, rows, cols):
     """Runs 4 (48 and 32 rows: mma_tile's runs below 4096 rows at 4 / 8 super-blocks), 1 and
     2 (4112 rows: 4 runs do not divide 2 super-blocks): the same runs, the same tree."""
     raw, w = _weight(T.Q4_K, n, k, seed=11)
     x = _x(W, k, seed=12)
     prep = prepare_q8k(x, w.n_slots)
     want = qgemv_mma_k(x, w, prepared=prep)
-    got = qgemv_q8k(x, w, prepared=prep, rows=rows, cols=cols, tile=tile)
+    got = qgemv_q8k(x, w, prepared=prep, rows=rows, cols=cols)
     assert mma_tile(w)[1] > 1 or n > 4096
     assert torch.equal(got, want)
     assert _rel_err(got, *q8k_reference64(x, raw, T.Q4_K, n, k)) < 2e-6
@@ -49,20 +48,12 @@ def test_refuses_what_it_does_not_cover():
 
 def compile_sm90() -> None:
     """The kernel for sm_90 (child process): dp4a in the PTX, at the tiles the bench times."""
-    from alphallama.kernels.qgemv_q8k import _q8k_dp4a_kernel, _q8k_rows_kernel
+    from alphallama.kernels.qgemv_q8k import _q8k_dp4a_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
     args = ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"]
     for bn, r, bw in ((16, 4, 1), (8, 8, 1), (16, 4, 4)):
         k = build(_q8k_dp4a_kernel, args, {"n_slots": 128, "BN": bn, "R": r, "BW": bw, "DP4A": True, "PDL": True})
-        assert "dp4a.u32.s32" in k.asm["ptx"]
-    for r, bw in ((1, 1), (4, 1), (8, 2), (4, 4)):
-        k = build(_q8k_rows_kernel, args, {"n_slots": 128, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=r)
-        assert "dp4a.u32.s32" in k.asm["ptx"]
-    from alphallama.kernels.qgemv_q8k6 import _q8k6_rows_kernel    # Q6_K: the 8B down's K, 4 and 8 runs
-    args6 = ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i32", "*i8", "*fp16", "i32", "i32", "i32", "i32"]
-    for r, bw in ((4, 1), (8, 2), (1, 1)):
-        k = build(_q8k6_rows_kernel, args6, {"n_slots": 768, "R": r, "BW": bw, "DP4A": True, "PDL": True}, num_warps=r)
         assert "dp4a.u32.s32" in k.asm["ptx"]
 
 
@@ -70,18 +61,3 @@ def test_compiles_for_sm90():
     from tests.kernels.sm90 import run_in_child
     run_in_child("test_qgemv_q8k")
 
-
-@pytest.mark.parametrize("n,k,W", [(48, 1024, 3), (32, 2048, 2), (4112, 512, 1)])
-def test_q6k_partner_equals_the_tensor_core_kernel_bit_for_bit(n, k, W):
-    """qgemv_q8k6 (dp4a, Q6_K) against qgemv_mma6 on the same activations: 4 and 8 runs
-    (48 and 32 rows), 2 (4112 rows, 2 super-blocks); and float64 of those activations."""
-    from alphallama.kernels.qgemv_mma6 import prepare_q8k6, qgemv_mma6
-    from alphallama.kernels.qgemv_q8k6 import qgemv_q8k6
-    raw, w = _weight(T.Q6_K, n, k, seed=21)
-    x = _x(W, k, seed=22)
-    prep = prepare_q8k6(x, w.n_slots)
-    got = qgemv_q8k6(x, w, prepared=prep)
-    assert torch.equal(got, qgemv_mma6(x, w, prepared=prep))
-    assert _rel_err(got, *q8k_reference64(x, raw, T.Q6_K, n, k)) < 2e-6
-    alone = torch.cat([qgemv_q8k6(x[m:m + 1], w) for m in range(W)])
-    assert torch.equal(got, alone)

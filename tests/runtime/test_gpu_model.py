@@ -157,19 +157,17 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
 
 
 
-@pytest.mark.parametrize("preset,quant,narrow", [("tiny-qwen3", "Q4_K", 0), ("tiny-qwen3", "Q4_K", 1),
-                                                ("tiny-llama", "Q6_K", 0), ("tiny-llama", "Q6_K", 1)])
-def test_dense_weights_on_the_tensor_cores(tmp_path, preset, quant, narrow):
-    """engine.gemv_mma: the Q4_K / Q6_K dense weights (and head) through qgemv_mma_k /
-    qgemv_mma6 (their mma emulated under the interpreter), on activations with one scale a
-    super-block that their Linear prepares: against the reference, near the dp4a model (the
-    coarser activation scale is the gap), a round equals its rows alone. narrow 1: the
-    3-row round on the mma, the row alone on qgemv_q8k / qgemv_q8k6 (dp4a): still equal, bit
-    for bit."""
+@pytest.mark.parametrize("narrow", [0, 1])
+def test_dense_weights_on_the_tensor_cores(tmp_path, narrow):
+    """engine.gemv_mma: the Q4_K dense weights through qgemv_mma_k (its mma emulated under
+    the interpreter), on activations with one scale a super-block that their Linear
+    prepares: against the reference, near the dp4a model (the coarser activation scale is
+    the gap), a round equals its rows alone. narrow 1: the 3-row round on the mma, the row
+    alone on qgemv_q8k (dp4a): still equal, bit for bit."""
     def on(gpu) -> bool:
         return any(m for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) for m in lin.mma)
-    extra = {"gemv_mma_narrow": narrow, "gemv_mma_q6": quant == "Q6_K"}
-    logits = _option_on_and_off(tmp_path, "gemv_mma", 17, on, preset, quant, n_layers=2, extra=extra, n_heads=8)
+    logits = _option_on_and_off(tmp_path, "gemv_mma", 17, on, "tiny-qwen3", "Q4_K", n_layers=2,
+                                extra={"gemv_mma_narrow": narrow}, n_heads=8)
     torch.testing.assert_close(logits[True], logits[False], atol=5e-2 * logits[False].abs().max().item(), rtol=0)
 
 
@@ -198,7 +196,7 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
 
 def test_exact_speculation_with_the_kernel_chosen_by_width(tmp_path):
     """engine.gemv_mma with narrow 1: plain rounds (W = 1) on the dp4a q8_K kernels, verify
-    rounds (W > 1) on the tensor-core ones, Q4_K and Q6_K: n-gram speculation in exact mode
+    rounds (W > 1) on the tensor-core one (Q4_K): n-gram speculation in exact mode
     gives plain greedy's tokens, with drafts verified."""
     from alphallama.engine import Engine, Generation
     from alphallama.spec.config import SpecConfig
@@ -206,7 +204,7 @@ def test_exact_speculation_with_the_kernel_chosen_by_width(tmp_path):
     path = tmp_path / "m.gguf"
     write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q4_K", seed=23, n_heads=4, head_dim=128), path)
     f = GGUFFile(path)
-    gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=1, gemv_mma_q6=True)
+    gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=1)
     assert any(gpu.layers[0].qkv.mma)
     engine = Engine(f, gpu, Tokenizer.from_metadata(f.metadata), None, 128)
     base = torch.randint(gpu.cfg.vocab_size, (17,), generator=torch.Generator().manual_seed(23)).tolist()

@@ -12,7 +12,6 @@ import triton.language as tl
 from .moe import _combine_block
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qgemv_mma import Q8K, emit_q8k, new_q8k
-from .qgemv_mma6 import Q8K6, emit_q8k6
 from .qmatvec_i8 import emit_q8, new_q8
 
 Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
@@ -42,8 +41,8 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
                         QK: tl.constexpr = 0, XF=None, XK=None, DXK=None, XL=None):
     """TOP_K > 0: y is the MoE ranks' sum, made here from PART [W, TOP_K, D] and PW
     [W, TOP_K] by moe's combine code (the same fma chain: y's bits are the combine
-    kernel's), instead of loaded from Y. QK 32 / 16: prepare_q8k's / prepare_q8k6's
-    activations of h too (_emit_qk)."""
+    kernel's), instead of loaded from Y. QK 32: prepare_q8k's activations of h too
+    (_emit_qk)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
@@ -69,18 +68,16 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
 
 @triton.jit
 def _emit_qk(a, k0, m, XF, XK, DXK, XL, K: tl.constexpr, QK: tl.constexpr, MASKED: tl.constexpr):
-    """A producer's q8_K activations: none (QK 0), qgemv_mma_k / qgemv_q8k's (32) or
-    qgemv_mma6 / qgemv_q8k6's (16)."""
+    """A producer's q8_K activations: none (QK 0) or qgemv_mma_k / qgemv_q8k's (32)."""
+    tl.static_assert(QK == 0 or QK == 32, "QK: 0 or 32")
     if QK == 32:
         emit_q8k(a, k0, m, XF, XK, DXK, XL, K, MASKED)
-    if QK == 16:
-        emit_q8k6(a, k0, m, XF, XK, DXK, XL, K, MASKED)
 
 
 def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
-    """Buffers for up to two lane orders (and one q8_K layout, qgemv_mma.Q8K or
-    qgemv_mma6.Q8K6, the first among the orders) and the kernel arguments that name them."""
-    lanes = tuple(o for o in orders if o not in (Q8K, Q8K6))
+    """Buffers for up to two lane orders (and qgemv_mma.Q8K's q8_K activations, if among the
+    orders) and the kernel arguments that name them."""
+    lanes = tuple(o for o in orders if o != Q8K)
     if len(lanes) > 2:
         raise ValueError(f"at most two lane orders per producer, got {orders}")
     q8 = {o: new_q8(W, K, o, device) for o in lanes}
@@ -88,12 +85,11 @@ def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
     for i, o in enumerate(lanes, 1):
         xp, xsd = q8[o]
         args.update({f"XP{i}": xp.view(torch.int8), f"XS{i}": xsd, f"SLOT{i}": o[0], f"V{i}": o[1], f"BITS{i}": o[2]})
-    qk = [o for o in orders if o in (Q8K, Q8K6)][:1]
-    if qk:
+    if Q8K in orders:
         if K % 256:
             raise ValueError(f"q8_K activations need K % 256 == 0, got {K}")
-        q8[qk[0]] = xf, xs, dxs, xl = new_q8k(W, K, device, qk[0][1])
-        args.update(QK=qk[0][1], XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
+        q8[Q8K] = xf, xs, dxs, xl = new_q8k(W, K, device)
+        args.update(QK=Q8K[1], XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
     return q8, args
 
 
@@ -127,9 +123,9 @@ def add_rmsnorm(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.T
 def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
                    out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
-    lane order in `orders` (at most two; qmatvec_i8.lane_order; and qgemv_mma.Q8K or Q8K6):
-    bit for bit what prepare_i8 (prepare_q8k, prepare_q8k6) would make of the returned tensor.
-    -> (h [W, D], {order: (xp, xsd) (Q8K, Q8K6: prepare_q8k's / prepare_q8k6's four tensors)})."""
+    lane order in `orders` (at most two; qmatvec_i8.lane_order; and qgemv_mma.Q8K): bit for
+    bit what prepare_i8 (prepare_q8k) would make of the returned tensor.
+    -> (h [W, D], {order: (xp, xsd) (Q8K: prepare_q8k's four tensors)})."""
     W, D = x.shape
     if D % 32:
         raise ValueError(f"int8 activations need D % 32 == 0, got {D}")
@@ -233,7 +229,7 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
     tl.store(OUT + row * F + f, a, mask=mask)
     if NQ > 0:                       # the down GEMV's int8 activations (see _add_rmsnorm_kernel)
         emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
-    # or q8_K's (qgemv_mma_k / qgemv_q8k, qgemv_mma6 / qgemv_q8k6)
+    # or q8_K's (qgemv_mma_k / qgemv_q8k)
     _emit_qk(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, QK, F % BLOCK != 0)
 
 
@@ -250,8 +246,8 @@ def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool
 def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
                 pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """silu_mul, and the int8 activations of its output in (at most) one lane order (or
-    qgemv_mma.Q8K / qgemv_mma6.Q8K6), in the same launch. -> (act [W, F], {order: (xp, xsd),
-    or prepare_q8k's / prepare_q8k6's four tensors})."""
+    qgemv_mma.Q8K), in the same launch. -> (act [W, F], {order: (xp, xsd), or prepare_q8k's
+    four tensors})."""
     W, F2 = gu.shape
     F = F2 // 2
     if F % 32 or len(orders) > 1:

@@ -1,5 +1,5 @@
-"""qgemv_mma: the decode GEMV with the per-slot integer sums on the tensor cores (Q4_K;
-built for timing, not used by the engine yet).
+"""qgemv_mma_k: the decode GEMV with its integer sums on the tensor cores (Q4_K, on q8_K
+activations; engine.gemv_mma, off: W = 1 loses to dp4a).
 
 Why: qgemv_i8 multiplies codes by int8 activations with dp4a, one instruction per 4 codes
 per x row, so at W = 8 a Q4_K weight costs 2 dp4a a code (~85% of the H200's integer issue
@@ -17,21 +17,21 @@ operands come straight from 16-byte loads of planes laid out in fragment order:
     weights (mma_planes): per 16-row group, per step of 2 slots, per lane 4g + t:
         qs word t of rows g and g + 8 of each slot   (the mma's a0 | a1 after & 0x0F0F0F0F,
                                                       a2 | a3 after >> 4: k-groups t, 4 + t)
-    x (mma_x): per 8-column block, per step, per lane 4g + t:
+    x (emit_q8k): per 8-column block, per step, per lane 4g + t:
         column g's lo and hi activation words t of each slot (prepare_i8's lane order, so
         byte j of both pairs with field 2j / 2j + 1 of qs word t)
 
 c0..c3 are the exact isums of (row g, column 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
-The float part is qgemv_i8's per-slot sequence (t = d sc * isum - dmin m * xsum), and each
-(row, column) sums its slots in k order in one fma chain in one thread: no cross-thread sum,
-so a row's bits depend on neither its column nor W, by construction.
+The activations carry one scale a 256-value super-block (prepare_q8k; llama.cpp's q8_K
+scales), so a super-block's slots fold into exact int32 sums (sc * isum, m * xsum) and its
+float work happens once, in k order within each run of K; the runs are added in one
+written-out tree (_tree). No sum depends on the column or W: a row's bits are the same at
+every W, by construction, and qgemv_q8k (dp4a) reproduces them for narrow rounds.
 
-qgemv_mma_k is the same kernel on activations with one scale a 256-value super-block
-(prepare_q8k; llama.cpp's q8_K scales): a super-block's slots fold into exact int32 sums
-(sc * isum, m * xsum) and its float work happens once. Read off the SASS (sm_90a), the
-per-slot float part makes qgemv_mma cost 8.1 instructions a weight byte, qgemv_mma_k 4.5,
-dp4a at W = 1 2.9 and at W = 8 12.7: which of them holds W = 1 is for the H200 to say
-(bench/gpu_qgemv_mma.py).
+A first form on prepare_i8's activations (a scale a 32-value slot, its float part per slot:
+8.1 SASS instructions a weight byte against 4.5) cost 2-8x dp4a at W = 1 on the H200
+(gpu_qgemv_mma-20261201-182647.json) and was removed (source at 65eaaf2, with the Q6_K
+form, m16n8k16: 1.7-1.9x dp4a at W = 1, gpu_qgemv_mma-20261201-213840.json).
 
 Under the Triton interpreter (CPU tests) the mma is emulated with tensor ops over the
 same fragments (EMULATE), so the planes, the k pairing and the float part are tested on
@@ -44,9 +44,8 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .expert_q8 import QBLOCK
 from .expert_q8_gpu import _quantize_block
-from .qmatvec_i8 import _dp4a, prepare_i8
+from .qmatvec_i8 import _dp4a
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qweight import QuantWeight, check_gemv_args
 
@@ -91,62 +90,10 @@ def _mma_q4_emulated(w, b, WARPS: tl.constexpr):
 
 
 @triton.jit
-def _fetch(qrow, sc, sd, r_lo, r_hi, st, n_slots: tl.constexpr):
-    """Step st's weights [T, 4] (one 16-byte load) and its rows' raw scales (sc | m << 8 of its
-    2 slots, (d, dmin) of their super-block; rows g and g + 8, [T, 2] each): everything from
-    HBM, asked for a step or two ahead of its use."""
-    w = tl.load(qrow + st * 128)
-    sl = 2 * st + tl.arange(0, 2)[None, :]                            # [1, 2]: the slots
-    sb = (st // 4) * 2 + tl.arange(0, 2)[None, :]                     # a step's slots share a super-block
-    return (w, tl.load(sc + r_lo * n_slots + sl), tl.load(sd + r_lo * (n_slots // 4) + sb),
-            tl.load(sc + r_hi * n_slots + sl), tl.load(sd + r_hi * (n_slots // 4) + sb))
-
-
-@triton.jit
-def _scales(s, dd, one):
-    """Q4_K: raw sc | m << 8 [T, n] and (d, dmin) [T, 2] -> d * sc, dmin * m [T, n]."""
-    s = s.to(tl.int32)
-    d, dmin = tl.split(dd.to(tl.float32))                             # [T] each
-    sc_f = ((s & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
-    m_f = (((s >> 8) & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
-    return d[:, None] * sc_f, dmin[:, None] * m_f
-
-
-@triton.jit
-def _chain(acc, c, s1, s2, xsum, dx):
-    """acc [T, 2 (column bit)] + a step's 2 slots in k order: c [T, 4] (slot j, column bit),
-    s1, s2 [T, 2 (j)], xsum [T, 2 (cb), 2 (j)] int32, dx [T, 2, 2] float32."""
-    Tn: tl.constexpr = c.shape[0]
-    isum = tl.permute(tl.reshape(c, (Tn, 2, 2)), (0, 2, 1)).to(tl.float32)    # [T, cb, j]
-    tv = s1[:, None, :] * isum - s2[:, None, :] * xsum.to(tl.float32)  # qgemv_i8's t, per (cb, j)
-    t0, t1 = tl.split(tv)                                              # [T, cb] each: slots j = 0, 1
-    d0, d1 = tl.split(dx)
-    return tl.fma(t1, d1, tl.fma(t0, d0, acc))
-
-
-@triton.jit
 def _isums(w, b, WARPS: tl.constexpr, EMULATE: tl.constexpr):
     if EMULATE:
         return _mma_q4_emulated(w, b, WARPS)
     return _mma_q4(w, b)
-
-
-@triton.jit
-def _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, st, one, n_slots: tl.constexpr, WARPS: tl.constexpr,
-          EMULATE: tl.constexpr):
-    """Step st (its weights and scales fetched ahead in `cur`): the isums, then both rows'
-    chains. The activations and their records come from L2, loaded here."""
-    w, s_lo, d_lo, s_hi, d_hi = cur
-    Tn: tl.constexpr = w.shape[0]
-    s1_lo, s2_lo = _scales(s_lo, d_lo, one)                           # [T, 2 (j)]
-    s1_hi, s2_hi = _scales(s_hi, d_hi, one)
-    # the columns' (xsum, dx) of both slots: 16 contiguous bytes a column
-    rec = tl.load(xsd + col[:, :, None] * (n_slots * 2) + st * 4 + tl.arange(0, 4)[None, None, :],
-                  mask=ok[:, :, None], other=0)                         # [T, 2 (cb), 4 (j, field)]
-    xsum, dxb = tl.split(tl.reshape(rec, (Tn, 2, 2, 2)))               # [T, cb, j] each
-    dx = dxb.to(tl.float32, bitcast=True)
-    c_lo, c_hi = _isums(w, tl.load(xrow + st * 128), WARPS, EMULATE)
-    return _chain(acc_lo, c_lo, s1_lo, s2_lo, xsum, dx), _chain(acc_hi, c_hi, s1_hi, s2_hi, xsum, dx)
 
 
 @triton.jit
@@ -165,13 +112,6 @@ def _warp_place(W, N, WARPS: tl.constexpr, KW: tl.constexpr):
     n_grp = N // 16
     return (tl.program_id(0) % n_cb, lane, lane // 4, lane % 4, tl.minimum(grp, n_grp - 1).to(tl.int64),
             grp < n_grp, (i // 32) % KW)
-
-
-@triton.jit
-def _warp_rows(W, N, WARPS: tl.constexpr):
-    """_warp_place with one run (every warp its own row group, the whole K)."""
-    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS, 1)
-    return cb, lane, g, t, grp, rows_ok
 
 
 @triton.jit
@@ -218,38 +158,6 @@ def _runs_sum(y, KW: tl.constexpr):
     C: tl.constexpr = y.shape[1]
     y = tl.permute(tl.reshape(y, (Tn // (32 * KW), KW, 32, C)), (0, 2, 3, 1))     # [G, 32, C, KW]
     return _tree(tl.reshape(y, (Tn // KW, C, KW)), KW)
-
-
-@triton.jit(do_not_specialize=["one"])
-def _qgemv_mma_kernel(xf, xsd, out, qf, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr,
-                      WARPS: tl.constexpr, EMULATE: tl.constexpr, U: tl.constexpr = 2, PDL: tl.constexpr = False):
-    """U: steps (of 2 slots) an iteration, whose weights and scales are loaded an iteration
-    ahead (not in the float order: the same ops in the same order at any U)."""
-    tl.static_assert(U == 1 or U == 2, "U: 1 or 2 steps an iteration")
-    Tn: tl.constexpr = 32 * WARPS
-    STEPS: tl.constexpr = n_slots // 2
-    tl.static_assert(STEPS % U == 0, "whole iterations")
-    ITERS: tl.constexpr = STEPS // U
-    cb, lane, g, t, grp, rows_ok = _warp_rows(W, N, WARPS)
-    qrow, xrow, r_lo, r_hi, col, ok = _fragment_at(qf, xf, cb, lane, g, t, grp, W, STEPS)
-    acc_lo = tl.zeros([Tn, 2], tl.float32)
-    acc_hi = tl.zeros([Tn, 2], tl.float32)
-    pdl_trigger(PDL)
-    nxt_a = _fetch(qrow, sc, sd, r_lo, r_hi, 0, n_slots)
-    if U == 2:
-        nxt_b = _fetch(qrow, sc, sd, r_lo, r_hi, 1, n_slots)
-    pdl_wait(PDL)
-    for it in range(0, ITERS):
-        cur = nxt_a
-        nxt_a = _fetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(it + 1, ITERS - 1) * U, n_slots)
-        acc_lo, acc_hi = _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, it * U, one, n_slots, WARPS, EMULATE)
-        if U == 2:
-            cur = nxt_b
-            nxt_b = _fetch(qrow, sc, sd, r_lo, r_hi, tl.minimum(it + 1, ITERS - 1) * U + 1, n_slots)
-            acc_lo, acc_hi = _step(acc_lo, acc_hi, cur, xrow, xsd, col, ok, it * U + 1, one, n_slots, WARPS, EMULATE)
-    keep = ok & rows_ok
-    tl.store(out + col * stride_out + r_lo, acc_lo, mask=keep)
-    tl.store(out + col * stride_out + r_hi, acc_hi, mask=keep)
 
 
 @triton.jit
@@ -318,9 +226,9 @@ def _kstep(acc, w, s_lo, s_hi, xw, xsum, WARPS: tl.constexpr, EMULATE: tl.conste
 def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.constexpr,
                         WARPS: tl.constexpr, EMULATE: tl.constexpr, KW: tl.constexpr = 1, XA: tl.constexpr = True,
                         PDL: tl.constexpr = False):
-    """qgemv_mma on activations with one scale a super-block (prepare_q8k, llama.cpp's q8_K
-    layout of scales): a super-block's 8 slots fold in integers (_fold), its float work
-    happens once (_flush). KW: warps a row group, each a run of K (_warp_place); the runs'
+    """A program: WARPS / KW 16-row groups x 8 columns, on activations with one scale a
+    super-block (prepare_q8k): a super-block's 8 slots fold in integers (_fold), its float
+    work happens once (_flush). KW: warps a row group, each a run of K (_warp_place); the runs'
     sums added at the end (_runs_sum). Weights and scales are loaded a super-block ahead,
     and with XA the activations too (else at the top of their super-block)."""
     Tn: tl.constexpr = 32 * WARPS
@@ -376,8 +284,9 @@ def _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS: tl.constexpr, KW: tl.c
 def emit_q8k(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = False):
     """prepare_q8k's outputs for x[m, k0 : k0 + BQ] = a [BQ] float32 (k0 and BQ multiples of
     256): q8 with one scale a super-block (expert_q8's rounding rule), the bytes to their
-    fragment-order places (prepare_i8's lane order inside a slot, mma_x's order of words) and
-    again in row order (xl: prepare_i8's words, for qgemv_q8k), xsum a slot, dx a super-block.
+    fragment-order places (prepare_i8's lane order inside a slot, the words in the module
+    docstring's x order) and again in row order (xl: prepare_i8's words, for qgemv_q8k),
+    xsum a slot, dx a super-block.
     MASKED: k may run past K (a is 0 there) and nothing is stored past it. The prepare
     launch and the producers that fuse it (kernels/fused.py) share it: the same bits."""
     BQ: tl.constexpr = a.shape[0]
@@ -400,8 +309,8 @@ def emit_q8k(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = 
 @triton.jit
 def q8k_store(q, dx, k0, m, f_at, r_at, xf, xs, dxs, xl, K: tl.constexpr, SLOT: tl.constexpr, MASKED: tl.constexpr):
     """A q8_K emitter's stores: the bytes q [BQ] at their fragment-order and row-order byte
-    offsets (f_at, r_at), xsum a SLOT-value slot, dx [BQ / 256] a super-block (emit_q8k,
-    qgemv_mma6.emit_q8k6). MASKED: nothing past K."""
+    offsets (f_at, r_at), xsum a SLOT-value slot, dx [BQ / 256] a super-block (emit_q8k's).
+    MASKED: nothing past K."""
     BQ: tl.constexpr = q.shape[0]
     k = k0 + tl.arange(0, BQ)
     slots = k0 // SLOT + tl.arange(0, BQ // SLOT)                      # [BQ/SLOT]
@@ -432,11 +341,10 @@ def _prepare_q8k_kernel(x, xf, xs, dxs, xl, stride_x, n_slots: tl.constexpr, PDL
 Q8K = ("q8k", 32)       # prepare_q8k's activations among the orders a producer emits (Linear.orders)
 
 
-def new_q8k(W: int, K: int, device, slot: int = 32) -> tuple[torch.Tensor, ...]:
-    """Empty buffers for prepare_q8k's (slot 32) or prepare_q8k6's (16) outputs, launch_prepare's
-    shapes: (xf, xs, dxs, xl)."""
+def new_q8k(W: int, K: int, device) -> tuple[torch.Tensor, ...]:
+    """Empty buffers for prepare_q8k's outputs, launch_prepare's shapes: (xf, xs, dxs, xl)."""
     return (torch.empty((triton.cdiv(W, COLS) * COLS * K // 4,), dtype=torch.int32, device=device),
-            torch.empty((W, K // slot), dtype=torch.int32, device=device),
+            torch.empty((W, K // 32), dtype=torch.int32, device=device),
             torch.empty((W, K // 256), dtype=torch.float32, device=device),
             torch.empty((W, K // 4), dtype=torch.int32, device=device))
 
@@ -482,7 +390,7 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
                     planes: torch.Tensor | None, prepared: tuple | None, make_planes, prepare, warps: int | None,
                     runs: int | None, pdl: bool, **consts) -> torch.Tensor:
-    """One launch of a q8_K tensor-core GEMV (qgemv_mma_k, qgemv_mma6): x and out checked,
+    """One launch of a q8_K tensor-core GEMV (qgemv_mma_k's): x and out checked,
     the fragment planes and the activations made here where not given. warps None: the
     tile's (mma_tile); runs: warps a row group, each a run of K (mma_runs(w, warps) if None);
     a property of the weight's tile, never of W (the runs' sum is part of the float order)."""
@@ -513,9 +421,9 @@ def mma_runs(w: QuantWeight, warps: int, most: int | None = None) -> int:
 def mma_tile(w: QuantWeight) -> tuple[int, int]:
     """(warps, runs) of a weight's tensor-core GEMV, from its shape alone (never W: the runs'
     sum is part of the float order). H200 sweep (gpu_qgemv_mma-20261201-183426.json, us at
-    W = 1): 8 warps in 8 runs for <= 4096 rows (8B o 5.6, down Q4_K 11.4, down Q6_K 32.4,
-    30B-A3B o 4.6), 8 warps in 4 runs below 64K rows (gate_up 22.2, qkv 7.5), 4 warps in one
-    run for the output head (234: its 9,496 groups fill the GPU already)."""
+    W = 1): 8 warps in 8 runs for <= 4096 rows (8B o 5.6, down 11.4, 30B-A3B o 4.6), 8 warps
+    in 4 runs below 64K rows (gate_up 22.2, qkv 7.5), 4 warps in one run for an output head
+    (timed on the Q6_K head with the removed Q6_K form: 234, its 9,496 groups fill the GPU)."""
     if w.N >= 65536:
         return 4, 1
     warps = 8
@@ -530,35 +438,6 @@ def mma_planes(w: QuantWeight) -> torch.Tensor:
     """The qs plane in fragment order: int32 [N/16, n_slots/2, 32 lanes, 2 slots, 2 rows]
     (lane 4g + t holds qs word t of rows g and g + 8 of the group's 16)."""
     if not supports_mma(w):
-        raise ValueError(f"qgemv_mma: Q4_K with N a multiple of {ROWS}, got {w.qtype.name} {w.N}x{w.K}")
+        raise ValueError(f"qgemv_mma_k: Q4_K with N a multiple of {ROWS}, got {w.qtype.name} {w.N}x{w.K}")
     qs = w.planes["qs"].reshape(w.N // 16, 2, 8, w.n_slots // 2, 2, 4)   # [G, h, g, step, j, t]
     return qs.permute(0, 3, 2, 5, 4, 1).contiguous()                     # [G, step, g, t, j, h]
-
-
-def mma_x(xp: torch.Tensor, n_slots: int) -> torch.Tensor:
-    """prepare_i8's words [W, n_slots * 8] -> fragment order [W/8, n_slots/2, 32 lanes, 2 slots,
-    2 (lo, hi)]: lane 4g + t holds column g's lo and hi word t (columns past W: zero)."""
-    W = xp.shape[0]
-    n_cb = triton.cdiv(W, COLS)
-    x = torch.zeros((n_cb * COLS, n_slots * 8), dtype=torch.int32, device=xp.device)
-    x[:W] = xp
-    x = x.reshape(n_cb, 8, n_slots // 2, 2, 2, 4)                      # [cb, g, step, j, e, t]
-    return x.permute(0, 2, 1, 5, 3, 4).contiguous()                    # [cb, step, g, t, j, e]
-
-
-def qgemv_mma(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
-              prepared: tuple[torch.Tensor, torch.Tensor] | None = None, xf: torch.Tensor | None = None,
-              warps: int = 4, steps: int = 2, pdl: bool = False) -> torch.Tensor:
-    """Q4_K x [W, K] @ w^T -> [W, N] float32 on prepare_i8's activations, the isums on the
-    tensor cores (emulated under the interpreter). planes: mma_planes(w), made here if not
-    given; xf: mma_x of prepared's words (a producer would emit them in this order; made
-    here if not given). steps: 2-slot steps an iteration (1 or 2; loaded an iteration ahead)."""
-    W, N, out = check_gemv_args(x, w, out, "qgemv_mma", k_multiple=QBLOCK, out_col_slice=True)
-    qf = planes if planes is not None else mma_planes(w)
-    xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
-    xf = xf if xf is not None else mma_x(xp, w.n_slots)
-    grid = (triton.cdiv(N // ROWS, warps) * triton.cdiv(W, COLS),)
-    _qgemv_mma_kernel[grid](xf, xsd, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
-                            n_slots=w.n_slots, WARPS=warps, EMULATE=not x.is_cuda, U=steps, num_warps=warps,
-                            enable_fp_fusion=False, **pdl_kwargs(pdl, x.device))
-    return out

@@ -1,5 +1,5 @@
 """qgemv_q8k: the narrow-W partner of qgemv_mma_k. dp4a on the same q8_K activations
-(prepare_q8k's fragment-order words, xsum a slot, dx a super-block), giving the same bits.
+(prepare_q8k's row-order words, xsum a slot, dx a super-block), giving the same bits.
 
 Why: exact mode needs a row's bits not to depend on the round's width. qgemv_mma_k makes a
 W = 8 round cost ~1.3x a W = 1 round, but at W = 1 it is slower than dp4a (H200,
@@ -14,7 +14,9 @@ narrow ones, one set of bits (checked bit for bit against qgemv_mma_k in the tes
 
 Tile (qgemv_i8's shapes): [S, BN, V] words a step, S = R runs x the 8 slots of one
 super-block each (R = the weight's mma_tile runs: part of the float order), 16 bytes of qs
-a (slot, row); BW <= 4 columns a program, a named accumulator [R, BN] each.
+a (slot, row); BW <= 4 columns a program, a named accumulator [R, BN] each. H200, W = 1
+(gpu_qgemv_mma-20261201-213840.json): 18.2 / 7.2 / 4.9 / 11.8 us on the 8B gate_up / qkv /
+o / down, qgemv_i8 16.3 / 5.2 / 4.2 / 11.8.
 """
 from __future__ import annotations
 
@@ -133,113 +135,21 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
 
 
 @triton.jit
-def _dot_words4(a, b, c, DP4A: tl.constexpr):
-    """c + the dp4a of a and b [BN, R, 8, 4] over their 4 words, one chain in the thread."""
-    A: tl.constexpr = a.shape[0]
-    B: tl.constexpr = a.shape[1]
-    C: tl.constexpr = a.shape[2]
-    a02, a13 = tl.split(tl.reshape(a, (A, B, C, 2, 2)))
-    b02, b13 = tl.split(tl.reshape(b, (A, B, C, 2, 2)))
-    a0, a2 = tl.split(a02)
-    a1, a3 = tl.split(a13)
-    b0, b2 = tl.split(b02)
-    b1, b3 = tl.split(b13)
-    return _dp4a(a3, b3, _dp4a(a2, b2, _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
-
-
-@triton.jit
-def _rows_col(y, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, col, s, one, n_slots: tl.constexpr, DP4A: tl.constexpr):
-    """Column col's super-blocks of step s into y [BN, R]: a thread's run of one row holds the
-    super-block's 8 slots, so the folds are sums inside the thread (no shuffles); the
-    activations are the same for every lane (one broadcast transaction a load)."""
-    BN: tl.constexpr = lo.shape[0]
-    R: tl.constexpr = lo.shape[1]
-    NSB: tl.constexpr = n_slots // 8
-    run = tl.arange(0, R)[None, :, None]                               # [1, R, 1]
-    slot = (s * R + run) * 8 + tl.arange(0, 8)[None, None, :]          # [1, R, 8]
-    xo = tl.broadcast_to(slot[:, :, :, None] * 8 + tl.arange(0, 4)[None, None, None, :], (BN, R, 8, 4))
-    x_row = xl + col * (n_slots * 8)
-    isum = _dot_words4(hi, tl.load(x_row + xo + 4), _dot_words4(lo, tl.load(x_row + xo), 0, DP4A), DP4A)  # [BN, R, 8]
-    xsum = tl.load(xs + col * n_slots + tl.broadcast_to(slot, (BN, R, 8)))
-    ai = tl.sum(sc8 * isum, axis=2)                                    # [BN, R] int32, exact
-    am = tl.sum(m8 * xsum, axis=2)
-    # (one: the runs' stride unknown to the compiler, so dx is laid out as the rows' sums are)
-    dx = tl.load(dxs + col * NSB + s * R + tl.broadcast_to(tl.arange(0, R)[None, :] * one, (BN, R)))   # [BN, R]
-    t = (d * dx) * ai.to(tl.float32) - (dmin * dx) * am.to(tl.float32)     # qgemv_mma_k's _flush, op for op
-    return y + t
-
-
-@triton.jit
 def rows_store(out, y, rows, rows_ok, col, ok, stride_out):
-    """A rows-tile column y [BN, R] (runs on the second axis): the runs added in _tree's order,
-    stored (qgemv_q8k6 too)."""
+    """A column y [BN, R] (runs on the second axis): the runs added in _tree's order, stored."""
     BN: tl.constexpr = y.shape[0]
     R: tl.constexpr = y.shape[1]
     yr = tl.reshape(_tree(tl.reshape(y, (BN, 1, R)), R), (BN,))
     tl.store(out + col * stride_out + rows, yr, mask=rows_ok & ok)
 
 
-@triton.jit(do_not_specialize=["one"])
-def _q8k_rows_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, R: tl.constexpr,
-                     BW: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
-    """The same bits in another tile: [32 rows (lanes), R runs (warps), 8 slots, 4 words], a
-    thread one row's run, a step one super-block a run (128 bytes of qs a thread)."""
-    tl.static_assert(BW == 1 or BW == 2 or BW == 4, "1, 2 or 4 columns a program")
-    NSB: tl.constexpr = n_slots // 8
-    tl.static_assert(NSB % R == 0, "whole super-block runs")
-    NR: tl.constexpr = NSB // R
-    BN: tl.constexpr = 32
-    rows, rows_ok, c0 = row_tile(W, N, BN, BW)
-    run = tl.arange(0, R)[None, :, None]                               # [1, R, 1]
-    j = tl.arange(0, 8)[None, None, :]                                 # [1, 1, 8]
-    q_at = qs + rows[:, None, None, None] * (n_slots * 4) + ((run * 8 + j) * 4)[:, :, :, None] \
-        + tl.arange(0, 4)[None, None, None, :]                          # [BN, R, 8, 4]: step 0
-    sc_at = sc + rows[:, None, None] * n_slots + run * 8 + j           # [BN, R, 8]
-    sd_at = sd + rows[:, None, None] * (NSB * 2) + run * 2 + tl.arange(0, 2)[None, None, :]   # [BN, R, 2]
-    y0 = tl.zeros([BN, R], tl.float32)
-    y1 = tl.zeros([BN, R], tl.float32)
-    y2 = tl.zeros([BN, R], tl.float32)
-    y3 = tl.zeros([BN, R], tl.float32)
-    m0 = tl.minimum(c0, W - 1).to(tl.int64)
-    m1 = tl.minimum(c0 + 1, W - 1).to(tl.int64)
-    m2 = tl.minimum(c0 + 2, W - 1).to(tl.int64)
-    m3 = tl.minimum(c0 + 3, W - 1).to(tl.int64)
-    pdl_trigger(PDL)
-    nw = tl.load(q_at)
-    pdl_wait(PDL)
-    for s in range(0, NR):
-        w = nw
-        nw = tl.load(q_at + tl.minimum(s + 1, NR - 1) * (R * 32))     # a step ahead
-        raw = tl.load(sc_at + s * (R * 8)).to(tl.int32)                # [BN, R, 8]: sc | m << 8
-        sc8 = raw & 0xFF
-        m8 = (raw >> 8) & 0xFF
-        d, dmin = tl.split(tl.load(sd_at + s * (R * 2)).to(tl.float32))    # [BN, R] each
-        lo = w & 0x0F0F0F0F
-        hi = (w >> 4) & 0x0F0F0F0F
-        y0 = _rows_col(y0, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, m0, s, one, n_slots, DP4A)
-        if BW > 1:
-            y1 = _rows_col(y1, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, m1, s, one, n_slots, DP4A)
-        if BW > 2:
-            y2 = _rows_col(y2, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, m2, s, one, n_slots, DP4A)
-            y3 = _rows_col(y3, lo, hi, sc8, m8, d, dmin, xl, xs, dxs, m3, s, one, n_slots, DP4A)
-    rows_store(out, y0, rows, rows_ok, m0, c0 < W, stride_out)
-    if BW > 1:
-        rows_store(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out)
-    if BW > 2:
-        rows_store(out, y2, rows, rows_ok, m2, c0 + 2 < W, stride_out)
-        rows_store(out, y3, rows, rows_ok, m3, c0 + 3 < W, stride_out)
-
-
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
               prepared: tuple[torch.Tensor, ...] | None = None, rows: int | None = None,
-              cols: int | None = None, warps: int = 4, tile: str = "slots", pdl: bool = False) -> torch.Tensor:
+              cols: int | None = None, warps: int = 4, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
-    of qgemv_mma_k on the same weight (its runs: mma_tile). tile "rows" (_q8k_rows_kernel: a
-    thread one row's run, the slots' folds inside the thread) or "slots" (_q8k_dp4a_kernel:
-    qgemv_i8's tile, slots on the lanes, rows x cols a program; the folds take shuffles).
-    Neither tile nor cols (W up to 4 a program) is in the float order. SASS (sm_90a, K 4096,
-    instructions a weight byte at 1 / 2 / 4 columns): rows 2.25 / 3.2 / 5.1, slots 3.7 / - /
-    10.1, qgemv_i8 2.9 / - / 6.4."""
+    of qgemv_mma_k on the same weight (its runs: mma_tile). rows x cols a program (cols: W up
+    to 4), neither in the float order. A one-row-a-thread tile lost on the H200 (W = 1, 8B
+    gate_up / down: 32.3 / 20.5 us against 18.2 / 11.8; gpu_qgemv_mma-20261201-213840.json)."""
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)
@@ -247,12 +157,6 @@ def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     runs = mma_tile(w)[1]
     rows = rows or (16 if runs <= 4 else 8)             # 8 runs x 16 rows: ~160 registers (sm_90a)
     cols = cols or (1 if W == 1 else 2 if W == 2 else 4)
-    if tile == "rows":              # a thread one row's run: 32 rows a program, a warp a run
-        _q8k_rows_kernel[(triton.cdiv(N, 32) * triton.cdiv(W, cols),)](
-            xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
-            n_slots=w.n_slots, R=runs, BW=cols, DP4A=x.is_cuda, num_warps=runs, enable_fp_fusion=False,
-            **pdl_kwargs(pdl, x.device))
-        return out
     grid = (triton.cdiv(N, rows) * triton.cdiv(W, cols),)
     _q8k_dp4a_kernel[grid](xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
                            n_slots=w.n_slots, BN=rows, R=runs, BW=cols, DP4A=x.is_cuda, num_warps=warps,

@@ -51,9 +51,7 @@ from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
-from ..kernels.qgemv_mma6 import Q8K6, mma6_planes, prepare_q8k6, qgemv_mma6, supports_mma6
 from ..kernels.qgemv_q8k import qgemv_q8k
-from ..kernels.qgemv_q8k6 import qgemv_q8k6
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -94,21 +92,20 @@ class MmaForm(NamedTuple):
     order: tuple | None                                   # the key a producer emits its activations under
 
 
-_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k, Q8K),
-              QT.Q6_K: MmaForm(supports_mma6, mma6_planes, prepare_q8k6, qgemv_mma6, qgemv_q8k6, Q8K6)}
+# (Q6_K had one: 1.7-1.9x dp4a at W = 1 on the 8B down and head, removed; gpu_qgemv_mma-20261201-213840.json)
+_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k, Q8K)}
 
 
 @dataclass(frozen=True)
 class MmaChoice:
     """engine.gemv_mma's reach (config.py): widths up to `narrow` take a format's dp4a
-    partner (the same bits), wider ones the mma; Q6_K weights only with `q6`."""
+    partner (the same bits), wider ones the mma."""
     narrow: int = 4
-    q6: bool = False
 
 
-def _mma_form(w: QuantWeight, choice: MmaChoice) -> MmaForm | None:
+def _mma_form(w: QuantWeight) -> MmaForm | None:
     f = _MMA_FORMS.get(w.qtype)
-    if f is None or not f.supports(w) or (w.qtype == QT.Q6_K and not choice.q6):
+    if f is None or not f.supports(w):
         return None
     return f
 
@@ -125,11 +122,10 @@ class Linear:
     def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False,
                  mma: MmaChoice | None = None):
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
-        mma: the weights qgemv_mma_k (Q4_K) or qgemv_mma6 (Q6_K, if mma.q6) covers run
-        there (engine.gemv_mma), on q8_K activations (one scale a super-block) that its
-        producer emits (orders: qgemv_mma.Q8K, qgemv_mma6.Q8K6) or this Linear prepares;
-        rounds of up to mma.narrow rows take the format's dp4a partner (qgemv_q8k,
-        qgemv_q8k6: the same bits)."""
+        mma: the weights qgemv_mma_k (Q4_K) covers run there (engine.gemv_mma), on q8_K
+        activations (one scale a super-block) that its producer emits (orders:
+        qgemv_mma.Q8K) or this Linear prepares; rounds of up to mma.narrow rows take the
+        format's dp4a partner (qgemv_q8k: the same bits)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:
             if groups and groups[-1][0].qtype == p.qtype:
@@ -142,7 +138,7 @@ class Linear:
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
-        self._mma = [_mma_form(w, mma) if mma is not None and i8 else None for w, i8 in zip(self.weights, self.i8)]
+        self._mma = [_mma_form(w) if mma is not None and i8 else None for w, i8 in zip(self.weights, self.i8)]
         self._narrow = mma.narrow if mma is not None else 0
         self.mma = [f is not None for f in self._mma]
         # the code planes again in the mma's fragment order (the prefill path reads the planes as they
@@ -150,7 +146,7 @@ class Linear:
         self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py), and
-        # the q8_K layouts (Q8K, Q8K6) of weights on q8_K activations
+        # the q8_K layout (Q8K) of weights on q8_K activations
         self.orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
                                           for w, i8, f in zip(self.weights, self.i8, self._mma)
                                           if i8 and (f is None or f.order is not None)))
@@ -322,7 +318,7 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, gemv_mma_q6: bool | None = None):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -330,7 +326,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow, _q6): config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -354,12 +350,11 @@ class GPUModel:
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts)
         split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
-        # Q4_K (and Q6_K) dense weights on the tensor cores (Linear; emulated under the interpreter)
+        # Q4_K dense weights on the tensor cores (Linear; emulated under the interpreter)
         E = DEFAULTS.engine
         mma = None
         if (E.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8":
-            mma = MmaChoice(E.gemv_mma_narrow if gemv_mma_narrow is None else gemv_mma_narrow,
-                            E.gemv_mma_q6 if gemv_mma_q6 is None else gemv_mma_q6)
+            mma = MmaChoice(E.gemv_mma_narrow if gemv_mma_narrow is None else gemv_mma_narrow)
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -499,7 +494,7 @@ class GPUModel:
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
             # take a super-block's two heads (head_dim 128)
-            lanes = tuple(o for o in L.o.orders if o not in (Q8K, Q8K6))[:1] or \
+            lanes = tuple(o for o in L.o.orders if o != Q8K)[:1] or \
                 ((Q8K,) if Q8K in L.o.orders and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
             if lanes and self._fuse_q8:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes, pdl,
