@@ -13,6 +13,7 @@
 #   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma_k, Q4_K) against dp4a at W 1-16, its GPU tests
 #   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
+#   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -58,6 +59,12 @@ mma-arms2)
   [ "${MMA_30B:-0}" = 1 ] && timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       default/mma-wide --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
+ablate)
+  # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
+  for p in qwen3-8b qwen3-30b-a3b; do
+    timeout 280 python3 bench/gpu_decode_ablate.py --preset $p --widths 1 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  done
+  ;;
 tiles)
   # the GEMV tile per weight again, now that programs hold at most 4 x rows (qgemv_i8.MAX_BW)
   timeout 560 python3 bench/gpu_qgemv_tiles.py --shapes gate_up down_q6 down_q4 qkv o qkv_30b o_30b 2>&1 \
@@ -95,7 +102,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate"; exit 2
   ;;
 esac
 ls -l "$OUT"
