@@ -48,7 +48,9 @@ class EngineDefaults:
                                   # launch of their own; the weights also held in fragment order). Another float
                                   # order and activation rounding, the same at every W. H200 8B, all dense weights
                                   # and the head on the mma (narrow 0, Q6_K too): W=1 / 8 1.933 / 4.772 -> 3.068 / 3.984
-                                  # ms (gpu_decode_arms-qwen3-8b-20261201-184043.json): off
+                                  # ms (gpu_decode_arms-qwen3-8b-20261201-184043.json); Q4_K only, narrow 4: W=1 / 5 / 8
+                                  # / 64 1.930 / 4.580 / 4.805 / 30.561 -> 2.256 / 3.562 / 3.918 / 23.666
+                                  # (gpu_decode_arms-qwen3-8b-20261201-214103.json): off, plain decode is the headline
     gemv_mma_narrow: int = 4      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
                                   # activations, the mma's bits: exact mode holds) for Q4_K; 0: the mma at every W
     # removed, slower on the H200 (gpu_qgemv_mma-20261201-213840.json, gpu_decode_arms-qwen3-8b-20261201-214103):
