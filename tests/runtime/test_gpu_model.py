@@ -214,3 +214,43 @@ def test_exact_speculation_with_the_kernel_chosen_by_width(tmp_path):
     engine.reset()
     spec = list(engine.generate(prompt, 6, gen=g1, spec=SpecConfig("ngram", 8, 1, gate=False)))
     assert spec == plain and len(plain) == 6 and g1.stats.draft_n > 0
+
+
+def test_l2_warm_plan_follows_the_round(tmp_path):
+    """engine.l2_warm_mb's plan: after each dense GEMV the next one in the round's order
+    (qkv, o, gate_up, down; a MoE layer's o -> the next layer's qkv; the last -> the head),
+    its planes' first rows within the budget."""
+    for preset in ("tiny-qwen3", "tiny-qwen3moe"):
+        path = tmp_path / f"{preset}.gguf"
+        write_synthetic(PRESETS[preset](n_layers=2, quant="Q4_K", seed=4), path)
+        gpu = GPUModel(GGUFFile(path), 128, device=DEV, graphs=False)
+        plan = gpu._warm_plan(1 << 40)
+        order = [lin for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None]
+        assert len(order) == (8 if preset == "tiny-qwen3" else 4)
+        for a, b in zip(order, order[1:] + [gpu.output]):
+            got = plan[id(a)]
+            want = [p for w in b.weights for p in w.planes.values()]
+            assert [g.data_ptr() for g in got] == [p.data_ptr() for p in want]
+            assert sum(g.numel() * 4 for g in got) == sum(p.numel() * p.element_size() // 64 * 64 for p in want)
+        assert id(gpu.output) not in plan
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the side stream exists on CUDA only (off elsewhere)")
+def test_l2_warm_keeps_the_bits(tmp_path):
+    """The side-stream reads change no bit: graph rounds at W = 1 and 3 with the warm launches
+    give the logits of the same model without them."""
+    path = tmp_path / "m.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=5), path)
+    f = GGUFFile(path)
+    toks = torch.randint(0, 200, (3,), generator=torch.Generator().manual_seed(5))
+    out = {}
+    for mb in (0, 1):
+        gpu = GPUModel(f, 128, device=DEV, l2_warm_mb=mb)
+        assert (gpu._l2 is not None) == (mb > 0)
+        cache = gpu.new_cache(128)
+        wide = gpu.forward(toks, 0, cache)[0].clone()
+        cache.truncate(2)
+        last = gpu.forward(toks[2:], 2, cache)[0].clone()
+        out[mb] = (wide, last)
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    assert torch.equal(out[1][0][2:], out[1][1])
