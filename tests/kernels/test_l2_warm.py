@@ -3,6 +3,7 @@
 first rows from every plane, within the budget. Under TRITON_INTERPRET=1 on CPU."""
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -13,7 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.l2_warm import BLOCK, L2Warm, _warm_kernel, prefix_words  # noqa: E402
+from alphallama.kernels.l2_warm import BLOCK, L2Warm, _warm_kernel, rows_words, stream_plan  # noqa: E402
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,22 +77,46 @@ def test_kernel_reads_no_segment_of_zero_words():
     assert (int(sink[0]) ^ int(sink[1])) == 5 ^ 9
 
 
-def test_plan_takes_first_rows_within_the_budget():
-    """prefix_words: views (no copy) of each plane's first rows, the same fraction of rows
-    in every plane of a weight, the weights in order until the budget is spent."""
+def _bytes(segs) -> int:
+    return sum(w.numel() * 4 for w in segs)
+
+
+def test_rows_words_are_views_of_the_rows():
+    """rows_words: views (no copy) of rows [floor(f0 N), ceil(f1 N)) of every plane."""
     a = _weight(T.Q4_K, 64, 512, 1)
-    b = _weight(T.Q6_K, 32, 256, 2)
-    half = prefix_words([a, b], a.nbytes // 2)
-    assert len(half) == len(a.planes)                                 # b gets nothing
-    for words, p in zip(half, a.planes.values()):
-        assert words.data_ptr() == p.data_ptr()                       # a view of the plane's start
-        row_bytes = p.shape[-1] * p.element_size()
-        assert words.numel() * 4 == (32 * row_bytes) // 64 * 64       # 32 of 64 rows (whole 64-byte groups)
-    both = prefix_words([a, b], a.nbytes + b.nbytes)
-    assert len(both) == len(a.planes) + len(b.planes)
-    assert sum(w.numel() * 4 for w in both) <= a.nbytes + b.nbytes
-    assert sum(w.numel() * 4 for w in both) >= a.nbytes + b.nbytes - 64 * len(both)
-    assert prefix_words([a, b], 0) == []
+    for (f0, f1), (r0, r1) in {(0.0, 0.5): (0, 32), (0.25, 0.26): (16, 17), (0.5, 1.0): (32, 64)}.items():
+        segs = rows_words(a, f0, f1)
+        # (planes whose rows hold less than one 16-word group are left out)
+        want = [(p.data_ptr() + r0 * p.shape[-1] * p.element_size(), (r1 - r0) * p.shape[-1] * p.element_size() // 64 * 64)
+                for p in a.planes.values() if (r1 - r0) * p.shape[-1] * p.element_size() >= 64]
+        assert [(w.data_ptr(), w.numel() * 4) for w in segs] == want
+
+
+def test_stream_plan_keeps_the_budget_ahead():
+    """stream_plan: launch k reads the next budget's bytes of the stream, starting at GEMV
+    k + 1 or where launch k - 1 stopped, whichever is further; never a GEMV that ran."""
+    a, b, c = _weight(T.Q4_K, 64, 512, 1), _weight(T.Q6_K, 32, 256, 2), _weight(T.Q4_K, 128, 256, 3)
+    # a budget of half of b: launch 0 takes b's first half, launch 1 (after b ran) c's first rows
+    plan = stream_plan([[a], [b], [c]], b.nbytes // 2)
+    assert len(plan) == 2
+    assert [s.data_ptr() for s in plan[0]] == _starts(b, b.nbytes // 2)
+    assert b.nbytes // 2 - 64 * len(b.planes) <= _bytes(plan[0]) <= b.nbytes // 2 + 64 * len(b.planes) + b.nbytes // 32
+    assert [s.data_ptr() for s in plan[1]] == _starts(c, b.nbytes // 2)
+    # a budget over b and c: launch 0 takes both whole, launch 1 has nothing left ahead
+    plan = stream_plan([[a], [b], [c]], 10 * (b.nbytes + c.nbytes))
+    assert _bytes(plan[0]) == sum(p.numel() * p.element_size() // 64 * 64 for w in (b, c) for p in w.planes.values())
+    assert plan[1] == []
+    # a GEMV of two weights: the window runs on from the first into the second
+    plan = stream_plan([[a], [b, c]], b.nbytes + c.nbytes // 2)
+    assert [s.data_ptr() for s in plan[0]] == _starts(b, b.nbytes) + _starts(c, c.nbytes // 2)
+    assert stream_plan([[a], [b]], 0) == [[]]
+
+
+def _starts(w, nbytes: int) -> list[int]:
+    """The plane starts a window of w's first nbytes reads (planes under 64 bytes in it: none)."""
+    f = nbytes / w.nbytes
+    return [p.data_ptr() for p in w.planes.values()
+            if math.ceil(p.shape[0] * f) * p.shape[-1] * p.element_size() >= 64]
 
 
 def compile_warm() -> None:
@@ -99,7 +124,7 @@ def compile_warm() -> None:
     vector loads (ld.global.cg.v4), and the loop still holds them (the flag keeps them used)."""
     from tests.kernels.sm90 import compile_sm90
     from alphallama.kernels.l2_warm import PROGRAMS, _warm_kernel as K
-    # as the JIT specializes the plan's segments: aligned pointers, word counts multiples of 16 (prefix_words)
+    # as the JIT specializes the plan's segments: aligned pointers, word counts multiples of 16 (rows_words)
     ptx = compile_sm90(K, ["*i32", "i32"] * 4 + ["*i32", "i32"], dict(BLOCK=BLOCK, P=PROGRAMS),
                        divisible_ints=True).asm["ptx"]
     assert ptx.count("ld.global.cg.v4") >= 4, ptx[-3000:]                 # one or more a segment

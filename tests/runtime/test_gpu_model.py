@@ -217,22 +217,23 @@ def test_exact_speculation_with_the_kernel_chosen_by_width(tmp_path):
 
 
 def test_l2_warm_plan_follows_the_round(tmp_path):
-    """engine.l2_warm_mb's plan: after each dense GEMV the next one in the round's order
-    (qkv, o, gate_up, down; a MoE layer's o -> the next layer's qkv; the last -> the head),
-    its planes' first rows within the budget."""
+    """engine.l2_warm_mb's plan: after each dense GEMV the weights ahead in the round's order
+    (qkv, o, gate_up, down; a MoE layer's o -> the next layer's qkv; the last -> the head):
+    with a budget no larger than any GEMV, the first rows of the next one."""
     for preset in ("tiny-qwen3", "tiny-qwen3moe"):
         path = tmp_path / f"{preset}.gguf"
         write_synthetic(PRESETS[preset](n_layers=2, quant="Q4_K", seed=4), path)
         gpu = GPUModel(GGUFFile(path), 128, device=DEV, graphs=False)
-        plan = gpu._warm_plan(1 << 40)
         order = [lin for L in gpu.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None]
         assert len(order) == (8 if preset == "tiny-qwen3" else 4)
+        budget = min(lin.nbytes for lin in order + [gpu.output]) // 2
+        plan = gpu._warm_plan(budget)
+        assert id(gpu.output) not in plan
         for a, b in zip(order, order[1:] + [gpu.output]):
             got = plan[id(a)]
-            want = [p for w in b.weights for p in w.planes.values()]
-            assert [g.data_ptr() for g in got] == [p.data_ptr() for p in want]
-            assert sum(g.numel() * 4 for g in got) == sum(p.numel() * p.element_size() // 64 * 64 for p in want)
-        assert id(gpu.output) not in plan
+            assert got[0].data_ptr() == next(iter(b.weights[0].planes.values())).data_ptr()
+            assert 0 < sum(g.numel() * 4 for g in got) <= budget + sum(
+                p.shape[-1] * p.element_size() for p in b.weights[0].planes.values())
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="the side stream exists on CUDA only (off elsewhere)")

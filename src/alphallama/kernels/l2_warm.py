@@ -1,12 +1,13 @@
-"""The next GEMV's weights read into L2 on a side branch of the round (engine.l2_warm_mb).
+"""The weights ahead read into L2 on a side branch of the round (engine.l2_warm_mb).
 
 Why: with PDL on, an 8B round is 1.46 ms of GEMVs and 0.51 ms of small kernels (norms,
 RoPE, attention, SiLU: bench/results/gpu_decode_ablate-qwen3-8b-20261201-220144.json),
 and during the small kernels HBM is nearly idle: ~14 us a layer, ~56 MB at the copy
 rate. A kernel on a second stream, forked right after a GEMV (so it starts when that
-GEMV ends) and joined at the end of the round, reads the first rows of the next GEMV's
-planes through L2 (`.cg`: not kept in L1) while the main chain's latency-bound kernels
-run on a few SMs; the GEMV's first programs then find their rows in L2.
+GEMV ends) and joined at the end of the round, reads the next budget's worth of the
+round's weight stream (the next GEMVs' rows in the order their programs read them)
+through L2 (`.cg`: not kept in L1) while the main chain's latency-bound kernels run on a
+few SMs; the GEMVs' first programs then find their rows in L2.
 
 Session 17 tried L2 prefetch from inside the small kernels (cp.async.bulk.prefetch.L2,
 one instruction per 64 KB chunk before their PDL wait) and the rounds got 3-4x slower:
@@ -51,26 +52,50 @@ def _warm_kernel(p0, n0, p1, n1, p2, n2, p3, n3, sink, flag, BLOCK: tl.constexpr
     tl.store(sink + tl.program_id(0), tl.xor_sum(acc, axis=0), mask=flag != 0)
 
 
-def prefix_words(weights, budget: int) -> list[torch.Tensor]:
-    """The first rows of every plane of `weights` (QuantWeights, in launch order), as flat
-    int32 views, up to `budget` bytes in all: each weight's share of the budget goes to its
-    first rows, the same fraction of rows from each of its planes (a GEMV's first programs
-    read its first rows from every plane; a split run's halves are in the same row)."""
-    out, left = [], budget
-    for w in weights:
-        if left <= 0:
-            break
-        frac = min(1.0, left / w.nbytes)
-        for p in w.planes.values():
-            rows = p.reshape(-1, p.shape[-1])                                 # [N, per_row]
-            r = max(1, math.ceil(rows.shape[0] * frac))
-            flat = rows[:r].reshape(-1).view(torch.uint8)                     # [r * row_bytes]
-            # whole 16-word groups: the JIT then knows n % 16 == 0 and the loads become 16-byte ones
-            words = flat[:flat.numel() // 64 * 64].view(torch.int32)
-            if words.numel():
-                out.append(words)
-        left -= int(w.nbytes * frac)
+def rows_words(w, f0: float, f1: float) -> list[torch.Tensor]:
+    """The rows [floor(f0 N), ceil(f1 N)) of every plane of weight w (a GEMV's programs read
+    its rows in order, all planes of a row together; a split run's halves are in the same
+    row), as flat int32 views cut to whole 16-word groups (the JIT then knows n % 16 == 0
+    and the loads become 16-byte ones)."""
+    out = []
+    for p in w.planes.values():
+        rows = p.reshape(-1, p.shape[-1])                                     # [N, per_row]
+        r0, r1 = math.floor(rows.shape[0] * f0), math.ceil(rows.shape[0] * f1)
+        flat = rows[r0:r1].reshape(-1).view(torch.uint8)                      # [(r1 - r0) * row_bytes]
+        words = flat[:flat.numel() // 64 * 64].view(torch.int32)
+        if words.numel():
+            out.append(words)
     return out
+
+
+def stream_plan(gemvs: list[list], budget: int) -> list[list[torch.Tensor]]:
+    """The round's dense GEMVs in order (each a list of QuantWeights) as one stream of bytes;
+    the warm launch after GEMV k keeps the next `budget` bytes of the stream ahead: from
+    where the previous launch stopped, or from GEMV k + 1's first byte if that is further
+    (the bytes of a GEMV that already ran are not read again). -> the segments of each of
+    the len(gemvs) - 1 launches (after the last GEMV there is nothing ahead)."""
+    starts, at = [], 0
+    for g in gemvs:
+        starts.append(at)
+        at += sum(w.nbytes for w in g)
+    end, cursor, plan = at, 0, []
+    weights = [(s, w) for g, s0 in zip(gemvs, starts) for s, w in _offsets(g, s0)]
+    for k in range(len(gemvs) - 1):
+        a = max(cursor, starts[k + 1])
+        b = min(end, a + budget)
+        segs = []
+        for off, w in weights:
+            if off < b and off + w.nbytes > a:
+                segs += rows_words(w, max(0.0, (a - off) / w.nbytes), min(1.0, (b - off) / w.nbytes))
+        plan.append(segs)
+        cursor = b
+    return plan
+
+
+def _offsets(weights: list, start: int):
+    for w in weights:
+        yield start, w
+        start += w.nbytes
 
 
 class L2Warm:

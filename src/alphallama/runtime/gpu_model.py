@@ -52,7 +52,7 @@ from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
 from ..kernels.qgemv_q8k import qgemv_q8k
-from ..kernels.l2_warm import L2Warm, prefix_words
+from ..kernels.l2_warm import L2Warm, stream_plan
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -426,7 +426,7 @@ class GPUModel:
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
         self.prefill_chunk = prefill_chunk or e.prefill_chunk
-        # the next dense GEMV's first rows read into L2 on a side stream after each dense GEMV
+        # the dense weights ahead read into L2 on a side stream after each dense GEMV
         warm_mb = e.l2_warm_mb if l2_warm_mb is None else l2_warm_mb
         self._l2 = L2Warm(self.device) if warm_mb > 0 and self.device.type == "cuda" else None
         self._side = torch.cuda.Stream(self.device) if self._l2 is not None else None
@@ -550,12 +550,13 @@ class GPUModel:
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
     def _warm_plan(self, budget: int) -> dict[int, list[torch.Tensor]]:
-        """{id of a dense Linear: the int32 prefixes of the next dense Linear's planes} in the
-        round's order (qkv, o, gate_up, down a layer; a MoE layer's o is followed by the next
-        layer's qkv, across the experts' launches; the last down or o by the head)."""
+        """{id of a dense Linear: the segments its warm launch reads} (l2_warm.stream_plan: the
+        next `budget` bytes of the dense weights in the round's order: qkv, o, gate_up, down a
+        layer; a MoE layer's o is followed by the next layer's qkv, across the experts'
+        launches; the last down or o by the head)."""
         order = [lin for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None]
         order.append(self.output)
-        return {id(a): prefix_words(b.weights, budget) for a, b in zip(order, order[1:])}
+        return {id(a): segs for a, segs in zip(order, stream_plan([lin.weights for lin in order], budget))}
 
     def _warm(self, after: Linear) -> None:
         """The warm launch that follows `after` (its GEMV just launched), on the side stream:
