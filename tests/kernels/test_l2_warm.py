@@ -110,6 +110,13 @@ def test_stream_plan_keeps_the_budget_ahead():
     plan = stream_plan([[a], [b, c]], b.nbytes + c.nbytes // 2)
     assert [s.data_ptr() for s in plan[0]] == _starts(b, b.nbytes) + _starts(c, c.nbytes // 2)
     assert stream_plan([[a], [b]], 0) == [[]]
+    # never more than the budget past the next GEMV's start: with the budget b + c, the launch
+    # after b reads only what lies past c within b + c of c's start, d's first b.nbytes
+    d = _weight(T.Q4_K, 256, 512, 4)
+    plan = stream_plan([[a], [b], [c], [d]], b.nbytes + c.nbytes)
+    assert [s.data_ptr() for s in plan[0]] == _starts(b, b.nbytes) + _starts(c, c.nbytes)
+    assert [s.data_ptr() for s in plan[1]] == _starts(d, b.nbytes)
+    assert _bytes(plan[1]) <= b.nbytes + sum(p.shape[-1] * p.element_size() for p in d.planes.values())
 
 
 def _starts(w, nbytes: int) -> list[int]:

@@ -70,10 +70,11 @@ def rows_words(w, f0: float, f1: float) -> list[torch.Tensor]:
 
 def stream_plan(gemvs: list[list], budget: int) -> list[list[torch.Tensor]]:
     """The round's dense GEMVs in order (each a list of QuantWeights) as one stream of bytes;
-    the warm launch after GEMV k keeps the next `budget` bytes of the stream ahead: from
-    where the previous launch stopped, or from GEMV k + 1's first byte if that is further
-    (the bytes of a GEMV that already ran are not read again). -> the segments of each of
-    the len(gemvs) - 1 launches (after the last GEMV there is nothing ahead)."""
+    the warm launch after GEMV k keeps the `budget` bytes from GEMV k + 1's first byte warm:
+    it reads what of them the earlier launches did not (never a GEMV that ran, and never
+    more than `budget` ahead, or with two launches a layer and 11 MB of weights a layer
+    (30B-A3B) the reads would run ahead of the round and out of L2). -> the segments of each
+    of the len(gemvs) - 1 launches (after the last GEMV there is nothing ahead)."""
     starts, at = [], 0
     for g in gemvs:
         starts.append(at)
@@ -82,13 +83,13 @@ def stream_plan(gemvs: list[list], budget: int) -> list[list[torch.Tensor]]:
     weights = [(s, w) for g, s0 in zip(gemvs, starts) for s, w in _offsets(g, s0)]
     for k in range(len(gemvs) - 1):
         a = max(cursor, starts[k + 1])
-        b = min(end, a + budget)
+        b = min(end, starts[k + 1] + budget)
         segs = []
         for off, w in weights:
             if off < b and off + w.nbytes > a:
                 segs += rows_words(w, max(0.0, (a - off) / w.nbytes), min(1.0, (b - off) / w.nbytes))
         plan.append(segs)
-        cursor = b
+        cursor = max(a, b)
     return plan
 
 
