@@ -237,11 +237,12 @@ def test_l2_warm_plan_follows_the_round(tmp_path):
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="the side stream exists on CUDA only (off elsewhere)")
-def test_l2_warm_keeps_the_bits(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3moe"])
+def test_l2_warm_keeps_the_bits(tmp_path, preset):
     """The side-stream reads change no bit: graph rounds at W = 1 and 3 with the warm launches
     give the logits of the same model without them."""
     path = tmp_path / "m.gguf"
-    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=5), path)
+    write_synthetic(PRESETS[preset](n_layers=2, quant="Q4_K", seed=5), path)
     f = GGUFFile(path)
     toks = torch.randint(0, 200, (3,), generator=torch.Generator().manual_seed(5))
     out = {}
