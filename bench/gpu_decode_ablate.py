@@ -46,11 +46,11 @@ EXPERTS = ((MoE, "__call__"),)
 
 @contextmanager
 def patched(methods, wrap):
-    """Each (cls, name) replaced by wrap(original, name) for the block."""
+    """Each (cls, name) replaced by wrap(original) for the block."""
     saved = [(cls, name, cls.__dict__[name]) for cls, name in methods]
     try:
         for cls, name, orig in saved:
-            setattr(cls, name, wrap(orig, name))
+            setattr(cls, name, wrap(orig))
         yield
     finally:
         for cls, name, orig in saved:
@@ -62,7 +62,7 @@ def record(model: GPUModel, W: int, methods) -> list:
     order (the tensors they saw stay alive in the record)."""
     calls = []
 
-    def wrap(orig, name):
+    def wrap(orig):
         def f(self, *a, **k):
             out = orig(self, *a, **k)
             calls.append((orig, self, a, k, out))
@@ -81,18 +81,17 @@ def replay_calls(calls) -> None:
 def without(model: GPUModel, W: int, calls, methods):
     """A round in which `methods` return what they returned in `calls` (no launch)."""
     outs = defaultdict(list)
-    for orig, self, a, k, out in calls:
-        outs[(id(self), orig.__name__)].append(out)
 
-    def wrap(orig, name):
+    def wrap(orig):
         def f(self, *a, **k):
             q = outs[(id(self), orig.__name__)]
             return q.pop(0) if q else None
         return f
 
     def run():
-        for key, q in list(outs.items()):         # refill: one round's outputs a run
-            outs[key] = [c[4] for c in calls if (id(c[1]), c[0].__name__) == key]
+        outs.clear()                              # one round's outputs a run, in call order
+        for orig, self, a, k, out in calls:
+            outs[(id(self), orig.__name__)].append(out)
         with patched(methods, wrap):
             model._rows(model._tokens[:W], model._pos, model.cache)
     return run

@@ -129,13 +129,18 @@ def test_silu_mul_emits_prepare_q8k(F):
     _same_q8k(q8[Q8K], prepare_q8k(a, F // 32), 3, f"F={F}")
 
 
-def test_attention_q8_equals_prepare_and_is_row_invariant():
-    g = torch.Generator().manual_seed(7)
-    n_heads, n_kv, hd, pos, W = 4, 2, 64, 37, 3
+def _attention_inputs(seed: int, hd: int, n_heads: int = 4, n_kv: int = 2, W: int = 3, pos: int = 37):
+    """q [W, n_heads, hd], a 128-row fp16 KV cache of n_kv heads, and the round's position pos."""
+    g = torch.Generator().manual_seed(seed)
     k = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
     v = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
     q = torch.randn(W, n_heads, hd, generator=g).to(DEV)
-    pos_t = torch.tensor([pos], dtype=torch.int32, device=DEV)
+    return q, k, v, torch.tensor([pos], dtype=torch.int32, device=DEV)
+
+
+def test_attention_q8_equals_prepare_and_is_row_invariant():
+    n_heads, hd, pos, W = 4, 64, 37, 3
+    q, k, v, pos_t = _attention_inputs(7, hd, n_heads, W=W, pos=pos)
     w = _weight(T.Q4_K, 8, n_heads * hd, seed=3)[1]
     o = lane_order(w)
     out, q8 = decode_attention_q8(q, k, v, pos_t, ACT, (o,))
@@ -153,12 +158,8 @@ def test_attention_emits_prepare_q8k_two_heads_a_program():
     """Q8K: the combine takes the two heads of a 256-value super-block a program; its output
     is the one-head-a-program combine's, bit for bit, and its q8_K activations prepare_q8k's."""
     from alphallama.kernels.attention import decode_attention
-    g = torch.Generator().manual_seed(8)
-    n_heads, n_kv, hd, pos, W = 4, 2, 128, 37, 3
-    k = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
-    v = torch.randn(n_kv, 128, hd, generator=g).half().to(DEV)
-    q = torch.randn(W, n_heads, hd, generator=g).to(DEV)
-    pos_t = torch.tensor([pos], dtype=torch.int32, device=DEV)
+    n_heads, hd, W = 4, 128, 3
+    q, k, v, pos_t = _attention_inputs(8, hd, n_heads, W=W)
     out, q8 = decode_attention_q8(q, k, v, pos_t, ACT, (Q8K,))
     assert torch.equal(out, decode_attention(q, k, v, pos_t, 128, ACT))
     _same_q8k(q8[Q8K], prepare_q8k(out, n_heads * hd // 32), W, "attention output")
@@ -189,10 +190,10 @@ def compile_sm90() -> None:
     q8k = ["*i8", "*i32", "*fp32", "*i8"]
     lanes = dict(SLOT1=16, V1=2, BITS1=4, SLOT2=32, V2=4, BITS2=4)
     build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
-          + ["*fp32", "*fp32"] + q8k, dict(D=4096, BLOCK=4096, HAS_Y=True, NQ=1, PDL=True, TOP_K=0, QK=32, **lanes),
+          + ["*fp32", "*fp32"] + q8k, dict(D=4096, BLOCK=4096, HAS_Y=True, NQ=1, PDL=True, TOP_K=0, Q8K=True, **lanes),
           num_warps=16)
     build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,      # the 8B down's input for qgemv_q8k
-          dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, QK=32))
+          dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, Q8K=True))
     types, const = combine_q8_sm90_q8k()
     build(attention._attn_combine_kernel, types, const)
     from tests.kernels.test_attention_split import combine_q8_sm90

@@ -38,11 +38,10 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
                         SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
                         SLOT2: tl.constexpr = 32, V2: tl.constexpr = 4, BITS2: tl.constexpr = 4,
                         PDL: tl.constexpr = False, PART=None, PW=None, TOP_K: tl.constexpr = 0,
-                        QK: tl.constexpr = 0, XF=None, XK=None, DXK=None, XL=None):
+                        Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None):
     """TOP_K > 0: y is the MoE ranks' sum, made here from PART [W, TOP_K, D] and PW
     [W, TOP_K] by moe's combine code (the same fma chain: y's bits are the combine
-    kernel's), instead of loaded from Y. QK 32: prepare_q8k's activations of h too
-    (_emit_qk)."""
+    kernel's), instead of loaded from Y. Q8K: prepare_q8k's activations of h too."""
     pdl_start(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
@@ -63,15 +62,8 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
         emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP1, XS1, D, SLOT1, V1, BITS1, BLOCK != D)
     if NQ > 1:
         emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP2, XS2, D, SLOT2, V2, BITS2, BLOCK != D)
-    _emit_qk(h.to(tl.float32), 0, row.to(tl.int64), XF, XK, DXK, XL, D, QK, BLOCK != D)
-
-
-@triton.jit
-def _emit_qk(a, k0, m, XF, XK, DXK, XL, K: tl.constexpr, QK: tl.constexpr, MASKED: tl.constexpr):
-    """A producer's q8_K activations: none (QK 0) or qgemv_mma_k / qgemv_q8k's (32)."""
-    tl.static_assert(QK == 0 or QK == 32, "QK: 0 or 32")
-    if QK == 32:
-        emit_q8k(a, k0, m, XF, XK, DXK, XL, K, MASKED)
+    if Q8K:
+        emit_q8k(h.to(tl.float32), 0, row.to(tl.int64), XF, XK, DXK, XL, D, BLOCK != D)
 
 
 def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
@@ -89,7 +81,7 @@ def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
         if K % 256:
             raise ValueError(f"q8_K activations need K % 256 == 0, got {K}")
         q8[Q8K] = xf, xs, dxs, xl = new_q8k(W, K, device)
-        args.update(QK=Q8K[1], XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
+        args.update(Q8K=True, XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
     return q8, args
 
 
@@ -217,7 +209,7 @@ def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, ep
 def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
                      XP1=None, XS1=None, NQ: tl.constexpr = 0,
                      SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                     PDL: tl.constexpr = False, QK: tl.constexpr = 0, XF=None, XK=None, DXK=None, XL=None):
+                     PDL: tl.constexpr = False, Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None):
     pdl_start(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -229,8 +221,8 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
     tl.store(OUT + row * F + f, a, mask=mask)
     if NQ > 0:                       # the down GEMV's int8 activations (see _add_rmsnorm_kernel)
         emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
-    # or q8_K's (qgemv_mma_k / qgemv_q8k)
-    _emit_qk(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, QK, F % BLOCK != 0)
+    if Q8K:                          # or prepare_q8k's (qgemv_mma_k / qgemv_q8k)
+        emit_q8k(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, F % BLOCK != 0)
 
 
 def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:

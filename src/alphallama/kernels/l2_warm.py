@@ -75,12 +75,13 @@ def stream_plan(gemvs: list[list], budget: int) -> list[list[torch.Tensor]]:
     more than `budget` ahead, or with two launches a layer and 11 MB of weights a layer
     (30B-A3B) the reads would run ahead of the round and out of L2). -> the segments of each
     of the len(gemvs) - 1 launches (after the last GEMV there is nothing ahead)."""
-    starts, at = [], 0
+    starts, weights, end = [], [], 0          # each GEMV's first byte; (first byte, weight) of every weight
     for g in gemvs:
-        starts.append(at)
-        at += sum(w.nbytes for w in g)
-    end, cursor, plan = at, 0, []
-    weights = [(s, w) for g, s0 in zip(gemvs, starts) for s, w in _offsets(g, s0)]
+        starts.append(end)
+        for w in g:
+            weights.append((end, w))
+            end += w.nbytes
+    cursor, plan = 0, []
     for k in range(len(gemvs) - 1):
         a = max(cursor, starts[k + 1])
         b = min(end, starts[k + 1] + budget)
@@ -91,12 +92,6 @@ def stream_plan(gemvs: list[list], budget: int) -> list[list[torch.Tensor]]:
         plan.append(segs)
         cursor = max(a, b)
     return plan
-
-
-def _offsets(weights: list, start: int):
-    for w in weights:
-        yield start, w
-        start += w.nbytes
 
 
 class L2Warm:
@@ -111,6 +106,7 @@ class L2Warm:
         for i in range(0, len(segments), SEGMENTS):
             group = segments[i:i + SEGMENTS]
             args = []
-            for s in group + [self.sink[:0]] * (SEGMENTS - len(group)):
-                args += [s if s.numel() else self.sink, s.numel()]
+            for s in group:
+                args += [s, s.numel()]
+            args += [self.sink, 0] * (SEGMENTS - len(group))      # (no segment: nothing read)
             _warm_kernel[(self.programs,)](*args, self.sink, self.flag, BLOCK=BLOCK, P=self.programs, num_warps=4)

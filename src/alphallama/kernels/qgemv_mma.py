@@ -303,28 +303,18 @@ def emit_q8k(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = 
     s = k // 32                                                        # the slot, its step and place in it
     word = (((m // 8) * STEPS + s // 2) * 32 + 4 * (m % 8) + v) * 4 + 2 * (s % 2) + e
     row_word = (m * n_slots + s) * 8 + e * 4 + v
-    q8k_store(q, dx, k0, m, word * 4 + jh, row_word * 4 + jh, xf, xs, dxs, xl, K, 32, MASKED)
-
-
-@triton.jit
-def q8k_store(q, dx, k0, m, f_at, r_at, xf, xs, dxs, xl, K: tl.constexpr, SLOT: tl.constexpr, MASKED: tl.constexpr):
-    """A q8_K emitter's stores: the bytes q [BQ] at their fragment-order and row-order byte
-    offsets (f_at, r_at), xsum a SLOT-value slot, dx [BQ / 256] a super-block (emit_q8k's).
-    MASKED: nothing past K."""
-    BQ: tl.constexpr = q.shape[0]
-    k = k0 + tl.arange(0, BQ)
-    slots = k0 // SLOT + tl.arange(0, BQ // SLOT)                      # [BQ/SLOT]
-    xsum = tl.sum(tl.reshape(q, (BQ // SLOT, SLOT)), axis=1)
-    blocks = k0 // 256 + tl.arange(0, BQ // 256)
+    slots = k0 // 32 + tl.arange(0, BQ // 32)                          # [BQ/32]
+    xsum = tl.sum(tl.reshape(q, (BQ // 32, 32)), axis=1)
+    blocks = k0 // 256 + tl.arange(0, NB)
     if MASKED:
-        tl.store(xf + f_at, q.to(tl.int8), mask=k < K)
-        tl.store(xl + r_at, q.to(tl.int8), mask=k < K)
-        tl.store(xs + m * (K // SLOT) + slots, xsum, mask=slots < K // SLOT)
+        tl.store(xf + word * 4 + jh, q.to(tl.int8), mask=k < K)
+        tl.store(xl + row_word * 4 + jh, q.to(tl.int8), mask=k < K)
+        tl.store(xs + m * n_slots + slots, xsum, mask=slots < n_slots)
         tl.store(dxs + m * (K // 256) + blocks, dx, mask=blocks < K // 256)
     else:
-        tl.store(xf + f_at, q.to(tl.int8))
-        tl.store(xl + r_at, q.to(tl.int8))
-        tl.store(xs + m * (K // SLOT) + slots, xsum)
+        tl.store(xf + word * 4 + jh, q.to(tl.int8))
+        tl.store(xl + row_word * 4 + jh, q.to(tl.int8))
+        tl.store(xs + m * n_slots + slots, xsum)
         tl.store(dxs + m * (K // 256) + blocks, dx)
 
 

@@ -31,15 +31,6 @@ from .qweight import QuantWeight, check_gemv_args
 
 
 @triton.jit
-def row_tile(W, N, BN: tl.constexpr, BW: tl.constexpr):
-    """A program's rows [BN] int64 (past N: the last row, recomputed, not stored), which of
-    them lie inside N, and its first column: programs walk the columns innermost."""
-    n_wb = tl.cdiv(W, BW)
-    rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
-    return tl.minimum(rows, N - 1).to(tl.int64), rows < N, (tl.program_id(0) % n_wb) * BW
-
-
-@triton.jit
 def _dot4(a, b, c, DP4A: tl.constexpr):
     """c + the dp4a of a and b [S, BN, 4] (the same shape and layout) over their 4 words,
     one chain in the thread: [S, BN] int32."""
@@ -94,7 +85,11 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
     tl.static_assert(NSB % R == 0, "whole super-block runs")
     NR: tl.constexpr = NSB // R                                        # super-blocks a run
     S: tl.constexpr = R * 8
-    rows, rows_ok, c0 = row_tile(W, N, BN, BW)
+    n_wb = tl.cdiv(W, BW)                                              # programs walk the columns innermost
+    rows = (tl.program_id(0) // n_wb) * BN + tl.arange(0, BN)          # [BN]
+    rows_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)                        # past N: recomputed, not stored
+    c0 = (tl.program_id(0) % n_wb) * BW
     i = tl.arange(0, S)
     slot0 = i                                                          # [S]: step 0's slots (run i // 8)
     q_at = qs + rows[None, :, None] * (n_slots * 4) + slot0[:, None, None] * 4 + tl.arange(0, 4)[None, None, :]
@@ -126,20 +121,20 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
         if BW > 2:
             y2 = _col_step(y2, lo, hi, raw, d, dmin, xl, xs, dxs, m2, c0 + 2 < W, s, one, n_slots, R, DP4A)
             y3 = _col_step(y3, lo, hi, raw, d, dmin, xl, xs, dxs, m3, c0 + 3 < W, s, one, n_slots, R, DP4A)
-    rows_store(out, tl.permute(y0, (1, 0)), rows, rows_ok, m0, c0 < W, stride_out)
+    _store_col(out, y0, rows, rows_ok, m0, c0 < W, stride_out)
     if BW > 1:
-        rows_store(out, tl.permute(y1, (1, 0)), rows, rows_ok, m1, c0 + 1 < W, stride_out)
+        _store_col(out, y1, rows, rows_ok, m1, c0 + 1 < W, stride_out)
     if BW > 2:
-        rows_store(out, tl.permute(y2, (1, 0)), rows, rows_ok, m2, c0 + 2 < W, stride_out)
-        rows_store(out, tl.permute(y3, (1, 0)), rows, rows_ok, m3, c0 + 3 < W, stride_out)
+        _store_col(out, y2, rows, rows_ok, m2, c0 + 2 < W, stride_out)
+        _store_col(out, y3, rows, rows_ok, m3, c0 + 3 < W, stride_out)
 
 
 @triton.jit
-def rows_store(out, y, rows, rows_ok, col, ok, stride_out):
-    """A column y [BN, R] (runs on the second axis): the runs added in _tree's order, stored."""
-    BN: tl.constexpr = y.shape[0]
-    R: tl.constexpr = y.shape[1]
-    yr = tl.reshape(_tree(tl.reshape(y, (BN, 1, R)), R), (BN,))
+def _store_col(out, y, rows, rows_ok, col, ok, stride_out):
+    """A column's sums y [R, BN] (runs first): the runs added in _tree's order, stored."""
+    R: tl.constexpr = y.shape[0]
+    BN: tl.constexpr = y.shape[1]
+    yr = tl.reshape(_tree(tl.reshape(tl.permute(y, (1, 0)), (BN, 1, R)), R), (BN,))
     tl.store(out + col * stride_out + rows, yr, mask=rows_ok & ok)
 
 
