@@ -60,4 +60,3 @@ def compile_sm90() -> None:
 def test_compiles_for_sm90():
     from tests.kernels.sm90 import run_in_child
     run_in_child("test_qgemv_q8k")
-
