@@ -88,14 +88,9 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
-                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64),
-                # after each dense GEMV, a side-stream kernel reads the next one's first rows (MB) into L2
-                # while the small kernels run (engine.l2_warm_mb, kernels/l2_warm.py; same bits)
-                "default/l2-8": dict(l2_warm_mb=8), "default/l2-16": dict(l2_warm_mb=16),
-                "default/l2-32": dict(l2_warm_mb=32)}
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/l2-8": "default", "default/l2-16": "default", "default/l2-32": "default",
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",

@@ -14,7 +14,6 @@
 #   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
-#   bash bench/gpu_decode_session.sh l2warm    # both shapes: the next GEMV's rows read into L2 on a side stream (8-32 MB)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -60,14 +59,6 @@ mma-arms2)
   [ "${MMA_30B:-0}" = 1 ] && timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       default/mma-wide --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
-l2warm)
-  # engine.l2_warm_mb: HBM idles during the small kernels (~14 us an 8B layer, ablate); a side-stream
-  # kernel after each dense GEMV reads the next one's first rows into L2 (same bits: the arms' check)
-  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/l2-8 default/l2-16 \
-      default/l2-32 --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
-  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/l2-16 \
-      --widths 1 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
-  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -111,7 +102,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|l2warm"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate"; exit 2
   ;;
 esac
 ls -l "$OUT"

@@ -60,9 +60,8 @@ class EngineDefaults:
     # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
     # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
     # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290
-    l2_warm_mb: int = 0           # CUDA: after each dense GEMV, a side-stream kernel reads the next this-many MB
-                                  # of the round's dense weights into L2 while the small kernels run
-                                  # (kernels/l2_warm.py); same bits. 0: off (not yet timed)
+    # l2_warm_mb (a side-stream kernel reading the next dense weights into L2 while the small kernels
+    # run, same bits; 8B W=1 ms 1.938 -> 2.888 / 4.302 / 4.968 at 8 / 16 / 32 MB): gpu_decode_arms-*-20261202-00*
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -52,7 +52,6 @@ from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
 from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
 from ..kernels.qgemv_q8k import qgemv_q8k
-from ..kernels.l2_warm import L2Warm, stream_plan
 from ..kernels.qmatmul import qmatmul
 from ..kernels.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.qweight import QuantWeight, embedding_planes
@@ -319,7 +318,7 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, l2_warm_mb: int | None = None):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -327,7 +326,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow) / l2_warm_mb: config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -426,11 +425,6 @@ class GPUModel:
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
         self.prefill_chunk = prefill_chunk or e.prefill_chunk
-        # the dense weights ahead read into L2 on a side stream after each dense GEMV
-        warm_mb = e.l2_warm_mb if l2_warm_mb is None else l2_warm_mb
-        self._l2 = L2Warm(self.device) if warm_mb > 0 and self.device.type == "cuda" else None
-        self._side = torch.cuda.Stream(self.device) if self._l2 is not None else None
-        self._warm_after = self._warm_plan(warm_mb << 20) if self._l2 is not None else {}
         # the dequantized-weight buffer of the prefill GEMMs (allocated on first use)
         sdt = self.act_dtype
         self.scratch = Scratch((e.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
@@ -496,7 +490,6 @@ class GPUModel:
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
-            self._warm(L.qkv)
             q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
@@ -515,32 +508,26 @@ class GPUModel:
                     parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
                 else:
                     L.o.add_into(a, q8, x, pdl)
-                self._warm(L.o)
                 m, x_out = L.moe, x if parts is not None else None
                 h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
                                                   m.orders[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
             else:
                 o = L.o.parts(a, q8, pdl)
-                self._warm(L.o)
                 h, q8 = self._norm(x, o, L.ffn_norm, L.gate_up or L.moe)                 # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
                 d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
             else:
                 gu = L.gate_up(h, q8, pdl)                                         # [W, 2F]
-                self._warm(L.gate_up)
                 if L.down.orders and self._fuse_q8:
                     s, q8 = silu_mul_q8(gu, act, L.down.orders, pdl)               # [W, F]
                 else:
                     s, q8 = silu_mul(gu, act, pdl), None
                 d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
-                self._warm(L.down)
             last = i + 1 == len(self.layers)
             nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
                                                                           self.layers[i + 1].qkv)
             h, q8 = self._norm(x, d, nxt, consumer)
         logits = self.output(h, q8, pdl)
-        if self._l2 is not None:       # the side branch joins the round before its end
-            torch.cuda.current_stream(self.device).wait_stream(self._side)
         return logits, x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -548,24 +535,6 @@ class GPUModel:
         if isinstance(self.embd, QuantWeight):
             return gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
-
-    def _warm_plan(self, budget: int) -> dict[int, list[torch.Tensor]]:
-        """{id of a dense Linear: the segments its warm launch reads} (l2_warm.stream_plan: the
-        next `budget` bytes of the dense weights in the round's order: qkv, o, gate_up, down a
-        layer; a MoE layer's o is followed by the next layer's qkv, across the experts'
-        launches; the last down or o by the head)."""
-        order = [lin for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None]
-        order.append(self.output)
-        return {id(a): segs for a, segs in zip(order, stream_plan([lin.weights for lin in order], budget))}
-
-    def _warm(self, after: Linear) -> None:
-        """The warm launch that follows `after` (its GEMV just launched), on the side stream:
-        it waits for that GEMV, nothing on the main stream waits for it until the round ends."""
-        if self._l2 is None or id(after) not in self._warm_after:
-            return
-        self._side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._side):
-            self._l2.warm(self._warm_after[id(after)])
 
     def _norm_router(self, L: GPULayer) -> bool:
         """Does layer L's FFN norm compute its router's logits (engine.norm_router)?"""
