@@ -38,6 +38,10 @@ class EngineDefaults:
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
                                   # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
+    rope_in_attention: bool = False   # the decode round's attention split launch makes its queries and the
+                                  # round's keys and values from the qkv projection (bias, q/k norm, RoPE) and
+                                  # writes the new rows into the cache itself: no qkv_rope launch (attention.
+                                  # RoPEInput); the same bits (qkv_rope's ops). Not yet timed
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
