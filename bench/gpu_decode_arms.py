@@ -88,12 +88,10 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
-                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64),
-                # the attention's split launch does qkv_rope's work (engine.rope_in_attention; same bits)
-                "default/rope-attn": dict(rope_in_attention=True)}
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/no-early-kv": "default", "default/rope-attn": "default",
+             "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}

@@ -13,7 +13,6 @@
 #   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma_k, Q4_K) against dp4a at W 1-16, its GPU tests
 #   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
-#   bash bench/gpu_decode_session.sh rope      # the attention doing qkv_rope's work: its GPU tests, both shapes' rounds
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -60,15 +59,6 @@ mma-arms2)
   [ "${MMA_30B:-0}" = 1 ] && timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       default/mma-wide --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
-rope)
-  # engine.rope_in_attention: one launch a layer fewer (the bits: the arms' check against default)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_rope.py \
-      tests/kernels/test_attention_split.py tests/runtime/test_gpu_model.py -k "rope or row or round or bits" 2>&1 | tail -3
-  timeout 170 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/rope-attn \
-      --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
-  timeout 200 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/rope-attn \
-      --widths 1 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
-  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -112,7 +102,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|rope"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate"; exit 2
   ;;
 esac
 ls -l "$OUT"

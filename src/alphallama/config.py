@@ -38,10 +38,6 @@ class EngineDefaults:
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
                                   # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
-    rope_in_attention: bool = False   # the decode round's attention split launch makes its queries and the
-                                  # round's keys and values from the qkv projection (bias, q/k norm, RoPE) and
-                                  # writes the new rows into the cache itself: no qkv_rope launch (attention.
-                                  # RoPEInput); the same bits (qkv_rope's ops). Not yet timed
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
@@ -64,6 +60,9 @@ class EngineDefaults:
     # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
     # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
     # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290
+    # rope_in_attention (the attention's split launch doing qkv_rope's work from the projection, writing the
+    # round's K/V rows itself: one launch a layer fewer, a new float order on the GPU): ms W=1 / W=8, 8B
+    # 1.935 / 4.843 -> 1.908 / 4.898, 30B-A3B 1.625 / 4.205 -> 1.621 / 4.260 (gpu_decode_arms-*-20261202-005*)
     # l2_warm_mb (a side-stream kernel reading the next dense weights into L2 while the small kernels
     # run, same bits; 8B W=1 ms 1.938 -> 2.888 / 4.302 / 4.968 at 8 / 16 / 32 MB): gpu_decode_arms-*-20261202-00*
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8

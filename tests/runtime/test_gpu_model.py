@@ -137,20 +137,6 @@ def test_moe_norm_computing_the_router_logits(tmp_path):
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q6_K")])
-def test_rope_in_the_attention_launch(tmp_path, preset, quant):
-    """engine.rope_in_attention (q/k norm, bias, both RoPE pairings): the attention's split
-    launch makes the queries and the round's keys and values itself: against the reference,
-    a round equals its last row alone (over the rows the round wrote into the cache); under
-    the interpreter the bits of qkv_rope's launch (the same operations), on a GPU close to
-    them (the compiler may contract the norm's squares in another order)."""
-    logits = _option_on_and_off(tmp_path, "rope_in_attention", 17, lambda g: g.rope_in_attention, preset, quant,
-                                n_layers=2)
-    if DEV == "cpu":
-        assert torch.equal(logits[True], logits[False])
-    torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
-
-
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")])
 def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, quant):
     """engine.gemv_split: the o and dense down GEMVs cut their slots into 2 runs and the

@@ -26,8 +26,6 @@ width, the row's column or the cache's capacity.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -80,85 +78,23 @@ def _tile(q, k, v, nmask, m_i, l_i, acc):
 
 
 @triton.jit
-def _roped(QKV, off, col, mask, pos, BIAS, NW, COS, SIN, eps, HD: tl.constexpr, R: tl.constexpr,
-           HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr):
-    """R head vectors of the fused projection (off [R]: where each starts; col [R]: its column,
-    for the bias; mask [R]), with bias, RMSNorm (NW) and RoPE at positions pos [R], in
-    fused.qkv_rope's operations: [R, HD] fp32 in the natural order (rows off mask: junk)."""
-    HALF: tl.constexpr = HD // 2
-    i = tl.arange(0, HALF)
-    if NEOX:       # pairs (i, i + HD/2)
-        ia, ib = i, i + HALF
-    else:          # pairs (2i, 2i + 1)
-        ia, ib = 2 * i, 2 * i + 1
-    a = tl.load(QKV + off[:, None] + ia[None, :], mask=mask[:, None], other=0.0)         # [R, HALF]
-    b = tl.load(QKV + off[:, None] + ib[None, :], mask=mask[:, None], other=0.0)
-    if HAS_BIAS:
-        a += tl.load(BIAS + col[:, None] + ia[None, :], mask=mask[:, None], other=0.0)
-        b += tl.load(BIAS + col[:, None] + ib[None, :], mask=mask[:, None], other=0.0)
-    if QK_NORM:
-        r = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HD + eps)                   # [R]
-        a = a * r[:, None] * tl.load(NW + ia)[None, :]
-        b = b * r[:, None] * tl.load(NW + ib)[None, :]
-    c = tl.load(COS + pos[:, None] * HALF + i[None, :], mask=mask[:, None], other=0.0)
-    s = tl.load(SIN + pos[:, None] * HALF + i[None, :], mask=mask[:, None], other=0.0)
-    ra = a * c - b * s
-    rb = a * s + b * c
-    if NEOX:       # [R, 2, HALF]: ra then rb
-        return tl.reshape(tl.permute(tl.join(ra, rb), (0, 2, 1)), (R, HD))
-    else:          # [R, HALF, 2]: interleaved
-        return tl.reshape(tl.join(ra, rb), (R, HD))
-
-
-@triton.jit
-def _fresh_kv(k_old, v_old, QKV, BIAS, KN, COS, SIN, eps, K, V, kvh, n, d, new, first, write,
-              stride_kh, stride_kn, stride_vh, stride_vn,
-              N_HEADS: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr):
-    """k_old, v_old [BLOCK_N, HD] fp16 with the round's own key and value rows n (where new)
-    of kv head kvh put in, made from the projection rows n - first as qkv_rope would make
-    them. write: also store them into the cache (one program a new row does: the round's
-    last row's, whose live splits hold every new row once)."""
-    QKV_W: tl.constexpr = (N_HEADS + 2 * N_KV) * HD
-    j = tl.where(new, n - first, 0)                                          # the projection's row
-    kcol = (N_HEADS + kvh) * HD
-    k = _roped(QKV, j * QKV_W + kcol, tl.zeros_like(j) + kcol, new, n, BIAS, KN, COS, SIN, eps, HD, BLOCK_N,
-               HAS_BIAS, QK_NORM, NEOX).to(tl.float16)
-    vcol = (N_HEADS + N_KV + kvh) * HD
-    v = tl.load(QKV + j[:, None] * QKV_W + vcol + d[None, :], mask=new[:, None], other=0.0)
-    if HAS_BIAS:
-        v += tl.load(BIAS + vcol + d)[None, :]
-    v = v.to(tl.float16)
-    if write:
-        tl.store(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], k, mask=new[:, None])
-        tl.store(V + kvh * stride_vh + n[:, None] * stride_vn + d[None, :], v, mask=new[:, None])
-    return tl.where(new[:, None], k, k_old), tl.where(new[:, None], v, v_old)
-
-
-@triton.jit
 def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                     BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, EARLY: tl.constexpr = False,
-                    PDL: tl.constexpr = False, BIAS=None, QN=None, KN=None, COS=None, SIN=None, eps=0.0,
-                    write=False, ROPE: tl.constexpr = False, N_KV: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
-                    QK_NORM: tl.constexpr = False, NEOX: tl.constexpr = True):
+                    PDL: tl.constexpr = False):
     """Split s of (row, kv head): the partials (O, M, L) of the group's query heads; a dead
     split writes nothing. l_i's update is an explicit fma, what fp fusion made of
     `l_i * alpha + sum` anyway: nothing contractible is left, so the bits are the same in
     a launch compiled without fusion (the fused q8 launch).
-    ROPE: Q is the fused projection [W, (H + 2 n_kv) hd] (qkv_rope's input): the queries
-    and the round's own keys and values are made here (_roped, _fresh_kv), never read back
-    from the cache, and the round's last row writes the new rows into it: qkv_rope's launch
-    and its boundary go. Otherwise qkv_rope wrote them and Q is its roped queries.
     EARLY: the first tile's keys and values below the round's first position are loaded
     before the PDL wait (PDL: the caller triggered and left the wait to this function),
-    the round's own rows after it. The same values either way: the same bits. Valid only
-    where no kernel of the same PDL chain wrote those rows: with every kernel triggering
-    at its top, a kernel's pre-wait code may run while kernels several launches back
-    still run. A decode round qualifies (a layer's cache rows below pos come from earlier
-    rounds, finished before its graph launched); an MTP chain, whose later steps read rows
-    its earlier steps wrote, does not."""
+    the round's own rows, which qkv_rope has just written, after it. The same values
+    either way: the same bits. Valid only where no kernel of the same PDL chain wrote
+    those rows: with every kernel triggering at its top, a kernel's pre-wait code may
+    run while kernels several launches back still run. A decode round qualifies (a
+    layer's cache rows below pos come from earlier rounds, finished before its graph
+    launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not."""
     split = _split_size(length, BLOCK_N, MAX_SPLITS)
     start = s * split
     if start < length:                            # a live split; the others exit at once
@@ -173,12 +109,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
             k_old, v_old = _kv(K, V, kvh, n, d, (n < first) & (n < end),   # written before this round
                                stride_kh, stride_kn, stride_vh, stride_vn)
             pdl_wait(PDL)
-        if ROPE:                                                            # [G_PAD, HD]
-            q = _roped(Q, row * stride_qw + heads * HD, heads * HD, gmask, tl.zeros_like(heads) + length - 1,
-                       BIAS, QN, COS, SIN, eps, HD, G_PAD, HAS_BIAS, QK_NORM, NEOX)
-        else:
-            q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None],
-                        other=0.0)
+        q = tl.load(Q + row * stride_qw + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         q = (q * scale).to(tl.float16)                                      # [G_PAD, HD]
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
@@ -187,31 +118,20 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
         # the interpreter cannot take a run-time range() bound (numpy >= 2.4). Every tile
         # holds at least one live key, so m_i is finite after the first.
         n0 = start
-        if ROPE:                                  # the rows the cache holds: those before the round's
-            lim = first
-        else:
-            lim = end
+        if EARLY:                                 # the first tile: its old rows loaded above, the new ones now
+            n = start + tl.arange(0, BLOCK_N)
+            nmask = n < end
+            new = nmask & (n >= first)
+            k, v = _kv(K, V, kvh, n, d, new, stride_kh, stride_kn, stride_vh, stride_vn)
+            k = tl.where(new[:, None], k, k_old)
+            v = tl.where(new[:, None], v, v_old)
+            m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
+            n0 += BLOCK_N
         while n0 < end:
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
-            new = nmask & (n >= first)
-            if EARLY:
-                if n0 == start:                   # the first tile: its old rows loaded above
-                    k, v = k_old, v_old
-                    if not ROPE:                  # the round's rows, which qkv_rope has just written
-                        k_new, v_new = _kv(K, V, kvh, n, d, new, stride_kh, stride_kn, stride_vh, stride_vn)
-                        k = tl.where(new[:, None], k_new, k)
-                        v = tl.where(new[:, None], v_new, v)
-                else:
-                    k, v = _kv(K, V, kvh, n, d, nmask & (n < lim), stride_kh, stride_kn, stride_vh, stride_vn)
-            else:
-                # K and V issued together: two tiles in flight per program
-                k, v = _kv(K, V, kvh, n, d, nmask & (n < lim), stride_kh, stride_kn, stride_vh, stride_vn)
-            if ROPE:
-                if n0 + BLOCK_N > first:          # the tile holds some of the round's own rows
-                    k, v = _fresh_kv(k, v, Q, BIAS, KN, COS, SIN, eps, K, V, kvh, n, d, new, first, write,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, N_HEADS, N_KV, HD, BLOCK_N,
-                                     HAS_BIAS, QK_NORM, NEOX)
+            # K and V issued together: two tiles in flight per program
+            k, v = _kv(K, V, kvh, n, d, nmask, stride_kh, stride_kn, stride_vh, stride_vn)
             m_i, l_i, acc = _tile(q, k, v, nmask, m_i, l_i, acc)
             n0 += BLOCK_N
         ml_off = (row * N_HEADS + heads) * MAX_SPLITS + s                  # M, L: [W, H, MAX_SPLITS]
@@ -256,12 +176,9 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                        BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
-                       EARLY: tl.constexpr = False, BIAS=None, QN=None, KN=None, COS=None, SIN=None, eps=0.0,
-                       ROPE: tl.constexpr = False, N_KV: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
-                       QK_NORM: tl.constexpr = False, NEOX: tl.constexpr = True):
+                       EARLY: tl.constexpr = False):
     """EARLY: the first tile's old keys and values before the PDL wait (_split_partials);
-    pos is a graph input, written before the round, so it may be read before the wait.
-    ROPE: Q is the fused projection, the queries and new rows made here (_split_partials)."""
+    pos is a graph input, written before the round, so it may be read before the wait."""
     if EARLY:
         pdl_trigger(PDL)
     else:
@@ -270,8 +187,7 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
     length = tl.load(pos_ptr) + row + 1          # keys this row may see
     _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
-                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL, BIAS, QN, KN, COS, SIN, eps,
-                    row == tl.num_programs(0) - 1, ROPE, N_KV, HAS_BIAS, QK_NORM, NEOX)
+                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL)
 
 
 @triton.jit
@@ -299,30 +215,11 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
                       N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1)
 
 
-class RoPEInput(NamedTuple):
-    """The fused projection and what qkv_rope would do with it, for the split launch to do
-    itself (decode_attention(_q8) in place of roped queries): the queries get their bias,
-    RMSNorm and RoPE in every program that reads them, the round's own keys and values in
-    every program whose tiles hold them, and the round's last row writes those into the
-    cache. One launch (and one ~1-2 us boundary) less a layer; the cache ends as qkv_rope
-    leaves it. Not for chains whose later launches read rows earlier ones wrote (MTP)."""
-    qkv: torch.Tensor                 # [W, (H + 2 n_kv) hd] fp32, contiguous
-    n_heads: int
-    bias: torch.Tensor | None         # [(H + 2 n_kv) hd]
-    q_norm: torch.Tensor | None       # [hd] (with k_norm: Qwen3's q/k RMSNorm)
-    k_norm: torch.Tensor | None
-    cos: torch.Tensor                 # [max_len, hd / 2]
-    sin: torch.Tensor
-    eps: float
-    neox: bool
-
-
-def decode_attention(q: "torch.Tensor | RoPEInput", k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
                      early: bool = False) -> torch.Tensor:
-    """q: [W, n_heads, hd] (fp32 or fp16), or a RoPEInput; k_cache/v_cache: [n_kv, max_len, hd]
-    fp16 holding the rows up to pos+W-1 (up to pos-1 with a RoPEInput: the launch writes the
-    round's); pos: int32 [1] on the device (a graph input).
+    """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
+    the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity.
     Two launches: split, combine. early: the split launch loads the rows below pos before
@@ -330,7 +227,7 @@ def decode_attention(q: "torch.Tensor | RoPEInput", k_cache: torch.Tensor, v_cac
     return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early)[0]
 
 
-def decode_attention_q8(q: "torch.Tensor | RoPEInput", k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
                         early: bool = False) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
@@ -342,20 +239,7 @@ def decode_attention_q8(q: "torch.Tensor | RoPEInput", k_cache: torch.Tensor, v_
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                early: bool = False) -> tuple[torch.Tensor, dict]:
-    n_kv, _, hd = k_cache.shape
-    rope: dict = {}
-    if isinstance(q, RoPEInput):
-        W, n_heads = q.qkv.shape[0], q.n_heads
-        if q.qkv.shape[1] != (n_heads + 2 * n_kv) * hd or q.qkv.stride(1) != 1 or q.qkv.stride(0) != q.qkv.shape[1]:
-            raise ValueError(f"RoPEInput.qkv must be a contiguous [W, {(n_heads + 2 * n_kv) * hd}], got "
-                             f"{tuple(q.qkv.shape)}")
-        dummy = q.qkv
-        rope = dict(BIAS=q.bias if q.bias is not None else dummy, QN=q.q_norm if q.q_norm is not None else dummy,
-                    KN=q.k_norm if q.k_norm is not None else dummy, COS=q.cos, SIN=q.sin, eps=q.eps, ROPE=True,
-                    N_KV=n_kv, HAS_BIAS=q.bias is not None, QK_NORM=q.q_norm is not None, NEOX=q.neox)
-        q = q.qkv
-    else:
-        W, n_heads, hd = q.shape
+    W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")
     if Q8K in orders and (hd != 128 or n_heads % 2):
@@ -372,18 +256,19 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
         q8[order] = xp, xsd = new_q8(W, n_heads * hd, order, q.device)
         qargs = {"XP1": xp.view(torch.int8), "XS1": xsd, "NQ": 1, "SLOT1": order[0], "V1": order[1],
                  "BITS1": order[2], "enable_fp_fusion": False}
+    n_kv = k_cache.shape[0]
     group = n_heads // n_kv
     o = torch.empty(W, n_heads, MAX_SPLITS, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
     m = torch.empty(W, n_heads, MAX_SPLITS, device=q.device, dtype=torch.float32)       # [W, H, S]
     l = torch.empty_like(m)
     out = torch.empty(W, n_heads * hd, device=q.device, dtype=out_dtype)
     split_args = (q, k_cache, v_cache, o, m, l)
-    strides = (q.stride(0), q.stride(1) if q.dim() == 3 else hd, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                o.stride(0), o.stride(1), o.stride(2))
     split_const = dict(N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
                        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
-                                              EARLY=early, **rope, **pdl_kwargs(pdl, q.device))
+                                              EARLY=early, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
                                        num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))

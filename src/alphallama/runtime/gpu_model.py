@@ -42,7 +42,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.attention import RoPEInput, decode_attention, decode_attention_q8
+from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
                              silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
@@ -318,8 +318,7 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None,
-                 rope_in_attention: bool | None = None):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -327,7 +326,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow) / rope_in_attention: config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -422,7 +421,6 @@ class GPUModel:
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.norm_router = e.norm_router if norm_router is None else norm_router
         self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
-        self.rope_in_attention = e.rope_in_attention if rope_in_attention is None else rope_in_attention
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -492,12 +490,8 @@ class GPUModel:
         h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
-            if self.rope_in_attention:     # the attention's split launch does qkv_rope's work
-                q = RoPEInput(qkv, c.n_heads, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, c.norm_eps,
-                              c.rope_neox)
-            else:
-                q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
-                             c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
+            q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
+                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
             # take a super-block's two heads (head_dim 128)
             lanes = tuple(o for o in L.o.orders if o != Q8K)[:1] or \
