@@ -13,6 +13,7 @@
 #   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma_k, Q4_K) against dp4a at W 1-16, its GPU tests
 #   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
+#   bash bench/gpu_decode_session.sh q8k       # qgemv_q8k's tile at W 1-4, then 8B rounds: mma-wide with the sweep's tile
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -59,6 +60,14 @@ mma-arms2)
   [ "${MMA_30B:-0}" = 1 ] && timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default \
       default/mma-wide --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
+q8k)
+  # qgemv_q8k (the mma's dp4a partner) at the widths mma-wide gives it; its W = 1 tile gap to dp4a
+  # (NOTES session 23). The arms: mma-wide-t must give mma-wide's bits (rows and warps: not in the order)
+  timeout 200 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
+      | grep -v "_warn_once\|UserWarning"
+  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide-t \
+      --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -102,7 +111,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k"; exit 2
   ;;
 esac
 ls -l "$OUT"

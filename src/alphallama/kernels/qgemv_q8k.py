@@ -138,19 +138,28 @@ def _store_col(out, y, rows, rows_ok, col, ok, stride_out):
     tl.store(out + col * stride_out + rows, yr, mask=rows_ok & ok)
 
 
+def q8k_tile(w: QuantWeight, W: int) -> tuple[int, int]:
+    """(rows, warps) a program, neither in the float order (the runs are: mma_tile), so free
+    to follow W. 8 runs x 16 rows: ~160 registers (sm_90a). H200, W = 1, us
+    (gpu_q8k_tiles-20261202-010733.json; dp4a 4.9 / 4.0 / 16.8): 8B qkv 7.3 here, 5.1 at
+    8 x 8; o 4.8, 4.4 at 8 x 8; gate_up 19.1, 18.4 at 16 x 2. Kept until W = 2-4 are timed."""
+    return (16 if mma_tile(w)[1] <= 4 else 8), 4
+
+
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
               prepared: tuple[torch.Tensor, ...] | None = None, rows: int | None = None,
               cols: int | None = None, warps: int = 4, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
     of qgemv_mma_k on the same weight (its runs: mma_tile). rows x cols a program (cols: W up
-    to 4), neither in the float order. A one-row-a-thread tile lost on the H200 (W = 1, 8B
+    to 4), neither in the float order (rows None: q8k_tile's rows and warps). A one-row-a-thread tile lost on the H200 (W = 1, 8B
     gate_up / down: 32.3 / 20.5 us against 18.2 / 11.8; gpu_qgemv_mma-20261201-213840.json)."""
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)
     xf, xs, dxs, xl = prepared if prepared is not None else prepare_q8k(x, w.n_slots, pdl)
     runs = mma_tile(w)[1]
-    rows = rows or (16 if runs <= 4 else 8)             # 8 runs x 16 rows: ~160 registers (sm_90a)
+    if rows is None:
+        rows, warps = q8k_tile(w, W)
     cols = cols or (1 if W == 1 else 2 if W == 2 else 4)
     grid = (triton.cdiv(N, rows) * triton.cdiv(W, cols),)
     _q8k_dp4a_kernel[grid](xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,
