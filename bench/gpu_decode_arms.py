@@ -91,10 +91,12 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 # mma-wide with qgemv_q8k's programs of 8 rows x 8 warps (16 x 2 past 8192 rows): the
                 # W = 1 sweep's best (gpu_q8k_tiles-20261202-010733.json; not in the float order)
                 "default/mma-wide-t": dict(gemv_mma=True, gemv_mma_narrow=4, q8k_tile=True),
+                # the experts' gate_up launch routes its rows itself: no route launch (engine.route_in_gate_up)
+                "default/route-gu": dict(route_in_gate_up=True),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
                 "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/mma-wide-t": "default/mma-wide", "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
+SAME_BITS = {"default/mma-wide-t": "default/mma-wide", "default/route-gu": "default", "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",

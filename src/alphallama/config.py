@@ -38,6 +38,10 @@ class EngineDefaults:
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
                                   # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
+    route_in_gate_up: bool = False   # "i8" experts: the gate_up launch routes each row from the router's logits
+                                  # itself (moe.route_row, the route launch's code) and stores the routing for the
+                                  # down and the combine: one launch a MoE layer fewer (kernels/moe_i8.
+                                  # moe_route_gate_up_i8). Not yet timed
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at

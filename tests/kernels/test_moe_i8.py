@@ -15,10 +15,12 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
+from alphallama.kernels.moe import moe_route, moe_route_ref  # noqa: E402
 from alphallama.kernels.moe_i8 import (  # noqa: E402
     moe_down_i8,
     moe_gate_up_i8,
     moe_i8_order,
+    moe_route_gate_up_i8,
 )
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
@@ -105,6 +107,40 @@ def test_paired_gate_up_keeps_the_bits(monkeypatch):
     assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu), want_tiers, "paired, tiers")
 
 
+def test_routing_in_the_gate_up_launch_gives_the_route_launchs_bits():
+    """moe_route_gate_up_i8 (engine.route_in_gate_up): the act, weights and expert ids of
+    moe_route then moe_gate_up_i8, bit for bit, with and without renormalising, from the host
+    planes and through a bank (the ids into the store's record, experts_out); ties (row 2's
+    logits all equal) go to the lower id; each row alone routes as in the round."""
+    gate_up, _, x, _, _ = _setup()
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(3, E, generator=g)
+    logits[2, :] = 0.25                                           # all equal: ids 0, 1
+    logits = logits.to(DEV)
+    q8 = prepare_i8(x, gate_up.expert(0))
+    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
+    hgu, bgu = _split(gate_up, [4, 0])
+    for norm in (True, False):
+        weights, experts = moe_route(logits, 2, norm)
+        w_ref, e_ref = moe_route_ref(logits.cpu(), 2, norm)     # (torch's topk breaks ties otherwise)
+        assert torch.equal(experts[:2].cpu(), e_ref[:2]) and experts[2].tolist() == [0, 1]
+        torch.testing.assert_close(weights.cpu(), w_ref, atol=1e-6, rtol=1e-6)
+        for tier in ((), (table, bgu)):
+            gu = hgu if tier else gate_up
+            want = moe_gate_up_i8(q8, gu, experts, torch.float32, *tier)
+            record = torch.full((3, 2), -7, dtype=torch.int32, device=DEV)
+            act, w, e = moe_route_gate_up_i8(q8, gu, logits, 2, norm, torch.float32, *tier, experts_out=record)
+            assert e is record
+            assert_same_bits(act, want, f"act, norm {norm}, tiers {bool(tier)}")
+            assert torch.equal(w, weights) and torch.equal(e, experts)
+    act, w, e = moe_route_gate_up_i8(q8, gate_up, logits, 2, True, torch.float32)
+    for r in range(3):
+        one = moe_route_gate_up_i8((q8[0][r:r + 1], q8[1][r:r + 1]), gate_up, logits[r:r + 1], 2, True,
+                                   torch.float32)
+        assert_same_bits(one[0], act[r:r + 1], f"row {r}")
+        assert torch.equal(one[1], w[r:r + 1]) and torch.equal(one[2], e[r:r + 1])
+
+
 def test_order_is_the_gate_up_weights():
     gate_up, *_ = _setup()
     assert moe_i8_order(gate_up) == (32, 4, 4)
@@ -135,9 +171,11 @@ def compile_sm90() -> None:
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
         for table in (False, True):
             build(kern, *_sm90_args(qtype, K, kern, table))
-    for table in (False, True):      # gate_up walking gate and up rows together
+    for table in (False, True):      # gate_up walking gate and up rows together; and routing its rows
         types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
         build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})
+        build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32"],
+              {**const, "PDL": False, "PAIRED": True, "ROUTE": True, "BLOCK_E": 128, "BLOCK_K": 8, "NORM": True})
 
 
 def test_compiles_for_sm90():
