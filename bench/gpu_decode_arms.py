@@ -95,10 +95,14 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/route-gu": dict(route_in_gate_up=True),
                 # the dense GEMVs ask L2 for their programs' qs rows before the PDL wait (qgemv_i8.L2_PREFETCH)
                 "default/l2pf": dict(l2_prefetch=True),
+                # and the routed experts' GEMVs their block's rows once the expert is known (moe_i8.L2_PREFETCH)
+                "default/l2pf-moe": dict(l2_prefetch_moe=True),
+                "default/l2pf-all": dict(l2_prefetch=True, l2_prefetch_moe=True),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
                 "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/mma-wide-t": "default/mma-wide", "default/route-gu": "default", "default/l2pf": "default", "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
+SAME_BITS = {"default/mma-wide-t": "default/mma-wide", "default/route-gu": "default", "default/l2pf": "default", "default/l2pf-moe": "default",
+             "default/l2pf-all": "default", "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
@@ -118,8 +122,9 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH)
+             moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH, moe_i8.L2_PREFETCH)
     qgemv_i8_mod.L2_PREFETCH = kw.pop("l2_prefetch", qgemv_i8_mod.L2_PREFETCH)   # when bytes are asked for only
+    moe_i8.L2_PREFETCH = kw.pop("l2_prefetch_moe", moe_i8.L2_PREFETCH)
     if kw.pop("q8k_tile", False):
         qgemv_q8k_mod.q8k_tile = lambda w, W: (8, 8) if w.N <= 8192 else (16, 2)
     if kw.pop("old_tiles", False):
@@ -149,7 +154,8 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH) = saved
+         attention.BLOCK_N, moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH,
+         moe_i8.L2_PREFETCH) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,

@@ -97,25 +97,26 @@ def _probe_l2(plane, N, RUN: tl.constexpr, ROW: tl.constexpr, LINE: tl.constexpr
 def test_l2_prefetch_asks_for_each_programs_rows(monkeypatch, qtype, split):
     """qgemv_i8.L2_PREFETCH's addresses (the prefetch recorded in place of the PTX, which
     the interpreter cannot run): each program of the first column block asks for every
-    128-byte line of its rows' qs (its run's, split), rows past N clamped to the last, and
-    nothing outside the plane."""
-    import triton
-
+    128-byte line of its rows' qs and qh (Q6_K; its run's, split), rows past N clamped to
+    the last, and nothing outside the planes."""
     from alphallama.kernels import qgemv_i8 as mod
     _, w = _weight(qtype, 40, 1024, seed=21)
-    BN, qs = 16, w.planes["qs"]
-    args = mod._l2_args(w, split)
-    seen = []
-    monkeypatch.setattr(mod, "_prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
-    run_len = qs.shape[-1] // split
-    _probe_l2[(triton.cdiv(w.N, BN), split)](qs, w.N, RUN=run_len, ROW=args["PF_ROW"], LINE=args["PF_LINE"],
-                                         NL=args["PF_NL"], NLP=args["PF_NLP"], BN=BN)
-    got = {int(a) for batch in seen for a in batch.reshape(-1)}
-    es, base = qs.element_size(), qs.data_ptr()
-    want = {(base + (r * qs.shape[-1] + run * run_len + e) * es) // 128 * 128
-            for r in range(w.N) for run in range(split) for e in range(0, run_len, 128 // es)}
-    assert {a // 128 * 128 for a in got} == want
-    assert min(got) >= base and max(got) < base + qs.numel() * es
+    BN, args = 16, mod._l2_args(w, split)
+    planes = [(n, k) for n, k in (("qs", "PF"), ("qh", "PFH")) if n in w.planes]
+    assert len(planes) == (2 if qtype == T.Q6_K else 1) and all(f"{k}_NL" in args for _, k in planes)
+    for name, key in planes:
+        p = w.planes[name]
+        seen = []
+        monkeypatch.setattr(mod, "_prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
+        run_len = p.shape[-1] // split
+        _probe_l2[(triton.cdiv(w.N, BN), split)](p, w.N, RUN=run_len, ROW=args[f"{key}_ROW"], LINE=args[f"{key}_LINE"],
+                                                 NL=args[f"{key}_NL"], NLP=args[f"{key}_NLP"], BN=BN)
+        got = {int(a) for batch in seen for a in batch.reshape(-1)}
+        es, base = p.element_size(), p.data_ptr()
+        want = {(base + (r * p.shape[-1] + run * run_len + e) * es) // 128 * 128
+                for r in range(w.N) for run in range(split) for e in range(0, run_len, 128 // es)}
+        assert {a // 128 * 128 for a in got} == want, name
+        assert min(got) >= base and max(got) < base + p.numel() * es, name
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="the PTX prefetch runs on CUDA only")
@@ -229,20 +230,23 @@ def compile_sm90() -> None:
                    HAS_MIN=has_min, BN=BN, NT=NT, BW=4, PREFETCH=1, DP4A=True, PDL=True, SPLIT=2,
                    **{f"RUN_{n.upper()}": p.shape[-1] // 2 for n, p in named.items()}), num_warps=8)
     # the L2 prefetch of the programs' rows, before the PDL wait (whole rows and a split's runs)
-    for split in (1, 2):
-        f = FORMATS[T.Q4_K]
-        packed = f.pack(torch.zeros((16, 4096 // f.block_size, f.type_size), dtype=torch.uint8))
-        w = mod.QuantWeight(T.Q4_K, (16, 4096), packed)
+    for qtype, K, split, BN, NT in ((T.Q4_K, 4096, 1, 16, 32), (T.Q4_K, 4096, 2, 16, 32), (T.Q6_K, 12288, 2, 32, 64)):
+        f = FORMATS[qtype]
+        packed = f.pack(torch.zeros((16, K // f.block_size, f.type_size), dtype=torch.uint8))
+        w = mod.QuantWeight(qtype, (16, K), packed)
         named = {n: packed.get(n, packed["qs"]) for n in PLANES}
-        bits, hbits, bias, has_min = CODES[T.Q4_K]
+        bits, hbits, bias, has_min = CODES[qtype]
         runs = {f"RUN_{n.upper()}": p.shape[-1] // split for n, p in named.items()} if split > 1 else {}
         ptx = build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *[ptr[p.dtype] for p in named.values()],
                                            "i32", "i32", "i32", "i32"],
-                    dict(n_slots=128, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
-                         BN=16, NT=32, BW=1, PREFETCH=1, DP4A=True, PDL=True, SPLIT=split, **runs,
+                    dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
+                         HAS_MIN=has_min, BN=BN, NT=NT, BW=1, PREFETCH=1, DP4A=True, PDL=True, SPLIT=split, **runs,
                          **mod._l2_args(w, split)), num_warps=8).asm["ptx"]
         body = ptx[ptx.index(".entry"):]
-        assert body.index("prefetch.global.L2") < body.index("griddepcontrol.wait"), split
+        wait = body.index("griddepcontrol.wait")
+        assert body.index("prefetch.global.L2") < wait, (qtype, split)
+        # Q6_K: its qh too (a second set of prefetches)
+        assert body[:wait].count("prefetch.global.L2") >= (2 if qtype == T.Q6_K else 1), (qtype, split)
     # two steps in flight, with the GPU's 16- and 32-row tiles
     for qtype, K, BN, NT in ((T.Q4_K, 4096, 32, 32), (T.Q6_K, 12288, 32, 64), (T.Q4_K, 4096, 16, 32)):
         f = FORMATS[qtype]

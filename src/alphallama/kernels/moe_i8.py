@@ -22,7 +22,7 @@ import triton.language as tl
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
 from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel, route_row
-from .qgemv_i8 import _row_step, gemv_tile
+from .qgemv_i8 import _l2_args, _l2_rows, _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
@@ -37,6 +37,9 @@ GATE_UP_PAIRED = True
 # one-step programs at W=1. H200 30B-A3B shape W=1 1.952 -> 1.876 ms, W=8 5.507 -> 4.500
 # (bench/results/gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json, arm default/moe-bn16)
 EXPERT_BN = 16
+# the experts' GEMVs ask L2 for their block's rows (every step) once the expert is known, the
+# resident experts only (qgemv_i8.L2_PREFETCH's form; not in the float order). Off until timed.
+L2_PREFETCH = False
 
 
 @triton.jit
@@ -93,6 +96,17 @@ def _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, row_g, F, one, n_slots: tl.co
     return g, u
 
 
+@triton.jit
+def _expert_l2(qs, qh, r0, n0, N, PF_ROW: tl.constexpr, PF_LINE: tl.constexpr, PF_NL: tl.constexpr,
+               PF_NLP: tl.constexpr, PFH_ROW: tl.constexpr, PFH_LINE: tl.constexpr, PFH_NL: tl.constexpr,
+               PFH_NLP: tl.constexpr, BN: tl.constexpr):
+    """Ask L2 for rows r0 + n0 .. r0 + n0 + BN - 1 (past N: r0 + N - 1) of the qs plane (and
+    qh) of a flattened [E * rows, ROW] expert weight (qgemv_i8._l2_rows)."""
+    _l2_rows(qs + r0 * PF_ROW, n0, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, BN)
+    if PFH_NL > 0:
+        _l2_rows(qh + r0 * PFH_ROW, n0, N, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
+
+
 @triton.jit(do_not_specialize=["one"])
 def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
@@ -100,7 +114,9 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
                        PDL: tl.constexpr = False, PAIRED: tl.constexpr = False, logits=None, weights=None, E=0,
                        ROUTE: tl.constexpr = False, BLOCK_E: tl.constexpr = 1, BLOCK_K: tl.constexpr = 1,
-                       NORM: tl.constexpr = False):
+                       NORM: tl.constexpr = False, PF_ROW: tl.constexpr = 0, PF_LINE: tl.constexpr = 32,
+                       PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1, PFH_ROW: tl.constexpr = 0,
+                       PFH_LINE: tl.constexpr = 32, PFH_NL: tl.constexpr = 0, PFH_NLP: tl.constexpr = 1):
     """Program (pair, n block). ROUTE: the pair's expert comes from the router's logits [W, E],
     routed here by moe.route_row (the route launch's code: its bits), and the first program
     of each row stores the row's weights and experts [W, TOP_K] for the down and the combine
@@ -121,6 +137,11 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
             tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
     else:
         e = tl.load(experts + pair).to(tl.int64)
+    if PF_NL > 0 and not TABLE:      # the expert's gate and up rows of this block, all steps (L2_PREFETCH)
+        n0 = (tl.program_id(0) % n_fb) * BN
+        _expert_l2(qs, qh, e * 2 * F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
+        _expert_l2(qs, qh, e * 2 * F + F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL,
+                   PFH_NLP, BN)
     xp_row = xp + m * XROW
     xsd_row = xsd + m * n_slots * 2
     if TABLE:
@@ -143,7 +164,9 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
                     TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                    PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False, PF_ROW: tl.constexpr = 0, PF_LINE: tl.constexpr = 32,
+                    PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1, PFH_ROW: tl.constexpr = 0,
+                    PFH_LINE: tl.constexpr = 32, PFH_NL: tl.constexpr = 0, PFH_NLP: tl.constexpr = 1):
     """Program (pair, n block): the pair's unweighted part [BN]."""
     pdl_start(PDL)
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
@@ -152,6 +175,9 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
     n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
     nn = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]                # [1, BN]
     e = tl.load(experts + pair).to(tl.int64)
+    if PF_NL > 0 and not TABLE:      # the expert's rows of this block, all steps (L2_PREFETCH)
+        _expert_l2(qs, qh, e * N, (tl.program_id(0) % n_nb) * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW,
+                   PFH_LINE, PFH_NL, PFH_NLP, BN)
     xp_row = xp + pair * XROW
     xsd_row = xsd + pair * n_slots * 2
     if TABLE:
@@ -176,7 +202,7 @@ def _consts(w, N: int, DP4A: bool) -> dict:
     t = gemv_tile(w.expert(0))
     BN = EXPERT_BN if DP4A else min(128, triton.next_power_of_2(N))
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A)
+                HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A, **(_l2_args(w) if L2_PREFETCH and DP4A else {}))
 
 
 def moe_i8_ok(gate_up, down) -> bool:

@@ -97,7 +97,8 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0,
                      RUN_QS: tl.constexpr = 0, RUN_QH: tl.constexpr = 0, RUN_SC: tl.constexpr = 0,
                      RUN_SD: tl.constexpr = 0, PF_ROW: tl.constexpr = 0, PF_LINE: tl.constexpr = 32,
-                     PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1):
+                     PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1, PFH_ROW: tl.constexpr = 0,
+                     PFH_LINE: tl.constexpr = 32, PFH_NL: tl.constexpr = 0, PFH_NLP: tl.constexpr = 1):
     """ADD: the sums are added to what `out` holds. SPLIT > 1: the slots are cut into
     SPLIT equal runs of whole steps (and whole blocks), one program each, and run s's sums
     go to out + s * stride_split (partials, for the consumer to add in run order). A run
@@ -105,7 +106,7 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     then walks its slots as a whole row's are walked: the same loop, the same registers.
     PF_NL > 0: before the PDL wait, the first x-column block's programs ask L2 for the
     first PF_NL lines of PF_LINE qs elements of each of their rows (the run's, with SPLIT;
-    PF_ROW elements a row: _l2_rows), L2_PREFETCH."""
+    PF_ROW elements a row: _l2_rows), L2_PREFETCH; PFH_*: the same of qh (Q5_K, Q6_K)."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
@@ -147,6 +148,8 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     if PF_NL > 0:
         if m0 == 0:                  # (the other column blocks read the same rows)
             _l2_rows(qs, pid_n * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, BN)
+            if PFH_NL > 0:
+                _l2_rows(qh, pid_n * BN, N, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
     if PREFETCH:
         nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
     if PREFETCH >= 2:
@@ -327,14 +330,20 @@ def _check_supported(w: QuantWeight) -> None:
                          f"(supported: {', '.join(t.name for t in CODES)})")
 
 
-def _l2_args(w: QuantWeight, split: int) -> dict:
-    """The kernel's L2 prefetch constexprs for w's qs plane: a row's elements, a line's, and
-    the lines of a run of 1 / split of the row (a row-major [N, ROW] plane cut evenly)."""
-    qs = w.planes["qs"]
-    row = qs.shape[-1]
-    line = 128 // qs.element_size()
-    nl = triton.cdiv(row // split, line)
-    return dict(PF_ROW=row, PF_LINE=line, PF_NL=nl, PF_NLP=triton.next_power_of_2(nl))
+def _l2_args(w: QuantWeight, split: int = 1, prefix: str = "") -> dict:
+    """The kernels' L2 prefetch constexprs for w's qs plane (PF_*) and qh plane if it has one
+    (PFH_*): a row's elements, a line's, and the lines of a run of 1 / split of the row (the
+    planes are row-major [rows, ROW], cut evenly into runs). prefix: for a second weight."""
+    args = {}
+    for key, name in (("PF", "qs"), ("PFH", "qh")):
+        p = w.planes.get(name)
+        if p is None:
+            continue
+        row, line = p.shape[-1], 128 // p.element_size()
+        nl = triton.cdiv(row // split, line)
+        args.update({f"{prefix}{key}_ROW": row, f"{prefix}{key}_LINE": line, f"{prefix}{key}_NL": nl,
+                     f"{prefix}{key}_NLP": triton.next_power_of_2(nl)})
+    return args
 
 
 def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int, t: GemvTile,
