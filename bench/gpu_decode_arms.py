@@ -34,6 +34,7 @@ from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.gguf.quants import dequantize
 from alphallama.kernels import attention, fused, moe, moe_i8
 from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
+from alphallama.kernels import qgemv_mma as qgemv_mma_mod
 from alphallama.kernels import qgemv_q8k as qgemv_q8k_mod
 from alphallama.kernels.qgemv_i8 import GemvTile
 from alphallama.runtime.gpu_model import GPUModel
@@ -98,11 +99,14 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 # and the routed experts' GEMVs their block's rows once the expert is known (moe_i8.L2_PREFETCH)
                 "default/l2pf-moe": dict(l2_prefetch_moe=True),
                 "default/l2pf-all": dict(l2_prefetch=True, l2_prefetch_moe=True),
+                # mma-wide-t with every GEMV asking L2 for its rows (the mma's runs too: qgemv_mma.L2_PREFETCH)
+                "default/mma-wide-tpf": dict(gemv_mma=True, gemv_mma_narrow=4, q8k_tile=True, l2_prefetch=True,
+                                             l2_prefetch_mma=True),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
                 "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/mma-wide-t": "default/mma-wide", "default/route-gu": "default", "default/l2pf": "default", "default/l2pf-moe": "default",
-             "default/l2pf-all": "default", "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
+             "default/l2pf-all": "default", "default/mma-wide-tpf": "default/mma-wide", "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
@@ -122,7 +126,9 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH, moe_i8.L2_PREFETCH)
+             moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH, moe_i8.L2_PREFETCH,
+             qgemv_mma_mod.L2_PREFETCH)
+    qgemv_mma_mod.L2_PREFETCH = kw.pop("l2_prefetch_mma", qgemv_mma_mod.L2_PREFETCH)
     qgemv_i8_mod.L2_PREFETCH = kw.pop("l2_prefetch", qgemv_i8_mod.L2_PREFETCH)   # when bytes are asked for only
     moe_i8.L2_PREFETCH = kw.pop("l2_prefetch_moe", moe_i8.L2_PREFETCH)
     if kw.pop("q8k_tile", False):
@@ -155,7 +161,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
          attention.BLOCK_N, moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH,
-         moe_i8.L2_PREFETCH) = saved
+         moe_i8.L2_PREFETCH, qgemv_mma_mod.L2_PREFETCH) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,

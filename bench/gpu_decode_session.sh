@@ -66,10 +66,10 @@ mma-arms2)
 q8k)
   # qgemv_q8k (the mma's dp4a partner) at the widths mma-wide gives it; its W = 1 tile gap to dp4a
   # (NOTES session 23). The arms: mma-wide-t must give mma-wide's bits (rows and warps: not in the order)
-  timeout 200 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
+  timeout 180 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
       | grep -v "_warn_once\|UserWarning"
-  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide-t \
-      --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 380 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide-t \
+      default/mma-wide-tpf --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
 next)
   # qgemv_i8.L2_PREFETCH (the programs' qs rows asked of L2 before the PDL wait), moe_i8.L2_PREFETCH

@@ -164,7 +164,7 @@ def test_l2_prefetch_asks_for_the_experts_rows(monkeypatch):
     _, down = None, _experts(T.Q6_K, 40, F, 2)                      # 40 rows: the last block partly past N
     args, BN, e = qmod._l2_args(down), 16, 3
     seen = []
-    monkeypatch.setattr(qmod, "_prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
+    monkeypatch.setattr(qmod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
     _probe_expert_l2[(tr.cdiv(40, BN),)](down.planes["qs"], down.planes["qh"], e, 40, BN=BN, **args)
     for i, (name, key) in enumerate((("qs", "PF"), ("qh", "PFH"))):
         p = down.planes[name]

@@ -107,7 +107,7 @@ def test_l2_prefetch_asks_for_each_programs_rows(monkeypatch, qtype, split):
     for name, key in planes:
         p = w.planes[name]
         seen = []
-        monkeypatch.setattr(mod, "_prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
+        monkeypatch.setattr(mod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
         run_len = p.shape[-1] // split
         _probe_l2[(triton.cdiv(w.N, BN), split)](p, w.N, RUN=run_len, ROW=args[f"{key}_ROW"], LINE=args[f"{key}_LINE"],
                                                  NL=args[f"{key}_NL"], NLP=args[f"{key}_NLP"], BN=BN)

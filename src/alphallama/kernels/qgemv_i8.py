@@ -35,7 +35,7 @@ from .expert_q8 import QBLOCK, supports
 from .formats import PLANES
 from .expert_q8_gpu import CODES
 from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
-from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
+from .pdl import pdl_kwargs, pdl_trigger, pdl_wait, prefetch_l2
 from .qweight import QuantWeight, check_gemv_args
 
 # x rows a program holds (not in the float order: a row's arithmetic is its own). 4, not 8:
@@ -53,20 +53,13 @@ L2_PREFETCH = False
 
 
 @triton.jit
-def _prefetch_l2(ptr):
-    """prefetch.global.L2 of each address's line: a hint nothing waits for (-> a dummy 0)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
 def _l2_rows(plane, n0, N, ROW: tl.constexpr, LINE: tl.constexpr, NL: tl.constexpr, NLP: tl.constexpr,
              BN: tl.constexpr):
     """Ask L2 for the first NL lines (LINE elements each) of rows n0 .. n0 + BN - 1 (past N:
     row N - 1) of a row-major plane of ROW elements a row; NLP: NL's power of two."""
     r = tl.minimum(n0 + tl.arange(0, BN), N - 1).to(tl.int64)[:, None]          # [BN, 1]
     line = tl.minimum(tl.arange(0, NLP), NL - 1)[None, :]                          # [1, NLP]
-    _prefetch_l2(plane + r * ROW + line * LINE)
+    prefetch_l2(plane + r * ROW + line * LINE)
 
 
 @triton.jit
