@@ -17,7 +17,7 @@ import triton.language as tl  # noqa: E402
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels import moe_i8 as moe_i8_mod  # noqa: E402
+from alphallama.kernels import qgemv_i8 as qgemv_i8_mod  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
 from alphallama.kernels.moe import moe_route, moe_route_ref  # noqa: E402
 from alphallama.kernels.moe_i8 import (  # noqa: E402
@@ -150,8 +150,8 @@ def _probe_expert_l2(qs, qh, e, N, PF_ROW: tl.constexpr, PF_LINE: tl.constexpr, 
                      PF_NLP: tl.constexpr, PFH_ROW: tl.constexpr, PFH_LINE: tl.constexpr, PFH_NL: tl.constexpr,
                      PFH_NLP: tl.constexpr, BN: tl.constexpr):
     """Program (n block): the down kernel's L2 prefetch of expert e's rows of that block."""
-    moe_i8_mod._expert_l2(qs, qh, e * N, tl.program_id(0) * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW,
-                          PFH_LINE, PFH_NL, PFH_NLP, BN)
+    qgemv_i8_mod._l2_planes(qs, qh, e * N, tl.program_id(0) * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW,
+                            PFH_LINE, PFH_NL, PFH_NLP, BN)
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="records the interpreter's addresses (the GPU run: the bits test below)")
@@ -161,7 +161,7 @@ def test_l2_prefetch_asks_for_the_experts_rows(monkeypatch):
     the expert's N clamped to its last, nothing of another expert."""
     import triton as tr
     from alphallama.kernels import qgemv_i8 as qmod
-    _, down = None, _experts(T.Q6_K, 40, F, 2)                      # 40 rows: the last block partly past N
+    down = _experts(T.Q6_K, 40, F, 2)                               # 40 rows: the last block partly past N
     args, BN, e = qmod._l2_args(down), 16, 3
     seen = []
     monkeypatch.setattr(qmod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
@@ -228,7 +228,8 @@ def compile_sm90() -> None:
               {**const, "PDL": False, "PAIRED": True, "ROUTE": True, "BLOCK_E": 128, "BLOCK_K": 8, "NORM": True})
     # the L2 prefetch of the experts' rows (resident experts: no table), gate_up Q4_K and down Q6_K (qs and qh)
     from alphallama.kernels.qgemv_i8 import _l2_args
-    for qtype, K, kern, n_pf in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, 2), (T.Q6_K, 768, moe_i8._down_i8_kernel, 2)):
+    for qtype, K, kern, n_pf in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, 2),
+                                 (T.Q6_K, 768, moe_i8._down_i8_kernel, 2)):
         types, const = _sm90_args(qtype, K, kern, False)
         f = FORMATS[qtype]
         w = QuantWeight(qtype, (8, 64, K), f.pack(torch.zeros((8 * 64, K // f.block_size, f.type_size),

@@ -136,7 +136,7 @@ def test_l2_prefetch_asks_for_every_fragment_word_once_a_line(monkeypatch, warps
     seen = []
     monkeypatch.setattr(mod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
     got = mod.launch_q8k_gemv(mod._qgemv_mma_k_kernel, "qgemv_mma_k", x, w, None, planes, None, mma_planes,
-                              prepare_q8k, warps, runs, False, XA=True, PF=True, _nrp=True)
+                              prepare_q8k, warps, runs, False, XA=True, PF=True)
     assert torch.equal(got, qgemv_mma_k(x, w, planes=planes, warps=warps, runs=runs))
     lines = {int(a) // 128 for batch in seen for a in batch.reshape(-1)}
     base, end = planes.data_ptr(), planes.data_ptr() + planes.numel() * 4

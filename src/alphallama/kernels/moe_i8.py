@@ -22,7 +22,7 @@ import triton.language as tl
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
 from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel, route_row
-from .qgemv_i8 import _l2_args, _l2_rows, _row_step, gemv_tile
+from .qgemv_i8 import _l2_args, _l2_planes, _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
@@ -96,17 +96,6 @@ def _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, row_g, F, one, n_slots: tl.co
     return g, u
 
 
-@triton.jit
-def _expert_l2(qs, qh, r0, n0, N, PF_ROW: tl.constexpr, PF_LINE: tl.constexpr, PF_NL: tl.constexpr,
-               PF_NLP: tl.constexpr, PFH_ROW: tl.constexpr, PFH_LINE: tl.constexpr, PFH_NL: tl.constexpr,
-               PFH_NLP: tl.constexpr, BN: tl.constexpr):
-    """Ask L2 for rows r0 + n0 .. r0 + n0 + BN - 1 (past N: r0 + N - 1) of the qs plane (and
-    qh) of a flattened [E * rows, ROW] expert weight (qgemv_i8._l2_rows)."""
-    _l2_rows(qs + r0 * PF_ROW, n0, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, BN)
-    if PFH_NL > 0:
-        _l2_rows(qh + r0 * PFH_ROW, n0, N, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
-
-
 @triton.jit(do_not_specialize=["one"])
 def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
@@ -125,7 +114,8 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     n_fb = tl.cdiv(F, BN)
     pair = tl.program_id(0) // n_fb
-    n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)         # [BN]
+    n0 = (tl.program_id(0) % n_fb) * BN
+    n_out = n0 + tl.arange(0, BN)                                      # [BN]
     n_in = tl.minimum(n_out, F - 1).to(tl.int64)[None, :]              # [1, BN]; past F: recomputed, not stored
     m = (pair // TOP_K).to(tl.int64)
     if ROUTE:
@@ -138,9 +128,8 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
     else:
         e = tl.load(experts + pair).to(tl.int64)
     if PF_NL > 0 and not TABLE:      # the expert's gate and up rows of this block, all steps (L2_PREFETCH)
-        n0 = (tl.program_id(0) % n_fb) * BN
-        _expert_l2(qs, qh, e * 2 * F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
-        _expert_l2(qs, qh, e * 2 * F + F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL,
+        _l2_planes(qs, qh, e * 2 * F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
+        _l2_planes(qs, qh, e * 2 * F + F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL,
                    PFH_NLP, BN)
     xp_row = xp + m * XROW
     xsd_row = xsd + m * n_slots * 2
@@ -172,12 +161,12 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
     n_nb = tl.cdiv(N, BN)
     pair = (tl.program_id(0) // n_nb).to(tl.int64)
-    n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
+    n0 = (tl.program_id(0) % n_nb) * BN
+    n_out = n0 + tl.arange(0, BN)                                      # [BN]
     nn = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]                # [1, BN]
     e = tl.load(experts + pair).to(tl.int64)
     if PF_NL > 0 and not TABLE:      # the expert's rows of this block, all steps (L2_PREFETCH)
-        _expert_l2(qs, qh, e * N, (tl.program_id(0) % n_nb) * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW,
-                   PFH_LINE, PFH_NL, PFH_NLP, BN)
+        _l2_planes(qs, qh, e * N, n0, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
     xp_row = xp + pair * XROW
     xsd_row = xsd + pair * n_slots * 2
     if TABLE:

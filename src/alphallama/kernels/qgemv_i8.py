@@ -63,6 +63,17 @@ def _l2_rows(plane, n0, N, ROW: tl.constexpr, LINE: tl.constexpr, NL: tl.constex
 
 
 @triton.jit
+def _l2_planes(qs, qh, r0, n0, N, PF_ROW: tl.constexpr, PF_LINE: tl.constexpr, PF_NL: tl.constexpr,
+               PF_NLP: tl.constexpr, PFH_ROW: tl.constexpr, PFH_LINE: tl.constexpr, PFH_NL: tl.constexpr,
+               PFH_NLP: tl.constexpr, BN: tl.constexpr):
+    """_l2_rows of rows r0 + n0 .. r0 + n0 + BN - 1 (past N: r0 + N - 1) of the qs plane and,
+    with PFH_NL > 0, of qh (_l2_args' constexprs; r0: a flattened expert weight's first row)."""
+    _l2_rows(qs + r0 * PF_ROW, n0, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, BN)
+    if PFH_NL > 0:
+        _l2_rows(qh + r0 * PFH_ROW, n0, N, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
+
+
+@triton.jit
 def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
               BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
     """acc [NT, BN] + one x row's terms of the NT slots u [NT] (padded slots: dx = 0)."""
@@ -140,9 +151,8 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     pdl_trigger(PDL)
     if PF_NL > 0:
         if m0 == 0:                  # (the other column blocks read the same rows)
-            _l2_rows(qs, pid_n * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, BN)
-            if PFH_NL > 0:
-                _l2_rows(qh, pid_n * BN, N, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
+            _l2_planes(qs, qh, 0, pid_n * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP,
+                       BN)
     if PREFETCH:
         nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
     if PREFETCH >= 2:
@@ -323,10 +333,10 @@ def _check_supported(w: QuantWeight) -> None:
                          f"(supported: {', '.join(t.name for t in CODES)})")
 
 
-def _l2_args(w: QuantWeight, split: int = 1, prefix: str = "") -> dict:
+def _l2_args(w: QuantWeight, split: int = 1) -> dict:
     """The kernels' L2 prefetch constexprs for w's qs plane (PF_*) and qh plane if it has one
     (PFH_*): a row's elements, a line's, and the lines of a run of 1 / split of the row (the
-    planes are row-major [rows, ROW], cut evenly into runs). prefix: for a second weight."""
+    planes are row-major [rows, ROW], cut evenly into runs)."""
     args = {}
     for key, name in (("PF", "qs"), ("PFH", "qh")):
         p = w.planes.get(name)
@@ -334,8 +344,7 @@ def _l2_args(w: QuantWeight, split: int = 1, prefix: str = "") -> dict:
             continue
         row, line = p.shape[-1], 128 // p.element_size()
         nl = triton.cdiv(row // split, line)
-        args.update({f"{prefix}{key}_ROW": row, f"{prefix}{key}_LINE": line, f"{prefix}{key}_NL": nl,
-                     f"{prefix}{key}_NLP": triton.next_power_of_2(nl)})
+        args.update({f"{key}_ROW": row, f"{key}_LINE": line, f"{key}_NL": nl, f"{key}_NLP": triton.next_power_of_2(nl)})
     return args
 
 

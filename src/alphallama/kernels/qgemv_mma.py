@@ -397,7 +397,7 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
     mma_runs); ahead: activations loaded a super-block ahead."""
     pf = L2_PREFETCH and x.is_cuda
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
-                           warps, runs, pdl, XA=ahead, PF=pf, _nrp=pf)
+                           warps, runs, pdl, XA=ahead, PF=pf)
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
@@ -416,7 +416,7 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
         raise ValueError(f"{name}: {kw} runs need {warps} warps and {w.K // 256} super-blocks in whole runs")
     qf = planes if planes is not None else make_planes(w)
     xf, xs, dxs = (prepared if prepared is not None else prepare(x, w.n_slots, pdl))[:3]
-    if consts.pop("_nrp", False):    # the run's super-blocks' power of two (the L2 prefetch's tile)
+    if consts.get("PF"):             # the L2 prefetch's tile: the run's super-blocks' power of two
         consts["NRP"] = triton.next_power_of_2((w.K // 256) // kw)
     grid = (triton.cdiv(N // ROWS, warps // kw) * triton.cdiv(W, COLS),)
     kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,

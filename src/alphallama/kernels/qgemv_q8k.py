@@ -151,8 +151,9 @@ def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
               cols: int | None = None, warps: int = 4, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
     of qgemv_mma_k on the same weight (its runs: mma_tile). rows x cols a program (cols: W up
-    to 4), neither in the float order (rows None: q8k_tile's rows and warps). A one-row-a-thread tile lost on the H200 (W = 1, 8B
-    gate_up / down: 32.3 / 20.5 us against 18.2 / 11.8; gpu_qgemv_mma-20261201-213840.json)."""
+    to 4), neither in the float order (rows None: q8k_tile's rows and warps). A one-row-a-thread
+    tile lost on the H200 (W = 1, 8B gate_up / down: 32.3 / 20.5 us against 18.2 / 11.8;
+    gpu_qgemv_mma-20261201-213840.json)."""
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)
