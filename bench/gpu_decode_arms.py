@@ -34,8 +34,6 @@ from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.gguf.quants import dequantize
 from alphallama.kernels import attention, fused, moe, moe_i8
 from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
-from alphallama.kernels import qgemv_mma as qgemv_mma_mod
-from alphallama.kernels import qgemv_q8k as qgemv_q8k_mod
 from alphallama.kernels.qgemv_i8 import GemvTile
 from alphallama.runtime.gpu_model import GPUModel
 
@@ -89,25 +87,11 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 # Q4_K: qgemv_q8k at W <= 4, the mma wider (the same bits); Q6_K and the head on dp4a
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
-                # mma-wide with qgemv_q8k's programs of 8 rows x 8 warps (16 x 2 past 8192 rows): the
-                # W = 1 sweep's best (gpu_q8k_tiles-20261202-010733.json; not in the float order)
-                "default/mma-wide-t": dict(gemv_mma=True, gemv_mma_narrow=4, q8k_tile=True),
-                # the experts' gate_up launch routes its rows itself: no route launch (engine.route_in_gate_up)
-                "default/route-gu": dict(route_in_gate_up=True),
-                # the dense GEMVs ask L2 for their programs' qs rows before the PDL wait (qgemv_i8.L2_PREFETCH)
-                "default/l2pf": dict(l2_prefetch=True),
-                # and the routed experts' GEMVs their block's rows once the expert is known (moe_i8.L2_PREFETCH)
-                "default/l2pf-moe": dict(l2_prefetch_moe=True),
-                "default/l2pf-all": dict(l2_prefetch=True, l2_prefetch_moe=True),
-                # mma-wide-t with every GEMV asking L2 for its rows (the mma's runs too: qgemv_mma.L2_PREFETCH)
-                "default/mma-wide-tpf": dict(gemv_mma=True, gemv_mma_narrow=4, q8k_tile=True, l2_prefetch=True,
-                                             l2_prefetch_mma=True),
+                "default/mma-wide2": dict(gemv_mma=True, gemv_mma_narrow=2),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
                 "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/mma-wide-t": "default/mma-wide", "default/mma-wide-tpf": "default/mma-wide",
-             "default/route-gu": "default", "default/l2pf": "default", "default/l2pf-moe": "default",
-             "default/l2pf-all": "default",
+SAME_BITS = {"default/mma-wide1": "default/mma-wide", "default/mma-wide2": "default/mma-wide",
              "default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
@@ -128,13 +112,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH, moe_i8.L2_PREFETCH,
-             qgemv_mma_mod.L2_PREFETCH)
-    qgemv_mma_mod.L2_PREFETCH = kw.pop("l2_prefetch_mma", qgemv_mma_mod.L2_PREFETCH)
-    qgemv_i8_mod.L2_PREFETCH = kw.pop("l2_prefetch", qgemv_i8_mod.L2_PREFETCH)   # when bytes are asked for only
-    moe_i8.L2_PREFETCH = kw.pop("l2_prefetch_moe", moe_i8.L2_PREFETCH)
-    if kw.pop("q8k_tile", False):
-        qgemv_q8k_mod.q8k_tile = lambda w, W: (8, 8) if w.N <= 8192 else (16, 2)
+             moe_i8.gemv_tile)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -162,8 +140,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.gemv_tile, qgemv_q8k_mod.q8k_tile, qgemv_i8_mod.L2_PREFETCH,
-         moe_i8.L2_PREFETCH, qgemv_mma_mod.L2_PREFETCH) = saved
+         attention.BLOCK_N, moe_i8.gemv_tile) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,

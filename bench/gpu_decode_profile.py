@@ -47,16 +47,18 @@ def kernel_table(replay, reps: int) -> dict:
             "device_us_per_round": sum(r[2] for r in rows), "launches_per_round": sum(r[1] for r in rows)}
 
 
-def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: bool = True, pdl: bool = True) -> dict:
+def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: bool = True, pdl: bool = True,
+                   mma: bool = False) -> dict:
     path = f"/tmp/prof-{preset}.gguf"
     if not os.path.exists(path):
         write_synthetic(PRESETS[preset](n_layers=layers), path)
-    model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8, pdl=pdl)   # fuse off: a prepare launch per GEMV input
+    # fuse off: a prepare launch per GEMV input; mma: engine.gemv_mma (qgemv_q8k up to W = 4)
+    model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8, pdl=pdl, gemv_mma=mma or None)
     cache = model.new_cache(4096)
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)
     out = {"layers": layers, "weight_bytes": model.weight_bytes, "capture_s": model.capture_s,
-           "fuse_q8": model._fuse_q8, "pdl": model.pdl}
+           "fuse_q8": model._fuse_q8, "pdl": model.pdl, "gemv_mma": mma}
     for W in (1, 8):
         graph = model.graphs[W][0]
 
@@ -67,9 +69,9 @@ def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: boo
         t = kernel_table(replay, reps)
         t["wall_us_per_round"] = ms * 1000
         out[f"W{W}"] = t
-        print(f"\n{preset} ({layers} layers, fused q8 {model._fuse_q8}) W={W}: {ms * 1000:.0f} us/round wall, "
+        print(f"\n{preset} ({layers} layers, fused q8 {model._fuse_q8}, mma {mma}) W={W}: {ms * 1000:.0f} us/round wall, "
               f"{t['device_us_per_round']:.0f} us in kernels, {t['launches_per_round']:.0f} launches", flush=True)
-        for k in t["kernels"][:14]:
+        for k in t["kernels"][:18]:
             print(f"  {k['us_per_round']:8.1f} us  x{k['per_round']:5.1f}  {k['name']}", flush=True)
     return out                       # the model is freed with this frame
 
@@ -84,12 +86,15 @@ def main() -> int:
     ap.add_argument("--fuse-control", action="store_true", help="also each preset with a prepare launch per GEMV")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch without PDL: a kernel's profiled time then excludes its wait on the previous one")
+    ap.add_argument("--mma-control", action="store_true", help="also each preset with engine.gemv_mma on")
     args = ap.parse_args()
     res = {"host": host_state(sys.argv), "commit": args.commit}
     for p in args.preset:
         res[p] = profile_preset(p, args.layers, args.reps, args.depth, pdl=not args.no_pdl)
         if args.fuse_control:
             res[p + "-unfused"] = profile_preset(p, args.layers, args.reps, args.depth, fuse_q8=False)
+        if args.mma_control:
+            res[p + "-mma"] = profile_preset(p, args.layers, args.reps, args.depth, pdl=not args.no_pdl, mma=True)
     out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(res, indent=1, default=str))
     return 0

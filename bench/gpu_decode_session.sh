@@ -13,10 +13,7 @@
 #   bash bench/gpu_decode_session.sh mma       # the tensor-core GEMV (qgemv_mma_k, Q4_K) against dp4a at W 1-16, its GPU tests
 #   bash bench/gpu_decode_session.sh mma-arms  # 8B rounds: Q4_K on qgemv_q8k (W <= 4 or 1) and the mma wider
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
-#   bash bench/gpu_decode_session.sh q8k       # qgemv_q8k's tile at W 1-4, then 8B rounds: mma-wide with the sweep's tile
-#   bash bench/gpu_decode_session.sh next      # session 24's first arms: L2 prefetch in the dense GEMVs (8B), their GPU tests
-#   bash bench/gpu_decode_session.sh next30    # the same on the 30B-A3B, with the experts' L2 prefetch and route-gu
-#   bash bench/gpu_decode_session.sh route     # 30B-A3B rounds: the experts' gate_up launch routing (no route launch)
+#   bash bench/gpu_decode_session.sh q8k       # qgemv_q8k's tile at W 1-4, then 8B rounds: the mma from W = 5 or 3
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -65,31 +62,11 @@ mma-arms2)
   ;;
 q8k)
   # qgemv_q8k (the mma's dp4a partner) at the widths mma-wide gives it; its W = 1 tile gap to dp4a
-  # (NOTES session 23). The arms: mma-wide-t must give mma-wide's bits (rows and warps: not in the order)
-  timeout 180 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
+  # (NOTES session 23); the 8B rounds with the mma from W = 5 (mma-wide) or W = 3 (mma-wide2)
+  timeout 200 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
       | grep -v "_warn_once\|UserWarning"
-  timeout 380 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide-t \
-      default/mma-wide-tpf --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
-  ;;
-next)
-  # qgemv_i8.L2_PREFETCH (the programs' qs rows asked of L2 before the PDL wait), moe_i8.L2_PREFETCH
-  # (the experts' rows once routed) and engine.route_in_gate_up: their GPU tests, the 8B arms (next30:
-  # the 30B-A3B's); every arm must give the default's bits (the arms' check)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_i8.py tests/kernels/test_moe_i8.py \
-      tests/runtime/test_gpu_model.py -k "l2 or routing or moe or sm90" 2>&1 | tail -2
-  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/l2pf \
-      --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
-  ;;
-next30)
-  timeout 560 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/l2pf default/l2pf-moe \
-      default/l2pf-all default/route-gu --widths 1 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -6
-  ;;
-route)
-  # engine.route_in_gate_up: one launch a MoE layer fewer, the route launch's bits (the arms' check)
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe_i8.py tests/runtime/test_gpu_model.py \
-      -k "routing or moe" 2>&1 | tail -2
-  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/route-gu \
-      --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide2 \
+      --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
   ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
@@ -134,7 +111,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|route|next|next30"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k"; exit 2
   ;;
 esac
 ls -l "$OUT"

@@ -38,10 +38,6 @@ class EngineDefaults:
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
                                   # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
-    route_in_gate_up: bool = False   # "i8" experts: the gate_up launch routes each row from the router's logits
-                                  # itself (moe.route_row, the route launch's code) and stores the routing for the
-                                  # down and the combine: one launch a MoE layer fewer (kernels/moe_i8.
-                                  # moe_route_gate_up_i8). Not yet timed
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
                                   # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
@@ -54,9 +50,17 @@ class EngineDefaults:
                                   # and the head on the mma (narrow 0, Q6_K too): W=1 / 8 1.933 / 4.772 -> 3.068 / 3.984
                                   # ms (gpu_decode_arms-qwen3-8b-20261201-184043.json); Q4_K only, narrow 4: W=1 / 5 / 8
                                   # / 64 1.930 / 4.580 / 4.805 / 30.561 -> 2.256 / 3.562 / 3.918 / 23.666
-                                  # (gpu_decode_arms-qwen3-8b-20261201-214103.json): off, plain decode is the headline
-    gemv_mma_narrow: int = 4      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
-                                  # activations, the mma's bits: exact mode holds) for Q4_K; 0: the mma at every W
+                                  # (gpu_decode_arms-qwen3-8b-20261201-214103.json); with qgemv_q8k's W-aware tile
+                                  # W=1 / 2 / 4 / 5 / 8 1.938 / 2.465 / 3.024 / 4.553 / 4.783 -> 2.138 / 2.686 / 3.528 /
+                                  # 3.540 / 3.904 (gpu_decode_arms-qwen3-8b-20261202-040314.json). Off: plain decode
+                                  # loses 10%; priced on the public suite's n-gram rounds (Qwen 0.5B's widths, the 8B's
+                                  # costs) set A -9%, V +6%, R +22% (NOTES, session 24). Where the W = 1 time goes
+                                  # (gpu_decode_profile-20261202-040129.json, 6 layers, no PDL): q8k GEMVs +3.2 us a
+                                  # layer over dp4a, the combine's q8_K emission +1.8 (two heads a program), the norm +1
+    gemv_mma_narrow: int = 2      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
+                                  # activations, the mma's bits: exact mode holds) for Q4_K; 0: the mma at every W.
+                                  # 2: the mma wins from W = 3 (W=3 / 4 2.875 / 3.007 against q8k's 3.439 / 3.5,
+                                  # gpu_decode_arms-qwen3-8b-20261201-214103 / -20261202-040314)
     # removed, slower on the H200 (gpu_qgemv_mma-20261201-213840.json, gpu_decode_arms-qwen3-8b-20261201-214103):
     # gemv_mma's Q6_K option (Q6_K weights and head on the tensor cores, a dp4a partner up to narrow rows): us at
     # W = 1 on the 8B down / head 31.2 / 234 (mma) and 41 / 309 (dp4a partner) against dp4a's 16.4 / 138; rounds
@@ -69,6 +73,11 @@ class EngineDefaults:
     # 1.935 / 4.843 -> 1.908 / 4.898, 30B-A3B 1.625 / 4.205 -> 1.621 / 4.260 (gpu_decode_arms-*-20261202-005*)
     # l2_warm_mb (a side-stream kernel reading the next dense weights into L2 while the small kernels
     # run, same bits; 8B W=1 ms 1.938 -> 2.888 / 4.302 / 4.968 at 8 / 16 / 32 MB): gpu_decode_arms-*-20261202-00*
+    # routing in the experts' gate_up launch (no route launch, same bits): removed, 30B-A3B W1/4/8 ms
+    # 1.624/3.100/5.085 vs 1.628/2.721/4.182 (gpu_decode_arms-qwen3-30b-a3b-20261202-035229.json)
+    # L2 prefetch in the dense / expert / mma GEMVs (prefetch.global.L2 before the PDL wait): removed, slower
+    # (8B W1 1.937 -> 2.231, 30B W1 1.628 -> 1.730, mma-wide-t W1 2.166 -> 2.240 ms; gpu_decode_arms-*-20261202-
+    # 034823, -035229, -035630)
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
                                   # activations in their own launch (kernels/fused.py); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE

@@ -6,25 +6,19 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels import qgemv_i8 as qgemv_i8_mod  # noqa: E402
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.moe import moe_route, moe_route_ref  # noqa: E402
 from alphallama.kernels.moe_i8 import (  # noqa: E402
     moe_down_i8,
     moe_gate_up_i8,
     moe_i8_order,
-    moe_route_gate_up_i8,
 )
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
@@ -111,85 +105,6 @@ def test_paired_gate_up_keeps_the_bits(monkeypatch):
     assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu), want_tiers, "paired, tiers")
 
 
-def test_routing_in_the_gate_up_launch_gives_the_route_launchs_bits():
-    """moe_route_gate_up_i8 (engine.route_in_gate_up): the act, weights and expert ids of
-    moe_route then moe_gate_up_i8, bit for bit, with and without renormalising, from the host
-    planes and through a bank (the ids into the store's record, experts_out); ties (row 2's
-    logits all equal) go to the lower id; each row alone routes as in the round."""
-    gate_up, _, x, _, _ = _setup()
-    g = torch.Generator().manual_seed(8)
-    logits = torch.randn(3, E, generator=g)
-    logits[2, :] = 0.25                                           # all equal: ids 0, 1
-    logits = logits.to(DEV)
-    q8 = prepare_i8(x, gate_up.expert(0))
-    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
-    hgu, bgu = _split(gate_up, [4, 0])
-    for norm in (True, False):
-        weights, experts = moe_route(logits, 2, norm)
-        w_ref, e_ref = moe_route_ref(logits.cpu(), 2, norm)     # (torch's topk breaks ties otherwise)
-        assert torch.equal(experts[:2].cpu(), e_ref[:2]) and experts[2].tolist() == [0, 1]
-        torch.testing.assert_close(weights.cpu(), w_ref, atol=1e-6, rtol=1e-6)
-        for tier in ((), (table, bgu)):
-            gu = hgu if tier else gate_up
-            want = moe_gate_up_i8(q8, gu, experts, torch.float32, *tier)
-            record = torch.full((3, 2), -7, dtype=torch.int32, device=DEV)
-            act, w, e = moe_route_gate_up_i8(q8, gu, logits, 2, norm, torch.float32, *tier, experts_out=record)
-            assert e is record
-            assert_same_bits(act, want, f"act, norm {norm}, tiers {bool(tier)}")
-            assert torch.equal(w, weights) and torch.equal(e, experts)
-    act, w, e = moe_route_gate_up_i8(q8, gate_up, logits, 2, True, torch.float32)
-    for r in range(3):
-        one = moe_route_gate_up_i8((q8[0][r:r + 1], q8[1][r:r + 1]), gate_up, logits[r:r + 1], 2, True,
-                                   torch.float32)
-        assert_same_bits(one[0], act[r:r + 1], f"row {r}")
-        assert torch.equal(one[1], w[r:r + 1]) and torch.equal(one[2], e[r:r + 1])
-
-
-@triton.jit
-def _probe_expert_l2(qs, qh, e, N, PF_ROW: tl.constexpr, PF_LINE: tl.constexpr, PF_NL: tl.constexpr,
-                     PF_NLP: tl.constexpr, PFH_ROW: tl.constexpr, PFH_LINE: tl.constexpr, PFH_NL: tl.constexpr,
-                     PFH_NLP: tl.constexpr, BN: tl.constexpr):
-    """Program (n block): the down kernel's L2 prefetch of expert e's rows of that block."""
-    qgemv_i8_mod._l2_planes(qs, qh, e * N, tl.program_id(0) * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW,
-                            PFH_LINE, PFH_NL, PFH_NLP, BN)
-
-
-@pytest.mark.skipif(DEV == "cuda", reason="records the interpreter's addresses (the GPU run: the bits test below)")
-def test_l2_prefetch_asks_for_the_experts_rows(monkeypatch):
-    """moe_i8.L2_PREFETCH's addresses (recorded in place of the PTX): a block's programs ask
-    for every 128-byte line of its rows of expert e's qs and qh (Q6_K down), the rows past
-    the expert's N clamped to its last, nothing of another expert."""
-    import triton as tr
-    from alphallama.kernels import qgemv_i8 as qmod
-    down = _experts(T.Q6_K, 40, F, 2)                               # 40 rows: the last block partly past N
-    args, BN, e = qmod._l2_args(down), 16, 3
-    seen = []
-    monkeypatch.setattr(qmod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
-    _probe_expert_l2[(tr.cdiv(40, BN),)](down.planes["qs"], down.planes["qh"], e, 40, BN=BN, **args)
-    for i, (name, key) in enumerate((("qs", "PF"), ("qh", "PFH"))):
-        p = down.planes[name]
-        got = {int(a) for batch in seen[i::2] for a in batch.reshape(-1)}
-        es, row = p.element_size(), p.shape[-1]
-        lo = p.data_ptr() + e * 40 * row * es
-        want = {(lo + (r * row + k) * es) // 128 * 128 for r in range(40) for k in range(0, row, 128 // es)}
-        assert {a // 128 * 128 for a in got} == want, name
-        assert min(got) >= lo and max(got) < lo + 40 * row * es, name
-
-
-@pytest.mark.skipif(DEV != "cuda", reason="the PTX prefetch runs on CUDA only")
-def test_l2_prefetch_keeps_the_experts_bits(monkeypatch):
-    from alphallama.kernels import moe_i8 as mod
-    gate_up, down, x, experts, weights = _setup()
-    q8 = prepare_i8(x, gate_up.expert(0))
-    out = {}
-    for on in (False, True):
-        monkeypatch.setattr(mod, "L2_PREFETCH", on)
-        act = moe_gate_up_i8(q8, gate_up, experts, torch.float32)
-        out[on] = (act, moe_down_i8(act, down, experts, weights))
-    assert_same_bits(out[True][0], out[False][0], "gate_up")
-    assert_same_bits(out[True][1], out[False][1], "down")
-
-
 def test_order_is_the_gate_up_weights():
     gate_up, *_ = _setup()
     assert moe_i8_order(gate_up) == (32, 4, 4)
@@ -215,28 +130,14 @@ def _sm90_args(qtype, K, kern, table):
 def compile_sm90() -> None:
     """Both kernels for sm_90, with and without the expert table (child process)."""
     from alphallama.kernels import moe_i8
-    from alphallama.kernels.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as build
 
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):
         for table in (False, True):
             build(kern, *_sm90_args(qtype, K, kern, table))
-    for table in (False, True):      # gate_up walking gate and up rows together; and routing its rows
+    for table in (False, True):      # gate_up walking gate and up rows together
         types, const = _sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, table)
         build(moe_i8._gate_up_i8_kernel, types, {**const, "PAIRED": True})
-        build(moe_i8._gate_up_i8_kernel, types + ["*fp32", "*fp32", "i32"],
-              {**const, "PDL": False, "PAIRED": True, "ROUTE": True, "BLOCK_E": 128, "BLOCK_K": 8, "NORM": True})
-    # the L2 prefetch of the experts' rows (resident experts: no table), gate_up Q4_K and down Q6_K (qs and qh)
-    from alphallama.kernels.qgemv_i8 import _l2_args
-    for qtype, K, kern, n_pf in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, 2),
-                                 (T.Q6_K, 768, moe_i8._down_i8_kernel, 2)):
-        types, const = _sm90_args(qtype, K, kern, False)
-        f = FORMATS[qtype]
-        w = QuantWeight(qtype, (8, 64, K), f.pack(torch.zeros((8 * 64, K // f.block_size, f.type_size),
-                                                               dtype=torch.uint8)))
-        w = QuantWeight(qtype, (8, 64, K), {n: p.reshape(8, 64, -1) for n, p in w.planes.items()})
-        ptx = build(kern, types, {**const, **_l2_args(w)}).asm["ptx"]
-        assert ptx.count("prefetch.global.L2") >= n_pf, kern.fn.__name__
 
 
 def test_compiles_for_sm90():

@@ -12,11 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
-
-from alphallama.kernels import qgemv_i8 as qgemv_i8_mod  # noqa: E402
 
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
 from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8, split_runs  # noqa: E402
@@ -82,55 +78,6 @@ def test_prefetch_depth_keeps_the_bits(k):
         base = qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=1))
         for depth in (0, 2):
             assert_same_bits(qgemv_i8(x[:W], w, tile=GemvTile(8, 8, 4, prefetch=depth)), base, f"depth {depth} W={W}")
-
-
-@triton.jit
-def _probe_l2(plane, N, RUN: tl.constexpr, ROW: tl.constexpr, LINE: tl.constexpr, NL: tl.constexpr,
-              NLP: tl.constexpr, BN: tl.constexpr):
-    """Program (row block, run): qgemv_i8's L2 prefetch of its rows (the run's)."""
-    run = tl.program_id(1)
-    qgemv_i8_mod._l2_rows(plane + run * RUN, tl.program_id(0) * BN, N, ROW, LINE, NL, NLP, BN)
-
-
-@pytest.mark.skipif(DEV == "cuda", reason="records the interpreter's addresses (the GPU run: the bits test below)")
-@pytest.mark.parametrize("qtype,split", [(T.Q4_K, 1), (T.Q6_K, 1), (T.Q4_K, 2)], ids=["Q4_K", "Q6_K", "Q4_K-split"])
-def test_l2_prefetch_asks_for_each_programs_rows(monkeypatch, qtype, split):
-    """qgemv_i8.L2_PREFETCH's addresses (the prefetch recorded in place of the PTX, which
-    the interpreter cannot run): each program of the first column block asks for every
-    128-byte line of its rows' qs and qh (Q6_K; its run's, split), rows past N clamped to
-    the last, and nothing outside the planes."""
-    from alphallama.kernels import qgemv_i8 as mod
-    _, w = _weight(qtype, 40, 1024, seed=21)
-    BN, args = 16, mod._l2_args(w, split)
-    planes = [(n, k) for n, k in (("qs", "PF"), ("qh", "PFH")) if n in w.planes]
-    assert len(planes) == (2 if qtype == T.Q6_K else 1) and all(f"{k}_NL" in args for _, k in planes)
-    for name, key in planes:
-        p = w.planes[name]
-        seen = []
-        monkeypatch.setattr(mod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
-        run_len = p.shape[-1] // split
-        _probe_l2[(triton.cdiv(w.N, BN), split)](p, w.N, RUN=run_len, ROW=args[f"{key}_ROW"], LINE=args[f"{key}_LINE"],
-                                                 NL=args[f"{key}_NL"], NLP=args[f"{key}_NLP"], BN=BN)
-        got = {int(a) for batch in seen for a in batch.reshape(-1)}
-        es, base = p.element_size(), p.data_ptr()
-        want = {(base + (r * p.shape[-1] + run * run_len + e) * es) // 128 * 128
-                for r in range(w.N) for run in range(split) for e in range(0, run_len, 128 // es)}
-        assert {a // 128 * 128 for a in got} == want, name
-        assert min(got) >= base and max(got) < base + p.numel() * es, name
-
-
-@pytest.mark.skipif(DEV != "cuda", reason="the PTX prefetch runs on CUDA only")
-def test_l2_prefetch_keeps_the_bits(monkeypatch):
-    """L2_PREFETCH changes when the bytes are asked for, never the sums (split and not, W 1 and 3)."""
-    from alphallama.kernels import qgemv_i8 as mod
-    _, w = _weight(T.Q4_K, 48, 4096, seed=22)
-    x = _x(3, 4096, seed=23)
-    for tile in (GemvTile(16, 32, 8), GemvTile(16, 32, 8, split=2)):
-        base = [qgemv_i8(x[:W], w, tile=tile) for W in (1, 3)]
-        monkeypatch.setattr(mod, "L2_PREFETCH", True)
-        for W, b in zip((1, 3), base):
-            assert_same_bits(qgemv_i8(x[:W], w, tile=tile), b, f"W={W} split={tile.split}")
-        monkeypatch.setattr(mod, "L2_PREFETCH", False)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=["Q4_K", "Q6_K"])
@@ -229,24 +176,6 @@ def compile_sm90() -> None:
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
                    HAS_MIN=has_min, BN=BN, NT=NT, BW=4, PREFETCH=1, DP4A=True, PDL=True, SPLIT=2,
                    **{f"RUN_{n.upper()}": p.shape[-1] // 2 for n, p in named.items()}), num_warps=8)
-    # the L2 prefetch of the programs' rows, before the PDL wait (whole rows and a split's runs)
-    for qtype, K, split, BN, NT in ((T.Q4_K, 4096, 1, 16, 32), (T.Q4_K, 4096, 2, 16, 32), (T.Q6_K, 12288, 2, 32, 64)):
-        f = FORMATS[qtype]
-        packed = f.pack(torch.zeros((16, K // f.block_size, f.type_size), dtype=torch.uint8))
-        w = mod.QuantWeight(qtype, (16, K), packed)
-        named = {n: packed.get(n, packed["qs"]) for n in PLANES}
-        bits, hbits, bias, has_min = CODES[qtype]
-        runs = {f"RUN_{n.upper()}": p.shape[-1] // split for n, p in named.items()} if split > 1 else {}
-        ptx = build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *[ptr[p.dtype] for p in named.values()],
-                                           "i32", "i32", "i32", "i32"],
-                    dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                         HAS_MIN=has_min, BN=BN, NT=NT, BW=1, PREFETCH=1, DP4A=True, PDL=True, SPLIT=split, **runs,
-                         **mod._l2_args(w, split)), num_warps=8).asm["ptx"]
-        body = ptx[ptx.index(".entry"):]
-        wait = body.index("griddepcontrol.wait")
-        assert body.index("prefetch.global.L2") < wait, (qtype, split)
-        # Q6_K: its qh too (a second set of prefetches)
-        assert body[:wait].count("prefetch.global.L2") >= (2 if qtype == T.Q6_K else 1), (qtype, split)
     # two steps in flight, with the GPU's 16- and 32-row tiles
     for qtype, K, BN, NT in ((T.Q4_K, 4096, 32, 32), (T.Q6_K, 12288, 32, 64), (T.Q4_K, 4096, 16, 32)):
         f = FORMATS[qtype]

@@ -123,36 +123,6 @@ def test_refuses_what_it_does_not_cover():
         mma_planes(w6)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="records the interpreter's addresses (GPU: the bits test)")
-@pytest.mark.parametrize("warps,runs", [(4, 1), (8, 4)])
-def test_l2_prefetch_asks_for_every_fragment_word_once_a_line(monkeypatch, warps, runs):
-    """qgemv_mma.L2_PREFETCH's addresses (recorded in place of the PTX): the first column
-    block's warps ask for every 128-byte line of the fragment planes (each warp its run's
-    super-blocks), nothing outside them; the product is unchanged (the emulated mma)."""
-    from alphallama.kernels import qgemv_mma as mod
-    _, w = _weight(T.Q4_K, 64, 1024, seed=31)
-    x = _x(3, 1024, seed=32)
-    planes = mma_planes(w)
-    seen = []
-    monkeypatch.setattr(mod, "prefetch_l2", lambda ptr: seen.append(ptr.handle.data.copy()))
-    got = mod.launch_q8k_gemv(mod._qgemv_mma_k_kernel, "qgemv_mma_k", x, w, None, planes, None, mma_planes,
-                              prepare_q8k, warps, runs, False, XA=True, PF=True)
-    assert torch.equal(got, qgemv_mma_k(x, w, planes=planes, warps=warps, runs=runs))
-    lines = {int(a) // 128 for batch in seen for a in batch.reshape(-1)}
-    base, end = planes.data_ptr(), planes.data_ptr() + planes.numel() * 4
-    assert lines == set(range(base // 128, (end - 1) // 128 + 1))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX prefetch runs on CUDA only")
-def test_l2_prefetch_keeps_the_bits(monkeypatch):
-    from alphallama.kernels import qgemv_mma as mod
-    _, w = _weight(T.Q4_K, 64, 4096, seed=33)
-    x = _x(9, 4096, seed=34)
-    want = qgemv_mma_k(x, w)
-    monkeypatch.setattr(mod, "L2_PREFETCH", True)
-    assert torch.equal(qgemv_mma_k(x, w), want)
-
-
 def compile_sm90() -> None:
     """The kernel for sm_90 (child process): every inline-asm operand and result lies one row
     a thread (threadsPerWarp [32, 1], the row's 4 elements in the thread: the mma's
@@ -178,11 +148,6 @@ def compile_sm90() -> None:
                 and f"warpsPerCTA = [{warps}, 1]" in lay and "order = [1, 0]" in lay, lay
         assert (k.metadata.shared == 0) == (runs == 1)      # only the runs' sum goes through shared memory
         assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 8
-    # the L2 prefetch of each warp's run (qgemv_mma.L2_PREFETCH), before the PDL wait
-    ptx = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32"],
-                dict(n_slots=384, WARPS=8, EMULATE=False, KW=8, PF=True, NRP=8, PDL=True), num_warps=8).asm["ptx"]
-    body = ptx[ptx.index(".entry"):]
-    assert body.index("prefetch.global.L2") < body.index("griddepcontrol.wait")
 
 
 def test_compiles_for_sm90_with_fragments_one_row_a_thread():

@@ -137,23 +137,6 @@ def test_moe_norm_computing_the_router_logits(tmp_path):
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
 
-def test_moe_routing_in_the_gate_up_launch(tmp_path, monkeypatch):
-    """engine.route_in_gate_up: no route launch, the experts' gate_up routes its rows itself
-    (from the logits the FFN norm computes, the default): against the reference, a round
-    equals its last row alone, and the route launch's logits bit for bit. (Logits from the
-    router GEMV go through the same call: tests/kernels/test_moe_i8.py takes any logits.)"""
-    import alphallama.runtime.gpu_model as gm
-    routed = []
-    real = gm.moe_route
-    monkeypatch.setattr(gm, "moe_route", lambda *a, **k: routed.append(1) or real(*a, **k))
-    marks = []                           # the route launches made before each model's forward
-    logits = _option_on_and_off(tmp_path, "route_in_gate_up", 19,
-                                lambda g: marks.append(len(routed)) or g.route_in_gate_up, n_layers=2,
-                                extra={"norm_router": True})
-    assert torch.equal(logits[True], logits[False])
-    assert marks[1] > 0 and len(routed) == marks[1]      # the off model routed; the on model never did
-
-
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")])
 def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, quant):
     """engine.gemv_split: the o and dense down GEMVs cut their slots into 2 runs and the

@@ -21,8 +21,8 @@ import triton.language as tl
 
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
-from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel, route_row
-from .qgemv_i8 import _l2_args, _l2_planes, _row_step, gemv_tile
+from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
+from .qgemv_i8 import _row_step, gemv_tile
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
@@ -37,9 +37,6 @@ GATE_UP_PAIRED = True
 # one-step programs at W=1. H200 30B-A3B shape W=1 1.952 -> 1.876 ms, W=8 5.507 -> 4.500
 # (bench/results/gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json, arm default/moe-bn16)
 EXPERT_BN = 16
-# the experts' GEMVs ask L2 for their block's rows (every step) once the expert is known, the
-# resident experts only (qgemv_i8.L2_PREFETCH's form; not in the float order). Off until timed.
-L2_PREFETCH = False
 
 
 @triton.jit
@@ -101,36 +98,16 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
                        TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                        HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False, logits=None, weights=None, E=0,
-                       ROUTE: tl.constexpr = False, BLOCK_E: tl.constexpr = 1, BLOCK_K: tl.constexpr = 1,
-                       NORM: tl.constexpr = False, PF_ROW: tl.constexpr = 0, PF_LINE: tl.constexpr = 32,
-                       PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1, PFH_ROW: tl.constexpr = 0,
-                       PFH_LINE: tl.constexpr = 32, PFH_NL: tl.constexpr = 0, PFH_NLP: tl.constexpr = 1):
-    """Program (pair, n block). ROUTE: the pair's expert comes from the router's logits [W, E],
-    routed here by moe.route_row (the route launch's code: its bits), and the first program
-    of each row stores the row's weights and experts [W, TOP_K] for the down and the combine
-    (after the PDL wait: the last round's readers of those buffers are done)."""
+                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False):
+    """Program (pair, n block)."""
     pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     n_fb = tl.cdiv(F, BN)
     pair = tl.program_id(0) // n_fb
-    n0 = (tl.program_id(0) % n_fb) * BN
-    n_out = n0 + tl.arange(0, BN)                                      # [BN]
+    n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)         # [BN]
     n_in = tl.minimum(n_out, F - 1).to(tl.int64)[None, :]              # [1, BN]; past F: recomputed, not stored
     m = (pair // TOP_K).to(tl.int64)
-    if ROUTE:
-        w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)   # [BLOCK_K] each, by rank
-        j = tl.arange(0, BLOCK_K)
-        e = tl.sum(tl.where(j == pair % TOP_K, ids, 0), 0).to(tl.int64)
-        if tl.program_id(0) == m * TOP_K * n_fb:                          # rank 0, n block 0
-            tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
-            tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
-    else:
-        e = tl.load(experts + pair).to(tl.int64)
-    if PF_NL > 0 and not TABLE:      # the expert's gate and up rows of this block, all steps (L2_PREFETCH)
-        _l2_planes(qs, qh, e * 2 * F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
-        _l2_planes(qs, qh, e * 2 * F + F, n0, F, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL,
-                   PFH_NLP, BN)
+    e = tl.load(experts + pair).to(tl.int64)
     xp_row = xp + m * XROW
     xsd_row = xsd + m * n_slots * 2
     if TABLE:
@@ -153,20 +130,15 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
                     TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                    PDL: tl.constexpr = False, PF_ROW: tl.constexpr = 0, PF_LINE: tl.constexpr = 32,
-                    PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1, PFH_ROW: tl.constexpr = 0,
-                    PFH_LINE: tl.constexpr = 32, PFH_NL: tl.constexpr = 0, PFH_NLP: tl.constexpr = 1):
+                    PDL: tl.constexpr = False):
     """Program (pair, n block): the pair's unweighted part [BN]."""
     pdl_start(PDL)
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
     n_nb = tl.cdiv(N, BN)
     pair = (tl.program_id(0) // n_nb).to(tl.int64)
-    n0 = (tl.program_id(0) % n_nb) * BN
-    n_out = n0 + tl.arange(0, BN)                                      # [BN]
+    n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
     nn = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]                # [1, BN]
     e = tl.load(experts + pair).to(tl.int64)
-    if PF_NL > 0 and not TABLE:      # the expert's rows of this block, all steps (L2_PREFETCH)
-        _l2_planes(qs, qh, e * N, n0, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
     xp_row = xp + pair * XROW
     xsd_row = xsd + pair * n_slots * 2
     if TABLE:
@@ -191,7 +163,7 @@ def _consts(w, N: int, DP4A: bool) -> dict:
     t = gemv_tile(w.expert(0))
     BN = EXPERT_BN if DP4A else min(128, triton.next_power_of_2(N))
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A, **(_l2_args(w) if L2_PREFETCH and DP4A else {}))
+                HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A)
 
 
 def moe_i8_ok(gate_up, down) -> bool:
@@ -209,41 +181,17 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     """q8: the rows' int8 input in gate_up's lane order (moe_i8_order), gate_up [E, 2F, K],
     experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype. pdl: programmatic
     dependent launch (kernels/pdl.py)."""
-    W, k = experts.shape
-    return _gate_up(q8, gate_up, W, k, experts.contiguous(), act_dtype, table, bank, pdl, {})
-
-
-def moe_route_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, logits: torch.Tensor, top_k: int,
-                         norm: bool, act_dtype: torch.dtype, table: torch.Tensor | None = None, bank=None,
-                         pdl: bool = False, experts_out: torch.Tensor | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """moe.moe_route and moe_gate_up_i8 in one launch: every program routes its row from the
-    router's logits [W, E] itself (moe.route_row: the route launch's bits) and takes its
-    rank's expert; the row's first program stores the routing. One launch and one boundary
-    fewer a MoE layer. experts_out: as moe_route's. -> (act [W, k, F], weights [W, k] fp32,
-    expert ids [W, k] int32)."""
-    W, E = logits.shape
-    dev = logits.device
-    weights = torch.empty((W, top_k), dtype=torch.float32, device=dev)         # [W, k]
-    experts = experts_out if experts_out is not None else torch.empty((W, top_k), dtype=torch.int32, device=dev)
-    route = dict(logits=logits.contiguous(), weights=weights, E=E, ROUTE=True,
-                 BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), NORM=norm)
-    act = _gate_up(q8, gate_up, W, top_k, experts, act_dtype, table, bank, pdl, route)
-    return act, weights, experts
-
-
-def _gate_up(q8, gate_up, W: int, k: int, experts: torch.Tensor, act_dtype: torch.dtype, table, bank, pdl: bool,
-             route: dict) -> torch.Tensor:
     _check_bank(gate_up, table, bank)
     xp, xsd = q8
+    W, k = experts.shape
     F = gate_up.N // 2
     dev = experts.device
     act = torch.empty((W, k, F), dtype=act_dtype, device=dev)                   # [W, k, F]
     c = _consts(gate_up, F, dev.type == "cuda")
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
-        xp, xsd, act, experts, *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
+        xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
-        **route, **pdl_kwargs(pdl, dev))
+        **pdl_kwargs(pdl, dev))
     return act
 
 

@@ -43,15 +43,6 @@ def pdl_start(PDL: tl.constexpr):
     pdl_wait(PDL)
 
 
-@triton.jit
-def prefetch_l2(ptr):
-    """prefetch.global.L2 of each address's 128-byte line: a hint nothing waits for and no
-    register holds (-> a dummy 0), for the bytes a kernel will read, asked for before its
-    PDL wait (qgemv_i8, qgemv_mma, moe_i8's L2_PREFETCH). CUDA only: inline PTX."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
 def pdl_kwargs(pdl: bool, device: torch.device) -> dict:
     """Launch arguments: the kernel's PDL constexpr and the launch attribute, or nothing."""
     return {"PDL": True, "launch_pdl": True} if pdl and torch.device(device).type == "cuda" else {}

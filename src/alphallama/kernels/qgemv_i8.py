@@ -35,7 +35,7 @@ from .expert_q8 import QBLOCK, supports
 from .formats import PLANES
 from .expert_q8_gpu import CODES
 from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
-from .pdl import pdl_kwargs, pdl_trigger, pdl_wait, prefetch_l2
+from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from .qweight import QuantWeight, check_gemv_args
 
 # x rows a program holds (not in the float order: a row's arithmetic is its own). 4, not 8:
@@ -43,34 +43,6 @@ from .qweight import QuantWeight, check_gemv_args
 # W=1 2.139 -> 2.135 ms, W=8 5.108 -> 4.762, W=16 8.770 -> 8.314
 # (bench/results/gpu_decode_arms-qwen3-8b-20261130-141944.json, arm default/maxbw4)
 MAX_BW = 4
-
-
-# the dense GEMVs ask L2 for their programs' whole qs rows before the PDL wait (one
-# prefetch.global.L2 a 128-byte line, no register held): the bytes a program will read
-# stream from HBM while the previous kernel finishes, the loop's loads then hit L2. Not in
-# the float order (the same sums). Off until timed on the H200.
-L2_PREFETCH = False
-
-
-@triton.jit
-def _l2_rows(plane, n0, N, ROW: tl.constexpr, LINE: tl.constexpr, NL: tl.constexpr, NLP: tl.constexpr,
-             BN: tl.constexpr):
-    """Ask L2 for the first NL lines (LINE elements each) of rows n0 .. n0 + BN - 1 (past N:
-    row N - 1) of a row-major plane of ROW elements a row; NLP: NL's power of two."""
-    r = tl.minimum(n0 + tl.arange(0, BN), N - 1).to(tl.int64)[:, None]          # [BN, 1]
-    line = tl.minimum(tl.arange(0, NLP), NL - 1)[None, :]                          # [1, NLP]
-    prefetch_l2(plane + r * ROW + line * LINE)
-
-
-@triton.jit
-def _l2_planes(qs, qh, r0, n0, N, PF_ROW: tl.constexpr, PF_LINE: tl.constexpr, PF_NL: tl.constexpr,
-               PF_NLP: tl.constexpr, PFH_ROW: tl.constexpr, PFH_LINE: tl.constexpr, PFH_NL: tl.constexpr,
-               PFH_NLP: tl.constexpr, BN: tl.constexpr):
-    """_l2_rows of rows r0 + n0 .. r0 + n0 + BN - 1 (past N: r0 + N - 1) of the qs plane and,
-    with PFH_NL > 0, of qh (_l2_args' constexprs; r0: a flattened expert weight's first row)."""
-    _l2_rows(qs + r0 * PF_ROW, n0, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, BN)
-    if PFH_NL > 0:
-        _l2_rows(qh + r0 * PFH_ROW, n0, N, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP, BN)
 
 
 @triton.jit
@@ -100,17 +72,12 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
                      ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0,
                      RUN_QS: tl.constexpr = 0, RUN_QH: tl.constexpr = 0, RUN_SC: tl.constexpr = 0,
-                     RUN_SD: tl.constexpr = 0, PF_ROW: tl.constexpr = 0, PF_LINE: tl.constexpr = 32,
-                     PF_NL: tl.constexpr = 0, PF_NLP: tl.constexpr = 1, PFH_ROW: tl.constexpr = 0,
-                     PFH_LINE: tl.constexpr = 32, PFH_NL: tl.constexpr = 0, PFH_NLP: tl.constexpr = 1):
+                     RUN_SD: tl.constexpr = 0):
     """ADD: the sums are added to what `out` holds. SPLIT > 1: the slots are cut into
     SPLIT equal runs of whole steps (and whole blocks), one program each, and run s's sums
     go to out + s * stride_split (partials, for the consumer to add in run order). A run
     starts its planes RUN_* elements a run further on and its x rows its slots further on,
-    then walks its slots as a whole row's are walked: the same loop, the same registers.
-    PF_NL > 0: before the PDL wait, the first x-column block's programs ask L2 for the
-    first PF_NL lines of PF_LINE qs elements of each of their rows (the run's, with SPLIT;
-    PF_ROW elements a row: _l2_rows), L2_PREFETCH; PFH_*: the same of qh (Q5_K, Q6_K)."""
+    then walks its slots as a whole row's are walked: the same loop, the same registers."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
@@ -149,10 +116,6 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     acc6 = tl.zeros([NT, BN], tl.float32)
     acc7 = tl.zeros([NT, BN], tl.float32)
     pdl_trigger(PDL)
-    if PF_NL > 0:
-        if m0 == 0:                  # (the other column blocks read the same rows)
-            _l2_planes(qs, qh, 0, pid_n * BN, N, PF_ROW, PF_LINE, PF_NL, PF_NLP, PFH_ROW, PFH_LINE, PFH_NL, PFH_NLP,
-                       BN)
     if PREFETCH:
         nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
     if PREFETCH >= 2:
@@ -333,21 +296,6 @@ def _check_supported(w: QuantWeight) -> None:
                          f"(supported: {', '.join(t.name for t in CODES)})")
 
 
-def _l2_args(w: QuantWeight, split: int = 1) -> dict:
-    """The kernels' L2 prefetch constexprs for w's qs plane (PF_*) and qh plane if it has one
-    (PFH_*): a row's elements, a line's, and the lines of a run of 1 / split of the row (the
-    planes are row-major [rows, ROW], cut evenly into runs)."""
-    args = {}
-    for key, name in (("PF", "qs"), ("PFH", "qh")):
-        p = w.planes.get(name)
-        if p is None:
-            continue
-        row, line = p.shape[-1], 128 // p.element_size()
-        nl = triton.cdiv(row // split, line)
-        args.update({f"{key}_ROW": row, f"{key}_LINE": line, f"{key}_NL": nl, f"{key}_NLP": triton.next_power_of_2(nl)})
-    return args
-
-
 def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int, t: GemvTile,
             prepared: tuple[torch.Tensor, torch.Tensor] | None, pdl: bool, **epilogue) -> None:
     """One _qgemv_i8_kernel launch over x's W rows and w's N rows (x quantized here
@@ -357,8 +305,6 @@ def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int,
     BW = min(MAX_BW, triton.next_power_of_2(W))
     bits, hbits, bias, has_min = CODES[w.qtype]
     grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW) * t.split,)
-    if L2_PREFETCH and x.is_cuda:
-        epilogue = {**epilogue, **_l2_args(w, t.split)}
     _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, w.N, stride_out, 1, n_slots=w.n_slots,
                            LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
                            BN=t.BN, NT=t.NT, BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda,

@@ -46,7 +46,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from .expert_q8_gpu import _quantize_block
 from .qmatvec_i8 import _dp4a
-from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait, prefetch_l2
+from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from .qweight import QuantWeight, check_gemv_args
 
 ROWS = 16               # weight rows a warp (the mma's M)
@@ -223,27 +223,14 @@ def _kstep(acc, w, s_lo, s_hi, xw, xsum, WARPS: tl.constexpr, EMULATE: tl.conste
 
 
 @triton.jit
-def _run_l2(qf, grp, lane, run, STEPS: tl.constexpr, NR: tl.constexpr, NRP: tl.constexpr, KW: tl.constexpr):
-    """Ask L2 for the fragment-order words of each of the warp's run's super-blocks (run,
-    run + KW, ..): every thread its own 16 bytes of each step (4 steps a super-block)."""
-    i = tl.minimum(tl.arange(0, NRP), NR - 1)                          # [NRP]: the run's super-blocks
-    j = tl.arange(0, 4)                                                # its steps
-    sb = run[:, :, None] + (i * KW)[None, :, None]                     # [T, NRP, 1]
-    off = (grp * STEPS * 32 + lane)[:, :, None] * 4 + sb * 512 + (j * 128)[None, None, :]   # [T, NRP, 4]
-    prefetch_l2(qf + off)
-
-
-@triton.jit
 def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.constexpr,
                         WARPS: tl.constexpr, EMULATE: tl.constexpr, KW: tl.constexpr = 1, XA: tl.constexpr = True,
-                        PDL: tl.constexpr = False, PF: tl.constexpr = False, NRP: tl.constexpr = 1):
+                        PDL: tl.constexpr = False):
     """A program: WARPS / KW 16-row groups x 8 columns, on activations with one scale a
     super-block (prepare_q8k): a super-block's 8 slots fold in integers (_fold), its float
     work happens once (_flush). KW: warps a row group, each a run of K (_warp_place); the runs'
     sums added at the end (_runs_sum). Weights and scales are loaded a super-block ahead,
-    and with XA the activations too (else at the top of their super-block). PF: before the
-    PDL wait, every warp asks L2 for its whole run's weights (_run_l2; NRP: NR's power of
-    two; L2_PREFETCH)."""
+    and with XA the activations too (else at the top of their super-block)."""
     Tn: tl.constexpr = 32 * WARPS
     STEPS: tl.constexpr = n_slots // 2
     NSB: tl.constexpr = n_slots // 8
@@ -256,9 +243,6 @@ def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots:
     zero = tl.zeros([Tn, 2], tl.int32)
     sb0 = run                                                          # [T, 1]: the run's first super-block
     pdl_trigger(PDL)
-    if PF:
-        if cb == 0:                  # (the other column blocks read the same rows)
-            _run_l2(qf, grp, lane, run, STEPS, NR, NRP, KW)
     nw = _kfetch(qrow, sc, sd, r_lo, r_hi, sb0, n_slots)
     pdl_wait(PDL)
     nx = _xfetch(xrow, xs, dxs, col, ok, sb0, n_slots)
@@ -382,12 +366,6 @@ def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
     return (xf, xs, dxs, *xl)
 
 
-# qgemv_mma_k's warps ask L2 for their run's fragment words before the PDL wait (the loop holds
-# one super-block ahead in registers, at 128 registers 2 CTAs an SM: few bytes in flight). Not in
-# the float order. Off until timed.
-L2_PREFETCH = False
-
-
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int | None = None,
                 runs: int | None = None, ahead: bool = True, pdl: bool = False) -> torch.Tensor:
@@ -395,9 +373,8 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
     the tensor cores and a super-block's slots folded in integers. warps, runs: the program's
     warps and the runs of K a row group (None: mma_tile's, from the shape; runs alone:
     mma_runs); ahead: activations loaded a super-block ahead."""
-    pf = L2_PREFETCH and x.is_cuda
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
-                           warps, runs, pdl, XA=ahead, PF=pf)
+                           warps, runs, pdl, XA=ahead)
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
@@ -416,8 +393,6 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
         raise ValueError(f"{name}: {kw} runs need {warps} warps and {w.K // 256} super-blocks in whole runs")
     qf = planes if planes is not None else make_planes(w)
     xf, xs, dxs = (prepared if prepared is not None else prepare(x, w.n_slots, pdl))[:3]
-    if consts.get("PF"):             # the L2 prefetch's tile: the run's super-blocks' power of two
-        consts["NRP"] = triton.next_power_of_2((w.K // 256) // kw)
     grid = (triton.cdiv(N // ROWS, warps // kw) * triton.cdiv(W, COLS),)
     kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,
                  WARPS=warps, KW=kw, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,

@@ -140,10 +140,12 @@ def _store_col(out, y, rows, rows_ok, col, ok, stride_out):
 
 def q8k_tile(w: QuantWeight, W: int) -> tuple[int, int]:
     """(rows, warps) a program, neither in the float order (the runs are: mma_tile), so free
-    to follow W. 8 runs x 16 rows: ~160 registers (sm_90a). H200, W = 1, us
-    (gpu_q8k_tiles-20261202-010733.json; dp4a 4.9 / 4.0 / 16.8): 8B qkv 7.3 here, 5.1 at
-    8 x 8; o 4.8, 4.4 at 8 x 8; gate_up 19.1, 18.4 at 16 x 2. Kept until W = 2-4 are timed."""
-    return (16 if mma_tile(w)[1] <= 4 else 8), 4
+    to follow W. H200 sweep (gpu_q8k_tiles-20261202-035247.json, us; every tile qgemv_mma_k's
+    bits): 8 rows x 8 warps at W = 1 up to 8192 rows (8B qkv 5.3, o 4.5, down 10.2; the old
+    16 x 4: 7.3, 5.1, 10.6), 8 x 2 otherwise (gate_up W = 1 18.0; W = 2 qkv / o / gate_up /
+    down 6.8 / 5.4 / 21.3 / 12.6, W = 4 8.6 / 7.3 / 30.6 / 16.5, each within 0.3 of the best
+    but W = 2 down's 11.1)."""
+    return (8, 8) if W == 1 and w.N <= 8192 else (8, 2)
 
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,

@@ -46,7 +46,7 @@ from ..kernels.attention import decode_attention, decode_attention_q8
 from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
                              silu_mul_q8)
 from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order, moe_route_gate_up_i8
+from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
 from ..kernels.moe_q8 import contract_ok, moe_q8
 from ..kernels.expert_q8 import supports as i8_supports
 from ..kernels.qgemv_i8 import qgemv_i8, split_runs
@@ -248,18 +248,17 @@ class MoE:
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
                  pdl: bool = False, combine: bool = True,
-                 logits: torch.Tensor | None = None, route_in_gate_up: bool = False) -> "torch.Tensor | MoEParts":
+                 logits: torch.Tensor | None = None) -> "torch.Tensor | MoEParts":
         """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
         the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
         the router asks for its weights before it waits: PDL mode 2). combine=False: the
         int8 path may return its ranks unsummed, (part [W, k, D],
         weights [W, k]), for the next norm to sum (fused.add_rmsnorm). logits: the router's [W, E], if the
-        norm made them (engine.norm_router; the int8 path only). route_in_gate_up: the int8
-        path's gate_up launch routes (engine.route_in_gate_up)."""
+        norm made them (engine.norm_router; the int8 path only)."""
         if self.i8 and self.link is None:
             if logits is None:
                 logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
-            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine, route_in_gate_up)
+            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine)
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         if self.store is None:
             weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
@@ -276,7 +275,7 @@ class MoE:
         return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
-                    q8: dict | None, pdl: bool, combine: bool, route_in_gate_up: bool) -> "torch.Tensor | MoEParts":
+                    q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self.orders[0])
         if self.store is None:
             gu, dn, table, bgu, bdn, record = self.gate_up, self.down, None, None, None, None
@@ -284,13 +283,9 @@ class MoE:
             v = self.store.layer(self.layer)
             gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
             record = self.store.routes[self.layer, :h.shape[0]]
+        weights, experts = moe_route(logits, self.top_k, self.norm, experts_out=record, pdl=pdl)   # [W, k] each
         x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
-        if route_in_gate_up:    # [W, k, F], then [W, k] each
-            act, weights, experts = moe_route_gate_up_i8(x8, gu, logits, self.top_k, self.norm, act_dtype, table, bgu,
-                                                         pdl, experts_out=record)
-        else:
-            weights, experts = moe_route(logits, self.top_k, self.norm, experts_out=record, pdl=pdl)   # [W, k] each
-            act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)    # [W, k, F]
+        act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
         return moe_down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
 
 
@@ -323,8 +318,7 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None,
-                 route_in_gate_up: bool | None = None):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -332,7 +326,7 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow) / route_in_gate_up: config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -427,7 +421,6 @@ class GPUModel:
         self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
         self.norm_router = e.norm_router if norm_router is None else norm_router
         self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
-        self.route_in_gate_up = e.route_in_gate_up if route_in_gate_up is None else route_in_gate_up
         self.prefill_path = prefill_path or e.prefill_path
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
@@ -522,8 +515,7 @@ class GPUModel:
                 o = L.o.parts(a, q8, pdl)
                 h, q8 = self._norm(x, o, L.ffn_norm, L.gate_up or L.moe)                 # x += o(a)
             if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits,
-                          route_in_gate_up=self.route_in_gate_up)
+                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
             else:
                 gu = L.gate_up(h, q8, pdl)                                         # [W, 2F]
                 if L.down.orders and self._fuse_q8:
