@@ -61,12 +61,15 @@ mma-arms2)
       default/mma-wide --widths $W 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
 q8k)
-  # qgemv_q8k (the mma's dp4a partner) at the widths mma-wide gives it; its W = 1 tile gap to dp4a
-  # (NOTES session 23); the 8B rounds with the mma from W = 5 (mma-wide) or W = 3 (mma-wide2)
-  timeout 200 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
+  # qgemv_q8k (the mma's dp4a partner) at the widths mma-wide gives it, its [rows, run halves, slots]
+  # tile (session 24, untimed: the rule's tile first, then rows x warps) against dp4a; the 8B rounds
+  # with the mma from W = 5 (mma-wide) or W = 3 (mma-wide2); then where mma-wide's W = 1 time goes
+  timeout 240 python3 bench/gpu_q8k_tiles.py --shapes qkv o gate_up down_q4 --widths 1 2 4 2>&1 \
       | grep -v "_warn_once\|UserWarning"
-  timeout 330 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide2 \
+  timeout 220 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide default/mma-wide2 \
       --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 120 python3 bench/gpu_decode_profile.py --preset qwen3-8b --no-pdl --mma-control \
+      --commit "${GIT_COMMIT:-unknown}" 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)

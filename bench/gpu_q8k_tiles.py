@@ -24,10 +24,10 @@ from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # 
 
 from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
 from alphallama.kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k  # noqa: E402
-from alphallama.kernels.qgemv_q8k import qgemv_q8k  # noqa: E402
+from alphallama.kernels.qgemv_q8k import q8k_tile, qgemv_q8k  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
 
-TILES = [(rows, warps) for rows in (8, 16, 32) for warps in (2, 4, 8)]
+TILES = [(rows, warps) for rows in (8, 16, 32) for warps in (1, 2, 4, 8)]
 
 
 def main() -> None:
@@ -51,6 +51,10 @@ def main() -> None:
             row["us"][f"{W}:dp4a"] = time_graph([lambda w_=w_: qgemv_i8(x, w_, out=out, prepared=prep, pdl=True)
                                                  for w_ in ws]) * 1e6
             line = f"{name} W{W} dp4a {row['us'][f'{W}:dp4a']:5.1f} |"
+            rule = q8k_tile(w, W)                        # the default tile, timed first
+            row["us"][f"{W}:rule"] = time_graph([lambda w_=w_: qgemv_q8k(x, w_, out=out, prepared=prep8k, pdl=True)
+                                                 for w_ in ws]) * 1e6
+            line += f" rule r{rule[0]}w{rule[1]} {row['us'][f'{W}:rule']:5.1f} |"
             for rows, warps in TILES:
                 key = f"{W}:r{rows}w{warps}"
                 try:
