@@ -54,13 +54,16 @@ def compile_sm90() -> None:
     through shared memory every step, the same bits far slower."""
     import re
 
+    from gguf.constants import GGML_QUANT_SIZES
+
     from alphallama.kernels.qgemv_q8k import _q8k_dp4a_kernel, q8k_tile
     from alphallama.kernels.qweight import QuantWeight
     from tests.kernels.sm90 import compile_sm90 as build
 
     args = ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"]
     for n, k_len in ((6144, 4096), (24576, 4096), (4096, 4096), (4096, 12288)):   # the 8B's Q4_K matrices
-        w = QuantWeight.from_raw(torch.zeros((n, k_len // 256 * 144), dtype=torch.uint8), T.Q4_K, (n, k_len), "cpu")
+        block, size = GGML_QUANT_SIZES[T.Q4_K]
+        w = QuantWeight.from_raw(torch.zeros((n, k_len // block * size), dtype=torch.uint8), T.Q4_K, (n, k_len), "cpu")
         runs = mma_tile(w)[1]
         for W, bw in ((1, 1), (2, 2), (4, 4)):
             rows, warps = q8k_tile(w, W)
