@@ -52,7 +52,7 @@ def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: boo
     path = f"/tmp/prof-{preset}.gguf"
     if not os.path.exists(path):
         write_synthetic(PRESETS[preset](n_layers=layers), path)
-    # fuse off: a prepare launch per GEMV input; mma: engine.gemv_mma (qgemv_q8k up to W = 4)
+    # fuse off: a prepare launch per GEMV input; mma: engine.gemv_mma (qgemv_q8k up to gemv_mma_narrow rows)
     model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8, pdl=pdl, gemv_mma=mma or None)
     cache = model.new_cache(4096)
     g = torch.Generator().manual_seed(1)
