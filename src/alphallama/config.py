@@ -54,7 +54,7 @@ class EngineDefaults:
                                   # W=1 / 2 / 4 / 5 / 8 1.938 / 2.465 / 3.024 / 4.553 / 4.783 -> 2.138 / 2.686 / 3.528 /
                                   # 3.540 / 3.904 (gpu_decode_arms-qwen3-8b-20261202-040314.json). Off: plain decode
                                   # loses 10%; priced on the public suite's n-gram rounds (Qwen 0.5B's widths, the 8B's
-                                  # costs) set A -9%, V +6%, R +22% (NOTES, session 24). Where the W = 1 time goes
+                                  # costs) set A -9%, V +6%, R +23% (price_widths-20261202.json). Where the W = 1 time goes
                                   # (gpu_decode_profile-20261202-040129.json, 6 layers, no PDL): q8k GEMVs +3.2 us a
                                   # layer over dp4a, the combine's q8_K emission +1.8 (two heads a program), the norm +1
     gemv_mma_narrow: int = 2      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
