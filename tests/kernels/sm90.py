@@ -53,20 +53,3 @@ def run_in_child(module: str, func: str = "compile_sm90", args: tuple = (), time
                        env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=root, capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
-
-
-def spills(kernel) -> int:
-    """Local-memory loads and stores (LDL / STL: register spills) in a compiled kernel's
-    sm_90 SASS, read with the cuobjdump that ships with Triton."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return len(re.findall(r"\b(?:LDL|STL)\b", sass))

@@ -40,10 +40,6 @@ BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 5
 MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
 NUM_WARPS = 4
 COMBINE_WARPS = 4  # the combine (one program per row and query head)
-COMBINE_Q8K_WARPS = 8   # the q8_K combine (a program per row and head pair, both heads' partials loaded at
-                        # once): at 4 warps the two [MAX_SPLITS, HD] tiles spill (sm_90 SASS: 46 local
-                        # loads and stores), at 8 none (198 registers). Another reduction layout than the
-                        # one-head combine's: its own bits on the GPU, the same at every W. Untimed
 
 
 def split_size(length: int) -> int:
@@ -148,10 +144,12 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
 
 
 @triton.jit
-def _combine_load(O, M, L, row, h, length, stride_ow, stride_oh, stride_os,
-                  N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
-    """One (row, head)'s live splits: (m_s, l_s [MAX_SPLITS], o_s [MAX_SPLITS, HD], live).
-    Dead splits were never written; they are masked to exact zeros (and -inf maxima)."""
+def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os, stride_outw,
+                  N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                  XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr):
+    """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
+    written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
+    adds exactly the live partials, and which splits are live depends on L alone."""
     n_live = tl.cdiv(length, _split_size(length, BLOCK_N, MAX_SPLITS))
     s = tl.arange(0, MAX_SPLITS)
     d = tl.arange(0, HD)
@@ -161,30 +159,12 @@ def _combine_load(O, M, L, row, h, length, stride_ow, stride_oh, stride_os,
     l_s = tl.load(L + ml_off, mask=live, other=0.0)
     o_s = tl.load(O + row * stride_ow + h * stride_oh + s[:, None] * stride_os + d[None, :],
                   mask=live[:, None], other=0.0)                                      # [MAX_SPLITS, HD]
-    return m_s, l_s, o_s, live
-
-
-@triton.jit
-def _combine_math(m_s, l_s, o_s, live):
-    """The fixed reduction tree (a constexpr shape) over the live partials: which splits
-    are live depends on L alone. -> [HD] float32."""
     m = tl.max(m_s, 0)
     w = tl.where(live, tl.exp(m_s - m), 0.0)
     l_sum = tl.sum(l_s * w, 0)
     acc = tl.sum(o_s * w[:, None], 0)                                                 # [HD]
-    return acc / l_sum
-
-
-@triton.jit
-def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os, stride_outw,
-                  N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                  XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr):
-    """One (row, head): its live splits in one [MAX_SPLITS, HD] tile, combined and stored
-    (with the o projection's int8 activations where NQ > 0)."""
-    m_s, l_s, o_s, live = _combine_load(O, M, L, row, h, length, stride_ow, stride_oh, stride_os,
-                                        N_HEADS, HD, BLOCK_N, MAX_SPLITS)
-    out = _combine_math(m_s, l_s, o_s, live).to(OUT.dtype.element_ty)
-    tl.store(OUT + row * stride_outw + h * HD + tl.arange(0, HD), out)
+    out = (acc / l_sum).to(OUT.dtype.element_ty)
+    tl.store(OUT + row * stride_outw + h * HD + d, out)
     if NQ > 0:                       # the o projection's int8 activations (kernels/fused.py)
         emit_q8(out.to(tl.float32), h * HD, row.to(tl.int64), XP1, XS1, N_HEADS * HD, SLOT1, V1, BITS1)
     return out
@@ -224,17 +204,10 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
     if Q8K:
         tl.static_assert(HD == 128, "q8_K activations from the combine: two heads of 128 a super-block")
         h0 = tl.program_id(1) * 2
-        # both heads' partials loaded before either is combined: a head's store may alias the
-        # next head's loads for the compiler, so one head after the other waited twice
-        ma, la, oa, live = _combine_load(O, M, L, row, h0, length, stride_ow, stride_oh, stride_os,
-                                         N_HEADS, HD, BLOCK_N, MAX_SPLITS)
-        mb, lb, ob, _ = _combine_load(O, M, L, row, h0 + 1, length, stride_ow, stride_oh, stride_os,
-                                      N_HEADS, HD, BLOCK_N, MAX_SPLITS)
-        a = _combine_math(ma, la, oa, live).to(OUT.dtype.element_ty)
-        b = _combine_math(mb, lb, ob, live).to(OUT.dtype.element_ty)
-        d = tl.arange(0, HD)
-        tl.store(OUT + row * stride_outw + h0 * HD + d, a)
-        tl.store(OUT + row * stride_outw + (h0 + 1) * HD + d, b)
+        a = _combine_head(O, M, L, OUT, row, h0, length, stride_ow, stride_oh, stride_os, stride_outw,
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1)
+        b = _combine_head(O, M, L, OUT, row, h0 + 1, length, stride_ow, stride_oh, stride_os, stride_outw,
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1)
         ab = tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * HD,)).to(tl.float32)   # head h0, then h0 + 1
         emit_q8k(ab, h0 * HD, row.to(tl.int64), XF, XK, DXK, XL, N_HEADS * HD)
     else:
@@ -298,8 +271,7 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                                               EARLY=early, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
-                                       num_warps=COMBINE_Q8K_WARPS if heads < n_heads else COMBINE_WARPS,
-                                       **qargs, **pdl_kwargs(pdl, q.device))
+                                       num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
     return out, q8
 
 

@@ -12,9 +12,9 @@ integers with dp4a (its sums over words and slots are integer, so their order is
 then the same float expressions in the same order: the mma for wide rounds, dp4a for
 narrow ones, one set of bits (checked bit for bit against qgemv_mma_k in the tests).
 
-Tile: [BN, 2R, 4, V] words a step: BN rows, R runs (the weight's mma_tile runs: part of the
-float order) of one super-block each, in two halves of 4 slots, 16 bytes of qs a (row,
-slot); BW <= 4 columns a program, a named accumulator [R, BN] each. H200, W = 1
+Tile (qgemv_i8's shapes): [S, BN, V] words a step, S = R runs x the 8 slots of one
+super-block each (R = the weight's mma_tile runs: part of the float order), 16 bytes of qs
+a (slot, row); BW <= 4 columns a program, a named accumulator [R, BN] each. H200, W = 1
 (gpu_qgemv_mma-20261201-213840.json): 18.2 / 7.2 / 4.9 / 11.8 us on the 8B gate_up / qkv /
 o / down, qgemv_i8 16.3 / 5.2 / 4.2 / 11.8.
 """
@@ -32,13 +32,12 @@ from .qweight import QuantWeight, check_gemv_args
 
 @triton.jit
 def _dot4(a, b, c, DP4A: tl.constexpr):
-    """c + the dp4a of a and b [BN, P, J, 4] (the same shape and layout) over their 4 words,
-    one chain in the thread: [BN, P, J] int32."""
-    BN: tl.constexpr = a.shape[0]
-    P: tl.constexpr = a.shape[1]
-    J: tl.constexpr = a.shape[2]
-    a02, a13 = tl.split(tl.reshape(a, (BN, P, J, 2, 2)))
-    b02, b13 = tl.split(tl.reshape(b, (BN, P, J, 2, 2)))
+    """c + the dp4a of a and b [S, BN, 4] (the same shape and layout) over their 4 words,
+    one chain in the thread: [S, BN] int32."""
+    S: tl.constexpr = a.shape[0]
+    BN: tl.constexpr = a.shape[1]
+    a02, a13 = tl.split(tl.reshape(a, (S, BN, 2, 2)))
+    b02, b13 = tl.split(tl.reshape(b, (S, BN, 2, 2)))
     a0, a2 = tl.split(a02)
     a1, a3 = tl.split(a13)
     b0, b2 = tl.split(b02)
@@ -47,42 +46,27 @@ def _dot4(a, b, c, DP4A: tl.constexpr):
 
 
 @triton.jit
-def _slots(R: tl.constexpr):
-    """[2R, 4]: step 0's slot at tile place (p, j): run p // 2, half p % 2, slot 4 (p % 2) + j
-    of the run's super-block (runs interleave: step s holds super-blocks s R .. s R + R - 1)."""
-    p = tl.arange(0, 2 * R)[:, None]
-    j = tl.arange(0, 4)[None, :]
-    return (p // 2) * 8 + (p % 2) * 4 + j
-
-
-@triton.jit
-def _fold(v, R: tl.constexpr):
-    """[BN, 2R, 4] int32 -> [R, BN]: each run's 8 slots summed (integers: any order): the j
-    axis in the thread's registers, the half across a lane pair."""
-    BN: tl.constexpr = v.shape[0]
-    return tl.permute(tl.sum(tl.reshape(tl.sum(v, axis=2), (BN, R, 2)), axis=2), (1, 0))
-
-
-@triton.jit
 def _col_step(y, lo, hi, raw, d, dmin, xl, xs, dxs, col, ok, s, one, n_slots: tl.constexpr, R: tl.constexpr,
               DP4A: tl.constexpr):
     """Column col's super-block s of every run into y [R, BN]: the isums by dp4a (lo/hi
-    [BN, 2R, 4, V] codes), folded in integers, then qgemv_mma_k's _flush."""
+    [S, BN, V] codes, S = R runs x 8 slots), folded in integers, then qgemv_mma_k's _flush."""
     S: tl.constexpr = R * 8
-    BN: tl.constexpr = lo.shape[0]
+    BN: tl.constexpr = lo.shape[1]
     NSB: tl.constexpr = n_slots // 8
-    slot = s * S + _slots(R)                                           # [2R, 4]
+    i = tl.arange(0, S)                                                # [S]: run i // 8, slot i % 8
+    slot = s * S + i                                                   # runs interleave: step s is super-blocks s R ..
     # prepare_q8k's row-order words (prepare_i8's: a slot's 4 lo words, then its 4 hi words),
-    # addressed as qgemv_i8 does (a row pointer, small offsets: the loads stay 16-byte vectors),
-    # loaded in the weights' tile (each thread its rows' copy, the same addresses): a smaller
-    # tile would get a layout of its own and the weights would move to it every step
+    # addressed as qgemv_i8 does (a row pointer, small offsets: the loads stay 16-byte vectors)
     x_row = xl + col * (n_slots * 8)
-    xo = slot[None, :, :, None] * 8 + tl.arange(0, 4)[None, None, None, :]     # [1, 2R, 4, V]
-    xp = tl.broadcast_to(x_row + xo, (BN, 2 * R, 4, 4))
-    isum = _dot4(hi, tl.load(xp + 4), _dot4(lo, tl.load(xp), 0, DP4A), DP4A)   # [BN, 2R, 4]
-    xsum = tl.load(xs + col * n_slots + slot * one)                    # [2R, 4] (one: no vector across slots)
-    ai = _fold((raw & 0xFF) * isum, R)                                 # [R, BN]
-    am = _fold(((raw >> 8) & 0xFF) * xsum[None, :, :], R)
+    xo = slot[:, None, None] * 8 + tl.arange(0, 4)[None, None, :]      # [S, 1, V]
+    # the x words loaded as a [S, BN, V] tile (each thread its rows' copy of its slot's words,
+    # the same addresses): a [S, 1, V] load is 128 elements for 128+ threads, so the compiler
+    # gives it a one-word-a-thread layout and moves the weights to it every step
+    xp = tl.broadcast_to(x_row + xo, (S, BN, 4))
+    isum = _dot4(hi, tl.load(xp + 4), _dot4(lo, tl.load(xp), 0, DP4A), DP4A)   # [S, BN]
+    xsum = tl.load(xs + col * n_slots + slot * one)                    # [S] (one: no vector across slots)
+    ai = tl.sum(tl.reshape((raw & 0xFF) * isum, (R, 8, BN)), axis=1)   # [R, BN]: any order, integers
+    am = tl.sum(tl.reshape(((raw >> 8) & 0xFF) * xsum[:, None], (R, 8, BN)), axis=1)
     dx = tl.load(dxs + col * NSB + s * R + tl.arange(0, R) * one)      # [R]
     dx = tl.where(ok, dx, 0.0)[:, None]                                # [R, 1]
     t = (d * dx) * ai.to(tl.float32) - (dmin * dx) * am.to(tl.float32)     # qgemv_mma_k's _flush, op for op
@@ -92,18 +76,10 @@ def _col_step(y, lo, hi, raw, d, dmin, xl, xs, dxs, col, ok, s, one, n_slots: tl
 @triton.jit(do_not_specialize=["one"])
 def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slots: tl.constexpr, BN: tl.constexpr,
                      R: tl.constexpr, BW: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
-    """A program: BN rows x BW columns; a step: super-block s of each of the R runs (8 R
+    """A program: BN rows x BW columns; a step: super-block s of each of the R runs (S = 8 R
     slots, 16 bytes of qs a (slot, row)), the next step's weights loaded ahead. `one` is a
     run-time 1 in the scales' slot strides (formats.slot_field's reason: no vector load
-    across slots, which would move the scales between threads through shared memory).
-
-    The tile is [BN, 2R, 4, V]: rows first, so that the compiler (which gives lanes to the
-    dimensions after the contiguous one in index order) spreads rows and run halves over
-    lanes and keeps a thread's 4 slots of one run half in registers: a super-block's fold is
-    3 adds in the thread and one shuffle (q8k_tile keeps the half in a lane, not a warp).
-    The slot-major tile before it put a run's 8 slots on 8 lanes: 24 shuffles a step for
-    R = 4 (sm_90 SASS, 8B gate_up at W = 1: 239 instructions a 64-byte step, now 191;
-    qgemv_i8: 183)."""
+    across slots, which would move the scales between threads through shared memory)."""
     tl.static_assert(BW == 1 or BW == 2 or BW == 4, "1, 2 or 4 columns a program")
     NSB: tl.constexpr = n_slots // 8
     tl.static_assert(NSB % R == 0, "whole super-block runs")
@@ -114,10 +90,10 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
     rows_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)                        # past N: recomputed, not stored
     c0 = (tl.program_id(0) % n_wb) * BW
-    slot0 = _slots(R)                                                  # [2R, 4]: step 0's slots
-    q_at = (qs + rows[:, None, None, None] * (n_slots * 4) + slot0[None, :, :, None] * 4
-            + tl.arange(0, 4)[None, None, None, :])                    # [BN, 2R, 4, V]
-    sc_at = sc + rows[:, None, None] * n_slots + slot0[None, :, :] * one    # [BN, 2R, 4]
+    i = tl.arange(0, S)
+    slot0 = i                                                          # [S]: step 0's slots (run i // 8)
+    q_at = qs + rows[None, :, None] * (n_slots * 4) + slot0[:, None, None] * 4 + tl.arange(0, 4)[None, None, :]
+    sc_at = sc + rows[None, :] * n_slots + slot0[:, None] * one        # [S, BN]
     sb0 = tl.arange(0, R)[:, None]                                     # [R, 1]
     y0 = tl.zeros([R, BN], tl.float32)
     y1 = tl.zeros([R, BN], tl.float32)
@@ -128,12 +104,12 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
     m2 = tl.minimum(c0 + 2, W - 1).to(tl.int64)
     m3 = tl.minimum(c0 + 3, W - 1).to(tl.int64)
     pdl_trigger(PDL)
-    nw = tl.load(q_at)                                                 # [BN, 2R, 4, V]
+    nw = tl.load(q_at)                                                 # [S, BN, V]
     pdl_wait(PDL)
     for s in range(0, NR):
         w = nw
         nw = tl.load(q_at + tl.minimum(s + 1, NR - 1) * (S * 4))       # a step ahead
-        raw = tl.load(sc_at + s * S).to(tl.int32)                      # [BN, 2R, 4]: sc | m << 8
+        raw = tl.load(sc_at + s * S).to(tl.int32)                      # [S, BN]: sc | m << 8
         sd_at = sd + rows[None, :] * (NSB * 2) + (s * R + sb0) * (2 * one)     # [R, BN]
         d = tl.load(sd_at).to(tl.float32)
         dmin = tl.load(sd_at + 1).to(tl.float32)
@@ -163,17 +139,13 @@ def _store_col(out, y, rows, rows_ok, col, ok, stride_out):
 
 
 def q8k_tile(w: QuantWeight, W: int) -> tuple[int, int]:
-    """(rows, warps) a program, neither in the float order (the runs are: mma_tile). The
-    warps are what gives each thread one (row, run half) of the [BN, 2R, 4, V] tile, so the
-    fold stays in registers and one lane pair (sm_90 SASS: other shapes put the 4 slots of a
-    half on warps, or a row's halves, and fold through shared memory): 8 rows x R / 2 warps
-    (16 x 1 for one run). Timed with the slot-major tile before it, at W = 1 / 2 / 4
-    (gpu_q8k_tiles-20261202-035247.json, us): 8B qkv 5.3 / 6.8 / 8.6, o 4.5 / 5.3 / 7.0,
-    gate_up 18.0 / 21.3 / 30.6, down 10.2 / 11.1 / 16.5 (dp4a 5.1 / 6.1 / 7.6, 4.1 / 5.1 /
-    6.8, 16.4 / 19.5 / 24.3, 12.1 / 12.9 / 16.9); this tile is untimed."""
-    runs = mma_tile(w)[1]
-    rows = 8 if runs >= 2 else 16
-    return rows, rows * 2 * runs // 32
+    """(rows, warps) a program, neither in the float order (the runs are: mma_tile), so free
+    to follow W. H200 sweep (gpu_q8k_tiles-20261202-035247.json, us; every tile qgemv_mma_k's
+    bits): 8 rows x 8 warps at W = 1 up to 8192 rows (8B qkv 5.3, o 4.5, down 10.2; the old
+    16 x 4: 7.3, 5.1, 10.6), 8 x 2 otherwise (gate_up W = 1 18.0; W = 2 qkv / o / gate_up /
+    down 6.8 / 5.4 / 21.3 / 12.6, W = 4 8.6 / 7.3 / 30.6 / 16.5, each within 0.3 of the best
+    but W = 2 down's 11.1)."""
+    return (8, 8) if W == 1 and w.N <= 8192 else (8, 2)
 
 
 def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
