@@ -5,8 +5,9 @@ The decode round's parts add up to the round (session 22's ablation: GEMVs alone
 GEMV loads its first step before griddepcontrol.wait. Here a latency-bound predecessor
 (A: 16 programs, each spinning SPIN ns on %globaltimer, like a norm or the attention
 combine) is followed by a streaming kernel B over an o-sized weight (4096 rows of 2304
-bytes, Q4_K's 8B o) whose programs each hold a [4, 1024]-word tile: all 1,024 programs fit
-on the H200 at once, so every byte can be in registers before the wait. Arms:
+bytes, Q4_K's 8B o) whose programs each hold 4 whole rows in registers (1,024 programs; the
+timeline says how many are resident before A ends), so every byte could be in registers
+before the wait. Arms:
 
   post  wait, then load the whole tile (nothing before the wait)
   pre   load the whole tile, then wait (all of B's bytes fetched during A)
@@ -51,23 +52,34 @@ def _spin_kernel(t_end, SPIN: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
+def _consume(v, acc):
+    acc = _dp4a(v & 0x0F0F0F0F, tl.full(v.shape, 0x01010101, tl.int32), acc, True)
+    return _dp4a((v >> 4) & 0x0F0F0F0F, tl.full(v.shape, 0x01020102, tl.int32), acc, True)
+
+
+@triton.jit
 def _stream_kernel(w, out, t_in, t_go, N, KW: tl.constexpr, BN: tl.constexpr, PRE: tl.constexpr, PDL: tl.constexpr):
+    """A program: BN whole rows of 576 words as a [BN, 512] and a [BN, 64] tile (no padding,
+    so the bytes a program holds are its rows' bytes)."""
+    tl.static_assert(KW == 576)
     pid = tl.program_id(0)
     tl.store(t_in + pid, _now())
     pdl_trigger(PDL)
     rows = pid * BN + tl.arange(0, BN)
-    cols = tl.arange(0, 1024)
-    ptr = w + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * KW + cols[None, :]
+    ptr = w + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * KW
+    p1 = ptr + tl.arange(0, 512)[None, :]
+    p2 = ptr + 512 + tl.arange(0, 64)[None, :]
     if PRE:
-        v = tl.load(ptr, mask=cols[None, :] < KW, other=0)               # [BN, 1024]
+        v1 = tl.load(p1)                                                  # [BN, 512]
+        v2 = tl.load(p2)                                                  # [BN, 64]
         pdl_wait(PDL)
     else:
         pdl_wait(PDL)
-        v = tl.load(ptr, mask=cols[None, :] < KW, other=0)
+        v1 = tl.load(p1)
+        v2 = tl.load(p2)
     tl.store(t_go + pid, _now())
-    acc = _dp4a(v & 0x0F0F0F0F, tl.full(v.shape, 0x01010101, tl.int32), tl.zeros_like(v), True)
-    acc = _dp4a((v >> 4) & 0x0F0F0F0F, tl.full(v.shape, 0x01020102, tl.int32), acc, True)
-    tl.store(out + rows, tl.sum(acc, 1), mask=rows < N)
+    y = tl.sum(_consume(v1, tl.zeros_like(v1)), 1) + tl.sum(_consume(v2, tl.zeros_like(v2)), 1)
+    tl.store(out + rows, y, mask=rows < N)
 
 
 def main() -> None:
@@ -94,10 +106,12 @@ def main() -> None:
             row[f"B{pre}_us"] = time_graph(B) * 1e6
             pair = [f for m_b in B for f in (A, m_b)]
             row[f"AB{pre}_us"] = time_graph(pair) * 2e6               # per (A, B) pair
-            # one pair's timeline
-            torch.cuda.synchronize()
-            A()
-            B[0]()
+            # one pair's timeline, from a graph replay (eager launches would add the host's gaps)
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                A()
+                B[0]()
+            gr.replay()
             torch.cuda.synchronize()
             a_end = int(t_end.max())
             ins = (t_in - a_end).float() / 1e3                        # us after A's last program ended
