@@ -1,20 +1,21 @@
-"""Can a GEMV read its weights while the kernel before it still runs (PDL)?
+"""Can a GEMV read its weights while the kernel before it still runs (PDL), and does the
+kernel after it start on time?
 
 The decode round's parts add up to the round (session 22's ablation: GEMVs alone 1.462 ms
 + the rest alone 0.506 = 1.968 against a 1.962 round): nothing overlaps, although every
-GEMV loads its first step before griddepcontrol.wait. Here a latency-bound predecessor
-(A: 16 programs, each spinning SPIN ns on %globaltimer, like a norm or the attention
-combine) is followed by a streaming kernel B over an o-sized weight (4096 rows of 2304
-bytes, Q4_K's 8B o) whose programs each hold 4 whole rows in registers (1,024 programs; the
-timeline says how many are resident before A ends), so every byte could be in registers
-before the wait. Arms:
+GEMV loads its first step before griddepcontrol.wait. Here a latency-bound kernel A (16
+programs spinning SPIN ns on %globaltimer, like a norm or the attention combine) and a
+streaming kernel B over an o-sized weight (4096 rows of 2304 bytes, Q4_K's 8B o, in
+blocks of 4 whole rows held in registers) alternate in a PDL graph. B's forms:
 
-  post  wait, then load the whole tile (nothing before the wait)
-  pre   load the whole tile, then wait (all of B's bytes fetched during A)
+  post     1,024 programs, a block each, loaded after the wait
+  pre      the same, loaded before the wait (all of B's bytes can arrive during A)
+  persP    P programs walking 1024 / P blocks, the first before the wait, the next block
+           loaded while one is summed (fewer CTAs an SM: room for the next A)
 
-timed as a CUDA graph of R (A, B) pairs with PDL launches, against A alone and B alone;
-and from one replay, B's programs' entry times relative to A's end (%globaltimer): how
-many were resident before A finished. $OUT/gpu_pdl_overlap-*.json.
+Times: B alone, the (A, B) pair less A alone; and from one replay of A, B, A, when B's
+programs enter and pass the wait (from the first A's end), and when the second A's do
+(from B's end). $OUT/gpu_pdl_overlap-*.json.
 """
 from __future__ import annotations
 
@@ -41,14 +42,19 @@ def _now():
 
 
 @triton.jit
-def _spin_kernel(t_end, SPIN: tl.constexpr, PDL: tl.constexpr):
+def _spin_kernel(ts, SPIN: tl.constexpr, PDL: tl.constexpr):
+    """ts [3, programs]: entry, past the wait, exit (%globaltimer, ns)."""
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    tl.store(ts + pid, _now())
     pdl_trigger(PDL)
     pdl_wait(PDL)
     t0 = _now()
+    tl.store(ts + P + pid, t0)
     t = t0
     while t - t0 < SPIN:
         t = _now()
-    tl.store(t_end + tl.program_id(0), t)
+    tl.store(ts + 2 * P + pid, t)
 
 
 @triton.jit
@@ -58,28 +64,48 @@ def _consume(v, acc):
 
 
 @triton.jit
-def _stream_kernel(w, out, t_in, t_go, N, KW: tl.constexpr, BN: tl.constexpr, PRE: tl.constexpr, PDL: tl.constexpr):
-    """A program: BN whole rows of 576 words as a [BN, 512] and a [BN, 64] tile (no padding,
-    so the bytes a program holds are its rows' bytes)."""
+def _rows(w, out, blk, N, KW: tl.constexpr, BN: tl.constexpr):
+    rows = blk * BN + tl.arange(0, BN)
+    return w + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * KW, rows
+
+
+@triton.jit
+def _stream_kernel(w, out, ts, N, KW: tl.constexpr, BN: tl.constexpr, PER: tl.constexpr, PRE: tl.constexpr,
+                   PDL: tl.constexpr):
+    """A program: PER blocks of BN whole rows (blocks pid, pid + G, ...), each row of 576
+    words as a [BN, 512] and a [BN, 64] tile (no padding: the bytes held are the rows'
+    bytes), the next block loaded while one is summed. PRE: the first block loaded before
+    the wait. ts as _spin_kernel's."""
     tl.static_assert(KW == 576)
     pid = tl.program_id(0)
-    tl.store(t_in + pid, _now())
+    G = tl.num_programs(0)
+    tl.store(ts + pid, _now())
     pdl_trigger(PDL)
-    rows = pid * BN + tl.arange(0, BN)
-    ptr = w + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * KW
-    p1 = ptr + tl.arange(0, 512)[None, :]
-    p2 = ptr + 512 + tl.arange(0, 64)[None, :]
+    ptr, rows = _rows(w, out, pid, N, KW, BN)
     if PRE:
-        v1 = tl.load(p1)                                                  # [BN, 512]
-        v2 = tl.load(p2)                                                  # [BN, 64]
+        v1 = tl.load(ptr + tl.arange(0, 512)[None, :])                   # [BN, 512]
+        v2 = tl.load(ptr + 512 + tl.arange(0, 64)[None, :])              # [BN, 64]
         pdl_wait(PDL)
     else:
         pdl_wait(PDL)
-        v1 = tl.load(p1)
-        v2 = tl.load(p2)
-    tl.store(t_go + pid, _now())
-    y = tl.sum(_consume(v1, tl.zeros_like(v1)), 1) + tl.sum(_consume(v2, tl.zeros_like(v2)), 1)
-    tl.store(out + rows, y, mask=rows < N)
+        v1 = tl.load(ptr + tl.arange(0, 512)[None, :])
+        v2 = tl.load(ptr + 512 + tl.arange(0, 64)[None, :])
+    tl.store(ts + G + pid, _now())
+    for j in tl.static_range(PER):
+        if j + 1 < PER:
+            nptr, nrows = _rows(w, out, pid + (j + 1) * G, N, KW, BN)
+            n1 = tl.load(nptr + tl.arange(0, 512)[None, :])
+            n2 = tl.load(nptr + 512 + tl.arange(0, 64)[None, :])
+        y = tl.sum(_consume(v1, tl.zeros_like(v1)), 1) + tl.sum(_consume(v2, tl.zeros_like(v2)), 1)
+        tl.store(out + rows, y, mask=rows < N)
+        if j + 1 < PER:
+            v1, v2, rows = n1, n2, nrows
+    tl.store(ts + 2 * G + pid, _now())
+
+
+# B's forms: (name, programs, blocks a program, first block before the wait)
+FORMS = [("post", 1024, 1, 0), ("pre", 1024, 1, 1), ("pers512", 512, 2, 1), ("pers256", 256, 4, 1),
+         ("pers128", 128, 8, 1)]
 
 
 def main() -> None:
@@ -92,39 +118,40 @@ def main() -> None:
     mats = [torch.randint(-2**31, 2**31 - 1, (N, KW), dtype=torch.int32, device="cuda", generator=g)
             for _ in range(n_copies)]
     out = torch.empty(N, dtype=torch.int32, device="cuda")
-    t_end = torch.zeros(16, dtype=torch.int64, device="cuda")
-    t_in = torch.zeros(N // BN, dtype=torch.int64, device="cuda")
-    t_go = torch.zeros_like(t_in)
-    grid = (N // BN,)
-    print(f"{props.name}: B = {N} x {KW * 4} bytes ({N * KW * 4 / 1e6:.1f} MB), {grid[0]} programs", flush=True)
+    ts_a1, ts_a2 = (torch.zeros(3, 16, dtype=torch.int64, device="cuda") for _ in range(2))
+    print(f"{props.name}: B = {N} x {KW * 4} bytes ({N * KW * 4 / 1e6:.1f} MB) in blocks of {BN} rows", flush=True)
+    us = lambda t: float(t) / 1e3  # noqa: E731
     for spin in (2000, 4000):
-        A = lambda: _spin_kernel[(16,)](t_end, SPIN=spin, PDL=True, launch_pdl=True)  # noqa: E731
+        def A(ts=ts_a1, spin=spin):
+            _spin_kernel[(16,)](ts, SPIN=spin, PDL=True, launch_pdl=True)
         row = {"A_us": time_graph([A for _ in mats]) * 1e6}
-        for pre in (0, 1):
-            B = [lambda m=m, pre=pre: _stream_kernel[grid](m, out, t_in, t_go, N, KW=KW, BN=BN, PRE=pre, PDL=True,
-                                                            launch_pdl=True) for m in mats]
-            row[f"B{pre}_us"] = time_graph(B) * 1e6
-            pair = [f for m_b in B for f in (A, m_b)]
-            row[f"AB{pre}_us"] = time_graph(pair) * 2e6               # per (A, B) pair
-            # one pair's timeline, from a graph replay (eager launches would add the host's gaps)
+        print(f"spin {spin} ns: A alone {row['A_us']:.2f} us", flush=True)
+        for name, progs, per, pre in FORMS:
+            ts_b = torch.zeros(3, progs, dtype=torch.int64, device="cuda")
+            B = [lambda m=m, progs=progs, per=per, pre=pre, ts_b=ts_b: _stream_kernel[(progs,)](
+                m, out, ts_b, N, KW=KW, BN=BN, PER=per, PRE=pre, PDL=True, launch_pdl=True) for m in mats]
+            r = {"B_us": time_graph(B) * 1e6}
+            r["pair_us"] = time_graph([f for b in B for f in (A, b)]) * 2e6
+            r["pair_over_A_us"] = r["pair_us"] - row["A_us"]
+            # a timeline from one graph replay of A, B, A (eager launches would add the host's gaps)
             gr = torch.cuda.CUDAGraph()
             with torch.cuda.graph(gr):
                 A()
                 B[0]()
+                A(ts_a2)
             gr.replay()
             torch.cuda.synchronize()
-            a_end = int(t_end.max())
-            ins = (t_in - a_end).float() / 1e3                        # us after A's last program ended
-            gos = (t_go - a_end).float() / 1e3
-            row[f"B{pre}_entry_us"] = {"min": float(ins.min()), "median": float(ins.median()), "max": float(ins.max()),
-                                       "share_before_A_end": float((ins < 0).float().mean())}
-            row[f"B{pre}_go_us"] = {"min": float(gos.min()), "median": float(gos.median()), "max": float(gos.max())}
+            a1_end, b_end = ts_a1[2].max(), ts_b[2].max()
+            r["B_in_med_us"] = us((ts_b[0] - a1_end).median())        # relative to the first A's end
+            r["B_go_med_us"] = us((ts_b[1] - a1_end).median())
+            r["B_end_us"] = us(b_end - a1_end)
+            r["A2_in_med_us"] = us((ts_a2[0] - b_end).median())        # relative to B's end
+            r["A2_go_med_us"] = us((ts_a2[1] - b_end).median())
+            row[name] = r
+            print(f"  B {name:8s} alone {r['B_us']:5.2f} | pair - A {r['pair_over_A_us']:5.2f} us | from A's end: "
+                  f"B in {r['B_in_med_us']:6.2f} go {r['B_go_med_us']:5.2f} end {r['B_end_us']:5.2f} | "
+                  f"from B's end: next A in {r['A2_in_med_us']:6.2f} go {r['A2_go_med_us']:5.2f}", flush=True)
         res["arms"][f"spin{spin}"] = row
-        print(f"spin {spin} ns: A {row['A_us']:.2f} us | B post {row['B0_us']:.2f} pre {row['B1_us']:.2f} | "
-              f"A+B post {row['AB0_us']:.2f} pre {row['AB1_us']:.2f} | entries before A's end: post "
-              f"{row['B0_entry_us']['share_before_A_end']:.2f} pre {row['B1_entry_us']['share_before_A_end']:.2f}; "
-              f"B entry median {row['B1_entry_us']['median']:.2f} us, go median post "
-              f"{row['B0_go_us']['median']:.2f} pre {row['B1_go_us']['median']:.2f} us", flush=True)
     path.write_text(json.dumps(res, indent=1))
 
 
