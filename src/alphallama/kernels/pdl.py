@@ -18,35 +18,22 @@ routing, experts, their combine) took it later and are not yet timed.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
-# An experiment (session 25, untimed in the round): the trigger moved past the wait, so a
-# kernel's dependents launch only once it runs for real and at most two grids of the chain
-# are resident at once (with the trigger at the top, every kernel lets the next launch
-# while it still waits, and the chain runs ahead as far as the SMs' slots allow).
-# Read once at import: ALPHA_PDL_LATE_TRIGGER=1.
-LATE_TRIGGER = tl.constexpr(os.environ.get("ALPHA_PDL_LATE_TRIGGER", "0") == "1")
-
-
 @triton.jit
 def pdl_trigger(PDL: tl.constexpr):
     if PDL:
-        if not LATE_TRIGGER:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
-        if LATE_TRIGGER:
-            gdc_launch_dependents()
 
 
 @triton.jit
