@@ -15,6 +15,7 @@
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
 #   bash bench/gpu_decode_session.sh q8k       # qgemv_q8k's tile at W 1-4, then 8B rounds: the mma from W = 5 or 3
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
+#   bash bench/gpu_decode_session.sh probes    # a weight stream by load form (registers, TMA, persistent); the PDL boundary's timeline
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -71,6 +72,12 @@ q8k)
   timeout 120 python3 bench/gpu_decode_profile.py --preset qwen3-8b --no-pdl --mma-control \
       --commit "${GIT_COMMIT:-unknown}" 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
+probes)
+  # what bounds a decode kernel apart from our kernels (session 25): bytes by load form, and
+  # a PDL boundary's timeline (%globaltimer in every program)
+  timeout 330 python3 bench/gpu_stream_probe.py --shapes o qkv down_q4 gate_up 2>&1 | grep -v "_warn_once\|UserWarning"
+  timeout 60 python3 bench/gpu_pdl_overlap.py 2>&1 | grep -v "_warn_once\|UserWarning"
+  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -114,7 +121,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes"; exit 2
   ;;
 esac
 ls -l "$OUT"
