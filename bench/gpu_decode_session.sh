@@ -15,6 +15,7 @@
 #   bash bench/gpu_decode_session.sh mma-arms2 # 8B rounds: Q4_K on qgemv_q8k at every W; everything on the mma
 #   bash bench/gpu_decode_session.sh q8k       # qgemv_q8k's tile at W 1-4, then 8B rounds: the mma from W = 5 or 3
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
+#   bash bench/gpu_decode_session.sh mma-g2    # qgemv_mma_k with two row groups a warp (one activation fetch) against one, W 1-16
 #   bash bench/gpu_decode_session.sh probes    # a weight stream by load form (registers, TMA, persistent); the PDL boundary's timeline
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -72,6 +73,12 @@ q8k)
   timeout 120 python3 bench/gpu_decode_profile.py --preset qwen3-8b --no-pdl --mma-control \
       --commit "${GIT_COMMIT:-unknown}" 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
+mma-g2)
+  # session 25's untimed build: at W = 8 the mma kernel's activation loads are 9 of a warp's 23
+  # a super-block; two row groups a warp share them (172-243 registers on sm_90 against 128-153)
+  timeout 420 python3 bench/gpu_qgemv_mma.py --shapes gate_up qkv o down_q4 --widths 1 4 8 16 2>&1 \
+      | grep -v "_warn_once\|UserWarning"
+  ;;
 probes)
   # what bounds a decode kernel apart from our kernels (session 25): bytes by load form, and
   # a PDL boundary's timeline (%globaltimer in every program)
@@ -121,7 +128,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2"; exit 2
   ;;
 esac
 ls -l "$OUT"

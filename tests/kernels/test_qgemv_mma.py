@@ -94,6 +94,22 @@ def test_q8k_variant_matches_float64_and_keeps_rows_apart(warps, runs, ahead):
     assert xs.shape == (W, w.n_slots) and dx.shape == (W, k // 256)
 
 
+@pytest.mark.parametrize("warps,runs,ahead", [(2, 1, True), (4, 2, False)])
+def test_two_row_groups_a_warp_give_the_same_bits(warps, runs, ahead):
+    """groups=2: a warp's two 16-row groups share each activation fetch; every row's
+    operations are groups=1's, so its bits are too (80 rows: 5 groups, so a program's second
+    group falls past N and is not stored), at W = 10 (two column blocks) and W = 1."""
+    n, k = 80, 1024
+    raw, w = _weight(T.Q4_K, n, k, seed=5)
+    for W in (10, 1):
+        x = _x(W, k, seed=6 + W)
+        two = qgemv_mma_k(x, w, warps=warps, runs=runs, ahead=ahead, groups=2)
+        assert torch.equal(two, qgemv_mma_k(x, w, warps=warps, runs=runs, ahead=ahead))
+        assert _rel_err(two, *q8k_reference64(x, raw, T.Q4_K, n, k)) < 2e-6
+    with pytest.raises(ValueError, match="groups"):
+        qgemv_mma_k(x, w, groups=3)
+
+
 def test_prepare_q8k_bytes_land_in_fragment_order():
     """The one-launch q8_K prepare against plain torch: expert_q8's rounding rule with one
     scale a 256-value super-block, prepare_i8's lane order inside each slot, mma_x's order of
@@ -148,6 +164,10 @@ def compile_sm90() -> None:
                 and f"warpsPerCTA = [{warps}, 1]" in lay and "order = [1, 0]" in lay, lay
         assert (k.metadata.shared == 0) == (runs == 1)      # only the runs' sum goes through shared memory
         assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 8
+    # two row groups a warp (groups=2): twice the mma, the same one-row-a-thread fragments
+    k = build(_qgemv_mma_k_kernel, [i32, i32, f32, f32, i32, i16, f16, "i32", "i32", "i32"],
+              dict(n_slots=128, WARPS=8, EMULATE=False, KW=4, GR=2), num_warps=8)
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32", k.asm["ptx"])) == 16
 
 
 def test_compiles_for_sm90_with_fragments_one_row_a_thread():

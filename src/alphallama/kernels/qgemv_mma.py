@@ -97,18 +97,19 @@ def _isums(w, b, WARPS: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _warp_place(W, N, WARPS: tl.constexpr, KW: tl.constexpr):
+def _warp_place(W, N, WARPS: tl.constexpr, KW: tl.constexpr, GR: tl.constexpr = 1, SUB: tl.constexpr = 0):
     """A program's place for every kernel here: (its 8-column block cb, each thread's lane
     4g + t as lane, g, t [T, 1], the warp's 16-row group grp [T, 1] int64 (past N: clamped,
     recomputed, not stored), rows_ok [T, 1]: the group lies inside N, the warp's run [T, 1]).
-    A program holds WARPS / KW row groups of KW warps each; warp w of a group takes run w:
-    super-blocks w, w + KW, w + 2 KW, .. (interleaved, so that qgemv_q8k's step of KW runs
-    is KW adjacent super-blocks; _runs_sum adds the runs at the end)."""
+    A program holds WARPS / KW row-group slots of KW warps each; warp w of a slot takes run
+    w: super-blocks w, w + KW, w + 2 KW, .. (interleaved, so that qgemv_q8k's step of KW runs
+    is KW adjacent super-blocks; _runs_sum adds the runs at the end). A slot is GR adjacent
+    16-row groups (qgemv_mma_k's GR: one activation fetch for both); SUB picks one."""
     Tn: tl.constexpr = 32 * WARPS
     n_cb = tl.cdiv(W, 8)
     i = tl.arange(0, Tn)[:, None]                                      # [T, 1]: the thread
     lane = i % 32
-    grp = (tl.program_id(0) // n_cb) * (WARPS // KW) + (i // 32) // KW
+    grp = ((tl.program_id(0) // n_cb) * (WARPS // KW) + (i // 32) // KW) * GR + SUB
     n_grp = N // 16
     return (tl.program_id(0) % n_cb, lane, lane // 4, lane % 4, tl.minimum(grp, n_grp - 1).to(tl.int64),
             grp < n_grp, (i // 32) % KW)
@@ -225,53 +226,79 @@ def _kstep(acc, w, s_lo, s_hi, xw, xsum, WARPS: tl.constexpr, EMULATE: tl.conste
 @triton.jit
 def _qgemv_mma_k_kernel(xf, xs, dxs, out, qf, sc, sd, W, N, stride_out, n_slots: tl.constexpr,
                         WARPS: tl.constexpr, EMULATE: tl.constexpr, KW: tl.constexpr = 1, XA: tl.constexpr = True,
-                        PDL: tl.constexpr = False):
-    """A program: WARPS / KW 16-row groups x 8 columns, on activations with one scale a
+                        GR: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """A program: WARPS / KW 16-row group slots x 8 columns, on activations with one scale a
     super-block (prepare_q8k): a super-block's 8 slots fold in integers (_fold), its float
-    work happens once (_flush). KW: warps a row group, each a run of K (_warp_place); the runs'
-    sums added at the end (_runs_sum). Weights and scales are loaded a super-block ahead,
-    and with XA the activations too (else at the top of their super-block)."""
+    work happens once (_flush). KW: warps a slot, each a run of K (_warp_place); the runs'
+    sums added at the end (_runs_sum). GR: 16-row groups a warp (1 or 2), which share each
+    activation fetch (half the activation loads a weight byte at GR = 2; every row's
+    operations are the same, so are its bits). Weights and scales are loaded a super-block
+    ahead, and with XA the activations too (else at the top of their super-block)."""
+    tl.static_assert(GR == 1 or GR == 2, "one or two row groups a warp")
     Tn: tl.constexpr = 32 * WARPS
     STEPS: tl.constexpr = n_slots // 2
     NSB: tl.constexpr = n_slots // 8
     tl.static_assert(WARPS % KW == 0 and NSB % KW == 0, "whole row groups and whole super-block runs")
     NR: tl.constexpr = NSB // KW                                       # super-blocks a run
-    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS, KW)
+    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS, KW, GR, 0)
     qrow, xrow, r_lo, r_hi, col, ok = _fragment_at(qf, xf, cb, lane, g, t, grp, W, STEPS)
     y_lo = tl.zeros([Tn, 2], tl.float32)
     y_hi = tl.zeros([Tn, 2], tl.float32)
-    zero = tl.zeros([Tn, 2], tl.int32)
     sb0 = run                                                          # [T, 1]: the run's first super-block
     pdl_trigger(PDL)
     nw = _kfetch(qrow, sc, sd, r_lo, r_hi, sb0, n_slots)
+    if GR == 2:
+        grp2 = _warp_place(W, N, WARPS, KW, GR, 1)[4]
+        qrow2, _, r_lo2, r_hi2, _, _ = _fragment_at(qf, xf, cb, lane, g, t, grp2, W, STEPS)
+        y_lo2 = tl.zeros([Tn, 2], tl.float32)
+        y_hi2 = tl.zeros([Tn, 2], tl.float32)
+        nw2 = _kfetch(qrow2, sc, sd, r_lo2, r_hi2, sb0, n_slots)
     pdl_wait(PDL)
     nx = _xfetch(xrow, xs, dxs, col, ok, sb0, n_slots)
     for s in range(0, NR):
-        w0, w1, w2, w3, sl0, sl1, sl2, sl3, sh0, sh1, sh2, sh3, dd_lo, dd_hi = nw
+        cur = nw
         nb = sb0 + tl.minimum(s + 1, NR - 1) * KW                      # runs interleave: r, r + KW, ..
         nw = _kfetch(qrow, sc, sd, r_lo, r_hi, nb, n_slots)
+        if GR == 2:
+            cur2 = nw2
+            nw2 = _kfetch(qrow2, sc, sd, r_lo2, r_hi2, nb, n_slots)
         if XA:
-            x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = nx
+            xt = nx
             nx = _xfetch(xrow, xs, dxs, col, ok, nb, n_slots)
         else:
-            x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = _xfetch(xrow, xs, dxs, col, ok, sb0 + s * KW, n_slots)
-        acc = (zero, zero, zero, zero)
-        acc = _kstep(acc, w0, sl0, sh0, x0, xs0, WARPS, EMULATE)
-        acc = _kstep(acc, w1, sl1, sh1, x1, xs1, WARPS, EMULATE)
-        acc = _kstep(acc, w2, sl2, sh2, x2, xs2, WARPS, EMULATE)
-        acc = _kstep(acc, w3, sl3, sh3, x3, xs3, WARPS, EMULATE)
-        ai_lo, am_lo, ai_hi, am_hi = acc
-        y_lo = _flush(y_lo, ai_lo, am_lo, dd_lo, dx)
-        y_hi = _flush(y_hi, ai_hi, am_hi, dd_hi, dx)
-    _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS, KW)
+            xt = _xfetch(xrow, xs, dxs, col, ok, sb0 + s * KW, n_slots)
+        y_lo, y_hi = _superblock(y_lo, y_hi, cur, xt, WARPS, EMULATE)
+        if GR == 2:
+            y_lo2, y_hi2 = _superblock(y_lo2, y_hi2, cur2, xt, WARPS, EMULATE)
+    _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS, KW, GR, 0)
+    if GR == 2:
+        _store_runs(out, y_lo2, y_hi2, W, N, stride_out, WARPS, KW, GR, 1)
 
 
 @triton.jit
-def _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS: tl.constexpr, KW: tl.constexpr):
-    """The runs of rows g and g + 8 ([T, 2 (cb)] each) added (_runs_sum) and stored."""
+def _superblock(y_lo, y_hi, w, x, WARPS: tl.constexpr, EMULATE: tl.constexpr):
+    """A row group's super-block (_kfetch's tuple w, _xfetch's x) into y_lo, y_hi [T, 2]:
+    its 4 steps' isums folded in integers, then the float part once."""
+    w0, w1, w2, w3, sl0, sl1, sl2, sl3, sh0, sh1, sh2, sh3, dd_lo, dd_hi = w
+    x0, x1, x2, x3, xs0, xs1, xs2, xs3, dx = x
+    zero = tl.zeros(y_lo.shape, tl.int32)
+    acc = (zero, zero, zero, zero)
+    acc = _kstep(acc, w0, sl0, sh0, x0, xs0, WARPS, EMULATE)
+    acc = _kstep(acc, w1, sl1, sh1, x1, xs1, WARPS, EMULATE)
+    acc = _kstep(acc, w2, sl2, sh2, x2, xs2, WARPS, EMULATE)
+    acc = _kstep(acc, w3, sl3, sh3, x3, xs3, WARPS, EMULATE)
+    ai_lo, am_lo, ai_hi, am_hi = acc
+    return _flush(y_lo, ai_lo, am_lo, dd_lo, dx), _flush(y_hi, ai_hi, am_hi, dd_hi, dx)
+
+
+@triton.jit
+def _store_runs(out, y_lo, y_hi, W, N, stride_out, WARPS: tl.constexpr, KW: tl.constexpr, GR: tl.constexpr = 1,
+                SUB: tl.constexpr = 0):
+    """The runs of rows g and g + 8 ([T, 2 (cb)] each) added (_runs_sum) and stored (row
+    group SUB of each warp's GR)."""
     y_lo = _runs_sum(y_lo, KW)                                         # [T / KW, 2]
     y_hi = _runs_sum(y_hi, KW)
-    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS // KW, 1)
+    cb, lane, g, t, grp, rows_ok, run = _warp_place(W, N, WARPS // KW, 1, GR, SUB)
     r_lo = grp * 16 + g
     col = cb * 8 + 2 * t + tl.arange(0, 2)[None, :]
     keep = (col < W) & rows_ok
@@ -368,18 +395,21 @@ def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
 
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int | None = None,
-                runs: int | None = None, ahead: bool = True, pdl: bool = False) -> torch.Tensor:
+                runs: int | None = None, ahead: bool = True, groups: int = 1, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T on prepare_q8k's activations (one scale a super-block), the isums on
     the tensor cores and a super-block's slots folded in integers. warps, runs: the program's
     warps and the runs of K a row group (None: mma_tile's, from the shape; runs alone:
-    mma_runs); ahead: activations loaded a super-block ahead."""
+    mma_runs); ahead: activations loaded a super-block ahead; groups: 16-row groups a warp
+    (1 or 2, sharing the activation fetches; not in the float order). Untimed at 2."""
+    if groups not in (1, 2):
+        raise ValueError(f"qgemv_mma_k: groups must be 1 or 2, got {groups}")
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
-                           warps, runs, pdl, XA=ahead)
+                           warps, runs, pdl, groups=groups, XA=ahead, GR=groups)
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
                     planes: torch.Tensor | None, prepared: tuple | None, make_planes, prepare, warps: int | None,
-                    runs: int | None, pdl: bool, **consts) -> torch.Tensor:
+                    runs: int | None, pdl: bool, groups: int = 1, **consts) -> torch.Tensor:
     """One launch of a q8_K tensor-core GEMV (qgemv_mma_k's): x and out checked,
     the fragment planes and the activations made here where not given. warps None: the
     tile's (mma_tile); runs: warps a row group, each a run of K (mma_runs(w, warps) if None);
@@ -393,7 +423,7 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
         raise ValueError(f"{name}: {kw} runs need {warps} warps and {w.K // 256} super-blocks in whole runs")
     qf = planes if planes is not None else make_planes(w)
     xf, xs, dxs = (prepared if prepared is not None else prepare(x, w.n_slots, pdl))[:3]
-    grid = (triton.cdiv(N // ROWS, warps // kw) * triton.cdiv(W, COLS),)
+    grid = (triton.cdiv(N // ROWS, warps // kw * groups) * triton.cdiv(W, COLS),)
     kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,
                  WARPS=warps, KW=kw, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,
                  **consts, **pdl_kwargs(pdl, x.device))
