@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -35,6 +36,8 @@ from alphallama.gguf.quants import dequantize
 from alphallama.kernels import attention, fused, moe, moe_i8
 from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
 from alphallama.kernels.qgemv_i8 import GemvTile
+from alphallama.kernels.qgemv_mma import qgemv_mma_k
+from alphallama.runtime import gpu_model
 from alphallama.runtime.gpu_model import GPUModel
 
 ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
@@ -88,6 +91,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
                 "default/mma-wide2": dict(gemv_mma=True, gemv_mma_narrow=2),
+                # the same with qgemv_mma_k's two row groups a warp (session 25, untimed; the same bits)
+                "default/mma-wide2-g2": dict(gemv_mma=True, gemv_mma_narrow=2, mma_groups=2),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
                 "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
@@ -95,6 +100,7 @@ SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "d
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
+             "default/mma-wide2-g2": "default/mma-wide2",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -111,7 +117,11 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.gemv_tile)
+             moe_i8.gemv_tile, dict(gpu_model._MMA_FORMS))
+    groups = kw.pop("mma_groups", 1)   # qgemv_mma_k's row groups a warp (not in the float order)
+    if groups != 1:
+        gpu_model._MMA_FORMS.update({q: f._replace(gemv=functools.partial(qgemv_mma_k, groups=groups))
+                                     for q, f in gpu_model._MMA_FORMS.items()})
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -139,7 +149,9 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.gemv_tile) = saved
+         attention.BLOCK_N, moe_i8.gemv_tile, forms) = saved
+        gpu_model._MMA_FORMS.clear()
+        gpu_model._MMA_FORMS.update(forms)
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,

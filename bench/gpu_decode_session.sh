@@ -76,8 +76,11 @@ q8k)
 mma-g2)
   # session 25's untimed build: at W = 8 the mma kernel's activation loads are 9 of a warp's 23
   # a super-block; two row groups a warp share them (172-243 registers on sm_90 against 128-153)
-  timeout 420 python3 bench/gpu_qgemv_mma.py --shapes gate_up qkv o down_q4 --widths 1 4 8 16 2>&1 \
+  timeout 330 python3 bench/gpu_qgemv_mma.py --shapes gate_up qkv o down_q4 --widths 1 8 16 2>&1 \
       | grep -v "_warn_once\|UserWarning"
+  # whole 8B rounds: the exact-mode mma family with one and two row groups a warp (the same bits)
+  timeout 240 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide2 \
+      default/mma-wide2-g2 --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
   ;;
 probes)
   # what bounds a decode kernel apart from our kernels (session 25): bytes by load form, and
