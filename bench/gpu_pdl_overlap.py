@@ -64,7 +64,7 @@ def _consume(v, acc):
 
 
 @triton.jit
-def _rows(w, out, blk, N, KW: tl.constexpr, BN: tl.constexpr):
+def _rows(w, blk, N, KW: tl.constexpr, BN: tl.constexpr):
     rows = blk * BN + tl.arange(0, BN)
     return w + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * KW, rows
 
@@ -81,7 +81,7 @@ def _stream_kernel(w, out, ts, N, KW: tl.constexpr, BN: tl.constexpr, PER: tl.co
     G = tl.num_programs(0)
     tl.store(ts + pid, _now())
     pdl_trigger(PDL)
-    ptr, rows = _rows(w, out, pid, N, KW, BN)
+    ptr, rows = _rows(w, pid, N, KW, BN)
     if PRE:
         v1 = tl.load(ptr + tl.arange(0, 512)[None, :])                   # [BN, 512]
         v2 = tl.load(ptr + 512 + tl.arange(0, 64)[None, :])              # [BN, 64]
@@ -93,7 +93,7 @@ def _stream_kernel(w, out, ts, N, KW: tl.constexpr, BN: tl.constexpr, PER: tl.co
     tl.store(ts + G + pid, _now())
     for j in tl.static_range(PER):
         if j + 1 < PER:
-            nptr, nrows = _rows(w, out, pid + (j + 1) * G, N, KW, BN)
+            nptr, nrows = _rows(w, pid + (j + 1) * G, N, KW, BN)
             n1 = tl.load(nptr + tl.arange(0, 512)[None, :])
             n2 = tl.load(nptr + 512 + tl.arange(0, 64)[None, :])
         y = tl.sum(_consume(v1, tl.zeros_like(v1)), 1) + tl.sum(_consume(v2, tl.zeros_like(v2)), 1)

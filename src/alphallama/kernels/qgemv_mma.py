@@ -404,7 +404,7 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
     if groups not in (1, 2):
         raise ValueError(f"qgemv_mma_k: groups must be 1 or 2, got {groups}")
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
-                           warps, runs, pdl, groups=groups, XA=ahead, GR=groups)
+                           warps, runs, pdl, groups=groups, XA=ahead)
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
@@ -413,7 +413,8 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
     """One launch of a q8_K tensor-core GEMV (qgemv_mma_k's): x and out checked,
     the fragment planes and the activations made here where not given. warps None: the
     tile's (mma_tile); runs: warps a row group, each a run of K (mma_runs(w, warps) if None);
-    a property of the weight's tile, never of W (the runs' sum is part of the float order)."""
+    a property of the weight's tile, never of W (the runs' sum is part of the float order);
+    groups: 16-row groups a warp (the kernel's GR)."""
     W, N, out = check_gemv_args(x, w, out, name, k_multiple=256, out_col_slice=True)
     if warps is None:
         warps, tile_runs = mma_tile(w)
@@ -425,7 +426,7 @@ def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: tor
     xf, xs, dxs = (prepared if prepared is not None else prepare(x, w.n_slots, pdl))[:3]
     grid = (triton.cdiv(N // ROWS, warps // kw * groups) * triton.cdiv(W, COLS),)
     kernel[grid](xf, xs, dxs, out, qf, w.planes["sc"], w.planes["sd"], W, N, out.stride(0), n_slots=w.n_slots,
-                 WARPS=warps, KW=kw, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+                 WARPS=warps, KW=kw, GR=groups, EMULATE=not x.is_cuda, num_warps=warps, enable_fp_fusion=False,
                  **consts, **pdl_kwargs(pdl, x.device))
     return out
 
