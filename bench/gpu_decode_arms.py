@@ -91,6 +91,9 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
                 "default/mma-wide2": dict(gemv_mma=True, gemv_mma_narrow=2),
+                # fast mode's hybrid (--fast; engine.fast_mma_narrow): the default's kernels up to narrow rows,
+                # the mma family wider; not rotation-exact by design, W = 8 the mma family's bits
+                "default/fast": dict(fast=True),
                 # the same with qgemv_mma_k's two row groups a warp (session 25, untimed; the same bits)
                 "default/mma-wide2-g2": dict(gemv_mma=True, gemv_mma_narrow=2, mma_groups=2),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
@@ -100,7 +103,7 @@ SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "d
              "default/no-early-kv": "default",
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
-             "default/mma-wide2-g2": "default/mma-wide2",
+             "default/mma-wide2-g2": "default/mma-wide2", "default/fast": "default/mma-wide2",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}
 WIDTHS = (1, 2, 4, 8, 16)
 

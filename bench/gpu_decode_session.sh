@@ -16,6 +16,7 @@
 #   bash bench/gpu_decode_session.sh q8k       # qgemv_q8k's tile at W 1-4, then 8B rounds: the mma from W = 5 or 3
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
 #   bash bench/gpu_decode_session.sh mma-g2    # qgemv_mma_k with two row groups a warp (one activation fetch) against one, W 1-16
+#   bash bench/gpu_decode_session.sh fast      # fast mode's hybrid (dp4a narrow, the mma wider) against the default, both shapes
 #   bash bench/gpu_decode_session.sh probes    # a weight stream by load form (registers, TMA, persistent); the PDL boundary's timeline
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -82,6 +83,14 @@ mma-g2)
   timeout 240 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide2 \
       default/mma-wide2-g2 --widths 1 2 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
   ;;
+fast)
+  # fast mode's hybrid (--fast): dp4a up to engine.fast_mma_narrow rows, the mma family wider; W = 1 must
+  # stay the default's, W = 8 equal mma-wide2's bits; both shapes
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/mma-wide2 default/fast \
+      --widths 1 2 3 4 5 6 8 12 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 260 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/fast \
+      --widths 1 4 5 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+  ;;
 probes)
   # what bounds a decode kernel apart from our kernels (session 25): bytes by load form, and
   # a PDL boundary's timeline (%globaltimer in every program)
@@ -131,7 +140,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast"; exit 2
   ;;
 esac
 ls -l "$OUT"

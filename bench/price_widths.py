@@ -6,9 +6,11 @@ the widths are another model's (Qwen2.5-Coder-0.5B) and a width policy priced by
 candidate's costs would pick wider rounds.
 
     python bench/price_widths.py   # writes bench/results/price_widths-<date>.json
+    python bench/price_widths.py --curves gpu_decode_arms-qwen3-8b-<run>.json --candidate default/fast --tag fast
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import math
@@ -29,11 +31,20 @@ def curve(arm: dict) -> tuple[list[int], list[float]]:
 
 
 def main() -> None:
-    arms = json.loads((RES / CURVES).read_text())["arms"]
-    ws, control = curve(arms["default"])
-    ws_c, cand = curve(arms["default/mma-wide1"])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--curves", default=CURVES, help="a gpu_decode_arms JSON under bench/results")
+    ap.add_argument("--control", default="default")
+    ap.add_argument("--candidate", default="default/mma-wide1")
+    ap.add_argument("--tag", default="", help="a suffix for the output's name")
+    args = ap.parse_args()
+    arms = json.loads((RES / args.curves).read_text())["arms"]
+    ws, control = curve(arms[args.control])
+    ws_c, cand = curve(arms[args.candidate])
     assert ws == ws_c
-    cand[0] = json.loads((RES / NEW_W1[0]).read_text())["arms"][NEW_W1[1]]["ms_per_round"]["1"]
+    w1 = None
+    if (args.curves, args.candidate) == (CURVES, "default/mma-wide1"):    # session 24's pricing, as it was
+        w1 = NEW_W1
+        cand[0] = json.loads((RES / NEW_W1[0]).read_text())["arms"][NEW_W1[1]]["ms_per_round"]["1"]
     suite = json.loads((RES / SUITE).read_text())
     per_set: dict[str, list[float]] = {}
     rows = []
@@ -48,9 +59,10 @@ def main() -> None:
             per_set.setdefault(key, []).append(ratio)
     geo = {k: math.exp(sum(math.log(r) for r in v) / len(v)) for k, v in per_set.items()}
     out = {"what": __doc__.split("\n\n")[0], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "inputs": {"suite": SUITE, "curves": CURVES, "candidate_w1": NEW_W1},
+           "inputs": {"suite": SUITE, "curves": args.curves, "control": args.control, "candidate": args.candidate,
+                      "candidate_w1": w1},
            "widths": ws, "control_ms": control, "candidate_ms": cand, "geomean_time_ratio": geo, "prompts": rows}
-    path = RES / f"price_widths-{time.strftime('%Y%m%d')}.json"
+    path = RES / f"price_widths-{time.strftime('%Y%m%d')}{'-' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(out, indent=1))
     print(" ".join(f"{k} {v:.2f}" for k, v in geo.items()), "->", path.name)
 

@@ -95,11 +95,12 @@ class Engine:
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
              progress: Callable[[str, int], None] | None = None, draft_head: str | None = None,
-             expert_slots: int | None = None, cpu_threads: int | None = None) -> "Engine":
+             expert_slots: int | None = None, cpu_threads: int | None = None, fast: bool = False) -> "Engine":
         """draft_head: an MTP head GGUF (else the model's own, or `<stem>.mtp.gguf` beside it).
         expert_slots: an MoE model's experts in an expert store with this many VRAM slots
         (offload/; the automatic plan sets it), None: all resident. cpu_threads: the store's
-        CPU expert workers (None: the probe's count)."""
+        CPU expert workers (None: the probe's count). fast: the engine serves fast mode (--fast):
+        on the GPU its wide verify rounds may take the tensor cores (GPUModel's `fast`)."""
         from .chat import ChatTemplate
         from .gguf.arch import find_mtp_head, load_config
         from .spec.mtp import load_mtp_state
@@ -111,7 +112,8 @@ class Engine:
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
             from .runtime.gpu_model import GPUModel
-            model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads)
+            model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads,
+                             fast=fast and expert_slots is None)
         else:
             model = load_model(f, ctx, progress)
         head = find_mtp_head(f, cfg, draft_head)

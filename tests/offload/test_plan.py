@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from alphallama.cli import main
 from alphallama.gguf.arch import ARCHS
@@ -112,7 +113,27 @@ def test_budget_parsing_and_flags(model, monkeypatch):
     assert engine_kwargs(argparse.Namespace(ctx_size=100, device="cpu"), plan)["ctx_size"] == 100   # flags win
     monkeypatch.setenv("ALPHA_AUTO", "0")
     assert plan_from_args(args, model) is None
-    assert engine_kwargs(args, None) == {"ctx_size": None, "device": "auto"}
+    assert engine_kwargs(args, None) == {"ctx_size": None, "device": "auto", "fast": False}
+
+
+def test_fast_modes_tensor_core_copy_is_planned(tmp_path):
+    """--fast on a resident Q4_K model: the plan counts the second copy of the dense Q4_K
+    codes (half a byte a weight: the qs plane in the tensor cores' order) and asks the
+    engine for it only where it fits beside everything else."""
+    path = tmp_path / "q4k.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K"), path)
+    f = GGUFFile(str(path))
+    want = sum(t.shape[0] * t.shape[1] // 2 for n, t in f.tensors.items()
+               if t.qtype == GGMLQuantizationType.Q4_K and n != "token_embd.weight" and len(t.shape) == 2)
+    s = make_plan(str(path), ctx=CTX, gpu_mem=1 << 40).sizes
+    assert s.fast_extra == want > 0
+    fast = argparse.Namespace(ctx_size=None, device="auto", fast=True)
+    roomy = make_plan(str(path), ctx=CTX, gpu_mem=s.total + s.fast_extra)
+    tight = make_plan(str(path), ctx=CTX, gpu_mem=s.total + s.fast_extra - 1)
+    assert roomy.layout == tight.layout == "resident"
+    assert engine_kwargs(fast, roomy)["fast"] is True and engine_kwargs(fast, tight)["fast"] is False
+    assert engine_kwargs(argparse.Namespace(ctx_size=None, device="auto"), roomy)["fast"] is False   # no --fast
+    assert "fast       --fast adds" in roomy.describe() and "does not fit" in tight.describe()
 
 
 def test_offload_plan_sets_the_slots(tmp_path):

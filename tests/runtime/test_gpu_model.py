@@ -133,7 +133,7 @@ def test_moe_norm_computing_the_router_logits(tmp_path):
     """engine.norm_router: the o GEMV adds into the residual and the FFN norm computes the
     router's logits (one launch fewer a MoE layer): against the reference, close to the
     router-GEMV model, and a round equals its rows alone."""
-    logits = _option_on_and_off(tmp_path, "norm_router", 9, lambda g: all(map(g._norm_router, g.layers)))
+    logits = _option_on_and_off(tmp_path, "norm_router", 9, lambda g: all(g._norm_router(L, 1) for L in g.layers))
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
 
@@ -148,7 +148,7 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
     monkeypatch.setattr(mod, "SPLIT_MAX_N", 1 << 30)
 
     def split(gpu) -> bool:
-        runs = [L.o.runs for L in gpu.layers] + [L.down.runs for L in gpu.layers if L.down is not None]
+        runs = [L.o.runs(1) for L in gpu.layers] + [L.down.runs(1) for L in gpu.layers if L.down is not None]
         assert len(set(runs)) == 1, runs
         return runs[0] == 2
     # 8 heads: the o's rows of 512 values are 2 whole blocks of every quant, so they split too
@@ -186,7 +186,7 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
         gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=narrow)
         L = gpu.layers[0]
         assert any(L.gate_up.mma) and gpu._fuse_q8
-        assert Q8K in L.qkv.orders and Q8K in L.gate_up.orders and Q8K in L.o.orders   # their producers emit them
+        assert all(Q8K in lin.orders(3) for lin in (L.qkv, L.gate_up, L.o))   # their producers emit them
         out[narrow] = gpu.forward(toks, 0, gpu.new_cache(128))[0].clone()
     assert torch.equal(out[0], out[4])
     ref = load_model(f, 128)

@@ -60,8 +60,11 @@ def summary(plan: Plan | None) -> str:
 def engine_kwargs(args, plan: Plan | None) -> dict:
     """Engine.load's settings from the plan, where the user gave none (explicit flags win)."""
     kw = {"ctx_size": args.ctx_size, "device": args.device}
+    fast = bool(getattr(args, "fast", False))
     if plan is None:
-        return kw
+        return {**kw, "fast": fast}
+    # fast mode's tensor-core copy only where it fits beside a resident model (else plain fast mode)
+    kw["fast"] = fast and plan.layout == "resident" and plan.sizes.fits_fast(plan.budget)
     if args.ctx_size is None:
         kw["ctx_size"] = plan.ctx
     if plan.layout == "offload":

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import torch
-from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
@@ -69,16 +69,24 @@ class Sizes:
     n_experts: int        # routed experts in the model (layers x experts per layer)
     kv: int               # KV cache at the plan's context
     workspace: int        # logits, activations, graphs, margin
+    fast_extra: int = 0   # fast mode's second copy of the dense Q4_K codes (the tensor cores' order)
 
     @property
     def total(self) -> int:
         return self.dense + self.experts + self.kv + self.workspace
 
+    def fits_fast(self, budget: int | None) -> bool:
+        """Does a resident model also hold fast mode's tensor-core copy within budget?"""
+        return self.fast_extra > 0 and budget is not None and self.total + self.fast_extra <= budget
+
 
 def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
-    dense = experts = slot = 0
+    dense = experts = slot = fast = 0
     per_layer: dict[str, int] = {}
     for name, t in f.tensors.items():
+        if (t.qtype == GGMLQuantizationType.Q4_K and len(t.shape) == 2 and t.shape[0] % 16 == 0
+                and not name.endswith(_EXPERT_SUFFIXES) and name != "token_embd.weight"):
+            fast += math.prod(t.shape) // 2          # the qs plane again (runtime/gpu_model.MmaChoice "dp4a")
         # an embedding without planes is held as its raw rows (gpu_model.GPUModel.embed)
         n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
         if name.endswith(_EXPERT_SUFFIXES):
@@ -93,7 +101,7 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     slot = max(per_layer.values(), default=0)
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
     workspace = DEFAULTS.offload.reserve_bytes + 2 * KV_PAD_ROWS * cfg.vocab_size * 4
-    return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace)
+    return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace, fast)
 
 
 def host_threads() -> tuple[int, str]:
@@ -178,6 +186,9 @@ class Plan:
                                    else "no GPU (cpu runtime)")]
         if self.layout == "resident":
             lines.append(f"layout     all resident ({g(s.total)} on the device)")
+            if s.fast_extra:
+                fits = "fits" if s.fits_fast(self.budget) else "does not fit: --fast verifies on dp4a"
+                lines.append(f"fast       --fast adds a tensor-core copy of the Q4_K codes ({g(s.fast_extra)}; {fits})")
         elif self.layout == "offload":
             bank = self.slots * s.expert_slot
             lines.append(f"layout     offload: {self.slots} of {s.n_experts} expert slots in VRAM "

@@ -98,9 +98,15 @@ _MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_
 
 @dataclass(frozen=True)
 class MmaChoice:
-    """engine.gemv_mma's reach (config.py): widths up to `narrow` take a format's dp4a
-    partner (the same bits), wider ones the mma."""
+    """Where the tensor cores run (config.py): widths up to `narrow` take a dp4a kernel,
+    wider ones the mma. partner "q8k": engine.gemv_mma, the format's dp4a partner on the
+    same q8_K activations (the mma's bits at every width: exact). "dp4a": fast mode's
+    hybrid (engine.fast_mma_narrow), narrow rounds exactly as without the mma (qgemv_i8
+    on its lane orders, split runs, the o GEMV's residual add), so plain decode keeps the
+    default's bits and speed while wider verify rounds take the mma's (not the same bits:
+    fast mode only)."""
     narrow: int = 4
+    partner: str = "q8k"
 
 
 def _mma_form(w: QuantWeight) -> MmaForm | None:
@@ -140,6 +146,8 @@ class Linear:
         self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
         self._mma = [_mma_form(w) if mma is not None and i8 else None for w, i8 in zip(self.weights, self.i8)]
         self._narrow = mma.narrow if mma is not None else 0
+        # fast mode's hybrid: rounds of up to _narrow rows run as if there were no mma at all
+        self._hybrid = mma is not None and mma.partner == "dp4a" and any(f is not None for f in self._mma)
         self.mma = [f is not None for f in self._mma]
         # the code planes again in the mma's fragment order (the prefill path reads the planes as they
         # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
@@ -147,17 +155,30 @@ class Linear:
         self.N = sum(w.N for w in self.weights)
         # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py), and
         # the q8_K layout (Q8K) of weights on q8_K activations
-        self.orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
-                                          for w, i8, f in zip(self.weights, self.i8, self._mma)
-                                          if i8 and (f is None or f.order is not None)))
-        self.runs = split_runs(self.weights[0]) if split and self.adds else 1
+        self._orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
+                                           for w, i8, f in zip(self.weights, self.i8, self._mma)
+                                           if i8 and (f is None or f.order is not None)))
+        self._dp4a_orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
+        self._dp4a_one = len(self.weights) == 1 and self.i8[0]
+        self._runs = split_runs(self.weights[0]) if split and self._dp4a_one else 1
         # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
-        self._ones = torch.ones((MAX_W, self.runs), dtype=torch.float32, device=device) if self.runs > 1 else None
+        self._ones = torch.ones((MAX_W, self._runs), dtype=torch.float32, device=device) if self._runs > 1 else None
 
-    @property
-    def adds(self) -> bool:
-        """Can add_into run: one weight with an integer form (dp4a's: its epilogue adds)."""
-        return len(self.weights) == 1 and self.i8[0] and not self.mma[0]
+    def _dp4a_at(self, W: int) -> bool:
+        """Does a round of W rows run every weight as if there were no mma (fast mode's narrow rounds)?"""
+        return not any(self.mma) or (self._hybrid and W <= self._narrow)
+
+    def orders(self, W: int) -> tuple:
+        """The activation layouts a round of W rows reads (its producer can emit them)."""
+        return self._dp4a_orders if self._dp4a_at(W) else self._orders
+
+    def adds(self, W: int) -> bool:
+        """Can add_into run at width W: one weight on dp4a (its epilogue adds)."""
+        return self._dp4a_one and self._dp4a_at(W)
+
+    def runs(self, W: int) -> int:
+        """parts()'s partial sums at width W (1: one [W, N] sum)."""
+        return self._runs if self.adds(W) else 1
 
     def add_into(self, x: torch.Tensor, q8: dict | None, out: torch.Tensor, pdl: bool = False) -> None:
         """out += x @ w^T in the GEMV's epilogue (one weight, i8: self.adds): the residual
@@ -169,10 +190,11 @@ class Linear:
         """x @ w^T for a norm to add into the residual: [W, N], or with runs (self.runs > 1)
         (the runs' partial sums [W, runs, N], their unit weights [W, runs]), which the norm
         adds in run order as it adds MoE ranks (more programs for a short matrix)."""
-        if self.runs == 1:
+        runs = self.runs(x.shape[0])
+        if runs == 1:
             return self(x, q8, pdl)
         w = self.weights[0]
-        part = qgemv_i8(x, w, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, split=self.runs)   # [W, runs, N]
+        part = qgemv_i8(x, w, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, split=runs)   # [W, runs, N]
         return part, self._ones[:x.shape[0]]
 
     def __call__(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> torch.Tensor:
@@ -183,10 +205,11 @@ class Linear:
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
         prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = dict(q8 or {})
+        dp4a = self._dp4a_at(x.shape[0])
         n0 = 0
         for w, i8, form, planes in zip(self.weights, self.i8, self._mma, self._planes):
             part = out[:, n0:n0 + w.N]
-            if form is not None:
+            if form is not None and not dp4a:
                 key = form.order or ("q8k", w.fmt.slot)    # one q8_K layout per slot width
                 if key not in prepared:
                     prepared[key] = form.prepare(x, w.n_slots, pdl)
@@ -232,9 +255,13 @@ class MoE:
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
         self.i8 = gemv == "i8" and moe_i8_ok(gu, dn)
-        self.orders = (moe_i8_order(gu),) if self.i8 else ()
+        self._orders = (moe_i8_order(gu),) if self.i8 else ()
         # what one row reads: the router and k of the E experts
         self.nbytes = self.router.nbytes + expert_bytes * top_k // E
+
+    def orders(self, W: int) -> tuple:
+        """The activation layouts its norm emits (gate_up's lane order), at every W."""
+        return self._orders
 
     def expert_weights(self, e: int, slot: int = -1) -> tuple[QuantWeight, QuantWeight]:
         """Expert e's (gate_up [2F, D], down [D, F]): resident, else from bank slot `slot`
@@ -276,7 +303,7 @@ class MoE:
 
     def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
                     q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
-        x8 = (q8 or {}).get(self.orders[0])
+        x8 = (q8 or {}).get(self._orders[0])
         if self.store is None:
             gu, dn, table, bgu, bdn, record = self.gate_up, self.down, None, None, None, None
         else:       # the ids also land in the store's record of the round
@@ -318,7 +345,7 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, fast: bool = False):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -326,7 +353,11 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
         (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default)."""
+        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default).
+        fast: the model serves fast mode (--fast): without gemv_mma, verify rounds wider than
+        engine.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
+        "dp4a": narrower rounds, plain decode among them, are the default's bits); an
+        exact verify on it then runs its rows one at a time."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -355,6 +386,8 @@ class GPUModel:
         mma = None
         if (E.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8":
             mma = MmaChoice(E.gemv_mma_narrow if gemv_mma_narrow is None else gemv_mma_narrow)
+        elif fast and gemv == "i8" and E.fast_mma_narrow < MAX_W:
+            mma = MmaChoice(E.fast_mma_narrow, partner="dp4a")
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -404,6 +437,9 @@ class GPUModel:
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
+        # fast mode's hybrid: wide rounds are not the bits of narrow ones (verify)
+        self.hybrid = any(lin._hybrid for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down, self.output)
+                          if lin is not None)
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -483,6 +519,7 @@ class GPUModel:
         c = self.cfg
         x = self.embed(tokens)                                                      # [W, D]
         kv_len = cache.k.shape[2]
+        W = tokens.shape[0]
         act = self.act_dtype
         pdl = self.pdl
         # each norm, the SiLU and the attention combine also emit the int8 activations of
@@ -494,23 +531,24 @@ class GPUModel:
                          c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
             # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
             # take a super-block's two heads (head_dim 128)
-            lanes = tuple(o for o in L.o.orders if o != Q8K)[:1] or \
-                ((Q8K,) if Q8K in L.o.orders and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
+            o_in = L.o.orders(W)
+            lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
+                ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
             if lanes and self._fuse_q8:
                 a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes, pdl,
                                             early=self.early_kv)                       # [W, H*hd]
             else:
                 a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
             logits = None
-            if self._norm_router(L):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
+            if self._norm_router(L, W):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
                 parts, x_in = None, x
-                if L.o.runs > 1:       # o's runs, added by the norm into a new residual tensor
+                if L.o.runs(W) > 1:       # o's runs, added by the norm into a new residual tensor
                     parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
                 else:
                     L.o.add_into(a, q8, x, pdl)
                 m, x_out = L.moe, x if parts is not None else None
                 h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
-                                                  m.orders[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
+                                                  m.orders(W)[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
             else:
                 o = L.o.parts(a, q8, pdl)
                 h, q8 = self._norm(x, o, L.ffn_norm, L.gate_up or L.moe)                 # x += o(a)
@@ -518,8 +556,8 @@ class GPUModel:
                 d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
             else:
                 gu = L.gate_up(h, q8, pdl)                                         # [W, 2F]
-                if L.down.orders and self._fuse_q8:
-                    s, q8 = silu_mul_q8(gu, act, L.down.orders, pdl)               # [W, F]
+                if L.down.orders(W) and self._fuse_q8:
+                    s, q8 = silu_mul_q8(gu, act, L.down.orders(W), pdl)               # [W, F]
                 else:
                     s, q8 = silu_mul(gu, act, pdl), None
                 d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
@@ -536,20 +574,21 @@ class GPUModel:
             return gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
-    def _norm_router(self, L: GPULayer) -> bool:
-        """Does layer L's FFN norm compute its router's logits (engine.norm_router)?"""
+    def _norm_router(self, L: GPULayer, W: int) -> bool:
+        """Does layer L's FFN norm compute its router's logits at width W (engine.norm_router)?"""
         m = L.moe
         return (self.norm_router and m is not None and m.i8 and m.link is None
-                and m.router_rows is not None and self._fuse_q8 and L.o.adds)
+                and m.router_rows is not None and self._fuse_q8 and L.o.adds(W))
 
     def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
               consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
         """x += y (y: a tensor, or MoE ranks to sum); rmsnorm(x) * w, with the int8
         activations `consumer` takes (if any)."""
         c = self.cfg
-        if consumer is None or not consumer.orders or not self._fuse_q8:
+        orders = consumer.orders(x.shape[0]) if consumer is not None else ()
+        if not orders or not self._fuse_q8:
             return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl), None
-        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, consumer.orders[:2], self.pdl)
+        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, orders[:2], self.pdl)
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
@@ -633,5 +672,13 @@ class GPUModel:
         return (torch.cat([o[0] for o in outs]) if len(outs) > 1 else outs[0][0]), hidden
 
     def verify(self, tokens: torch.Tensor, pos: int, cache: KVCache, exact: bool = True):
-        """Every kernel is row-invariant, so exact and fast verify are the same batched pass."""
-        return self.forward(tokens, pos, cache)
+        """Every kernel is row-invariant, so exact and fast verify are the same batched pass;
+        but a model built for fast mode's hybrid (self.hybrid) gives wide rounds the tensor
+        cores' bits, so there an exact verify runs its rows one at a time (plain decode's)."""
+        if not (exact and self.hybrid) or tokens.shape[0] == 1:
+            return self.forward(tokens, pos, cache)
+        rows = []
+        for i in range(tokens.shape[0]):     # (the graphs' outputs are static buffers: copied)
+            lg, hd = self.forward(tokens[i:i + 1], pos + i, cache)
+            rows.append((lg.clone(), hd.clone()))
+        return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
