@@ -85,7 +85,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"prompt_ids": ids, "gen_ids": gen.tokens, "text": tok.decode(gen.tokens, continuation=True),
                           "finish_reason": gen.finish_reason, "timings": gen.stats.timings(),
-                          "mode": spec.mode, "spec": gen.spec.to_dict()}))
+                          "mode": spec.mode, "wide_verify_on_tensor_cores": bool(getattr(engine.model, "hybrid", False)),
+                          "spec": gen.spec.to_dict()}))
     else:
         sys.stdout.write(tail + "\n")
         s = gen.stats

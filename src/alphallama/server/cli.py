@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
         c = engine.cfg
         print(f"alphallama: loaded {path}: {c.arch}, {c.n_layers} layers, d_model {c.d_model}, "
               f"vocab {c.vocab_size}, context {engine.ctx_size}, layout {summary(plan)}, speculation "
-              f"{spec.on_device(engine.cache.k.device.type).spec_type} ({spec.mode}); ready", file=sys.stderr, flush=True)
+              f"{spec.on_device(engine.cache.k.device.type).spec_type} ({spec.mode}"
+              f"{', wide rounds on the tensor cores' if getattr(engine.model, 'hybrid', False) else ''}); ready",
+              file=sys.stderr, flush=True)
         return engine
 
     settings = ServerSettings(

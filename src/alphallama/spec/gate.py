@@ -129,11 +129,13 @@ def device_name(device: torch.device) -> str:
     return f"cpu-{platform.machine()}-{platform.processor() or 'unknown'}-{torch.get_num_threads()}threads"
 
 
-def table_key(model_path: str, device: torch.device, exact: bool) -> dict:
+def table_key(model_path: str, device: torch.device, exact: bool, hybrid: bool = False) -> dict:
+    """hybrid: the model verifies wide rounds on the tensor cores in fast mode (GPUModel.hybrid;
+    only where its second weight copy fits), which prices widths differently."""
     st = os.stat(model_path)
     return {"model": os.path.realpath(model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "device": device_name(device), "engine": f"{__version__}/{COST_VERSION}",
-            "verify": "exact" if exact else "fast"}
+            "verify": "exact" if exact else ("fast+mma" if hybrid else "fast")}
 
 
 def cache_file(cache_dir: str, key: dict) -> Path:
@@ -189,7 +191,7 @@ def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cach
                     budget_s: float) -> CostTable:
     """The cached table for this model, device and engine version, or a freshly timed one
     (then written to the cache)."""
-    key = table_key(model_path, cache.k.device, exact)
+    key = table_key(model_path, cache.k.device, exact, getattr(model, "hybrid", False))
     path = cache_file(cache_dir, key)
     if path.exists():
         try:
