@@ -94,6 +94,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 # fast mode's hybrid (--fast; engine.fast_mma_narrow): the default's kernels up to narrow rows,
                 # the mma family wider; not rotation-exact by design, W = 8 the mma family's bits
                 "default/fast": dict(fast=True),
+                # the same with one row group a warp at every width (qgemv_mma.mma_groups' control; the same bits)
+                "default/fast-g1": dict(fast=True, mma_groups=1),
                 # the same with qgemv_mma_k's two row groups a warp (session 25, untimed; the same bits)
                 "default/mma-wide2-g2": dict(gemv_mma=True, gemv_mma_narrow=2, mma_groups=2),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
@@ -104,6 +106,7 @@ SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "d
              "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
              "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
              "default/mma-wide2-g2": "default/mma-wide2", "default/fast": "default/mma-wide2",
+             "default/fast-g1": "default/fast",
              "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -121,8 +124,8 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
              moe_i8.gemv_tile, dict(gpu_model._MMA_FORMS))
-    groups = kw.pop("mma_groups", 1)   # qgemv_mma_k's row groups a warp (not in the float order)
-    if groups != 1:
+    groups = kw.pop("mma_groups", None)   # qgemv_mma_k's row groups a warp (not in the float order; None: its rule)
+    if groups is not None:
         gpu_model._MMA_FORMS.update({q: f._replace(gemv=functools.partial(qgemv_mma_k, groups=groups))
                                      for q, f in gpu_model._MMA_FORMS.items()})
     if kw.pop("old_tiles", False):

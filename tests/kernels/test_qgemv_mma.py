@@ -104,10 +104,15 @@ def test_two_row_groups_a_warp_give_the_same_bits(warps, runs, ahead):
     for W in (10, 1):
         x = _x(W, k, seed=6 + W)
         two = qgemv_mma_k(x, w, warps=warps, runs=runs, ahead=ahead, groups=2)
-        assert torch.equal(two, qgemv_mma_k(x, w, warps=warps, runs=runs, ahead=ahead))
+        assert torch.equal(two, qgemv_mma_k(x, w, warps=warps, runs=runs, ahead=ahead, groups=1))
         assert _rel_err(two, *q8k_reference64(x, raw, T.Q4_K, n, k)) < 2e-6
     with pytest.raises(ValueError, match="groups"):
         qgemv_mma_k(x, w, groups=3)
+    # the rule the engine takes (groups=None): two from W = 5 on matrices of <= 8192 rows
+    from alphallama.kernels.qgemv_mma import mma_groups
+    assert [mma_groups(w, W) for W in (1, 4, 5, 8, 16)] == [1, 1, 2, 2, 2]
+    _, wide = _weight(T.Q4_K, 8192 + 16, 256, seed=7)
+    assert mma_groups(wide, 8) == 1
 
 
 def test_prepare_q8k_bytes_land_in_fragment_order():

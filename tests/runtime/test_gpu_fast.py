@@ -21,12 +21,23 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 NARROW = DEFAULTS.engine.fast_mma_narrow
 
 
-@pytest.fixture(scope="module")
-def q4k(tmp_path_factory):
+def _model(tmp_path_factory, preset: str) -> GGUFFile:
     path = tmp_path_factory.mktemp("fast") / "m.gguf"
     # head_dim 128: the attention combine emits o's q8_K activations in the wide rounds
-    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q4_K", seed=29, n_heads=4, head_dim=128), path)
+    write_synthetic(PRESETS[preset](n_layers=1, quant="Q4_K", seed=29, n_heads=4, head_dim=128), path)
     return GGUFFile(path)
+
+
+@pytest.fixture(scope="module")
+def q4k(tmp_path_factory):
+    return _model(tmp_path_factory, "tiny-qwen3")
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-qwen3moe"])
+def q4k_any(request, tmp_path_factory):
+    """A dense model, and an MoE one (its o adds into the residual and its FFN norm computes
+    the router's logits in the narrow rounds only: engine.norm_router needs o on dp4a)."""
+    return _model(tmp_path_factory, request.param)
 
 
 def _logits(model: GPUModel, toks: torch.Tensor, exact: bool | None = None) -> torch.Tensor:
@@ -36,14 +47,17 @@ def _logits(model: GPUModel, toks: torch.Tensor, exact: bool | None = None) -> t
     return model.verify(toks, 0, cache, exact=exact)[0].clone()
 
 
-def test_narrow_rounds_are_the_defaults_and_wide_ones_the_tensor_cores(q4k):
+def test_narrow_rounds_are_the_defaults_and_wide_ones_the_tensor_cores(q4k_any):
+    q4k = q4k_any
     toks = torch.randint(0, 64, (NARROW + 1,), generator=torch.Generator().manual_seed(29))
     fast = GPUModel(q4k, 64, device=DEV, fast=True)
     plain = GPUModel(q4k, 64, device=DEV)
     family = GPUModel(q4k, 64, device=DEV, gemv_mma=True, gemv_mma_narrow=NARROW)
     assert fast.hybrid and not plain.hybrid and not family.hybrid
     L = fast.layers[0]
-    assert any(L.gate_up.mma) and L.o.adds(1) and not L.o.adds(NARROW + 1)   # o adds/splits as dp4a when narrow
+    assert any(L.o.mma) and L.o.adds(1) and not L.o.adds(NARROW + 1)   # o adds/splits as dp4a when narrow
+    if L.moe is not None:
+        assert fast._norm_router(L, NARROW) and not fast._norm_router(L, NARROW + 1)
     narrow, wide = toks[:NARROW], toks
     assert torch.equal(_logits(fast, narrow), _logits(plain, narrow))        # plain decode's bits, W = 1.. narrow
     fast_wide = _logits(fast, wide)

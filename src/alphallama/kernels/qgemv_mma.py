@@ -395,16 +395,28 @@ def launch_prepare(kernel, x: torch.Tensor, n_slots: int, slot: int, name: str,
 
 def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, warps: int | None = None,
-                runs: int | None = None, ahead: bool = True, groups: int = 1, pdl: bool = False) -> torch.Tensor:
+                runs: int | None = None, ahead: bool = True, groups: int | None = None,
+                pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T on prepare_q8k's activations (one scale a super-block), the isums on
     the tensor cores and a super-block's slots folded in integers. warps, runs: the program's
     warps and the runs of K a row group (None: mma_tile's, from the shape; runs alone:
     mma_runs); ahead: activations loaded a super-block ahead; groups: 16-row groups a warp
-    (1 or 2, sharing the activation fetches; not in the float order). Untimed at 2."""
+    (1 or 2, sharing the activation fetches; not in the float order; None: mma_groups)."""
+    groups = mma_groups(w, x.shape[0]) if groups is None else groups
     if groups not in (1, 2):
         raise ValueError(f"qgemv_mma_k: groups must be 1 or 2, got {groups}")
     return launch_q8k_gemv(_qgemv_mma_k_kernel, "qgemv_mma_k", x, w, out, planes, prepared, mma_planes, prepare_q8k,
                            warps, runs, pdl, groups=groups, XA=ahead)
+
+
+def mma_groups(w: QuantWeight, W: int) -> int:
+    """qgemv_mma_k's row groups a warp for a round of W rows (the same bits either way). Two
+    share each activation fetch, which the 8 live columns of a wide round make a third of a
+    warp's loads; they halve the programs, which a long matrix cannot spare. H200, us at W = 8 /
+    16, one group against two (gpu_qgemv_mma-20261202-091427.json): 8B o 7.0 / 13.4 -> 5.8 / 10.6,
+    down (Q4_K) 13.5 / 25.4 -> 13.1 / 24.0, qkv 9.3 / 17.5 -> 9.3 / 17.0, gate_up (24576 rows)
+    27.8 / 53.5 -> 28.3 / 52.8; at W = 1 two lose (o 4.6 -> 5.1)."""
+    return 2 if W >= 5 and w.N <= 8192 else 1
 
 
 def launch_q8k_gemv(kernel, name: str, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None,
