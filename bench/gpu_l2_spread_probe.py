@@ -31,9 +31,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import L2_BYTES, run_header, time_graph  # noqa: E402
-from gpu_pdl_overlap import _now, _stream_kernel  # noqa: E402
+from gpu_pdl_overlap import _spin, _stream_kernel  # noqa: E402
 
-from alphallama.kernels.pdl import pdl_trigger, pdl_wait  # noqa: E402
 
 
 @triton.jit
@@ -68,15 +67,7 @@ def _spin_pf_kernel(ts, base, pf_bytes, SPIN: tl.constexpr, A_PROGS: tl.constexp
             else:
                 _line_prefetch(base + c * size)
     else:
-        tl.store(ts + pid, _now())
-        pdl_trigger(PDL)
-        pdl_wait(PDL)
-        t0 = _now()
-        tl.store(ts + A_PROGS + pid, t0)
-        now = t0
-        while now - t0 < SPIN:
-            now = _now()
-        tl.store(ts + 2 * A_PROGS + pid, now)
+        _spin(ts, pid, A_PROGS, SPIN, PDL)
 
 
 # (name, mode, fraction of B prefetched, chunk bytes, prefetch programs)

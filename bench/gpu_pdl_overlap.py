@@ -44,8 +44,12 @@ def _now():
 @triton.jit
 def _spin_kernel(ts, SPIN: tl.constexpr, PDL: tl.constexpr):
     """ts [3, programs]: entry, past the wait, exit (%globaltimer, ns)."""
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
+    _spin(ts, tl.program_id(0), tl.num_programs(0), SPIN, PDL)
+
+
+@triton.jit
+def _spin(ts, pid, P, SPIN: tl.constexpr, PDL: tl.constexpr):
+    """Program pid of P: stamp its entry, trigger and wait (PDL), spin SPIN ns, stamp both."""
     tl.store(ts + pid, _now())
     pdl_trigger(PDL)
     pdl_wait(PDL)
