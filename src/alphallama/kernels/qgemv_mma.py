@@ -47,7 +47,7 @@ from gguf.constants import GGMLQuantizationType as T
 from .expert_q8_gpu import _quantize_block
 from .qmatvec_i8 import _dp4a
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from .qweight import QuantWeight, check_gemv_args
+from .qweight import FORMATS, QuantWeight, check_gemv_args
 
 ROWS = 16               # weight rows a warp (the mma's M)
 COLS = 8                # x rows a program (the mma's N)
@@ -464,7 +464,12 @@ def mma_tile(w: QuantWeight) -> tuple[int, int]:
 
 
 def supports_mma(w: QuantWeight) -> bool:
-    return w.qtype == T.Q4_K and w.N % ROWS == 0 and w.n_slots % (2 * STEP) == 0
+    return mma_shape_ok(w.qtype, w.N, w.K)
+
+
+def mma_shape_ok(qtype, N: int, K: int) -> bool:
+    """Can an [N, K] weight of this type run on qgemv_mma_k (the plan asks before any weight exists)?"""
+    return qtype == T.Q4_K and N % ROWS == 0 and (K // FORMATS[T.Q4_K].slot) % (2 * STEP) == 0
 
 
 def mma_planes(w: QuantWeight) -> torch.Tensor:

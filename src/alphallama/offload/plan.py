@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
 
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
+from ..kernels.qgemv_mma import mma_shape_ok
 from ..kernels.qweight import embedding_planes
 
 GiB = 1 << 30
@@ -83,9 +84,11 @@ class Sizes:
 def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     dense = experts = slot = fast = 0
     per_layer: dict[str, int] = {}
+    tied = "output.weight" not in f.tensors      # the embedding is then the head, a Linear too
     for name, t in f.tensors.items():
-        if (t.qtype == GGMLQuantizationType.Q4_K and len(t.shape) == 2 and t.shape[0] % 16 == 0
-                and not name.endswith(_EXPERT_SUFFIXES) and name != "token_embd.weight"):
+        head_or_layer = name != "token_embd.weight" or tied
+        if (len(t.shape) == 2 and head_or_layer and not name.endswith(_EXPERT_SUFFIXES)
+                and mma_shape_ok(t.qtype, *t.shape)):
             fast += math.prod(t.shape) // 2          # the qs plane again (runtime/gpu_model.MmaChoice "dp4a")
         # an embedding without planes is held as its raw rows (gpu_model.GPUModel.embed)
         n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
