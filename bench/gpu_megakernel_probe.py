@@ -11,12 +11,12 @@ into a ring of shared-memory slots that stays full across stages, so the weights
 next GEMV arrive while the CTAs wait at a barrier or run a small stage.
 
 Synthetic layer, 8B-like: GEMV stages qkv / o / gate_up / down of 14.5 / 9.7 / 58 / 29 MB in
-8 KB sub-blocks (4 rows of 2 KB), each sub-block summed against a word of the previous GEMV
+16 KB sub-blocks (8 rows of 2 KB), each row summed against a word of the previous GEMV
 stage's output (a dependency, read after the barrier); small stages: 16 CTAs spin on
 %globaltimer (SPIN ns each: RoPE, split, combine, norm, SiLU, norm), the other CTAs wait.
   chain   one Triton kernel a stage, PDL (GEMV programs load their sub-block before the wait)
-  mega    one Gluon kernel: a CTA an SM, grid barrier (release add, acquire spin) between
-          stages, the CTA's sub-blocks of every GEMV of every layer one flat stream through
+  mega    one Gluon kernel: a CTA an SM, a warp a row (no CTA barrier a sub-block), grid
+          barrier (release add, acquire spin) between stages, the CTA's sub-blocks of every GEMV of every layer one flat stream through
           NS slots of shared memory (NS - 1 copies in flight, issued as slots free)
 Both make the same sums (checked against torch). us a layer, against the bytes at the copy
 rate. $OUT/gpu_megakernel_probe-*.json.
@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from alphallama.kernels.pdl import pdl_trigger, pdl_wait  # noqa: E402
 
-SUB = 2048                              # int32 words a sub-block (8 KB: 4 rows of 2 KB)
+SUB = 4096                              # int32 words a sub-block (16 KB: R = 8 rows of 2 KB)
+R = 8
 GEMV_MB = (14.5, 9.7, 58.0, 29.0)       # qkv, o, gate_up, down
 SMALL = ("rope", "split", "combine", "norm")   # before o; then "norm" after o, "silu" before down, "norm" after
 
@@ -63,15 +64,16 @@ def _spin_k(SPIN: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
-def _gemv_k(w, out, xsrc, SUB: tl.constexpr, PDL: tl.constexpr):
-    """Program b: sub-block b of w (loaded before the wait) against the word at xsrc."""
+def _gemv_k(w, out, xsrc, SUB: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr):
+    """Program b: sub-block b of w (R rows, loaded before the wait) against the word at xsrc."""
     b = tl.program_id(0)
     pdl_trigger(PDL)
-    v = tl.load(w + b.to(tl.int64) * SUB + tl.arange(0, SUB))
+    offs = tl.arange(0, R)[:, None] * (SUB // R) + tl.arange(0, SUB // R)[None, :]
+    v = tl.load(w + b.to(tl.int64) * SUB + offs)
     pdl_wait(PDL)
     xw = tl.load(xsrc, cache_modifier=".cg") & 7
     t = (v & 0xFF) + ((v >> 8) & 0xFF) * xw
-    tl.store(out + b, tl.sum(t, 0))
+    tl.store(out + b * R + tl.arange(0, R), tl.sum(t, 1))
 
 
 # -- the persistent kernel ---------------------------------------------------------------
@@ -106,7 +108,7 @@ def _g_small(cnt, t, c, SPIN: gl.constexpr, P: gl.constexpr):
 @gluon.jit
 def _g_issue(w, ring, f, total, per_layer, n0, n1, n2, c, NB0: gl.constexpr, NB1: gl.constexpr,
              NB2: gl.constexpr, NBL: gl.constexpr, P: gl.constexpr, NS: gl.constexpr, SUB: gl.constexpr,
-             layout: gl.constexpr):
+             R: gl.constexpr, layout: gl.constexpr):
     """Copy the CTA's flat sub-block f (past the end: nothing) into slot f % NS; one group."""
     layer = f // per_layer
     r = f % per_layer
@@ -116,7 +118,9 @@ def _g_issue(w, ring, f, total, per_layer, n0, n1, n2, c, NB0: gl.constexpr, NB1
     base = NB0 * g1 + NB1 * g2 + NB2 * g3
     k = r - (n0 * g1 + n1 * g2 + n2 * g3)
     blk = (layer * NBL + base + c + k * P).to(gl.int64)
-    offs = gl.arange(0, SUB, layout=layout)
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, SUB // R, layout=gl.SliceLayout(0, layout))
+    offs = rows[:, None] * (SUB // R) + cols[None, :]                   # [R, SUB / R]
     ok = (offs * 0 + f) < total
     async_copy.async_copy_global_to_shared(ring.index(f % NS), w + blk * SUB + offs, mask=ok)
     async_copy.commit_group()
@@ -126,9 +130,12 @@ def _g_issue(w, ring, f, total, per_layer, n0, n1, n2, c, NB0: gl.constexpr, NB1
 def _mega_k(w, out, cnt, L, NB0: gl.constexpr, NB1: gl.constexpr, NB2: gl.constexpr, NB3: gl.constexpr,
             SP_ROPE: gl.constexpr, SP_SPLIT: gl.constexpr, SP_COMB: gl.constexpr, SP_NORM: gl.constexpr,
             SP_SILU: gl.constexpr, P: gl.constexpr, NS: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [WARPS], [0])
-    smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    ring = gl.allocate_shared_memory(gl.int32, [NS, SUB], smem_layout)
+    # a warp a row of the sub-block: every thread reads back only what it copied (no CTA
+    # barrier a sub-block) and a row's sum is a warp's shuffles
+    R: gl.constexpr = WARPS
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [WARPS, 1], [1, 0])
+    smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    ring = gl.allocate_shared_memory(gl.int32, [NS, R, SUB // R], smem_layout)
     NBL: gl.constexpr = NB0 + NB1 + NB2 + NB3
     c = gl.program_id(0)
     n0 = (NB0 - c + P - 1) // P
@@ -138,10 +145,10 @@ def _mega_k(w, out, cnt, L, NB0: gl.constexpr, NB1: gl.constexpr, NB2: gl.conste
     per_layer = n0 + n1 + n2 + n3
     total = L * per_layer
     for i in gl.static_range(NS - 1):
-        _g_issue(w, ring, i, total, per_layer, n0, n1, n2, c, NB0, NB1, NB2, NBL, P, NS, SUB, layout)
+        _g_issue(w, ring, i, total, per_layer, n0, n1, n2, c, NB0, NB1, NB2, NBL, P, NS, SUB, R, layout)
     f = c * 0          # the flat index of the next sub-block to consume
     t = c * 0          # stages passed (barrier targets)
-    xsrc = out + (NB0 + NB1 + NB2)       # the down's block 0 (the first layer's: zero-filled)
+    xsrc = out + (NB0 + NB1 + NB2) * R   # the down's row 0 (the first layer's: zero-filled)
     for layer in range(L):
         for g in gl.static_range(4):
             if g == 0:
@@ -154,18 +161,17 @@ def _mega_k(w, out, cnt, L, NB0: gl.constexpr, NB1: gl.constexpr, NB2: gl.conste
                 n, obase = n3, NB0 + NB1 + NB2
             xw = gl.load(xsrc, cache_modifier=".cg") & 7
             for k in range(n):
-                gl.thread_barrier()                     # slot (f - 1) % NS read by every thread
                 _g_issue(w, ring, f + NS - 1, total, per_layer, n0, n1, n2, c, NB0, NB1, NB2, NBL, P, NS,
-                         SUB, layout)
+                         SUB, R, layout)
                 async_copy.wait_group(NS - 1)           # sub-block f has landed (this thread's part)
-                gl.thread_barrier()                     # and every thread's
-                v = ring.index(f % NS).load(layout)
+                v = ring.index(f % NS).load(layout)     # [R, SUB / R]
                 tt = (v & 0xFF) + ((v >> 8) & 0xFF) * xw
-                gl.store(out + obase + c + k * P, gl.sum(tt, 0))
+                ys = gl.sum(tt, 1)                      # [R] (a warp's shuffles)
+                gl.store(out + (obase + c + k * P) * R + gl.arange(0, R, layout=gl.SliceLayout(1, layout)), ys)
                 f += 1
             _g_barrier(cnt, (t + 1) * P)
             t += 1
-            xsrc = out + obase
+            xsrc = out + obase * R
             if g == 0:
                 t = _g_small(cnt, t, c, SP_ROPE, P)
                 t = _g_small(cnt, t, c, SP_SPLIT, P)
@@ -180,24 +186,24 @@ def _mega_k(w, out, cnt, L, NB0: gl.constexpr, NB1: gl.constexpr, NB2: gl.conste
 
 
 def reference(w: torch.Tensor, nbs: list[int], L: int) -> torch.Tensor:
-    """The last layer's sums, as both forms make them (int64, then wrapped to int32)."""
+    """The last layer's row sums, as both forms make them (int64, then wrapped to int32)."""
     offs = [0, nbs[0], nbs[0] + nbs[1], nbs[0] + nbs[1] + nbs[2]]
     nbl = sum(nbs)
-    out = torch.zeros(nbl, dtype=torch.int64, device=w.device)
+    out = torch.zeros(nbl * R, dtype=torch.int64, device=w.device)
     for layer in range(L):
         for g in range(4):
             xsrc = offs[3] if g == 0 else offs[g - 1]
-            xw = int(out[xsrc].to(torch.int32).item()) & 7
-            blocks = w[(layer * nbl + offs[g]) * SUB:(layer * nbl + offs[g] + nbs[g]) * SUB].view(nbs[g], SUB).long()
+            xw = int(out[xsrc * R].to(torch.int32).item()) & 7
+            blocks = w[(layer * nbl + offs[g]) * SUB:(layer * nbl + offs[g] + nbs[g]) * SUB].view(nbs[g] * R, -1).long()
             s = ((blocks & 0xFF) + ((blocks >> 8) & 0xFF) * xw).sum(1)
-            out[offs[g]:offs[g] + nbs[g]] = ((s + 2**31) % 2**32) - 2**31
+            out[offs[g] * R:(offs[g] + nbs[g]) * R] = ((s + 2**31) % 2**32) - 2**31
     return out.to(torch.int32)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--ns", type=int, nargs="*", default=[12, 20])
+    ap.add_argument("--ns", type=int, nargs="*", default=[4, 8, 12])
     ap.add_argument("--spin-scale", type=float, nargs="*", default=[1.0, 2.0])
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
@@ -216,7 +222,7 @@ def main() -> int:
     w = torch.randint(-2**31, 2**31 - 1, (L * nbl * SUB,), dtype=torch.int32, device="cuda", generator=g)
     offs = [0, nbs[0], nbs[0] + nbs[1], nbs[0] + nbs[1] + nbs[2]]
     ref = reference(w, nbs, L)
-    out = torch.zeros(nbl, dtype=torch.int32, device="cuda")
+    out = torch.zeros(nbl * R, dtype=torch.int32, device="cuda")
     cnt = torch.zeros(1, dtype=torch.int32, device="cuda")
     print(f"{props.name}: {P} SMs, {L} layers of {nbl * SUB * 4 / 1e6:.0f} MB, floor {floor_us:.1f} us a layer "
           f"at {bw / 1e9:.0f} GB/s", flush=True)
@@ -247,9 +253,10 @@ def main() -> int:
             out.zero_()
             for layer in range(L):
                 for gi in range(4):
-                    xsrc = out[offs[3]:] if gi == 0 else out[offs[gi - 1]:]
+                    xsrc = out[offs[3] * R:] if gi == 0 else out[offs[gi - 1] * R:]
                     wl = w[(layer * nbl + offs[gi]) * SUB:]
-                    _gemv_k[(nbs[gi],)](wl, out[offs[gi]:], xsrc, SUB=SUB, PDL=True, launch_pdl=True, num_warps=4)
+                    _gemv_k[(nbs[gi],)](wl, out[offs[gi] * R:], xsrc, SUB=SUB, R=R, PDL=True, launch_pdl=True,
+                                        num_warps=4)
                     for name in {0: ("rope", "split", "comb"), 1: ("norm",), 2: ("silu",), 3: ("norm",)}[gi]:
                         _spin_k[(16,)](SPIN=sp[name], PDL=True, launch_pdl=True, num_warps=1)
         row["us_per_layer"]["chain"] = timed(chain)
