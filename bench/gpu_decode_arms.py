@@ -99,7 +99,12 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 # the same with qgemv_mma_k's two row groups a warp (session 25, untimed; the same bits)
                 "default/mma-wide2-g2": dict(gemv_mma=True, gemv_mma_narrow=2, mma_groups=2),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
-                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64),
+                # one step a row (bench/gpu_gemv_chain.py): Q4_K rows of 4096 (and shorter) whole
+                "default/row128": dict(row_step=(128, None, None)),
+                "default/row128-bn8w4": dict(row_step=(128, 8, 4)),
+                "default/row128-bn16w8": dict(row_step=(128, 16, 8)),
+                "default/row128-bn4w4": dict(row_step=(128, 4, 4))}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",
@@ -145,6 +150,15 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
             t = _t(w)
             return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots)) if w.n_slots <= 64 else t
         qgemv_i8_mod.gemv_tile = moe_i8.gemv_tile = one_step
+    rows = kw.pop("row_step", None)   # (max slots, BN, warps): dense rows of <= max slots in one step, loaded
+    if rows is not None:              # before the PDL wait (a float order of the weight alone; the head keeps its tile)
+        def row_step(w, _t=qgemv_i8_mod.gemv_tile, most=rows[0], bn=rows[1], nw=rows[2]):
+            t = _t(w)
+            if w.n_slots > most or w.N > 32768:
+                return t
+            return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots), BN=bn or t.BN,
+                                       num_warps=nw or t.num_warps)
+        qgemv_i8_mod.gemv_tile = row_step
     if kw.pop("torch_embed", False):
         emb = f.tensors["token_embd.weight"]
         raw = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)   # [V, row_bytes]
@@ -214,6 +228,7 @@ def main() -> int:
            "layers": args.layers, "depth": args.depth, "copy_bandwidth_GBps": bw / 1e9, "arms": {}}
     toks = torch.randint(min(1000, load_config(f).vocab_size), (8,), generator=torch.Generator().manual_seed(2))
     logits = {}
+    out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_arms-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     for name, kw in arms.items():
         try:
             r = run_arm(f, kw, args.depth, args.reps, toks, args.device, widths)
@@ -236,9 +251,8 @@ def main() -> int:
                 f"W8/W1 {r['w8_over_w1']:.2f}, rotation {r['rotation_w8_equal']}"
               + (f", bits = {base}'s: {r['bitwise_equal_to_' + base]}" if base in logits else ""), flush=True)
         torch.cuda.empty_cache()
-    if args.device == "cuda":     # (a CPU smoke run writes nothing)
-        out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_arms-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        out.write_text(json.dumps(res, indent=1, default=str))
+        if args.device == "cuda":     # after every arm (a call's time limit may cut the rest); a CPU smoke run writes nothing
+            out.write_text(json.dumps(res, indent=1, default=str))
     return 0
 
 

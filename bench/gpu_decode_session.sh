@@ -17,6 +17,7 @@
 #   bash bench/gpu_decode_session.sh ablate    # both shapes: the round against its dense GEMVs alone, the experts, the rest
 #   bash bench/gpu_decode_session.sh mma-g2    # qgemv_mma_k with two row groups a warp (one activation fetch) against one, W 1-16
 #   bash bench/gpu_decode_session.sh fast      # fast mode's hybrid (dp4a narrow, the mma wider) against the default, both shapes
+#   bash bench/gpu_decode_session.sh rows      # session 27: whole Q4_K rows loaded before the PDL wait (chain probe, tiles, 8B rounds)
 #   bash bench/gpu_decode_session.sh probes    # a weight stream by load form (registers, TMA, persistent); the PDL boundary's timeline
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -97,6 +98,14 @@ probes)
   timeout 330 python3 bench/gpu_stream_probe.py --shapes o qkv down_q4 gate_up 2>&1 | grep -v "_warn_once\|UserWarning"
   timeout 60 python3 bench/gpu_pdl_overlap.py 2>&1 | grep -v "_warn_once\|UserWarning"
   ;;
+rows)
+  # session 27: the megakernel probe's chain with a Q4_K row's dp4a work; the real GEMV with whole
+  # rows loaded before the PDL wait, behind a 2 us kernel; then whole 8B rounds with one-step rows
+  timeout 60 python3 bench/gpu_megakernel_probe.py --spin-scale 0 1 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+  timeout 230 python3 bench/gpu_gemv_chain.py 2>&1 | grep -v "_warn_once\|UserWarning"
+  timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/row128 default/row128-bn8w4 \
+      --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
+  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -140,7 +149,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows"; exit 2
   ;;
 esac
 ls -l "$OUT"
