@@ -106,6 +106,13 @@ rows)
   timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/row128 default/row128-bn8w4 \
       --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
+rows2)
+  # session 27: the chain's per-matrix winners in whole rounds, both shapes
+  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/rows-qkv default/rows-qkv-o \
+      --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
+  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/rows-qkv-o \
+      --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -149,7 +156,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows|rows2"; exit 2
   ;;
 esac
 ls -l "$OUT"
