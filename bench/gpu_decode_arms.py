@@ -107,7 +107,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/row128-bn4w4": dict(row_step=(128, 4, 4)),
                 # per matrix (gpu_gemv_chain-20261202-125115.json): qkv-like 16 rows x 128 slots at 4 warps;
                 # o-like 8 x 128 at 4 warps, unsplit
-                "default/rows-qkv": dict(rows_qkv=True), "default/rows-qkv-o": dict(rows_qkv=True, rows_o=True)}
+                "default/rows-qkv": dict(rows_qkv=True), "default/rows-qkv-o": dict(rows_qkv=True, rows_o=True),
+                "default/looped": dict(looped=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
              "default/no-early-kv": "default",
@@ -132,7 +133,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     saved_runs = gpu_model.split_runs
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.gemv_tile, dict(gpu_model._MMA_FORMS))
+             moe_i8.step_slots, qgemv_i8_mod.one_step_row, dict(gpu_model._MMA_FORMS))
     groups = kw.pop("mma_groups", None)   # qgemv_mma_k's row groups a warp (not in the float order; None: its rule)
     if groups is not None:
         gpu_model._MMA_FORMS.update({q: f._replace(gemv=functools.partial(qgemv_mma_k, groups=groups))
@@ -153,7 +154,10 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
         def one_step(w, _t=qgemv_i8_mod.gemv_tile):
             t = _t(w)
             return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots)) if w.n_slots <= 64 else t
-        qgemv_i8_mod.gemv_tile = moe_i8.gemv_tile = one_step
+        qgemv_i8_mod.gemv_tile = one_step
+        moe_i8.step_slots = lambda w, _s=moe_i8.step_slots: triton.next_power_of_2(w.n_slots) if w.n_slots <= 64 else _s(w)
+    if kw.pop("looped", False):    # the control of 20261202's one-step rows: every dense tile loops
+        qgemv_i8_mod.one_step_row = lambda w: False
     rows = kw.pop("row_step", None)   # (max slots, BN, warps): dense rows of <= max slots in one step, loaded
     if rows is not None:              # before the PDL wait (a float order of the weight alone; the head keeps its tile)
         def row_step(w, _t=qgemv_i8_mod.gemv_tile, most=rows[0], bn=rows[1], nw=rows[2]):
@@ -184,7 +188,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.gemv_tile, forms) = saved
+         attention.BLOCK_N, moe_i8.step_slots, qgemv_i8_mod.one_step_row, forms) = saved
         gpu_model._MMA_FORMS.clear()
         gpu_model._MMA_FORMS.update(forms)
         gpu_model.split_runs = saved_runs

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8, split_runs  # noqa: E402
+from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, one_step_row, qgemv_i8, split_runs  # noqa: E402
 from alphallama.kernels.qweight import QuantWeight  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
@@ -119,7 +119,8 @@ def test_split_runs_rule():
     def w(qt, n, k):
         return QuantWeight(qt, (n, k), {"qs": torch.zeros(1, dtype=torch.int32)})   # shape only
     for qt, n, k, runs in ((T.Q6_K, 4096, 12288, 2), (T.Q4_K, 4096, 12288, 2), (T.Q4_K, 4096, 4096, 2),
-                           (T.Q4_K, 2048, 4096, 2), (T.Q4_K, 5120, 2048, 1), (T.Q4_K, 6144, 4096, 1),
+                           (T.Q4_K, 2048, 4096, 1),      # a one-step row (gemv_tile): not split
+                           (T.Q4_K, 5120, 2048, 1), (T.Q4_K, 6144, 4096, 1),
                            (T.Q4_K, 24576, 4096, 1), (T.Q6_K, 151936, 4096, 1),
                            (T.Q8_0, 896, 4864, 1)):      # Qwen2.5-0.5B's down: 152 slots, not 2 runs of 32-slot steps
         assert split_runs(w(qt, n, k)) == runs, (qt.name, n, k)
@@ -129,6 +130,31 @@ def test_tile_is_a_function_of_the_weight():
     """Many-row programs only where there are rows enough for every SM; the head keeps 16."""
     assert gemv_tile(_weight(T.Q4_K, 8, 256, seed=1)[1]) == GemvTile(4, 8)
     assert gemv_tile(_weight(T.Q4_K, 4096, 256, seed=1)[1]) == GemvTile(16, 8, 8)
+
+
+def test_one_step_rows():
+    """Q4_K rows of 4096 in a qkv-sized matrix, or in one of <= 2048 rows, take one step
+    (all their bytes loaded before the PDL wait); the 8B's o and gate|up and every other
+    type keep their looped tiles. The one-step tile checked against float64 and for rows
+    invariant to the width and their column, as the GPU runs it."""
+    def shape(qt, n, k):
+        return QuantWeight(qt, (n, k), {"qs": torch.zeros(1, dtype=torch.int32)})   # shape only
+    assert gemv_tile(shape(T.Q4_K, 6144, 4096)) == GemvTile(16, 128, 4)
+    assert gemv_tile(shape(T.Q4_K, 2048, 4096)) == GemvTile(8, 128, 4)
+    assert gemv_tile(shape(T.Q4_K, 4096, 4096)) == GemvTile(16, 32, 8)
+    assert gemv_tile(shape(T.Q4_K, 24576, 4096)) == GemvTile(32, 32, 8)
+    assert gemv_tile(shape(T.Q6_K, 6144, 4096)).NT == 32 and gemv_tile(shape(T.Q4_K, 6144, 2048)).NT == 32
+    n, k = 16, 4096
+    raw, w = _weight(T.Q4_K, n, k, seed=9)
+    assert one_step_row(w)
+    t = GemvTile(8, 128, 4)                          # the 2048-row form's tile on a small matrix
+    x = _x(5, k, seed=10)
+    ref, scale = reference64(x, raw, T.Q4_K, n, k)
+    out = qgemv_i8(x, w, tile=t)
+    assert ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
+    alone = torch.stack([qgemv_i8(x[m:m + 1], w, tile=t)[0] for m in range(5)])
+    assert_same_bits(out, alone, "one-step tile, W=5 against its rows alone")
+    assert_same_bits(qgemv_i8(x[[3, 1]], w, tile=t), alone[[3, 1]], "one-step tile, rows in another column")
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=["Q4_K", "Q6_K", "Q8_0"])
@@ -176,6 +202,15 @@ def compile_sm90() -> None:
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
                    HAS_MIN=has_min, BN=BN, NT=NT, BW=4, PREFETCH=1, DP4A=True, PDL=True, SPLIT=2,
                    **{f"RUN_{n.upper()}": p.shape[-1] // 2 for n, p in named.items()}), num_warps=8)
+    # one step a row (one_step_row: every byte of the program's rows asked for before the PDL wait)
+    f = FORMATS[T.Q4_K]
+    packed = f.pack(torch.zeros((1, 4096 // f.block_size, f.type_size), dtype=torch.uint8))
+    planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]
+    bits, hbits, bias, has_min = CODES[T.Q4_K]
+    for BN, BW in ((16, 1), (16, 4), (8, 4)):
+        build(mod._qgemv_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32", "i32"],
+              dict(n_slots=128, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
+                   BN=BN, NT=128, BW=BW, PREFETCH=1, DP4A=True, PDL=True))
     # two steps in flight, with the GPU's 16- and 32-row tiles
     for qtype, K, BN, NT in ((T.Q4_K, 4096, 32, 32), (T.Q6_K, 12288, 32, 64), (T.Q4_K, 4096, 16, 32)):
         f = FORMATS[qtype]

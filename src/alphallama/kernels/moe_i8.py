@@ -22,7 +22,7 @@ import triton.language as tl
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
 from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
-from .qgemv_i8 import _row_step, gemv_tile
+from .qgemv_i8 import _row_step, step_slots
 from .pdl import pdl_kwargs, pdl_start
 from .qmatvec_i8 import _lanes, lane_order, prepare_i8
 
@@ -160,10 +160,9 @@ def _consts(w, N: int, DP4A: bool) -> dict:
     weight only; under the interpreter, whose reductions do not depend on the layout,
     BN is raised because it pays per program)."""
     bits, hbits, bias, has_min = CODES[w.qtype]
-    t = gemv_tile(w.expert(0))
     BN = EXPERT_BN if DP4A else min(128, triton.next_power_of_2(N))
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                HAS_MIN=has_min, BN=BN, NT=t.NT, DP4A=DP4A)
+                HAS_MIN=has_min, BN=BN, NT=step_slots(w.expert(0)), DP4A=DP4A)
 
 
 def moe_i8_ok(gate_up, down) -> bool:

@@ -188,6 +188,20 @@ class GemvTile:
                             # [W, split, N] for the consumer to add in run order (part of the float order)
 
 
+def step_slots(w: QuantWeight) -> int:
+    """Slots a step of a looped tile: 64 for Q6_K rows of >= 512 slots (K >= 8192, e.g.
+    ffn_down), else 32 (or the whole row where it is shorter). The experts' tile too."""
+    wide = w.qtype == GGMLQuantizationType.Q6_K and w.n_slots >= 512
+    return min(64 if wide else 32, triton.next_power_of_2(w.n_slots))
+
+
+def one_step_row(w: QuantWeight) -> bool:
+    """A dense Q4_K weight whose rows of 4096 (128 slots) go in one step (gemv_tile): in
+    matrices of 4096 < N < 16384 rows (a qkv) or of <= 2048 (the 30B-A3B's o)."""
+    return (w.qtype == GGMLQuantizationType.Q4_K and w.n_slots == 128
+            and (4096 < w.N < 16384 or w.N <= 2048))
+
+
 def gemv_tile(w: QuantWeight) -> GemvTile:
     """A function of the weight only: the tile is part of a row's float order, and a W=1
     round must give the bits a verify round gives. So one tile per weight has to serve
@@ -201,13 +215,25 @@ def gemv_tile(w: QuantWeight) -> GemvTile:
         head 151936x4096 Q6_K     BN 16: 123.5 / 251.7 (the best at both)
 
     Many-row programs share each activation load among more weight rows (the W > 1 cost
-    is the activations' loads); below ~4096 rows they would leave SMs idle."""
-    # Q6_K rows of >= 512 slots (K >= 8192, e.g. ffn_down): 64 slots a step
-    wide = w.qtype == GGMLQuantizationType.Q6_K and w.n_slots >= 512
-    NT = min(64 if wide else 32, triton.next_power_of_2(w.n_slots))
+    is the activations' loads); below ~4096 rows they would leave SMs idle.
+
+    Q4_K rows of 4096 in a qkv-sized matrix or one of <= 2048 rows take one step a row
+    (one_step_row): the program's whole rows are in flight before its PDL wait, while the
+    kernel before it (a norm, the attention combine) still runs. Timed where the round
+    runs them, behind a 2 us kernel (bench/results/gpu_gemv_chain-20261202-125115.json),
+    us at W = 1 / 8: 8B qkv 4.55 / 12.92 -> 3.19 / 13.28 (16 rows, 4 warps); whole rounds
+    (gpu_decode_arms-*-20261202-125520.json / -125759.json, same-run controls), ms at
+    W = 1 / 8 / 16: 8B 1.932 / 4.795 / 8.525 -> 1.920 / 4.752 / 8.525; 30B-A3B (its o,
+    2048 x 4096, in 8-row programs and unsplit) 1.628 / 4.195 / 7.122 -> 1.624 / 4.058 /
+    6.811. The same form on the 8B o (4096 rows) lost at W = 4-8 (3.051 -> 3.189 ms at W = 4)
+    and on the gate|up (24576 rows) at W = 8 (42.4 -> 47.8 us); the Q4_K / Q6_K downs
+    (K = 12288) lose at W = 1."""
+    NT = step_slots(w)
     if w.N > 32768:                          # the output head
         return GemvTile(BN=16, NT=NT)
-    if w.N >= 16384 or (wide and w.N >= 4096):
+    if one_step_row(w):
+        return GemvTile(BN=8 if w.N <= 2048 else 16, NT=w.n_slots, num_warps=4)
+    if w.N >= 16384 or (NT == 64 and w.N >= 4096):      # Q6_K rows of >= 512 slots: 64 a step
         return GemvTile(BN=32, NT=NT, num_warps=8)
     if w.N >= 4096:
         return GemvTile(BN=16, NT=NT, num_warps=8)
@@ -231,7 +257,10 @@ def split_runs(w: QuantWeight) -> int:
     run against two (bench/results/gpu_qgemv_split-20261201-131530.json): 8B down Q6_K
     16.3 / 17.5 / 30.6 -> 11.9 / 20.5 / 36.9, down Q4_K 11.7 / 17.3 / 30.9 -> 9.1 / 19.4 / 28.0,
     o 4.0 / 6.8 / 11.1 -> 3.6 / 7.6 / 11.5, 30B-A3B o 3.5 / 6.3 / 10.6 -> 2.4 / 5.0 / 9.0; the
-    qkv (6144 rows, or K = 2048) and the gate|up (24576 rows) lose."""
+    qkv (6144 rows, or K = 2048) and the gate|up (24576 rows) lose. A one-step row
+    (one_step_row: the 30B-A3B o since 20261202) is not split."""
+    if one_step_row(w):
+        return 1
     return 2 if w.K >= SPLIT_MIN_K and w.N <= SPLIT_MAX_N and _whole_runs(w, 2, split_nt(w, 2)) else 1
 
 
