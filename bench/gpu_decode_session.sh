@@ -113,6 +113,16 @@ rows2)
   timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/rows-qkv-o \
       --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
   ;;
+rows3)
+  # session 27's one-step rows as the default: the GEMV and runtime GPU tests, then both shapes
+  # against the looped tiles (the control)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_qgemv_i8.py tests/kernels/test_moe_i8.py \
+      tests/runtime 2>&1 | tail -3
+  timeout 150 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/looped \
+      --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+  timeout 200 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/looped \
+      --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
+  ;;
 ablate)
   # where a round goes with PDL on: captured graphs of the calls one round made (values garbage, times real)
   for p in qwen3-8b qwen3-30b-a3b; do
@@ -156,7 +166,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows|rows2"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows|rows2|rows3"; exit 2
   ;;
 esac
 ls -l "$OUT"
