@@ -225,7 +225,10 @@ def gemv_tile(w: QuantWeight) -> GemvTile:
     (gpu_decode_arms-*-20261202-125520.json / -125759.json, same-run controls), ms at
     W = 1 / 8 / 16: 8B 1.932 / 4.795 / 8.525 -> 1.920 / 4.752 / 8.525; 30B-A3B (its o,
     2048 x 4096, in 8-row programs and unsplit) 1.628 / 4.195 / 7.122 -> 1.624 / 4.058 /
-    6.811. The same form on the 8B o (4096 rows) lost at W = 4-8 (3.051 -> 3.189 ms at W = 4)
+    6.811. Again against the looped tiles at 90a2e38 (-130648.json / -130944.json): 8B
+    1.935 / 4.777 / 8.488 -> 1.923 / 4.730 / 8.493, 30B-A3B 1.621 / 4.183 / 7.111 -> 1.645 /
+    4.060 / 6.796 (its W = 1 within the two runs' spread; the verify rounds gain in both).
+    The same form on the 8B o (4096 rows) lost at W = 4-8 (3.051 -> 3.189 ms at W = 4)
     and on the gate|up (24576 rows) at W = 8 (42.4 -> 47.8 us); the Q4_K / Q6_K downs
     (K = 12288) lose at W = 1."""
     NT = step_slots(w)
