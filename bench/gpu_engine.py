@@ -114,7 +114,6 @@ def dequant_sweep(model) -> dict:
             print(f"GEMMs alone at 512 rows ({name}): {ms:.2f} ms, {flop / ms / 1e9:.0f} TFLOP/s", flush=True)
         except Exception as ex:  # noqa: BLE001
             out[f"gemm_512_{name}_error"] = repr(ex)
-    del buf, ws
     return out
 
 
@@ -212,7 +211,7 @@ def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = Fals
         except Exception as e:  # noqa: BLE001
             out[key] = {"error": repr(e), "equal": None, "first_equal": None}
     model.prefill_path = "dequant"
-    del model, cache
+    model = cache = None    # the closures above hold these cells: clear them so empty_cache can free the model
     torch.cuda.empty_cache()
     return out
 

@@ -155,6 +155,8 @@ def main() -> int:
                 row["host_threads"].update(cpu_workers=model.cpu_experts.threads, worker_cpus=model.cpu_experts.cpus)
             logits = _first_logits(eng, prompt)
             row["first_logits_equal_to_first_store_row"] = bool(torch.equal(logits, store_logits.setdefault(0, logits)))
+            if ref_logits is not None:   # the resident control's (its experts by another path: a distance, not bits)
+                row["first_logits_max_abs_diff_to_control"] = float((logits.float() - ref_logits.float()).abs().max())
             arms = args.shares if model.cpu_link is not None else [None]
             for q in arms:
                 arm = dict(row, config=row["config"] + (f", CPU share {q:.2f}" if q is not None else ", no CPU tier"),
