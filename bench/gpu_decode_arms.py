@@ -105,9 +105,8 @@ DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
                 "default/row128-bn8w4": dict(row_step=(128, 8, 4)),
                 "default/row128-bn16w8": dict(row_step=(128, 16, 8)),
                 "default/row128-bn4w4": dict(row_step=(128, 4, 4)),
-                # per matrix (gpu_gemv_chain-20261202-125115.json): qkv-like 16 rows x 128 slots at 4 warps;
-                # o-like 8 x 128 at 4 warps, unsplit
-                "default/rows-qkv": dict(rows_qkv=True), "default/rows-qkv-o": dict(rows_qkv=True, rows_o=True),
+                # the control of qgemv_i8.one_step_row (the per-matrix arms it came from, rows-qkv and
+                # rows-qkv-o, ran at 48195f6: gpu_decode_arms-*-20261202-125520.json / -125759.json)
                 "default/looped": dict(looped=True)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
 SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
@@ -130,7 +129,6 @@ def old_gemv_tile(w):
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda",
             widths: tuple[int, ...] = WIDTHS) -> dict:
     kw = dict(kw)
-    saved_runs = gpu_model.split_runs
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
              moe_i8.step_slots, qgemv_i8_mod.one_step_row, dict(gpu_model._MMA_FORMS))
@@ -167,17 +165,6 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
             return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots), BN=bn or t.BN,
                                        num_warps=nw or t.num_warps)
         qgemv_i8_mod.gemv_tile = row_step
-    if kw.pop("rows_qkv", False) or kw.get("rows_o"):   # session 27's chain winners: one step a row
-        def rows_tile(w, _t=qgemv_i8_mod.gemv_tile, o=kw.get("rows_o", False)):
-            t = _t(w)
-            if w.n_slots == 128 and 4096 < w.N < 16384:            # qkv-like
-                return dataclasses.replace(t, BN=16, NT=128, num_warps=4)
-            if o and w.n_slots == 128 and w.N <= 4096:              # o-like, unsplit
-                return dataclasses.replace(t, BN=8, NT=128, num_warps=4)
-            return t
-        qgemv_i8_mod.gemv_tile = rows_tile
-    if kw.pop("rows_o", False):
-        gpu_model.split_runs = lambda w, _r=gpu_model.split_runs: 1 if w.n_slots == 128 and w.N <= 4096 else _r(w)
     if kw.pop("torch_embed", False):
         emb = f.tensors["token_embd.weight"]
         raw = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)   # [V, row_bytes]
@@ -191,7 +178,6 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
          attention.BLOCK_N, moe_i8.step_slots, qgemv_i8_mod.one_step_row, forms) = saved
         gpu_model._MMA_FORMS.clear()
         gpu_model._MMA_FORMS.update(forms)
-        gpu_model.split_runs = saved_runs
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,

@@ -106,13 +106,6 @@ rows)
   timeout 270 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/row128 default/row128-bn8w4 \
       --widths 1 2 4 8 2>&1 | grep -v "_warn_once\|UserWarning" | tail -5
   ;;
-rows2)
-  # session 27: the chain's per-matrix winners in whole rounds, both shapes
-  timeout 250 python3 bench/gpu_decode_arms.py --preset qwen3-8b --arms default default/rows-qkv default/rows-qkv-o \
-      --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -4
-  timeout 300 python3 bench/gpu_decode_arms.py --preset qwen3-30b-a3b --arms default default/rows-qkv-o \
-      --widths 1 2 4 8 16 2>&1 | grep -v "_warn_once\|UserWarning" | tail -3
-  ;;
 rows3)
   # session 27's one-step rows as the default: the GEMV and runtime GPU tests, then both shapes
   # against the looped tiles (the control)
@@ -166,7 +159,7 @@ profile)
       | grep -v "_warn_once\|UserWarning"
   ;;
 *)
-  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows|rows2|rows3"; exit 2
+  echo "usage: $0 tests|prefill|profile|arms|route1-capture|ncu|tiles|barrier|final|mma|mma-arms|mma-arms2|ablate|q8k|probes|mma-g2|fast|rows|rows3"; exit 2
   ;;
 esac
 ls -l "$OUT"

@@ -39,6 +39,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_kernels import copy_bandwidth, run_header, time_graph  # noqa: E402
+from gpu_pdl_overlap import _now  # noqa: E402
+
 from alphallama.kernels.pdl import pdl_trigger, pdl_wait  # noqa: E402
 from alphallama.kernels.qmatvec_i8 import _dp4a  # noqa: E402
 
@@ -49,11 +52,6 @@ SMALL = ("rope", "split", "combine", "norm")   # before o; then "norm" after o, 
 
 
 # -- the chain --------------------------------------------------------------------------
-@triton.jit
-def _now():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
 @triton.jit
 def _spin_k(SPIN: tl.constexpr, PDL: tl.constexpr):
     pdl_trigger(PDL)
@@ -222,7 +220,6 @@ def main() -> int:
     ap.add_argument("--spin-scale", type=float, nargs="*", default=[0.0, 1.0])
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
-    from gpu_kernels import copy_bandwidth, run_header
     props = torch.cuda.get_device_properties(0)
     P = props.multi_processor_count
     L = args.layers
@@ -243,22 +240,8 @@ def main() -> int:
           f"at {bw / 1e9:.0f} GB/s", flush=True)
 
     def timed(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            fn()
-        gr.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(args.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            gr.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            ts.append(e0.elapsed_time(e1) * 1e3)
-        return sorted(ts)[len(ts) // 2] / L
+        """us a layer: the median replay of a CUDA graph of one call."""
+        return time_graph([fn], args.reps) * 1e6 / L
 
     for scale in args.spin_scale:
         sp = {k: int(v * scale) for k, v in dict(rope=500, split=1500, comb=800, norm=800, silu=500).items()}
