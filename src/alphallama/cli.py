@@ -25,11 +25,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="alphallama", description="Fast single-user LLM inference for GGUF models.")
+    # allow_abbrev=False: no `--spec` for `--spec-type`; a flag means what it spells
+    parser = argparse.ArgumentParser(prog="alphallama", description="Fast single-user LLM inference for GGUF models.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, allow_abbrev=False)
         if name == wanted:   # only the chosen command's module is imported
             importlib.import_module(module).add_arguments(p)
     return parser
@@ -46,6 +48,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # `alphallama inspect | head -1`: the reader left; stop quietly, as cat does
+        _detach_stdout()
+        return 141            # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of what is still
+    buffered does not raise a second BrokenPipeError (printed as a traceback at exit)."""
+    import os
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def serve_main() -> int:

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULTS.sampling.max_tokens)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, gen_ids, text")
+    from .cli_compat import add_compat_arguments
+    add_compat_arguments(p, "run")
 
 
 def resolve_model(path: str | None) -> str:
@@ -42,34 +44,84 @@ def resolve_model(path: str | None) -> str:
     return str(files("alphallama") / "data" / DEFAULTS.engine.default_model)
 
 
+def check_device(args) -> str | None:
+    """Why the asked-for device cannot be used (None: it can), found before anything loads."""
+    from .engine import resolve_device
+    try:
+        resolve_device(args.device)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def load_engine(args, path: str, plan, progress):
+    """Engine.load with the plan's settings (explicit flags win), showing its stages on
+    `progress` (a LoadProgress)."""
+    from .engine import Engine
+    from .offload.apply import engine_kwargs
+    kw = engine_kwargs(args, plan)
+    if getattr(args, "threads", None) and kw.get("expert_slots") is not None:   # -t: the store's CPU workers
+        kw["cpu_threads"] = args.threads
+    progress.weights()
+    engine = Engine.load(path, draft_head=args.draft_head, progress=progress.update,
+                         weights_read=lambda: progress.begin("building the KV cache, graphs and MTP head"), **kw)
+    progress.end()
+    return engine
+
+
+def warm_engine(args, engine, spec, progress) -> None:
+    """The warm-up at load (warmup.py), unless --no-warmup."""
+    from .cli_compat import warmup_wanted
+    from .warmup import warm_up
+    if warmup_wanted(args):
+        progress.begin("warming up (cost table, prefill and decode kernels)")
+        warm_up(engine, spec)
+        progress.end()
+
+
 def sampling_from_args(args):
     from .sampling import SamplingParams
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                           min_p=args.min_p, seed=args.seed)
 
 
+def _fail(message: str) -> int:
+    print(f"alphallama: error: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args) -> int:
-    from .engine import Engine, Generation
+    from .cli_compat import apply_compat
+    from .engine import Generation
+    from .load_progress import LoadProgress
     from .spec.config import spec_from_args
+    apply_compat(args, "run")
+    problem = check_device(args)
+    if problem:
+        return _fail(problem)
     try:
         spec = spec_from_args(args)
     except ValueError as e:
-        print(f"alphallama: error: {e}", file=sys.stderr)
-        return 2
-    from .offload.apply import engine_kwargs, plan_from_args
+        return _fail(str(e))
+    from .offload.apply import plan_from_args
     from .offload.plan import PlanError
     path = resolve_model(args.model)
     try:   # the layout for every setting left unset (ALPHA_AUTO=0: none)
         plan = plan_from_args(args, path)
     except PlanError as e:
-        print(f"alphallama: error: {e}", file=sys.stderr)
-        return 2
-    engine = Engine.load(path, draft_head=args.draft_head, **engine_kwargs(args, plan))
+        return _fail(str(e))
+    progress = LoadProgress(path)
+    engine = load_engine(args, path, plan, progress)
     tok = engine.tokenizer
     if args.chat:
-        ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
+        import jinja2
+        try:   # a template that refuses these messages, or fails to render: its reason, no traceback
+            ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
+        except (ValueError, jinja2.TemplateError) as e:
+            return _fail(f"the chat template: {e}")
     else:
         ids = engine.encode_prompt(args.prompt)
+    warm_engine(args, engine, spec, progress)
     gen = Generation()
     stream = tok.stream()
     try:
@@ -79,8 +131,7 @@ def run(args) -> int:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
     except ValueError as e:   # context overflow, bad sampling values
-        print(f"alphallama: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     tail = stream.flush()
     if args.json:
         print(json.dumps({"prompt_ids": ids, "gen_ids": gen.tokens, "text": tok.decode(gen.tokens, continuation=True),

@@ -95,12 +95,16 @@ class Engine:
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
              progress: Callable[[str, int], None] | None = None, draft_head: str | None = None,
-             expert_slots: int | None = None, cpu_threads: int | None = None, fast: bool = False) -> "Engine":
+             expert_slots: int | None = None, cpu_threads: int | None = None, fast: bool = False,
+             weights_read: Callable[[], None] | None = None) -> "Engine":
         """draft_head: an MTP head GGUF (else the model's own, or `<stem>.mtp.gguf` beside it).
         expert_slots: an MoE model's experts in an expert store with this many VRAM slots
         (offload/; the automatic plan sets it), None: all resident. cpu_threads: the store's
         CPU expert workers (None: the probe's count). fast: the engine serves fast mode (--fast):
-        on the GPU its wide verify rounds may take the tensor cores (GPUModel's `fast`)."""
+        on the GPU its wide verify rounds may take the tensor cores (GPUModel's `fast`).
+        weights_read: called once the model's weights are in place, before the rest is built
+        (the MTP head, the KV cache and, on the GPU, its CUDA graphs): a progress display's
+        boundary between the two."""
         from .chat import ChatTemplate
         from .gguf.arch import find_mtp_head, load_config
         from .spec.mtp import load_mtp_state
@@ -116,6 +120,8 @@ class Engine:
                              fast=fast and expert_slots is None)
         else:
             model = load_model(f, ctx, progress)
+        if weights_read is not None:
+            weights_read()
         head = find_mtp_head(f, cfg, draft_head)
         mtp = load_mtp_state(*head, model, ctx, tok) if head is not None else None
         return cls(f, model, tok, tmpl, ctx, mtp)

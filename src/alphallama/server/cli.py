@@ -1,13 +1,16 @@
 """`alphallama serve` / `alphallama-serve`: the OpenAI-compatible server.
 
-Flags follow llama-server's names where it has one. The HTTP server starts first and
-the model loads behind it (GET /health is 503 until then), with a progress bar; a model
-that fails to load stops the server with the reason.
+Flags follow llama-server's names where it has one (its other habitual flags: cli_compat.py).
+The port is bound first (one in use stops us before anything loads), then the HTTP server
+starts and the model loads and warms up behind it (GET /health is 503 until then), its
+stages shown (load_progress.py); a model that fails to load stops the server with the reason.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 import uvicorn
@@ -32,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait for the engine; more are answered 429")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     add_spec_arguments(p)
+    from ..cli_compat import add_compat_arguments
+    add_compat_arguments(p, "serve")
 
 
 def _fail(message: str) -> int:
@@ -39,15 +44,38 @@ def _fail(message: str) -> int:
     return 2
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now: a port in use (or a host that is not ours) stops
+    the command before the model loads and before any URL is printed. OSError if not."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:   # as uvicorn binds: a port in TIME_WAIT after a restart is free, one with a listener is not
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def run(args: argparse.Namespace) -> int:
     from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, ChatTemplateError
-    from ..cli_run import resolve_model, sampling_from_args
+    from ..cli_compat import apply_compat
+    from ..cli_run import check_device, load_engine, resolve_model, sampling_from_args, warm_engine
     from ..engine import Engine
+    from ..load_progress import LoadProgress
     from ..spec.config import SPEC_TYPES, spec_from_args
     from .app import create_app
     from .state import ServerSettings
 
+    apply_compat(args, "serve")
     path = resolve_model(args.model)   # GGUFError: cli.py prints it
+    problem = check_device(args)
+    if problem:
+        return _fail(problem)
     if not 0 <= args.port <= 65535:
         return _fail(f"--port must be in 0..65535, got {args.port}")
     if args.n_predict == 0 or args.n_predict < -1:
@@ -68,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:   # ChatTemplateError is a ValueError
         return _fail(str(e))
     from ..gguf.reader import GGUFError
-    from ..offload.apply import engine_kwargs, plan_from_args, summary
+    from ..offload.apply import plan_from_args, summary
     try:   # the layout for every setting left unset, from the header and free memory (ALPHA_AUTO=0: none)
         plan = plan_from_args(args, path)
     except GGUFError as e:
@@ -76,13 +104,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:   # PlanError: nothing fits
         return _fail(str(e))
 
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as e:
+        why = e.strerror or str(e)
+        hint = " (another server is there? choose another --port, or --port 0 for any free one)" \
+            if e.errno == errno.EADDRINUSE else ""
+        return _fail(f"cannot listen on {args.host}:{args.port}: {why}{hint}")
+
     def load() -> Engine:
-        from tqdm import tqdm
-        size = os.path.getsize(path)
-        with tqdm(total=size, unit="B", unit_scale=True, desc=f"loading {os.path.basename(path)}",
-                  file=sys.stderr, disable=None) as bar:
-            engine = Engine.load(path, draft_head=args.draft_head, progress=lambda _name, n: bar.update(n),
-                                 **engine_kwargs(args, plan))
+        progress = LoadProgress(path)
+        engine = load_engine(args, path, plan, progress)
         if engine.mtp is None and "mtp" in SPEC_TYPES.get(spec.spec_type, ()):   # fail now, not in every request
             raise ValueError(f"--spec-type {spec.spec_type} needs a model with an MTP head and {path} has none "
                              f"(an in-file head, '<model>.mtp.gguf' beside it, or --draft-head FILE)")
@@ -92,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                     {**engine.gguf.metadata, CHAT_TEMPLATE_KEY: template})
             except ChatTemplateError as e:
                 raise ValueError(f"--chat-template-file: {e}") from None
+        warm_engine(args, engine, spec, progress)   # before /health says 200: the first request pays nothing
         c = engine.cfg
         print(f"alphallama: loaded {path}: {c.arch}, {c.n_layers} layers, d_model {c.d_model}, "
               f"vocab {c.vocab_size}, context {engine.ctx_size}, layout {summary(plan)}, speculation "
@@ -113,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=args.verbose,
                             log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5)
     server = _Server(config, settings.alias)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     if failed:
         return _fail(f"could not load {path}: {failed[0]}")
     return 0
