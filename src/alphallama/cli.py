@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
-        return module.run(args) or 0
+        rc = module.run(args) or 0
+        sys.stdout.flush()    # a closed pipe shows here, not in the interpreter's exit flush
+        return rc
     except GGUFError as e:   # a broken or unsupported model file: one clear line, no traceback
         print(f"alphallama: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,49 @@
+"""The warm-up at load leaves nothing a request could see: the same tokens as an engine
+that never warmed up, no prefix re-used from it, nothing learned kept but the cost table."""
+from __future__ import annotations
+
+import pytest
+
+from alphallama.cli_run import resolve_model
+from alphallama.engine import Engine, Generation
+from alphallama.sampling import SamplingParams
+from alphallama.spec.config import SpecConfig
+from alphallama.warmup import warm_up, warmup_prompt, warmup_rows
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _spec(tmp_path) -> SpecConfig:
+    # the embedded model has an MTP head: both drafters, the policy and the priced gate run
+    return SpecConfig("mtp,ngram", cost_cache_dir=str(tmp_path), cost_budget_s=0.05)
+
+
+def test_a_request_after_the_warmup_is_what_it_is_without_one(tmp_path):
+    path = resolve_model(None)
+    warm, cold = (Engine.load(path, ctx_size=1024, device="cpu") for _ in range(2))
+    spec_warm = _spec(tmp_path)
+    warm_up(warm, spec_warm, rows=600)     # the GPU's prompt shape (a full chunk and a ragged one)
+    assert warm.cache.length == 0 and warm.cached == [] and warm.mtp.length == 0
+    (mem,) = spec_warm.memory.models.values()
+    assert mem.table is not None and not mem.table.from_cache          # timed now, at load
+    assert mem.policy.rates == {} and mem.policy.decisions == {}       # what it learned: thrown away
+    spec_cold = _spec(tmp_path)            # a cold engine's first request reads the same table from disk
+    prompt = warmup_prompt(warm, 40)       # the warm-up's own text: nothing of it may be re-used
+    for sampling in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, seed=7)):
+        gw, gc = Generation(), Generation()
+        got = list(warm.generate(prompt, 16, sampling, gen=gw, spec=spec_warm))
+        want = list(cold.generate(prompt, 16, sampling, gen=gc, spec=spec_cold))
+        assert got == want and len(got) > 0
+        assert gw.stats.prompt_reused == gc.stats.prompt_reused
+        assert gw.spec.to_dict() == gc.spec.to_dict()       # the same drafts, widths and acceptances
+    assert gw.stats.prompt_reused == len(prompt) - 1        # (the second request re-used the first's rows)
+
+
+def test_warmup_rows_fit_the_context():
+    engine = Engine.load(resolve_model(None), ctx_size=12, device="cpu")
+    rows = warmup_rows(engine)
+    assert 2 <= rows <= 12 - 9
+    ids = warmup_prompt(engine, rows)
+    assert len(ids) == rows and not set(ids) & set(engine.tokenizer.stop_ids)
+    warm_up(engine, SpecConfig("none"))
+    assert engine.cache.length == 0 and engine.cached == []
