@@ -8,7 +8,7 @@ from alphallama.cli_run import resolve_model
 from alphallama.engine import Engine, Generation
 from alphallama.sampling import SamplingParams
 from alphallama.spec.config import SpecConfig
-from alphallama.warmup import warm_up, warmup_prompt, warmup_rows
+from alphallama.warmup import warm_up, warmup_lengths, warmup_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,7 +22,7 @@ def test_a_request_after_the_warmup_is_what_it_is_without_one(tmp_path):
     path = resolve_model(None)
     warm, cold = (Engine.load(path, ctx_size=1024, device="cpu") for _ in range(2))
     spec_warm = _spec(tmp_path)
-    warm_up(warm, spec_warm, rows=600)     # the GPU's prompt shape (a full chunk and a ragged one)
+    warm_up(warm, spec_warm, lengths=[600, 129])     # prompts of the GPU's (a full chunk and ragged ones)
     assert warm.cache.length == 0 and warm.cached == [] and warm.mtp.length == 0
     (mem,) = spec_warm.memory.models.values()
     assert mem.table is not None and not mem.table.from_cache          # timed now, at load
@@ -39,10 +39,10 @@ def test_a_request_after_the_warmup_is_what_it_is_without_one(tmp_path):
     assert gw.stats.prompt_reused == len(prompt) - 1        # (the second request re-used the first's rows)
 
 
-def test_warmup_rows_fit_the_context():
+def test_warmup_lengths_fit_the_context():
     engine = Engine.load(resolve_model(None), ctx_size=12, device="cpu")
-    rows = warmup_rows(engine)
-    assert 2 <= rows <= 12 - 9
+    (rows,) = warmup_lengths(engine)
+    assert 1 <= rows <= 12 - 9
     ids = warmup_prompt(engine, rows)
     assert len(ids) == rows and not set(ids) & set(engine.tokenizer.stop_ids)
     warm_up(engine, SpecConfig("none"))

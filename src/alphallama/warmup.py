@@ -3,15 +3,16 @@
 What a request would otherwise prepare lazily, the first time, on its own clock:
   - the round-cost table of the confidence gate (spec/gate.py): timed once per model,
     device and verify mode (seconds), read from the disk cache after that;
-  - on the GPU, every kernel the prefill path launches (Triton compiles on first use, and
-    per specialization of its row count: a full 512-row chunk and a ragged one differ),
-    cuBLAS/SDPA's lazily loaded kernels, the MTP head's draft vocabulary and graphs.
-So the loader runs one real generation through the same code a request takes: a prompt
-long enough for every prefill shape the device compiles, then a few speculative rounds,
-greedy. Everything it leaves behind is then undone: the KV cache and its token list are
-cleared (so no prefix is re-used from it), the MTP cache too, and what speculation
-learned about acceptance is thrown away (the warm-up runs on a copy of the memory; only
-the measured cost table, a property of the model and device, is kept).
+  - on the GPU, the prefill path's CUDA graphs, captured per chunk shape on first use
+    (with the compile of its Triton kernels, cuBLAS's and SDPA's lazily loaded kernels,
+    the scratch of dequantized weights): 2.5 s on the H200 for the first prompt over 512
+    tokens; and the MTP head's draft vocabulary.
+So the loader runs real generations through the code a request takes: prompts whose
+chunks take every prefill shape (warmup_lengths), each followed by a few speculative
+rounds, greedy. Everything they leave behind is then undone: the KV cache and its token
+list are cleared (so no prefix is re-used from them), the MTP cache too, and what
+speculation learned about acceptance is thrown away (the warm-up runs on a fresh memory;
+only the measured cost table, a property of the model and device, is kept).
 """
 from __future__ import annotations
 
@@ -27,15 +28,26 @@ _TEXT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps on
 _NEW_TOKENS = 8
 
 
-def warmup_rows(engine: Engine) -> int:
-    """Prompt rows the warm-up prefills. The GPU compiles per shape: one full prefill
-    chunk, a ragged chunk after it (a different specialization, at a position > 0) and the
-    last row alone. The CPU reference compiles nothing, so a short prompt does there."""
+def warmup_lengths(engine: Engine) -> list[int]:
+    """Prompt lengths for the warm-up's generations, each on a fresh cache.
+
+    On the GPU, prompt chunks of more than the decode rounds' 64 rows take the prefill
+    path, captured per padded row count (runtime/gpu_prefill.graph_rows: the chunk, or the
+    power of two above a shorter one) on first use, with SDPA's causal mask for a chunk at
+    position 0 and a bottom-right one after it. So: a full chunk with a half-chunk tail
+    (+1: the last row always goes alone through the decode graphs), then each smaller
+    power of two down to the decode rounds' width. The CPU reference compiles nothing and
+    captures nothing: a short prompt does there (the cost table, the drafters, the sampler)."""
     room = engine.ctx_size - _NEW_TOKENS - 1
-    if engine.cache.k.device.type == "cuda":
-        chunk = DEFAULTS.engine.prefill_chunk
-        return max(2, min(chunk + chunk // 4 + 1, room))
-    return max(2, min(16, room))
+    if engine.cache.k.device.type != "cuda":
+        return [max(1, min(16, room))]
+    from .runtime.gpu_model import MAX_W
+    chunk = DEFAULTS.engine.prefill_chunk
+    lengths, rows = [chunk + chunk // 2 + 1], chunk // 4
+    while rows > MAX_W:
+        lengths.append(rows + 1)
+        rows //= 2
+    return list(dict.fromkeys(max(1, min(n, room)) for n in lengths))   # a short context: its longest prompt
 
 
 def warmup_prompt(engine: Engine, rows: int) -> list[int]:
@@ -49,20 +61,21 @@ def warmup_prompt(engine: Engine, rows: int) -> list[int]:
     return [t for t in ids if t not in stop][:rows]
 
 
-def warm_up(engine: Engine, spec: SpecConfig, rows: int | None = None) -> None:
-    """Run one throw-away generation with `spec` (resolved for the engine's device) and
-    leave the engine as a fresh load leaves it; the cost table it measured is kept in
-    `spec`'s memory (shared by every request of a server). rows: the prompt's length
-    (default: warmup_rows)."""
-    resolved = spec.on_device(engine.cache.k.device.type)
-    scratch = SpecMemory()
-    ids = warmup_prompt(engine, rows if rows is not None else warmup_rows(engine))
-    try:
-        for _ in engine.generate(ids, _NEW_TOKENS, SamplingParams(temperature=0.0), gen=Generation(),
-                                 spec=replace(resolved, memory=scratch)):
-            pass
-    finally:
-        engine.reset()
+def warm_up(engine: Engine, spec: SpecConfig, lengths: list[int] | None = None) -> None:
+    """Run throw-away generations with `spec` (resolved for the engine's device) and leave
+    the engine as a fresh load leaves it; the cost table they measured is kept in `spec`'s
+    memory (shared by every request of a server). lengths: the prompts' lengths
+    (default: warmup_lengths)."""
+    resolved = replace(spec.on_device(engine.cache.k.device.type), memory=SpecMemory())
+    scratch = resolved.memory
+    for rows in lengths if lengths is not None else warmup_lengths(engine):
+        ids = warmup_prompt(engine, rows)
+        try:
+            for _ in engine.generate(ids, _NEW_TOKENS, SamplingParams(temperature=0.0), gen=Generation(),
+                                     spec=resolved):
+                pass
+        finally:
+            engine.reset()
     for key, mem in scratch.models.items():   # keep the timed table, not what was learned
         if mem.table is not None:
             spec.memory.models.setdefault(key, ModelMemory()).table = mem.table
