@@ -98,13 +98,20 @@ def test_no_warmup_switches_the_warmup_off():
     assert warmup_wanted(parse("serve")) and not warmup_wanted(parse("serve", "--no-warmup"))
 
 
-def test_conversation_on_run_is_chat():
-    a = parse("run", "-p", "hi", "-cnv")
-    assert a.conversation and not a.chat
+def test_conversation_flag_on_run_and_serve():
+    a = parse("run", "-cnv")
+    assert a.conversation and a.prompt is None
     line, = notes(a, "run")
-    assert a.chat and "chat template" in line
+    assert "interactive conversation" in line and "system message" in line
     a = parse("serve", "--conversation")
-    assert "ignored" in notes(a, "serve")[0] and not hasattr(a, "chat")
+    assert "ignored" in notes(a, "serve")[0]
+
+
+def test_run_needs_a_prompt_unless_a_conversation(capsys):
+    from alphallama.cli import main
+    assert main(["run"]) == 2
+    assert "-p/--prompt is required" in capsys.readouterr().err
+    assert main(["run", "-cnv", "--json"]) == 2
 
 
 def test_no_flags_no_notes_and_no_abbreviations():

@@ -93,9 +93,9 @@ def _apply_no_warmup(args, command: str) -> str:
 
 
 def _apply_cnv(args, command: str) -> str:
-    if command == "run":
-        args.chat = True
-        return "-cnv: the prompt is sent as one user turn through the chat template (as --chat); no interactive loop"
+    if command == "run":    # cli_run.run starts the conversation (cli_chat.py)
+        return ("-cnv: an interactive conversation through the chat template, a turn per input line "
+                "(-p, if given, is the system message); Ctrl-D ends it")
     return "-cnv: ignored; serve applies the chat template on /v1/chat/completions"
 
 
@@ -125,7 +125,7 @@ COMPAT: tuple[Compat, ...] = (
                                            "help": "skip the warm-up at load (the first request then pays for it)"},
            ("run", "serve"), _apply_no_warmup),
     Compat(("-cnv", "--conversation"), "conversation",
-           {"action": "store_true", "default": None, "help": "run: as --chat; serve: accepted for llama.cpp"},
+           {"action": "store_true", "default": None, "help": "run: an interactive chat (-p: the system message); serve: accepted"},
            ("run", "serve"), _apply_cnv),
 )
 

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .spec.config import add_spec_arguments
     add_model_arguments(p)
     add_spec_arguments(p)
-    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("-p", "--prompt", help="the prompt (required; with -cnv: the system message, if any)")
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULTS.sampling.max_tokens)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, gen_ids, text")
@@ -96,6 +96,10 @@ def run(args) -> int:
     from .load_progress import LoadProgress
     from .spec.config import spec_from_args
     apply_compat(args, "run")
+    if args.prompt is None and not args.conversation:
+        return _fail("-p/--prompt is required (or -cnv for a conversation)")
+    if args.conversation and args.json:
+        return _fail("--json does not apply to -cnv (a conversation streams text)")
     problem = check_device(args)
     if problem:
         return _fail(problem)
@@ -113,6 +117,10 @@ def run(args) -> int:
     progress = LoadProgress(path)
     engine = load_engine(args, path, plan, progress)
     tok = engine.tokenizer
+    if args.conversation:
+        from .cli_chat import chat_loop
+        warm_engine(args, engine, spec, progress)
+        return chat_loop(engine, spec, sampling_from_args(args), args.n_predict, args.prompt)
     if args.chat:
         import jinja2
         try:   # a template that refuses these messages, or fails to render: its reason, no traceback
