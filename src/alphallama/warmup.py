@@ -26,6 +26,8 @@ from .spec.config import ModelMemory, SpecConfig, SpecMemory
 # a text with repeats: the copy drafter finds matches, so verify rounds of several widths run
 _TEXT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps on. "
 _NEW_TOKENS = 8
+_GREEDY = SamplingParams(temperature=0.0)
+_SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0)
 
 
 def warmup_lengths(engine: Engine) -> list[int]:
@@ -68,11 +70,14 @@ def warm_up(engine: Engine, spec: SpecConfig, lengths: list[int] | None = None) 
     (default: warmup_lengths)."""
     resolved = replace(spec.on_device(engine.cache.k.device.type), memory=SpecMemory())
     scratch = resolved.memory
-    for rows in lengths if lengths is not None else warmup_lengths(engine):
+    lengths = lengths if lengths is not None else warmup_lengths(engine)
+    # greedy through every prompt shape, then the sampling path (its kernels, speculative
+    # sampling's acceptance) with logprobs on the shortest
+    runs = [(rows, _GREEDY, None) for rows in lengths] + [(min(lengths), _SAMPLED, 1)]
+    for rows, sampling, logprobs in runs:
         ids = warmup_prompt(engine, rows)
         try:
-            for _ in engine.generate(ids, _NEW_TOKENS, SamplingParams(temperature=0.0), gen=Generation(),
-                                     spec=resolved):
+            for _ in engine.generate(ids, _NEW_TOKENS, sampling, gen=Generation(), spec=resolved, logprobs=logprobs):
                 pass
         finally:
             engine.reset()
