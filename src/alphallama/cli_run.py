@@ -63,8 +63,12 @@ def load_engine(args, path: str, plan, progress):
     if getattr(args, "threads", None) and kw.get("expert_slots") is not None:   # -t: the store's CPU workers
         kw["cpu_threads"] = args.threads
     progress.weights()
-    engine = Engine.load(path, draft_head=args.draft_head, progress=progress.update,
-                         weights_read=lambda: progress.begin("building the KV cache, graphs and MTP head"), **kw)
+    try:
+        engine = Engine.load(path, draft_head=args.draft_head, progress=progress.update,
+                             weights_read=lambda: progress.begin("building the KV cache, graphs and MTP head"), **kw)
+    except BaseException:
+        progress.abandon()
+        raise
     progress.end()
     return engine
 
@@ -75,7 +79,11 @@ def warm_engine(args, engine, spec, progress) -> None:
     from .warmup import warm_up
     if warmup_wanted(args):
         progress.begin("warming up (cost table, prefill and decode kernels)")
-        warm_up(engine, spec)
+        try:
+            warm_up(engine, spec)
+        except BaseException:
+            progress.abandon()
+            raise
         progress.end()
 
 

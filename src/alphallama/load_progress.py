@@ -18,7 +18,10 @@ class LoadProgress:
         self.out = sys.stderr if out is None else out
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
         self.name = os.path.basename(path)
-        self.size = os.path.getsize(path)
+        try:   # (a missing or unreadable file is Engine.load's to report, as a GGUFError)
+            self.size: int | None = os.path.getsize(path)
+        except OSError:
+            self.size = None
         self._bar = None
         self._stage: str | None = None
         self._t0 = 0.0
@@ -35,7 +38,8 @@ class LoadProgress:
     def weights(self) -> None:
         """Start the weights stage: a bar on a terminal, a line elsewhere."""
         self.end()
-        self._stage, self._t0 = f"reading the weights of {self.name} ({self.size / 2**20:,.0f} MiB)", time.perf_counter()
+        size = f" ({self.size / 2**20:,.0f} MiB)" if self.size is not None else ""
+        self._stage, self._t0 = f"reading the weights of {self.name}{size}", time.perf_counter()
         if self.tty:
             from tqdm import tqdm
             self._bar = tqdm(total=self.size, unit="B", unit_scale=True, desc=f"loading {self.name}",
@@ -47,6 +51,13 @@ class LoadProgress:
         """Engine.load's per-tensor progress callback."""
         if self._bar is not None:
             self._bar.update(nbytes)
+
+    def abandon(self) -> None:
+        """The stage failed: clear the bar (the error line follows on a line of its own), no time."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._stage = None
 
     def end(self) -> None:
         if self._bar is not None:

@@ -82,3 +82,13 @@ def test_run_with_no_warmup_skips_it(stories_path):
     assert proc.returncode == 0, proc.stderr
     assert "--no-warmup: " in proc.stderr and "warming up" not in proc.stderr
     assert "reading the weights of" in proc.stderr and "building the KV cache" in proc.stderr
+
+
+def test_a_failed_stage_clears_its_bar_and_prints_no_time(stories_path):
+    out = Terminal()
+    p = LoadProgress(str(stories_path), out)
+    p.weights()
+    p.abandon()
+    p.end()
+    assert "alphallama:" not in out.getvalue()
+    assert LoadProgress("/no/such/model.gguf", io.StringIO()).size is None   # Engine.load reports it, not us
