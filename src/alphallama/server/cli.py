@@ -62,6 +62,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
+    import jinja2
+
     from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, ChatTemplateError
     from ..cli_compat import apply_compat
     from ..cli_run import check_device, load_engine, resolve_model, sampling_from_args, warm_engine
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             with open(args.chat_template_file, encoding="utf-8") as f:
                 template = f.read()
             ChatTemplate(template)   # a syntax error stops us now, not after loading
-    except (ValueError, OSError) as e:   # ChatTemplateError is a ValueError
+    except (ValueError, OSError, jinja2.TemplateError) as e:   # ChatTemplateError: a ValueError (and/or Jinja's)
         return _fail(str(e))
     from ..gguf.reader import GGUFError
     from ..offload.apply import plan_from_args, summary
