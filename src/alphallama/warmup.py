@@ -6,7 +6,8 @@ What a request would otherwise prepare lazily, the first time, on its own clock:
   - on the GPU, the prefill path's CUDA graphs, captured per chunk shape on first use
     (with the compile of its Triton kernels, cuBLAS's and SDPA's lazily loaded kernels,
     the scratch of dequantized weights): 2.5 s on the H200 for the first prompt over 512
-    tokens; and the MTP head's draft vocabulary.
+    tokens; and the MTP head's draft vocabulary;
+  - on the CPU, torch's first calls (BLAS and thread-pool set-up: over a second).
 So the loader runs real generations through the code a request takes: prompts whose
 chunks take every prefill shape (warmup_runs), each followed by a few speculative
 rounds, greedy, then one sampled with logprobs. Everything they leave behind is then undone: the KV cache and its token
@@ -48,7 +49,8 @@ def warmup_runs(engine: Engine) -> list[WarmRun]:
     (+1: the last row always goes alone through the decode graphs), then each smaller
     power of two down to the decode rounds' width; then the sampler's path (top-k/p,
     min-p, speculative sampling, logprobs) on the shortest. The CPU reference compiles
-    and captures nothing: one short greedy prompt does there (the cost table, the drafters)."""
+    and captures nothing: one short greedy prompt does there (torch's first BLAS calls,
+    1.4 s of a 20 ms request on stories260K here; the cost table, the drafters)."""
     room = engine.ctx_size - _NEW_TOKENS - 1
     if engine.cache.k.device.type != "cuda":
         return [WarmRun(max(1, min(16, room)))]
