@@ -7,10 +7,11 @@ more than one prefill chunk (512 tokens), another such prompt. Each prompt share
 prefix with the others (a re-used prefix would hide the prefill). A warm-up at load
 (warmup.py) should make request 1 as fast as 2 and request 3 as fast as 4; pass
 `--serve-arg=--no-warmup` for the lazy baseline. Writes bench/results/ttft_first-<date>.json
-(date, GPU, driver, commit, command: bench/hostinfo; each request's TTFT and the server's
-timings; the load time and the server's load log) and prints a table.
+($OUT/ on the device machine; date, GPU, driver, commit ($GIT_COMMIT where the tree has
+no .git), command: alphallama.bench.hostinfo; each request's TTFT and the server's timings;
+the load time and the server's load log) and prints a table.
 
-    python bench/ttft_first.py                                        # the H200 run
+    GIT_COMMIT=... python bench/ttft_first.py                         # the H200 run
     python bench/ttft_first.py --serve-arg=--no-warmup                # the baseline
     python bench/ttft_first.py --model src/alphallama/data/alphallama-embedded.gguf --device cpu   # CPU check
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -74,6 +76,12 @@ def stream_ttft(client: httpx.Client, base: str, prompt: str) -> dict:
     return {"ttft_s": ttft, "total_s": time.perf_counter() - t0, "usage": usage, "timings": timings}
 
 
+def _extra(first: dict, second: dict) -> float | None:
+    if first["ttft_s"] is None or second["ttft_s"] is None:
+        return None
+    return first["ttft_s"] - second["ttft_s"]
+
+
 def start_server(args, model: str, port: int, log) -> tuple[subprocess.Popen, float]:
     cmd = [*CLI, "serve", "-m", model, "--port", str(port), "--host", "127.0.0.1", "--device", args.device,
            *args.serve_arg]
@@ -97,11 +105,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="GGUF file (default: a synthetic --preset file)")
     p.add_argument("--preset", default="qwen3-8b", help="alphallama synth preset when no --model")
+    p.add_argument("--layers", type=int, default=None, help="the synthetic model's layers (default: the preset's)")
     p.add_argument("--work-dir", default=None, help="where the synthetic model is written (default: a temp dir)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--serve-arg", action="append", default=[], help="an extra `alphallama serve` flag (repeatable)")
     p.add_argument("--load-timeout", type=float, default=900.0)
-    p.add_argument("--out", default=None, help="the JSON file (default: bench/results/ttft_first-<date>.json)")
+    p.add_argument("--out", default=None,
+                   help="the JSON file (default: ttft_first-<date>.json in $OUT if set, else bench/results)")
     args = p.parse_args()
     env = host_state()
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
@@ -109,7 +119,8 @@ def main() -> int:
         if model is None:
             model = str(Path(tmp) / f"synth-{args.preset}.gguf")
             t0 = time.perf_counter()
-            subprocess.run([*CLI, "synth", "--preset", args.preset, "-o", model], check=True)
+            layers = ["--layers", str(args.layers)] if args.layers else []
+            subprocess.run([*CLI, "synth", "--preset", args.preset, "-o", model, *layers], check=True)
             print(f"wrote {model} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         tok = Tokenizer.from_gguf(model)
         prompts = [("short 1", prompt_of(tok, "apple", 24)), ("short 2", prompt_of(tok, "river", 24)),
@@ -129,10 +140,14 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         load_log = log_path.read_text().splitlines()
-    result = {**env, "model": model if args.model else f"synth --preset {args.preset}",
-              "serve_args": args.serve_arg, "load_s": load_s, "load_log": load_log, "requests": rows}
+    result = {**env, "commit": os.environ.get("GIT_COMMIT") or env["git"].get("commit"),
+              "model": model if args.model else f"synth --preset {args.preset}"
+                                                 + (f" --layers {args.layers}" if args.layers else ""),
+              "serve_args": args.serve_arg, "load_s": load_s, "load_log": load_log, "requests": rows,
+              # what the first request of each kind costs over the next one (the warm-up's goal: ~0)
+              "first_extra_ttft_s": {"short": _extra(rows[0], rows[1]), "long": _extra(rows[2], rows[3])}}
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out = Path(args.out) if args.out else RESULTS / f"ttft_first-{stamp}.json"
+    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or RESULTS) / f"ttft_first-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     gpu = (env["gpu"].get("gpus") or [{}])[0]
@@ -143,6 +158,8 @@ def main() -> int:
         t, u = r["timings"] or {}, r["usage"] or {}
         print(f"{r['request']:10} {u.get('prompt_tokens', '-'):>7} {t.get('cache_n', '-'):>7} "
               f"{r['ttft_s'] or float('nan'):8.3f} {t.get('prompt_ms', float('nan')):11.1f} {r['total_s']:8.3f}")
+    print("first over second TTFT: " + ", ".join(f"{k} {v:+.3f} s" for k, v in result["first_extra_ttft_s"].items()
+                                                  if v is not None))
     print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
     return 0
 
