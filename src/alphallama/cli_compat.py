@@ -69,7 +69,7 @@ def _apply_threads(args, command: str) -> str:
     import torch
     torch.set_num_threads(args.threads)    # this process's CPU compute (the CPU model, host-side work)
     return (f"-t {args.threads}: torch computes on {args.threads} CPU threads, and an offloaded expert "
-            f"store runs {args.threads} CPU expert workers")
+            f"store's CPU tier (if the plan has one) runs {args.threads} expert workers")
 
 
 def _apply_parallel(args, command: str) -> str:
