@@ -129,13 +129,25 @@ class Engine:
 
     # -- prompts ----------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
+        self.check_text_fits(text)
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> list[int]:
-        from .chat import ChatTemplate, chat_prompt_ids
+        from .chat import ChatTemplate, chat_prompt_text
         if self.chat_template is None:
             self.chat_template = ChatTemplate.from_gguf_metadata(self.gguf.metadata)
-        return chat_prompt_ids(self.chat_template, self.tokenizer, messages, add_generation_prompt, **kw)
+        text = chat_prompt_text(self.chat_template, self.tokenizer, messages, add_generation_prompt, **kw)
+        self.check_text_fits(text)
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    def check_text_fits(self, text: str) -> None:
+        """Refuse, before tokenizing, a text too long for the context whatever its tokens
+        (no token spells more than max_piece_bytes bytes): a huge string never reaches
+        the tokenizer, which takes seconds on megabytes and aborts the process on more."""
+        most = self.ctx_size * self.tokenizer.max_piece_bytes
+        if len(text) > most:
+            raise ContextOverflow(f"the prompt has {len(text)} characters, more than a context of {self.ctx_size} "
+                                  f"tokens can hold (at most {self.tokenizer.max_piece_bytes} per token)")
 
     def check_fits(self, n_prompt: int) -> None:
         if n_prompt >= self.ctx_size:
