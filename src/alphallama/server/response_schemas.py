@@ -132,16 +132,24 @@ def streamed(description: str) -> dict[int | str, dict]:
     return {200: {"description": description, "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
+_ERROR_REF = "#/components/schemas/ErrorBody"
+
+
 def install_openapi(app: FastAPI) -> None:
     """/openapi.json as the server behaves: FastAPI documents its 422 for every route with
     a body, but errors.py answers validation errors 400 in the ErrorBody shape, and the
-    routes list that 400 themselves; the 422 and its schemas go."""
+    routes list that 400 themselves; the 422 and its schemas go. And FastAPI files every
+    documented response under the route's media type; an error is always JSON."""
     def schema() -> dict:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             for path in doc.get("paths", {}).values():
                 for op in path.values():
-                    op.get("responses", {}).pop("422", None)
+                    responses = op.get("responses", {})
+                    responses.pop("422", None)
+                    for status, r in responses.items():   # errors are JSON even where the route's
+                        if int(status) >= 400:            # own answer is text (/metrics)
+                            r["content"] = {"application/json": {"schema": {"$ref": _ERROR_REF}}}
             for name in ("HTTPValidationError", "ValidationError"):
                 doc.get("components", {}).get("schemas", {}).pop(name, None)
             app.openapi_schema = doc
