@@ -109,8 +109,9 @@ CONVERSATIONS = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo ✓"},
      {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "And?\n\nMore " * 50}],
 ]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
 @pytest.mark.parametrize("path", sorted(TEMPLATES.glob("*.jinja")) if TEMPLATES.is_dir() else [],

@@ -128,7 +128,7 @@ class ChatTemplate:
         context = {"messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt,
                    "bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         try:
-            return render_budgeted(self._template, context, self.budget)
+            return render_budgeted(self._template, context)
         except ChatTemplateError:   # the budget's refusals, as they are
             raise
         except _TemplateRaised as e:

@@ -24,7 +24,7 @@ import re
 import time
 from dataclasses import dataclass
 from functools import update_wrapper
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sized
 
 import jinja2
 from jinja2 import nodes
@@ -106,8 +106,9 @@ def _pad(s: str, width: int = 0, *_: Any) -> int:
     return max(len(s), width if isinstance(width, int) else 0)
 
 
-def _join_bound(sep: str, items: list, *_: Any) -> int:
-    return sum(_length(x) for x in items) + len(sep) * len(items)
+def _join_bound(sep: str, items: Any, *_: Any) -> int:
+    n = len(items) if isinstance(items, Sized) else 0
+    return sum(_length(x) for x in items) + len(sep) * n if n else 0
 
 
 def _replace_bound(s: str, old: str = "", new: str = "", count: Any = -1, *_: Any) -> int:
@@ -139,17 +140,22 @@ def _json_depth(v: Any) -> int:
     return depth
 
 
-def _tojson_bound(value: Any, *args: Any, indent: Any = None, **_: Any) -> int:
+def _tojson_bound(value: Any, ensure_ascii: Any = False, indent: Any = None, *_: Any, **__: Any) -> int:
     compact = len(json.dumps(value, default=str))
     width = _length(indent) if isinstance(indent, str) else (indent if isinstance(indent, int) else 0)
     return compact * (1 + max(width, 0) * _json_depth(value))
 
 
+def _indent_bound(s: Any, width: Any = 4, *_: Any, **__: Any) -> int:
+    per_line = len(width) if isinstance(width, str) else max(width, 0) if isinstance(width, int) else 4
+    text = str(s)
+    return len(text) + (text.count("\n") + 1) * per_line
+
+
 _FILTER_BOUNDS: dict[str, Callable[..., int]] = {
     "join": lambda v, d="", *_a, **_k: _join_bound(str(d), list(v)),
     "center": lambda s, width=80, *_a, **_k: _pad(str(s), width),
-    "indent": lambda s, width=4, *_a, **_k: len(str(s)) + (str(s).count("\n") + 1) * (
-        _length(width) if isinstance(width, str) else max(width, 0) if isinstance(width, int) else 4),
+    "indent": _indent_bound,
     "replace": lambda s, old="", new="", count=None, **_k: _replace_bound(
         str(s), str(old), str(new), -1 if count is None else count),
     "format": lambda s, *a, **k: _format_bound(str(s), [*a, *k.values()], "*" in str(s)),
@@ -229,7 +235,8 @@ class SizedSandbox(ImmutableSandboxedEnvironment):
             values = [*args, *kwargs.values()]
             if value.__name__ == "format_map" and args and isinstance(args[0], dict):
                 values = list(args[0].values())
-            self.check_size(_format_bound(text, values, _NESTED_FIELD.search(text.replace("{{", "")) is not None))
+            nested = _NESTED_FIELD.search(text.replace("{{", "")) is not None
+            self.check_size(_format_bound(text, values, nested))
             return fmt(*args, **kwargs)
         return update_wrapper(checked, value)
 
@@ -322,8 +329,10 @@ class _Compiler(CodeGenerator):
         super().visit_Template(node, frame)
 
 
-def render_budgeted(template: jinja2.Template, context: dict[str, Any], budget: RenderBudget) -> str:
-    """Render with a fresh deadline, counting the output as it is generated."""
+def render_budgeted(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """Render (a template of a SizedSandbox) with a fresh deadline, counting the output
+    as it is generated."""
+    budget = template.environment.budget
     meter = Meter(budget)
     parts, n = [], 0
     for chunk in template.generate({**context, _METER: meter}):
