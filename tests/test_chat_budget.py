@@ -46,6 +46,15 @@ HOSTILE = {
     "tojson indent": "{{ messages|tojson(indent=1000000000) }}",
     "lipsum": "{{ lipsum(n=10**7) }}",
     "batch fill": "{{ [1]|batch(1000000000, 'x')|list|length }}",
+    # a list nested in itself: a few bytes to build, 2**60 items to print or compare
+    "self-nested list": "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}"
+                        "{% endfor %}{{ ns.l }}",
+    "self-nested sets": "{% set a = ['x'] %}" + "".join(f"{{% set a = (a, a) %}}" for _ in range(60)) + "{{ a == a }}",
+    "self-nested dict": "{% set ns = namespace(d={}) %}{% for i in range(60) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}"
+                        "{% endfor %}{{ ns.d|tojson }}",
+    "self-nested batch": "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l]|batch(2, ns.l)"
+                         "|list %}{% endfor %}{{ ns.l }}",
+    "list times": "{% set a = range(1000)|list %}{% set b = [a] * 1000 %}{{ b }}",
 }
 
 
