@@ -49,7 +49,7 @@ HOSTILE = {
     # a list nested in itself: a few bytes to build, 2**60 items to print or compare
     "self-nested list": "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}"
                         "{% endfor %}{{ ns.l }}",
-    "self-nested sets": "{% set a = ['x'] %}" + "".join(f"{{% set a = (a, a) %}}" for _ in range(60)) + "{{ a == a }}",
+    "self-nested sets": "{% set a = ['x'] %}" + "{% set a = (a, a) %}" * 60 + "{{ a == a }}",
     "self-nested dict": "{% set ns = namespace(d={}) %}{% for i in range(60) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}"
                         "{% endfor %}{{ ns.d|tojson }}",
     "self-nested batch": "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l]|batch(2, ns.l)"

@@ -130,16 +130,16 @@ class SizedSandbox(ImmutableSandboxedEnvironment):
         self.check_value(result)
         return result
 
-    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        meter_of(__context).tick()
-        owner = getattr(__obj, "__self__", None)
-        if isinstance(owner, str) and getattr(__obj, "__name__", "") in STR_BOUNDS:
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        meter_of(context).tick()
+        owner = getattr(obj, "__self__", None)
+        if isinstance(owner, str) and getattr(obj, "__name__", "") in STR_BOUNDS:
             args = tuple(materialize(a) for a in args)
-            __self.check_size(STR_BOUNDS[__obj.__name__](owner, *args, **kwargs))
-        elif __obj is generate_lorem_ipsum:
-            __self.check_size(lipsum_bound(args, kwargs))
-        result = super().call(__context, __obj, *args, **kwargs)
-        __self.check_value(result)
+            self.check_size(STR_BOUNDS[obj.__name__](owner, *args, **kwargs))
+        elif obj is generate_lorem_ipsum:
+            self.check_size(lipsum_bound(args, kwargs))
+        result = super().call(context, obj, *args, **kwargs)
+        self.check_value(result)
         return result
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:

@@ -4,20 +4,20 @@ it. The shapes are OpenAI's (responses.py builds them) plus llama-server's `timi
 Every error, whatever its status, has the one ErrorBody shape (errors.py)."""
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-Timings = dict[str, Union[int, float]]   # llama-server's counters: prompt_n, predicted_per_second, ...
+Timings = dict[str, int | float]   # llama-server's counters: prompt_n, predicted_per_second, ...
 
 
 class ErrorDetail(BaseModel):
     message: str
     type: str
-    param: Optional[str]
-    code: Optional[str]
+    param: str | None
+    code: str | None
 
 
 class ErrorBody(BaseModel):
@@ -52,7 +52,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: Optional[ChatLogprobs]
+    logprobs: ChatLogprobs | None
     finish_reason: str
 
 
@@ -80,7 +80,7 @@ class TextLogprobs(BaseModel):
 class TextChoice(BaseModel):
     index: int
     text: str
-    logprobs: Optional[TextLogprobs]
+    logprobs: TextLogprobs | None
     finish_reason: str
 
 
@@ -103,7 +103,7 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
-    meta: Optional[ModelMeta]   # null while the model loads
+    meta: ModelMeta | None   # null while the model loads
 
 
 class ModelList(BaseModel):
