@@ -48,6 +48,8 @@ def test_hostile_chat_templates_are_400_and_the_server_keeps_serving(stories_pat
             err = e.value.response.json()["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["param"] == "messages"
             assert "chat template" in err["message"] and "budget" in err["message"], (name, err)
+            with pytest.raises(openai.BadRequestError):   # streamed: refused before the stream starts
+                client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, stream=True)
             # the server is fine: a plain completion, then a chat with a sane template
             assert client.completions.create(model=MODEL, prompt="Once", max_tokens=2).usage.completion_tokens == 2
         engine.chat_template = ChatTemplate.from_gguf_metadata(engine.gguf.metadata)
@@ -82,6 +84,18 @@ INVALID_SAMPLING = [
     dict(top_p=0.0), dict(top_p=-1e-300), dict(top_p=1.0000001), dict(temperature=-5e-324), dict(min_p=-1e-300),
     dict(min_p=1.5), dict(top_k=-1), dict(seed=2 ** 64), dict(temperature="1"), dict(top_p=None, top_k=1.5),
 ]
+
+
+@pytest.mark.parametrize("max_tokens", [10 ** 30, 2 ** 63, 2 ** 64 + 5])
+def test_huge_max_tokens_stop_at_the_context(server, max_tokens):
+    engine = server.state.worker.engine
+    prompt = engine.encode_prompt("hello " * engine.ctx_size)[:engine.ctx_size - 4]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "top_k": 10 ** 40}
+    r = httpx.post(server.url + "/completions", json=body, headers=server.headers, timeout=60)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"] <= engine.ctx_size
+    assert done["choices"][0]["finish_reason"] in ("length", "stop")
 
 
 @pytest.mark.parametrize("kw", VALID_SAMPLING, ids=str)
