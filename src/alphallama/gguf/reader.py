@@ -237,6 +237,7 @@ class TensorInfo:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]   # torch order: outermost first, e.g. [out_features, in_features]
     data: np.ndarray         # memory-mapped raw view; uint8 rows for block formats
+    offset: int              # where `data` starts in the file (absolute, aligned)
 
     @property
     def nbytes(self) -> int:
@@ -271,7 +272,7 @@ class GGUFFile:
                 raw = raw.view(_FLOAT_DTYPES[t.qtype]).reshape(shape)
             else:            # block formats: rows of raw bytes
                 raw = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
-            self.tensors[t.name] = TensorInfo(t.name, t.qtype, shape, raw)
+            self.tensors[t.name] = TensorInfo(t.name, t.qtype, shape, raw, start)
 
     @property
     def architecture(self) -> str:
