@@ -2,7 +2,8 @@
 `inspect` and `run` do; report every outcome that is not "a self-consistent file" or
 "our own one-line GGUFError" as JSON on stdout.
 
-Run as a script (tests/gguf/test_reader_fuzz.py does) so an absurd allocation hits the
+Warnings the tokenizer prints for damaged vocabularies go to stderr, which the test
+ignores unless the worker fails. Run as a script (tests/gguf/test_reader_fuzz.py does) so an absurd allocation hits the
 address-space limit set here and shows as MemoryError instead of swapping the machine,
 and a hang hits the caller's timeout instead of stalling the test process.
     python fuzz_worker.py SOURCE.gguf WORK.gguf SEED N_CASES
@@ -22,15 +23,18 @@ from pathlib import Path
 
 from gguf.constants import GGML_QUANT_SIZES
 
+from alphallama.chat import ChatTemplate
 from alphallama.cli_inspect import describe
 from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFError, GGUFFile
+from alphallama.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from header_fields import Field, header_fields  # noqa: E402
 
 SLOW_S = 2.0           # one read of a 32 MB file takes ~30 ms; this is a hang in the making
 HEADROOM = 2 << 30     # address space beyond what the worker maps at start
+MAX_MESSAGE = 1000     # an error names the file, the field and a tensor or key: never a page of garbage
 
 _EDGE = (0, 1, 2, 3, 31, 32, 33, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**62, 2**63 - 1, 2**63, 2**64 - 1)
 
@@ -86,6 +90,14 @@ def _consistent(path: Path, f: GGUFFile) -> str | None:
     return None
 
 
+def _unclear(e: GGUFError) -> str | None:
+    """Why an error is not one clear line (None if it is)."""
+    msg = str(e)
+    if "\n" in msg or len(msg) > MAX_MESSAGE:
+        return f"error of {len(msg)} chars over {msg.count(chr(10)) + 1} lines: {msg[:200]!r}"
+    return None
+
+
 def _read(path: Path) -> tuple[str, str | None]:
     """(outcome, problem): reading must give a consistent model or one GGUFError line."""
     try:
@@ -93,14 +105,16 @@ def _read(path: Path) -> tuple[str, str | None]:
         problem = _consistent(path, f)
         if problem:
             return "accepted", "inconsistent: " + problem
-        try:
+        try:   # what `run` reads before the weights, then what `inspect` prints
             load_config(f)
+            Tokenizer.from_metadata(f.metadata).encode("hi there", add_special=True, parse_special=False)
+            ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)
             describe(str(path))
         except GGUFError as e:
-            return "config-rejected", ("multi-line error: " + str(e)) if "\n" in str(e) else None
+            return "config-rejected", _unclear(e)
         return "accepted", None
     except GGUFError as e:
-        return "rejected", ("multi-line error: " + str(e)) if "\n" in str(e) else None
+        return "rejected", _unclear(e)
     except BaseException as e:  # noqa: BLE001 - the point is to catch anything that escapes
         return "crashed", f"{type(e).__name__}: {e}"[:300]
 

@@ -106,6 +106,7 @@ CASES = {
     "unknown type": ([("q", [32], 99, 0)], {"data_bytes": 128}, "unknown type 99"),
     "five dims": ([("q", [1, 1, 1, 1, 1], Q.F32, 0)], {"data_bytes": 32}, r"5 dimensions \(1 to 4 allowed\)"),
     "huge tensor count": ([A], {"count_tensors": 2**40}, "header claims 1099511627776 tensors"),
+    "name too long": ([("n" * 64, [8], Q.F32, 0)], {}, "tensor name at byte .* is 64 bytes long \\(at most 63\\)"),
 }
 
 
@@ -121,9 +122,12 @@ def test_each_tensor_table_check(tmp_path, case):
     ([("general.alignment", V.UINT32, 0)], "general.alignment 0 is not a power of two"),
     ([("general.alignment", V.BOOL, True)], "general.alignment True is not a power of two"),
     ([("k", V.UINT32, 1), ("k", V.UINT32, 2)], "metadata key 'k' appears twice"),
+    ([("k" * 200, V.UINT32, 1), ("k" * 200, V.UINT32, 2)], "metadata key 'k{75}\\.\\.\\.' appears twice$"),
+    ([("k" * 65536, V.UINT32, 1)], "metadata key at byte 24 is 65536 bytes long"),
     ([("deep", V.ARRAY, (V.ARRAY, [(V.ARRAY, [(V.ARRAY, [(V.ARRAY, [(V.UINT32, [1])])])])]))],
      "'deep' nests arrays more than 4 deep"),
-], ids=["not-power-of-two", "zero-alignment", "bool-alignment", "duplicate-key", "deep-nesting"])
+], ids=["not-power-of-two", "zero-alignment", "bool-alignment", "duplicate-key", "long-key-cut-short",
+        "key-too-long", "deep-nesting"])
 def test_each_metadata_check(tmp_path, kv, message):
     with pytest.raises(GGUFError, match=message):
         _open(tmp_path, gguf_bytes([A], kv=kv))
@@ -171,3 +175,28 @@ def test_cli_names_the_overlap_in_one_line(tmp_path):
 
 def _header_len(p) -> int:
     return p.stat().st_size - 1024
+
+
+def test_run_names_a_tensor_in_a_type_it_cannot_compute(tmp_path):
+    """IQ4_NL has Q4_0's block geometry: the header stays valid (inspect describes it), and
+    `run` refuses it in one line naming the tensor instead of a traceback."""
+    from alphallama.gguf.writer import PRESETS, write_synthetic
+    p = tmp_path / "iq4nl.gguf"
+    write_synthetic(PRESETS["tiny-llama"](quant="Q4_0"), p)
+    data = bytearray(p.read_bytes())
+    name = b"blk.0.attn_q.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    at += 4 + 8 * n_dims
+    assert struct.unpack_from("<I", data, at)[0] == Q.Q4_0
+    data[at:at + 4] = struct.pack("<I", Q.IQ4_NL)
+    p.write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "-m", "alphallama.cli", "inspect", "-m", str(p)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "IQ4_NL" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "alphallama.cli", "run", "-m", str(p), "-p", "hi", "-n", "1",
+                        "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"alphallama: error: {p}: tensor 'blk.0.attn_q.weight': quant type IQ4_NL is not supported"), r.stderr

@@ -54,8 +54,10 @@ class _Cursor:
         self.pos += n
         return v
 
-    def string(self, what: str) -> bytes:
+    def string(self, what: str, limit: int | None = None) -> bytes:
         n = self.scalar("Q", what + " length")
+        if limit is not None and n > limit:
+            raise GGUFError(f"{self.path}: {what} at byte {self.pos - 8} is {n} bytes long (at most {limit})")
         self.need(n, what)
         s = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
@@ -69,10 +71,11 @@ _NP = {GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT
 
 
 def _value_type(cur: _Cursor, vtype: int, key: str) -> GGUFValueType:
+    """`key`: the label of the key being read (`_label`), for messages."""
     try:
         return GGUFValueType(vtype)
     except ValueError:
-        raise GGUFError(f"{cur.path}: metadata key {key!r} has unknown value type {vtype}") from None
+        raise GGUFError(f"{cur.path}: metadata key {key} has unknown value type {vtype}") from None
 
 
 # An array's element that is itself an array takes at least its type and count (12 bytes).
@@ -86,25 +89,34 @@ MAX_ARRAY_NESTING = 4
 _MIN_KV, _MIN_TENSOR_INFO = 8 + 4 + 1, 8 + 4 + 8 + 4 + 8
 # ggml sizes tensors in int64: an element count at or above this overflows it.
 _MAX_ELEMENTS = 2**63
+# The spec's bound on key length, and ggml's on tensor names (GGML_MAX_NAME = 64 with
+# its NUL): longer is a corrupt length field, whose "name" would fill the error message.
+MAX_KEY_BYTES, MAX_NAME_BYTES = 65535, 63
+
+
+def _label(key: str) -> str:
+    """A key for an error message: quoted, and cut short so the message stays one line."""
+    r = repr(key)
+    return r if len(r) <= 80 else r[:76] + "...'"
 
 
 def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
     vt = _value_type(cur, vtype, key)
     if vt == GGUFValueType.STRING:
-        return cur.string(f"string value of {key!r}").decode("utf-8", "replace")
+        return cur.string(f"string value of {key}").decode("utf-8", "replace")
     if vt != GGUFValueType.ARRAY:
-        return cur.scalar(_SCALAR[vt], f"value of {key!r}")
+        return cur.scalar(_SCALAR[vt], f"value of {key}")
     if depth >= MAX_ARRAY_NESTING:
-        raise GGUFError(f"{cur.path}: metadata key {key!r} nests arrays more than {MAX_ARRAY_NESTING} deep")
-    et = _value_type(cur, cur.scalar("I", f"array type of {key!r}"), key)
-    count = cur.scalar("Q", f"array length of {key!r}")
+        raise GGUFError(f"{cur.path}: metadata key {key} nests arrays more than {MAX_ARRAY_NESTING} deep")
+    et = _value_type(cur, cur.scalar("I", f"array type of {key}"), key)
+    count = cur.scalar("Q", f"array length of {key}")
     remaining = len(cur.buf) - cur.pos
     # Every element takes at least one byte (a string 8, an array 12): a count that
     # cannot fit in the rest of the file is corrupt, not merely large.
     min_size = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: _MIN_ARRAY_ITEM}.get(et) \
         or np.dtype(_NP[et]).itemsize
     if count * min_size > remaining:
-        raise GGUFError(f"{cur.path}: array {key!r} claims {count} elements, "
+        raise GGUFError(f"{cur.path}: array {key} claims {count} elements, "
                         f"more than the {remaining} bytes left in the file can hold")
     if et in _NP:
         arr = np.frombuffer(cur.buf, dtype=_NP[et], count=count, offset=cur.pos)
@@ -116,12 +128,12 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
         for _ in range(count):  # hot loop for 150k-token vocabularies: keep it lean
             if pos + 8 > n:
                 cur.pos = pos
-                cur.need(8, f"array {key!r}")
+                cur.need(8, f"array {key}")
             (ln,) = unpack(buf, pos)
             pos += 8
             if pos + ln > n:
                 cur.pos = pos
-                cur.need(ln, f"array {key!r}")
+                cur.need(ln, f"array {key}")
             out.append(bytes(buf[pos:pos + ln]).decode("utf-8", "replace"))
             pos += ln
         cur.pos = pos
@@ -159,16 +171,17 @@ def _parse(path: str, buf) -> tuple[dict[str, Any], list[TableEntry], int]:
                         f"impossible in a file of {len(buf)} bytes")
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
-        key = cur.string("metadata key").decode("utf-8", "replace")
+        key = cur.string("metadata key", MAX_KEY_BYTES).decode("utf-8", "replace")
+        label = _label(key)
         if key in metadata:
-            raise GGUFError(f"{path}: metadata key {key!r} appears twice")
-        metadata[key] = _read_value(cur, cur.scalar("I", f"type of {key!r}"), key)
+            raise GGUFError(f"{path}: metadata key {label} appears twice")
+        metadata[key] = _read_value(cur, cur.scalar("I", f"type of {label}"), label)
     alignment = metadata.get("general.alignment", 32)
     if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"{path}: general.alignment {alignment!r} is not a power of two")
     table = []
     for _ in range(n_tensors):
-        name = cur.string("tensor name").decode("utf-8", "replace")
+        name = cur.string("tensor name", MAX_NAME_BYTES).decode("utf-8", "replace")
         n_dims = cur.scalar("I", f"dimension count of tensor {name!r}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise GGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
