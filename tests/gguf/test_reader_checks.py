@@ -138,6 +138,15 @@ def test_nested_arrays_within_the_limit_read(tmp_path):
     assert _open(tmp_path, gguf_bytes([A], kv=kv)).metadata["nested"] == [[1, 2], ["a"]]
 
 
+def test_array_longer_than_any_vocabulary_is_refused(tmp_path):
+    """A count that a big file could hold (its tensor data) but no real array has."""
+    data = bytearray(gguf_bytes([A], kv=[("a", V.ARRAY, (V.UINT32, []))]))
+    at = data.index(b"a") + 1 + 4 + 4
+    data[at:at + 8] = struct.pack("<Q", 2**24 + 1)
+    with pytest.raises(GGUFError, match="array 'a' claims 16777217 elements, more than the 16777216"):
+        _open(tmp_path, bytes(data))
+
+
 def test_array_of_arrays_claiming_more_than_the_file_holds(tmp_path):
     data = bytearray(gguf_bytes([A], kv=[("a", V.ARRAY, (V.ARRAY, []))]))
     at = data.index(b"a") + 1 + 4 + 4   # key, value type ARRAY, element type ARRAY: the count

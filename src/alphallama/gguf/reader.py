@@ -6,6 +6,11 @@ it takes ~6 s on a 150k-token vocabulary (it builds a numpy view per string; thi
 parser takes 0.15 s), and a damaged file (absurd array lengths, a tensor table that
 runs off the end) makes it misparse silently or fail deep inside. Tests check that
 both parsers agree on every key and tensor.
+
+Every file is treated as hostile: each count, length and offset is checked against the
+file before it is used (`_parse`, `validate_tensor_table`), so a damaged or crafted file
+gives one GGUFError line naming the problem, never another exception, a huge allocation,
+or tensors that overlap or run off the end and compute garbage. tests/gguf fuzzes this.
 """
 from __future__ import annotations
 
@@ -92,6 +97,10 @@ _MAX_ELEMENTS = 2**63
 # The spec's bound on key length, and ggml's on tensor names (GGML_MAX_NAME = 64 with
 # its NUL): longer is a corrupt length field, whose "name" would fill the error message.
 MAX_KEY_BYTES, MAX_NAME_BYTES = 65535, 63
+# Arrays become Python lists (~8-24 bytes an element): in a 20 GB model a corrupt count
+# could otherwise claim billions of elements that fit in the file. The largest real
+# vocabularies have ~262k tokens; 16M leaves room for any tokenizer.
+MAX_ARRAY_ELEMENTS = 1 << 24
 
 
 def _label(key: str) -> str:
@@ -110,6 +119,9 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
         raise GGUFError(f"{cur.path}: metadata key {key} nests arrays more than {MAX_ARRAY_NESTING} deep")
     et = _value_type(cur, cur.scalar("I", f"array type of {key}"), key)
     count = cur.scalar("Q", f"array length of {key}")
+    if count > MAX_ARRAY_ELEMENTS:
+        raise GGUFError(f"{cur.path}: array {key} claims {count} elements, more than the "
+                        f"{MAX_ARRAY_ELEMENTS} a metadata array may hold")
     remaining = len(cur.buf) - cur.pos
     # Every element takes at least one byte (a string 8, an array 12): a count that
     # cannot fit in the rest of the file is corrupt, not merely large.
