@@ -6,7 +6,7 @@ Warnings the tokenizer prints for damaged vocabularies go to stderr, which the t
 ignores unless the worker fails. Run as a script (tests/gguf/test_reader_fuzz.py does) so an absurd allocation hits the
 address-space limit set here and shows as MemoryError instead of swapping the machine,
 and a hang hits the caller's timeout instead of stalling the test process.
-    python fuzz_worker.py SOURCE.gguf WORK.gguf SEED N_CASES
+    python fuzz_worker.py SOURCE.gguf WORK.gguf SEED N_CASES [MODEL.gguf: SOURCE is its MTP sidecar]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from alphallama.chat import ChatTemplate
 from alphallama.cli_inspect import describe
-from alphallama.gguf.arch import load_config
+from alphallama.gguf.arch import SIDECAR_SUFFIX, ModelConfig, find_mtp_head, load_config, sidecar_path
 from alphallama.gguf.reader import GGUFError, GGUFFile
 from alphallama.tokenizer import Tokenizer
 
@@ -98,18 +98,26 @@ def _unclear(e: GGUFError) -> str | None:
     return None
 
 
-def _read(path: Path) -> tuple[str, str | None]:
-    """(outcome, problem): reading must give a consistent model or one GGUFError line."""
+def _use_model(f: GGUFFile) -> None:
+    """What `run` reads before the weights, then what `inspect` prints."""
+    load_config(f)
+    Tokenizer.from_metadata(f.metadata).encode("hi there", add_special=True, parse_special=False)
+    ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)
+    describe(f.path)
+
+
+def _read(path: Path, model: tuple[GGUFFile, ModelConfig] | None) -> tuple[str, str | None]:
+    """(outcome, problem): reading must give a consistent file or one GGUFError line."""
     try:
         f = GGUFFile(path)
         problem = _consistent(path, f)
         if problem:
             return "accepted", "inconsistent: " + problem
-        try:   # what `run` reads before the weights, then what `inspect` prints
-            load_config(f)
-            Tokenizer.from_metadata(f.metadata).encode("hi there", add_special=True, parse_special=False)
-            ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)
-            describe(str(path))
+        try:
+            if model is None:
+                _use_model(f)
+            else:   # the mutated file is the MTP sidecar beside `model`: what `run` and `inspect` look up
+                find_mtp_head(*model)
         except GGUFError as e:
             return "config-rejected", _unclear(e)
         return "accepted", None
@@ -119,12 +127,21 @@ def _read(path: Path) -> tuple[str, str | None]:
         return "crashed", f"{type(e).__name__}: {e}"[:300]
 
 
-def main(source: str, work: str, seed: int, n_cases: int) -> dict:
+def main(source: str, work: str, seed: int, n_cases: int, model: str | None = None) -> dict:
+    """model: SOURCE is that model's MTP sidecar; WORK must then be named <stem>.mtp.gguf
+    (the model is linked in as <stem>.gguf, where find_mtp_head looks for it)."""
     original = Path(source).read_bytes()
     fields = header_fields(Path(source))
     header_end = max(f.pos for f in fields) + 8
     work_path = Path(work)
     shutil.copyfile(source, work_path)
+    opened = None
+    if model is not None:
+        model_path = work_path.with_name(work_path.name.removesuffix(SIDECAR_SUFFIX) + ".gguf")
+        assert work_path.name.endswith(SIDECAR_SUFFIX) and sidecar_path(str(model_path)) == str(work_path)
+        model_path.symlink_to(Path(model).resolve())
+        m = GGUFFile(model_path)
+        opened = (m, load_config(m))
     _limit_memory()
     rng = random.Random(seed)
     outcomes: dict[str, int] = {}
@@ -142,7 +159,7 @@ def main(source: str, work: str, seed: int, n_cases: int) -> dict:
                 fh.seek(pos)
                 fh.write(patch)
         t0 = time.perf_counter()
-        outcome, problem = _read(work_path)   # every view of the file is released on return
+        outcome, problem = _read(work_path, opened)   # every view of the file is released on return
         took = time.perf_counter() - t0
         if problem is None and took > SLOW_S:
             problem = f"took {took:.1f} s"
@@ -160,4 +177,4 @@ def main(source: str, work: str, seed: int, n_cases: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])))

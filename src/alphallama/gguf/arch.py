@@ -259,15 +259,16 @@ def _check_sidecar(head: GGUFFile, cfg: ModelConfig) -> None:
     arch = md.get("general.architecture")
     if arch != cfg.arch:
         raise GGUFError(f"{path}: MTP head is for architecture {arch!r}, the model is {cfg.arch!r}")
-    n_next = md.get(f"{arch}.nextn_predict_layers", 0)
-    blocks = md.get(f"{arch}.block_count")
+    n_next = _int(md, f"{arch}.nextn_predict_layers", path, 0, lo=0)
+    blocks = _int(md, f"{arch}.block_count", path)
     if n_next < 1 or blocks != cfg.n_layers + n_next:
         raise GGUFError(f"{path}: not an MTP head for this model: nextn_predict_layers = {n_next} and "
                         f"block_count = {blocks}, expected >= 1 and {cfg.n_layers} + nextn_predict_layers")
     for key, field_ in _SHARED_KEYS:
         have = md.get(f"{arch}.{key}")
         want = getattr(cfg, field_)
-        if have is not None and abs(float(have) - float(want)) > 1e-6 * max(1.0, abs(float(want))):
+        if have is not None and (type(have) not in (int, float)
+                                 or not abs(have - float(want)) <= 1e-6 * max(1.0, abs(float(want)))):
             raise GGUFError(f"{path}: MTP head does not match the model: {arch}.{key} is {have}, "
                             f"the model has {want}")
 
