@@ -5,8 +5,9 @@ for the host's CPU (-march=native: the integer dot loops vectorize to what it ha
 ~/.cache/alphallama/native/<sha of sources + flags + compiler>.so, by an atomic rename,
 and reused after, but only while it is provably ours: the directory is the user's own and
 0700, the file the user's and not group/other-writable, and its sha256 the one recorded
-beside it at build time; anything else is rebuilt, never loaded. -ffp-contract=off -fno-fast-math keep the float sequence the expert
-contract fixes (no fused multiply-add, no reassociation).
+beside it at build time; anything else is rebuilt, never loaded (a library is code run
+with the user's rights). -ffp-contract=off -fno-fast-math keep the float sequence the
+expert contract fixes (no fused multiply-add, no reassociation).
 """
 from __future__ import annotations
 
@@ -69,10 +70,13 @@ def _open_private(path: Path, owner: int) -> int:
     (checked on the open fd, so the file cannot be swapped between check and use)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)   # a symlink: OSError (ELOOP)
     st = os.fstat(fd)
-    why = ("is not a regular file" if not stat.S_ISREG(st.st_mode)
-           else f"belongs to uid {st.st_uid}, not {owner}" if st.st_uid != owner
-           else f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-           if writable_by_others(st.st_mode) else "")
+    why = ""
+    if not stat.S_ISREG(st.st_mode):
+        why = "is not a regular file"
+    elif st.st_uid != owner:
+        why = f"belongs to uid {st.st_uid}, not {owner}"
+    elif writable_by_others(st.st_mode):
+        why = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     if why:
         os.close(fd)
         raise UnsafePathError(f"{path} {why}")
