@@ -80,6 +80,17 @@ def test_each_refusal(cache, case):
     assert re.search(why, reason), reason
 
 
+@pytest.mark.parametrize("which", ["library", "hash sidecar"])
+def test_a_file_chowned_to_another_user_is_refused(cache, which):
+    """The real thing where we can make it (root): each file checked on its own."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root (the uid check itself is covered above)")
+    target = cache if which == "library" else build.digest_path(cache)
+    os.chown(target, OTHER_UID, -1)
+    fd, reason = build.open_trusted(cache)
+    assert fd is None and reason == f"{target} belongs to uid {OTHER_UID}, not 0"
+
+
 @pytest.mark.parametrize("spoil", ["tamper", "chmod", "chown"])
 def test_a_refused_library_is_rebuilt_not_loaded(cache, spoil):
     if spoil == "tamper":
