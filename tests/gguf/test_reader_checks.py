@@ -133,6 +133,17 @@ def test_each_metadata_check(tmp_path, kv, message):
         _open(tmp_path, gguf_bytes([A], kv=kv))
 
 
+def test_big_endian_and_non_files_are_named(tmp_path):
+    data = gguf_bytes([A])
+    swapped = data[:4] + struct.pack(">IQQ", *struct.unpack_from("<IQQ", data, 4)) + data[24:]
+    with pytest.raises(GGUFError, match="a big-endian GGUF file; only little-endian ones are supported"):
+        _open(tmp_path, swapped)
+    with pytest.raises(GGUFError, match="not a regular file"):
+        GGUFFile(tmp_path)
+    with pytest.raises(GGUFError, match="no such file"):
+        GGUFFile(tmp_path / "absent.gguf")
+
+
 def test_nested_arrays_within_the_limit_read(tmp_path):
     kv = [("nested", V.ARRAY, (V.ARRAY, [(V.UINT32, [1, 2]), (V.STRING, ["a"])]))]
     assert _open(tmp_path, gguf_bytes([A], kv=kv)).metadata["nested"] == [[1, 2], ["a"]]

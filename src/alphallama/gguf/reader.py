@@ -174,6 +174,8 @@ def _parse(path: str, buf) -> tuple[dict[str, Any], list[TableEntry], int]:
         raise GGUFError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')")
     cur.pos = 4
     version = cur.scalar("I", "version")
+    if version not in SUPPORTED_VERSIONS and int.from_bytes(version.to_bytes(4, "little"), "big") in SUPPORTED_VERSIONS:
+        raise GGUFError(f"{path}: a big-endian GGUF file; only little-endian ones are supported")
     if version not in SUPPORTED_VERSIONS:
         raise GGUFError(f"{path}: GGUF version {version} is not supported (only {SUPPORTED_VERSIONS})")
     n_tensors = cur.scalar("Q", "tensor count")
@@ -277,8 +279,10 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
-        if not os.path.isfile(self.path):
+        if not os.path.exists(self.path):
             raise GGUFError(f"{self.path}: no such file")
+        if not os.path.isfile(self.path):
+            raise GGUFError(f"{self.path}: not a regular file")
         size = os.path.getsize(self.path)
         if size < 24:
             raise GGUFError(f"{self.path}: too small to be a GGUF file ({size} bytes)")
