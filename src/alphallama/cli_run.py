@@ -129,14 +129,17 @@ def run(args) -> int:
         from .cli_chat import chat_loop
         warm_engine(args, engine, spec, progress)
         return chat_loop(engine, spec, sampling_from_args(args), args.n_predict, args.prompt)
-    if args.chat:
-        import jinja2
-        try:   # a template that refuses these messages, or fails to render: its reason, no traceback
+    import jinja2
+    from .engine import ContextOverflow
+    try:   # a prompt over the context, or a template that refuses these messages: its reason, no traceback
+        if args.chat:
             ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
-        except (ValueError, jinja2.TemplateError) as e:
-            return _fail(f"the chat template: {e}")
-    else:
-        ids = engine.encode_prompt(args.prompt)
+        else:
+            ids = engine.encode_prompt(args.prompt)
+    except ContextOverflow as e:
+        return _fail(str(e))
+    except (ValueError, jinja2.TemplateError) as e:
+        return _fail(f"the chat template: {e}")
     warm_engine(args, engine, spec, progress)
     gen = Generation()
     stream = tok.stream()
