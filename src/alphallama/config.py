@@ -143,7 +143,9 @@ class TrainDefaults:
     held_out_fraction: float = 0.02   # of corpus files, chosen by content hash, never trained on
     corpus_mb: int = 160              # Python source taken (the stdlib whole, then site-packages)
     tokenizer_sample_mb: int = 24     # text the BPE is trained on
-    instruct_examples: int = 24000    # generated ChatML examples (edits + code-writing requests)
+    instruct_examples: int = 72000    # generated ChatML examples (edits + code-writing requests)
+    write_function_weight: int = 6    # code-writing requests per one of each edit kind: chat
+                                      # requests are what a user asks first
     vocab_size: int = 12288
     ctx_len: int = 1024
     d_model: int = 512
@@ -158,7 +160,8 @@ class TrainDefaults:
     mtp_depths: int = 3
     mtp_weight: float = 0.3           # loss = main + mtp_weight * mean(depth losses) + aux
     aux_weight: float = 0.01          # MoE load balancing
-    batch_size: int = 32              # sequences of ctx_len tokens per step
+    batch_size: int = 64              # sequences of ctx_len tokens per step (H200: ~285k tok/s,
+                                      # against ~255k at 32)
     lr: float = 2e-3
     warmup_steps: int = 150
     time_budget_s: float = 330.0      # training seconds (total over resumed calls)

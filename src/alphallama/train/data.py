@@ -19,23 +19,28 @@ from .instruct import SYSTEM_PROMPTS, make_examples, make_template, render
 _FORK_TEXTS: list[str] = []
 
 
-def _examples_worker(args: tuple[int, int, int]) -> list[tuple[str, str]]:
-    n, seed, max_chars = args
+def _examples_worker(args: tuple[int, int, int, int, int, tuple]) -> list[tuple[str, str]]:
+    """Worker i of `of` draws from every of-th text only, so the workers' code-writing
+    requests (each worker's functions in turn) never ask for the same function twice."""
+    n, seed, max_chars, i, of, weights = args
     tmpl = make_template()
     rng = random.Random(seed)
     out = []
-    for e in make_examples(_FORK_TEXTS, n, seed=seed, max_chars=max_chars):
+    for e in make_examples(_FORK_TEXTS[i::of], n, seed=seed, max_chars=max_chars, weights=dict(weights)):
         system = rng.choice(SYSTEM_PROMPTS) if rng.random() < 0.3 else None
         out.append((e.kind, render(e, tmpl, system)))
     return out
 
 
 def rendered_examples(texts: list[str], n: int, seed: int, max_chars: int = 1400,
-                      workers: int = 1) -> list[tuple[str, str]]:
-    """n (kind, ChatML text) examples made from `texts`, in `workers` processes."""
+                      workers: int = 1, weights: dict[str, int] | None = None) -> list[tuple[str, str]]:
+    """n (kind, ChatML text) examples made from `texts`, in `workers` processes; kinds
+    weighted as make_examples does."""
     global _FORK_TEXTS
     per = max(1, -(-n // max(workers, 1)))
-    jobs = [(min(per, n - i * per), seed * 1000 + i, max_chars) for i in range(workers) if n - i * per > 0]
+    w = tuple(sorted((weights or {}).items()))
+    k = -(-n // per)                                   # workers that get examples
+    jobs = [(min(per, n - i * per), seed * 1000 + i, max_chars, i, k, w) for i in range(k)]
     _FORK_TEXTS = texts
     try:
         if workers <= 1 or mp.get_start_method(allow_none=True) not in (None, "fork"):

@@ -1,8 +1,9 @@
 """Held-out evaluation of a trained model with the engine (greedy): the exact-output rate
-per edit-task kind on files that never entered training, plus sample answers to a ChatML
-request and a Python continuation.
+per edit-task kind on files that never entered training, the held-out loss in bits per
+byte, and greedy answers to short chat requests and continuations with their repetition
+share; with --baseline, a second model on the same tasks, side by side.
 
-    python -m alphallama.train.evaluate MODEL --heldout heldout.jsonl.gz --per-kind 12 -o OUT.json
+    python -m alphallama.train.evaluate NEW --baseline OLD --heldout heldout.jsonl.gz -o OUT.json
 
 Generation for a task stops as soon as its text stops being a prefix of the expected
 answer: the task is then not exact whatever follows, so the exact rate is what full
@@ -23,9 +24,15 @@ from datetime import datetime, timezone
 
 from .edits import TASKS
 from .instruct import KINDS, make_edit
+from .quality import answer_code, defines_function, heldout_bits_per_byte, repeat_share
 
-SAMPLE_CHAT = "Write a Python function that returns True if a string is a palindrome, ignoring case and spaces."
-SAMPLE_CODE = 'import os\n\n\ndef list_python_files(root):\n    """Return the paths of all .py files under root."""\n'
+# greedy samples: short chat requests and plain continuations, scored by quality.py
+SAMPLE_CHATS = ("Write a Python function that reverses a string.",
+                "Write a Python function that returns True if a string is a palindrome, ignoring case and spaces.",
+                "Write a Python function that counts the words in a text file.",
+                "Write a Python function to compute the factorial of n.")
+SAMPLE_CODES = ('import os\n\n\ndef list_python_files(root):\n    """Return the paths of all .py files under root."""\n',
+                'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')
 
 
 def load_heldout(path: str) -> list[dict]:
@@ -74,37 +81,26 @@ def run_task(engine, edit, slack: int = 16) -> dict:
             "prompt_tokens": len(ids), "generated_tokens": n}
 
 
-def sample(engine, max_tokens: int = 120) -> dict:
-    chat_ids = engine.encode_chat([{"role": "user", "content": SAMPLE_CHAT}])
-    code_ids = engine.encode_prompt(SAMPLE_CODE)
-    return {"chat": {"prompt": SAMPLE_CHAT, "output": engine.tokenizer.decode(list(engine.generate(chat_ids, max_tokens)))},
-            "continuation": {"prompt": SAMPLE_CODE,
-                             "output": engine.tokenizer.decode(list(engine.generate(code_ids, max_tokens)))}}
+def samples(engine, max_tokens: int = 160) -> dict:
+    """Greedy outputs of SAMPLE_CHATS and SAMPLE_CODES with their repetition share (and,
+    for chat, whether the answer's code parses and defines a function)."""
+    def gen(ids):
+        return engine.tokenizer.decode(list(engine.generate(ids, max_tokens)))
+    chats = []
+    for p in SAMPLE_CHATS:
+        out = gen(engine.encode_chat([{"role": "user", "content": p}]))
+        chats.append({"prompt": p, "output": out, "repeat_share": repeat_share(out),
+                      "defines_function": defines_function(answer_code(out))})
+    codes = []
+    for p in SAMPLE_CODES:
+        out = gen(engine.encode_prompt(p))
+        codes.append({"prompt": p, "output": out, "repeat_share": repeat_share(out)})
+    return {"max_tokens": max_tokens, "chat": chats, "continuation": codes,
+            "chat_defines_function": sum(c["defines_function"] for c in chats),
+            "mean_repeat_share": round(sum(x["repeat_share"] for x in chats + codes) / len(chats + codes), 3)}
 
 
-def main(argv=None) -> int:
-    from ..engine import Engine
-    p = argparse.ArgumentParser(prog="python -m alphallama.train.evaluate")
-    p.add_argument("model")
-    p.add_argument("--heldout", required=True, help="heldout.jsonl.gz written by the training run")
-    p.add_argument("--per-kind", type=int, default=12)
-    p.add_argument("--max-chars", type=int, default=700, help="snippet size of code tasks")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (on a busy machine one thread is many times faster than two)")
-    p.add_argument("--commit", default=None)
-    p.add_argument("-o", "--output", required=True)
-    args = p.parse_args(argv)
-    import torch
-    torch.set_num_threads(args.threads)
-    engine = Engine.load(args.model, device=args.device)
-    texts = [r["text"] for r in load_heldout(args.heldout)]
-    def fits(e) -> bool:
-        n = len(engine.encode_chat([{"role": "user", "content": e.prompt}]))
-        return n + len(engine.tokenizer.encode(e.answer)) + 16 < engine.ctx_size
-
-    tasks = make_tasks(texts, args.per_kind, args.seed, args.max_chars, fits=fits)
+def evaluate_model(engine, tasks, heldout_texts: list[str], windows: int) -> dict:
     per = defaultdict(list)
     t0 = time.time()
     for i, e in enumerate(tasks):
@@ -119,17 +115,57 @@ def main(argv=None) -> int:
                        "matched_share": round(sum(r["matched_chars"] / r["answer_chars"] for r in done)
                                               / max(1, len(done)), 3),
                        "skipped": len(rs) - len(done)}
-    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": args.model,
+    return {"per_kind": table, "tasks": dict(per), "heldout": heldout_bits_per_byte(engine, heldout_texts, windows),
+            "samples": samples(engine), "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    from ..engine import Engine
+    p = argparse.ArgumentParser(prog="python -m alphallama.train.evaluate")
+    p.add_argument("model")
+    p.add_argument("--baseline", default=None,
+                   help="a second model evaluated on the same tasks, reported side by side as 'before'")
+    p.add_argument("--heldout", required=True, help="heldout.jsonl.gz written by the training run")
+    p.add_argument("--per-kind", type=int, default=12)
+    p.add_argument("--max-chars", type=int, default=700, help="snippet size of code tasks")
+    p.add_argument("--windows", type=int, default=24, help="held-out files scored in bits per byte")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (on a busy machine one thread is many times faster than two)")
+    p.add_argument("--commit", default=None)
+    p.add_argument("-o", "--output", required=True)
+    args = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(args.threads)
+    models = {"after": args.model} | ({"before": args.baseline} if args.baseline else {})
+    engines = {k: Engine.load(m, device=args.device) for k, m in models.items()}
+    texts = [r["text"] for r in load_heldout(args.heldout)]
+
+    def fits(e) -> bool:    # in every model's context, with its own tokenizer
+        return all(len(g.encode_chat([{"role": "user", "content": e.prompt}])) + len(g.tokenizer.encode(e.answer))
+                   + 16 < g.ctx_size for g in engines.values())
+
+    tasks = make_tasks(texts, args.per_kind, args.seed, args.max_chars, fits=fits)
+    held = random.Random(args.seed).sample(texts, min(args.windows, len(texts)))
+    results = {k: evaluate_model(g, tasks, held, args.windows) for k, g in engines.items()}
+    side = {kind: {k: {f: r["per_kind"][kind][f] for f in ("exact", "tasks", "matched_share")}
+                   for k, r in results.items()} for kind in results["after"]["per_kind"]}
+    side["heldout_bits_per_byte"] = {k: r["heldout"]["bits_per_byte"] for k, r in results.items()}
+    side["chat_defines_function"] = {k: f"{r['samples']['chat_defines_function']}/{len(SAMPLE_CHATS)}"
+                                     for k, r in results.items()}
+    side["mean_repeat_share"] = {k: r["samples"]["mean_repeat_share"] for k, r in results.items()}
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "models": models,
            "commit": args.commit, "host": platform.processor() or platform.machine(), "device": args.device,
            "command": "python -m alphallama.train.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
            "method": "greedy with the engine; held-out files only; generation stops at the first "
-                     "departure from the expected answer (exactness is unaffected)",
-           "per_kind": table, "tasks": {k: v for k, v in per.items()}, "samples": sample(engine),
-           "seconds": round(time.time() - t0, 1)}
+                     "departure from the expected answer (exactness is unaffected); held-out loss in "
+                     "bits per UTF-8 byte (tokenizer-independent) over the first context of each file",
+           "side_by_side": side, "results": results}
     with open(args.output, "w") as f:
         json.dump(out, f, indent=1)
-    for kind, row in table.items():
-        print(f"{kind:16} {row['exact']:3d}/{row['tasks']:<3d} exact  matched {row['matched_share']:.2f}")
+    for key, row in side.items():
+        print(f"{key:22} " + "  ".join(f"{k}: {v}" for k, v in row.items()))
     return 0
 
 

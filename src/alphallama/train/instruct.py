@@ -3,9 +3,12 @@
 prompt format the engine will build.
 
     snippet(text, rng, max_chars)        -> a run of whole top-level statements of a file
-    make_write_function(text, rng)       -> an Edit: a docstring or signature as the
-                                            request, the corpus function as the answer
-    make_examples(texts, n, seed)        -> [Edit], edit tasks and code-writing requests mixed
+    function_cases(text)                 -> [FunctionCase]: the documented functions of a file
+    write_function_edit(case, style)     -> an Edit: a request in one of N_STYLES styles (a
+                                            plain-language one of requests.py, a signature and
+                                            docstring, a header), the corpus function as answer
+    make_write_function(text, rng)       -> such an Edit for a random function and style
+    make_examples(texts, n, seed, weights=...) -> [Edit], edit tasks and requests mixed
     render(edit, system=None)            -> the ChatML text of one user/assistant exchange
 """
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import ast
 import random
 import textwrap
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
 from .edits import PY_FENCE, TASKS, Edit
+from .requests import PHRASINGS, request, summary
 
 SYSTEM_PROMPTS = ("You are a helpful coding assistant.", "You are a careful programmer. Answer with code only.")
 
@@ -50,41 +55,122 @@ def snippet(text: str, rng: random.Random, max_chars: int) -> str | None:
     return out if out.count("\n") >= 2 else None
 
 
+def _is_stub(stmt: ast.stmt) -> bool:
+    """pass, ..., or raise NotImplementedError: a body that shows nothing to write."""
+    if isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is Ellipsis:
+        return True
+    exc = stmt.exc.func if isinstance(stmt, ast.Raise) and isinstance(stmt.exc, ast.Call) else getattr(stmt, "exc", None)
+    return isinstance(stmt, ast.Raise) and isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
 def _functions(tree: ast.AST):
+    """Functions with a docstring and a body beyond it (no abstract stubs)."""
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node) \
+                and not all(_is_stub(s) for s in node.body[1:]):
             yield node
 
 
-def make_write_function(text: str, rng: random.Random, max_chars: int = 1400) -> Edit | None:
+@dataclass(frozen=True)
+class FunctionCase:
+    """A corpus function that can answer a code-writing request."""
+    name: str
+    sig: str          # "name(args) -> ret"
+    doc: str          # the docstring's first paragraph
+    src: str          # the function's source, dedented: the answer
+    method: bool      # takes self/cls: only the signature phrasings suit it
+
+
+def function_cases(text: str, max_chars: int = 1400) -> list[FunctionCase]:
+    """Every documented function of 3..40 lines (at most max_chars) of a file."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
+        return []
     lines = text.splitlines()
-    cands = []
+    out = []
     for node in _functions(tree):
         src = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
-        if 3 <= src.count("\n") <= 40 and len(src) <= max_chars and src.startswith(("def ", "async def ")):
-            cands.append((node, src))
-    if not cands:
-        return None
-    node, src = rng.choice(cands)
-    doc = ast.get_docstring(node).strip().split("\n\n")[0].strip()
-    if not 10 <= len(doc) <= 400:
-        return None
-    try:
-        args = ast.unparse(node.args)
-        ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
-    except (ValueError, AttributeError):
-        return None
-    sig = f"{node.name}({args}){ret}"
-    if rng.random() < 0.5:
-        prompt = f"Write a Python function `{sig}`.\n\n{doc}"
+        if not (3 <= src.count("\n") <= 40 and len(src) <= max_chars and src.startswith(("def ", "async def "))):
+            continue
+        doc = ast.get_docstring(node).strip().split("\n\n")[0].strip()
+        if not 10 <= len(doc) <= 400:
+            continue
+        try:
+            ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+            sig = f"{node.name}({ast.unparse(node.args)}){ret}"
+        except (ValueError, AttributeError):
+            continue
+        first = node.args.posonlyargs + node.args.args
+        out.append(FunctionCase(node.name, sig, doc, src, bool(first) and first[0].arg in ("self", "cls")))
+    return out
+
+
+# the request styles: the plain-language phrasings of requests.py, then the two forms
+# that show the signature (a signature and the docstring; a header to complete)
+N_STYLES = len(PHRASINGS) + 2
+
+
+def write_function_edit(case: FunctionCase, style: int) -> Edit | None:
+    """The request of `style` (0..N_STYLES-1) answered by the case's function; None when
+    the style does not suit it (no verb to phrase, a method asked for as a function)."""
+    if style < len(PHRASINGS):
+        sentence = summary(case.doc)
+        if case.method or sentence is None:
+            return None
+        prompt = request(case.name, case.sig, sentence, style)
+        if prompt is None:
+            return None
+    elif style == len(PHRASINGS):
+        prompt = f"Write a Python function `{case.sig}`.\n\n{case.doc}"
     else:
-        header = f"def {sig}:\n" + textwrap.indent(f'"""{doc}"""', "    ")
+        kw = "async def" if case.src.startswith("async ") else "def"
+        header = f"{kw} {case.sig}:\n" + textwrap.indent(f'"""{case.doc}"""', "    ")
         prompt = f"Complete this Python function.\n\n{PY_FENCE.format(header)}"
-    return Edit("write_function", prompt, src, src, {"name": node.name})
+    return Edit("write_function", prompt, case.src, case.src, {"name": case.name})
+
+
+def make_write_function(text: str, rng: random.Random, max_chars: int = 1400) -> Edit | None:
+    cases = function_cases(text, max_chars)
+    if not cases:
+        return None
+    case = rng.choice(cases)
+    styles = rng.sample(range(N_STYLES), N_STYLES)
+    return next((e for s in styles if (e := write_function_edit(case, s)) is not None), None)
+
+
+class FunctionPool:
+    """Every function case of the texts, in a random order, asked for in one style per
+    pass: pass r asks each case in its r-th fitting style (the styles that suit it, in a
+    random order of its own, plain-language ones first), so no function is asked for twice before every one has
+    been asked for once, and no (function, style) repeats; None when all are spent."""
+
+    def __init__(self, texts: list[str], rng: random.Random, max_chars: int):
+        self.cases = [c for t in texts for c in function_cases(t, max_chars)]
+        rng.shuffle(self.cases)
+        self.rng = rng
+        self.styles: dict[int, list[Edit]] = {}
+        self.i = 0
+
+    def _fitting(self, k: int) -> list[Edit]:
+        if k not in self.styles:
+            # plain-language requests first: they are what users type
+            plain, shown = list(range(len(PHRASINGS))), list(range(len(PHRASINGS), N_STYLES))
+            order = self.rng.sample(plain, len(plain)) + self.rng.sample(shown, len(shown))
+            self.styles[k] = [e for s in order if (e := write_function_edit(self.cases[k], s)) is not None]
+        return self.styles[k]
+
+    def next(self) -> Edit | None:
+        n = len(self.cases)
+        while n and self.i < n * N_STYLES:
+            k, rnd = self.i % n, self.i // n
+            self.i += 1
+            fitting = self._fitting(k)
+            if rnd < len(fitting):
+                return fitting[rnd]
+        return None
 
 
 def check_write_function(e: Edit) -> bool:
@@ -112,15 +198,18 @@ KINDS = (*TASKS, "write_function")
 
 
 def make_examples(texts: list[str], n: int, seed: int = 0, max_chars: int = 1400,
-                  kinds: tuple[str, ...] = KINDS) -> list[Edit]:
-    """n examples, kinds in turn, code tasks from randomly drawn files (texts with no
-    suitable part are skipped; gives up after 20 tries per example)."""
+                  kinds: tuple[str, ...] = KINDS, weights: dict[str, int] | None = None) -> list[Edit]:
+    """n examples, kinds in turn (kind k `weights[k]` times per turn, default 1): code
+    tasks from randomly drawn files (texts with no suitable part are skipped; gives up
+    after 20 tries per example), code-writing requests from a FunctionPool of all texts."""
     rng = random.Random(seed)
+    turn = [k for k in kinds for _ in range((weights or {}).get(k, 1))]
+    pool = FunctionPool(texts, rng, max_chars) if "write_function" in kinds else None
     out: list[Edit] = []
     tries = 0
-    while len(out) < n and tries < 20 * n and texts:
-        kind = kinds[len(out) % len(kinds)]
-        e = make_edit(kind, rng.choice(texts), rng, max_chars)
+    while len(out) < n and tries < 20 * n and texts and turn:
+        kind = turn[len(out) % len(turn)]
+        e = pool.next() if kind == "write_function" else make_edit(kind, rng.choice(texts), rng, max_chars)
         tries += 1
         if e is not None:
             out.append(e)

@@ -48,8 +48,8 @@ def _roots(args) -> list[tuple[str, Path]]:
 
 def build_data(args, work: Path, timings: dict) -> dict:
     """Corpus, examples, tokenizer and token streams; cached in work/data.pt."""
-    key = {k: getattr(args, k) for k in ("corpus_mb", "instruct_examples", "vocab_size", "seed", "root",
-                                          "tokenizer_sample_mb")}
+    key = {k: getattr(args, k) for k in ("corpus_mb", "instruct_examples", "write_function_weight",
+                                          "vocab_size", "seed", "root", "tokenizer_sample_mb")}
     cache = work / "data.pt"
     d = load_data_cache(cache, key)
     if d is not None:
@@ -71,7 +71,8 @@ def build_data(args, work: Path, timings: dict) -> dict:
     # examples come from files of modest size: each one parses its file, and big
     # files would make that the slow part of the run
     small = [x for x in texts if len(x) <= 32_000] or texts
-    examples = rendered_examples(small, args.instruct_examples, args.seed, workers=args.workers)
+    examples = rendered_examples(small, args.instruct_examples, args.seed, workers=args.workers,
+                                 weights={"write_function": args.write_function_weight})
     timings["examples_s"] = time.time() - t
     _log(f"examples: {len(examples)} ({dict(Counter(k for k, _ in examples))})")
     t = time.time()
@@ -208,6 +209,8 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--corpus-mb", type=int, default=T.corpus_mb)
     a("--tokenizer-sample-mb", type=int, default=T.tokenizer_sample_mb)
     a("--instruct-examples", type=int, default=T.instruct_examples)
+    a("--write-function-weight", type=int, default=T.write_function_weight,
+      help="code-writing requests per turn of the edit kinds (one of each)")
     a("--vocab-size", type=int, default=T.vocab_size)
     a("--ctx", type=int, default=T.ctx_len)
     a("--d-model", type=int, default=T.d_model)
