@@ -32,7 +32,9 @@ import argparse
 import hashlib
 import json
 import re
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -332,13 +334,17 @@ def main(argv: list[str] | None = None) -> None:
     widths = CPU_WIDTHS if dev == "cpu" else WIDTHS
     with tempfile.TemporaryDirectory() as tmp:
         for n in names:
+            t0 = time.perf_counter()
             text = dumps(record(n, a.device, widths, Path(tmp)))
             if out is None:
                 print(text, end="")
                 continue
             out.mkdir(parents=True, exist_ok=True)
-            (out / f"{dev}-{n}.json").write_text(text)
-            print(f"wrote {out / f'{dev}-{n}.json'}", flush=True)
+            path = out / f"{dev}-{n}.json"
+            part = path.with_name(path.name + ".partial")   # a run cut short leaves no half file
+            part.write_text(text)
+            part.replace(path)
+            print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
