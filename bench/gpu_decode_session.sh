@@ -147,7 +147,7 @@ ncu)
   grep -E "qgemv_i8_kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Stall" "$OUT"/ncu-qgemv-i8-*.txt | head -80
   ;;
 route1-capture)
-  # why routing at 1 warp breaks the MoE prefill chunk's graph capture (NOTES, session 17):
+  # why routing at 1 warp breaks the MoE prefill chunk's graph capture (docs/decisions/launch-cuts-kept.md):
   # the prefill tests with moe.ROUTE_WARPS = 1, launches blocking, the first error in full
   CUDA_LAUNCH_BLOCKING=1 timeout 200 python3 -c "import alphallama.kernels.moe as m; m.ROUTE_WARPS = 1
 import pytest, sys; sys.exit(pytest.main(['-x', '-q', '-p', 'no:cacheprovider', '--tb=long',

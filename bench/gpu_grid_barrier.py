@@ -1,4 +1,4 @@
-"""What a persistent per-layer kernel would pay (NOTES, session 17): S stages that each
+"""What a persistent per-layer kernel would pay (docs/decisions/decode-cost-model.md): S stages that each
 read B bytes of "weights", run (a) as S kernels chained with PDL, the round's structure
 now; (b) as one persistent kernel, one CTA per SM, with a grid-wide barrier between the
 stages (one gpu-scope release atomic a CTA, then a spin on acquire loads); (c) as (b),
@@ -35,7 +35,7 @@ BLOCK = 1024          # int32 words a CTA reads per step
 @triton.jit
 def _read(buf, base, N: tl.constexpr, acc, BLOCK: tl.constexpr):
     """acc + the N words from base, BLOCK at a time (N a constexpr: the interpreter cannot
-    take a run-time range bound under numpy 2.4, NOTES)."""
+    take a run-time range bound under numpy 2.4, docs/decisions/triton-interpreter-numpy.md)."""
     offs = tl.arange(0, BLOCK)
     for i in range(0, N, BLOCK):
         acc += tl.load(buf + base + i + offs)

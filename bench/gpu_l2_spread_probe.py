@@ -1,7 +1,7 @@
 """Can a latency-bound kernel move the next GEMV's weights into L2 if the prefetches are
 spread over every SM?
 
-Three earlier tries lost (NOTES sessions 17, 23, 24), each for a reason of its form:
+Three earlier tries lost (docs/decisions/lost-experiments.md), each for a reason of its form:
 bulk prefetches issued by the few programs of a norm (one SM's copy engine served them at
 ~0.35 TB/s and the chain waited), a side-stream kernel of real loads (it held SM slots and
 its fork broke the PDL edge), per-line prefetches in every GEMV program (instructions on

@@ -10,7 +10,7 @@ each decoding the same prompt greedily: tok/s, ms/round, hit rate, admissions, h
 threads; the generated tokens and the first logits are compared bitwise with the
 control and with the first store row (where an expert lives must not change the bits). Also the torch CPU cost of
 one expert (the measurement behind computing host-tier experts on the GPU over PCIe
-instead of on CPU workers; NOTES.md). Writes $OUT/gpu_offload-*.json.
+instead of on CPU workers; docs/decisions/three-tiers.md). Writes $OUT/gpu_offload-*.json.
 
     python bench/gpu_offload.py [--layers 12] [--tokens 128]
     python bench/gpu_offload.py --device cpu --preset tiny-qwen3moe --tokens 4   # CPU smoke run

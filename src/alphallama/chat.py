@@ -1,12 +1,15 @@
 """Chat templates: a model's Jinja template rendered the way HF transformers does.
 
 Templates come from the model file (`tokenizer.chat_template`) and are untrusted code,
-so they run in Jinja's immutable sandbox: no access to Python internals, no mutation of
-the messages passed in. The environment copies `apply_chat_template`'s: trim_blocks
+so they run in chat_sandbox's budgeted sandbox: Jinja's immutable sandbox (no access to
+Python internals, no mutation of the messages passed in) with a deadline and a size cap,
+so a hostile template is stopped with TemplateBudgetError instead of hanging or eating
+the machine. The environment copies `apply_chat_template`'s: trim_blocks
 and lstrip_blocks on, loop controls ({% break %}, {% continue %}), a `tojson` filter that
 keeps non-ASCII text as is, the `raise_exception` and `strftime_now` globals, and the
 `{% generation %}` tag (rendered as its body). Every failure while compiling or rendering
-a template surfaces as ChatTemplateError with the template's own message.
+a template surfaces as ChatTemplateError (a ValueError and a jinja2.TemplateError) with
+the template's own message.
 
 A model without a template gets ChatML, as llama.cpp's server does (pass fallback=None
 to from_gguf_metadata to get None instead).
@@ -21,9 +24,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from alphallama.gguf.reader import GGUFError
+
+from .chat_sandbox import DEFAULT_BUDGET, ChatTemplateError, RenderBudget, SizedSandbox, TemplateBudgetError
+from .chat_sandbox import render_budgeted
+
+__all__ = ["CHATML_TEMPLATE", "CHAT_TEMPLATE_KEY", "ChatTemplate", "ChatTemplateError", "RenderBudget",
+           "TemplateBudgetError", "chat_prompt_ids", "chat_prompt_text"]
 
 if TYPE_CHECKING:  # rendering needs no tokenizer; only chat_prompt_ids takes one
     from alphallama.tokenizer import Tokenizer
@@ -39,10 +47,6 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-
-
-class ChatTemplateError(ValueError):
-    """A chat template that does not compile, or refused to render these messages."""
 
 
 class _TemplateRaised(Exception):
@@ -72,32 +76,23 @@ class _GenerationTag(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """Jinja's sandbox turns unsafe attributes (__class__, __globals__, ...) into an
-    undefined value that prints as ""; a template that reaches for them is refused
-    outright instead, so a probe cannot pass silently."""
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} "
-                            f"object is unsafe")
-
-
 class ChatTemplate:
     """A compiled chat template.
 
-    `clock` feeds `strftime_now` (templates that print today's date); tests pin it."""
+    `clock` feeds `strftime_now` (templates that print today's date); tests pin it.
+    `budget` bounds each render's time and size (tests make it small)."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "", *,
-                 clock: Callable[[], datetime] = datetime.now):
+                 clock: Callable[[], datetime] = datetime.now, budget: RenderBudget = DEFAULT_BUDGET):
         if not isinstance(source, str):
             raise ChatTemplateError(f"a chat template must be a string, not {type(source).__name__}")
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
-        env = _Sandbox(
-            trim_blocks=True, lstrip_blocks=True,
+        self.budget = budget
+        env = SizedSandbox(
+            budget, filters={"tojson": _tojson}, trim_blocks=True, lstrip_blocks=True,
             extensions=["jinja2.ext.loopcontrols", _GenerationTag])
-        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: clock().strftime(fmt)
         try:
@@ -133,7 +128,9 @@ class ChatTemplate:
         context = {"messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt,
                    "bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         try:
-            return self._template.render(context)
+            return render_budgeted(self._template, context)
+        except ChatTemplateError:   # the budget's refusals, as they are
+            raise
         except _TemplateRaised as e:
             raise ChatTemplateError(str(e)) from None
         except jinja2.TemplateError as e:   # includes the sandbox's SecurityError
@@ -157,10 +154,18 @@ def chat_prompt_ids(template: ChatTemplate, tokenizer: "Tokenizer", messages: Se
     The template usually writes the BOS text itself; when the tokenizer adds BOS (and
     EOS) on its own, that text is cut from the rendered prompt so the token is not
     doubled. Special-token text in the prompt becomes the special tokens."""
+    text = chat_prompt_text(template, tokenizer, messages, add_generation_prompt, tools, **kwargs)
+    return tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+def chat_prompt_text(template: ChatTemplate, tokenizer: "Tokenizer", messages: Sequence[Mapping[str, Any]],
+                     add_generation_prompt: bool = True, tools: Iterable[Mapping[str, Any]] | None = None,
+                     **kwargs: Any) -> str:
+    """The text chat_prompt_ids tokenizes (for callers that check its length first)."""
     text = template.render(messages, add_generation_prompt=add_generation_prompt,
                            tools=list(tools) if tools is not None else None, **kwargs)
     if tokenizer.add_bos and template.bos_token and text.startswith(template.bos_token):
         text = text[len(template.bos_token):]
     if tokenizer.add_eos and template.eos_token and text.endswith(template.eos_token):
         text = text[:-len(template.eos_token)]
-    return tokenizer.encode(text, add_special=True, parse_special=True)
+    return text

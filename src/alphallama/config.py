@@ -168,7 +168,7 @@ class TrainDefaults:
     val_windows: int = 16             # held-out windows per evaluation
     weight_decay: float = 0.1
     seed: int = 0
-    work_dir: str = "/tmp/alpha-train"
+    work_dir: str = "~/.cache/alphallama/train"      # private: created 0700, never a shared /tmp path
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class DistillDefaults:
     init: str = "last-layer"          # the block starts as a copy of the model's last layer (or "random")
     qtype: str = "Q8_0"               # the sidecar's matrices
     part_mib: int = 15                # the sidecar comes back in parts of at most this size
-    work_dir: str = "/tmp/alpha-distill"
+    work_dir: str = "~/.cache/alphallama/distill"    # private: created 0700, never a shared /tmp path
     seed: int = 0
 
 

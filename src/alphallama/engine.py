@@ -32,6 +32,11 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# Prompt texts up to this many characters are tokenized whatever the context, to count
+# their tokens exactly (about half a second of tokenizing on one core).
+TOKENIZE_ANYWAY_CHARS = 1 << 20
+
+
 class ContextOverflow(ValueError):
     """A prompt that does not fit the context; the message says by how much."""
 
@@ -129,13 +134,32 @@ class Engine:
 
     # -- prompts ----------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
+        self.check_text_fits(text)
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> list[int]:
-        from .chat import ChatTemplate, chat_prompt_ids
+        from .chat import ChatTemplate, chat_prompt_text
         if self.chat_template is None:
             self.chat_template = ChatTemplate.from_gguf_metadata(self.gguf.metadata)
-        return chat_prompt_ids(self.chat_template, self.tokenizer, messages, add_generation_prompt, **kw)
+        text = chat_prompt_text(self.chat_template, self.tokenizer, messages, add_generation_prompt, **kw)
+        self.check_text_fits(text)
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The longest prompt text worth tokenizing: no token spells more than
+        max_piece_bytes bytes, so a longer text cannot fit the context whatever its
+        tokens. Never below TOKENIZE_ANYWAY_CHARS, so that ordinary overflows are told
+        their exact token count."""
+        return max(self.ctx_size * self.tokenizer.max_piece_bytes, TOKENIZE_ANYWAY_CHARS)
+
+    def check_text_fits(self, text: str) -> None:
+        """Refuse a text too long for the context before tokenizing it: a huge string
+        never reaches the tokenizer, which takes seconds on megabytes and aborts the
+        process on more."""
+        if len(text) > self.max_prompt_chars:
+            raise ContextOverflow(f"the prompt has {len(text)} characters, more than a context of {self.ctx_size} "
+                                  f"tokens can hold (at most {self.tokenizer.max_piece_bytes} characters a token)")
 
     def check_fits(self, n_prompt: int) -> None:
         if n_prompt >= self.ctx_size:

@@ -13,6 +13,10 @@ import torch
 
 from .config import DEFAULTS
 
+# Temperatures below this sample as this: float32 logits divided by less overflow, and
+# the distribution is already one-hot to float32 precision long before.
+_MIN_TEMPERATURE = 1e-6
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -56,12 +60,17 @@ class Sampler:
         if p.top_p < 1.0:
             sorted_p, order = probs.sort(descending=True)
             before = sorted_p.cumsum(0) - sorted_p          # mass strictly before each token
+            cut = before >= p.top_p                          # keep the smallest prefix reaching top_p
+            cut[0] = False   # the top token always stays: a top_p below float32's range (1e-46) rounds to 0
             drop = torch.zeros_like(keep)
-            drop[order] = before >= p.top_p                  # keep the smallest prefix reaching top_p
+            drop[order] = cut
             keep &= ~drop
         if p.min_p > 0.0:
-            keep &= probs >= p.min_p * probs.max()
-        scaled = logits / max(p.temperature, 1e-6)
+            keep &= probs >= p.min_p * probs.max()          # the top token passes for every min_p <= 1
+        # Shifted so the best kept logit is 0: dividing by a tiny temperature then sends the
+        # others towards -inf, never the best one to inf (inf - inf would be NaN).
+        shifted = logits - logits.masked_fill(~keep, float("-inf")).max()
+        scaled = shifted / max(p.temperature, _MIN_TEMPERATURE)
         return torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
 
     def sample(self, logits: torch.Tensor) -> int:

@@ -69,7 +69,7 @@ def test_cli_run_json(stories_path):
 # log-probabilities differ from exact float32 math (ours, and tests/reference_f64.py,
 # which agree to 2e-5) by 0.056 on average, up to 0.2; it rounds activations to 8 bits
 # before every quantized product. One reference prompt diverges at a near-tie of
-# 0.063 (our token is llama.cpp's second, and exact math's first); see NOTES.md.
+# 0.063 (our token is llama.cpp's second, and exact math's first); see docs/decisions/llamacpp-agreement.md.
 NEAR_TIE = 0.1
 
 

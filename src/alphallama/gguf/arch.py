@@ -6,6 +6,7 @@ the flags of `ModelConfig`, never the architecture name.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -67,12 +68,29 @@ ARCHS: dict[str, ArchSpec] = {a.name: a for a in (
 )}
 
 
-def _get(md: dict[str, Any], key: str, path: str, default: Any = None, required: bool = True):
+def _get(md: dict[str, Any], key: str, path: str, default: Any = None) -> Any:
     if key in md:
         return md[key]
-    if required and default is None:
+    if default is None:
         raise GGUFError(f"{path}: metadata key {key!r} is missing")
     return default
+
+
+def _int(md: dict[str, Any], key: str, path: str, default: int | None = None, lo: int = 1) -> int:
+    """An integer hyperparameter, at least `lo`: a string, float, bool or array under an
+    integer key (a corrupt type field) is named, never passed to int()."""
+    v = _get(md, key, path, default)
+    if type(v) is not int or v < lo:
+        raise GGUFError(f"{path}: metadata {key} = {v!r} is not an integer >= {lo}")
+    return v
+
+
+def _float(md: dict[str, Any], key: str, path: str, default: float) -> float:
+    """A positive finite float hyperparameter (integers are accepted: some converters write them)."""
+    v = _get(md, key, path, default)
+    if type(v) not in (int, float) or not 0 < v < math.inf:
+        raise GGUFError(f"{path}: metadata {key} = {v!r} is not a positive number")
+    return float(v)
 
 
 def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = None,
@@ -82,16 +100,18 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
         raise GGUFError(f"{path}: architecture {arch!r} is not supported "
                         f"(supported: {', '.join(sorted(ARCHS))})")
     spec = ARCHS[arch]
-    g = lambda k, d=None: _get(md, f"{arch}.{k}", path, d)  # noqa: E731
-    d_model = int(g("embedding_length"))
-    n_heads = int(g("attention.head_count"))
-    n_kv = int(g("attention.head_count_kv", n_heads))
-    head_dim = int(g("attention.key_length", d_model // n_heads))
+    g = lambda k, d=None, lo=1: _int(md, f"{arch}.{k}", path, d, lo)  # noqa: E731
+    d_model = g("embedding_length")
+    n_heads = g("attention.head_count")
+    n_kv = g("attention.head_count_kv", n_heads)
+    head_dim = g("attention.key_length", max(d_model // n_heads, 1))
     # llama.cpp counts MTP ("nextn") blocks in block_count, after the main layers
-    n_nextn = int(g("nextn_predict_layers", 0))
-    n_blocks = int(g("block_count"))
-    if not 0 <= n_nextn < n_blocks:
+    n_nextn = g("nextn_predict_layers", 0, lo=0)
+    n_blocks = g("block_count")
+    if not n_nextn < n_blocks:
         raise GGUFError(f"{path}: {arch}.nextn_predict_layers = {n_nextn} but block_count = {n_blocks}")
+    if tensors is not None and n_blocks > len(tensors):   # each block has several tensors
+        raise GGUFError(f"{path}: {arch}.block_count = {n_blocks} but the file has only {len(tensors)} tensors")
     vocab = md.get("tokenizer.ggml.tokens")
     if tensors is not None and "token_embd.weight" in tensors:
         n_vocab = tensors["token_embd.weight"].shape[0]
@@ -106,19 +126,19 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        d_ff=int(g("feed_forward_length", 0)),
+        d_ff=g("feed_forward_length", 0, lo=0),
         vocab_size=int(n_vocab),
-        ctx_len=int(g("context_length", 2048)),
-        norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_base=float(g("rope.freq_base", 10000.0)),
-        rope_dim=int(g("rope.dimension_count", head_dim)),
+        ctx_len=g("context_length", 2048),
+        norm_eps=_float(md, f"{arch}.attention.layer_norm_rms_epsilon", path, 1e-6),
+        rope_base=_float(md, f"{arch}.rope.freq_base", path, 10000.0),
+        rope_dim=g("rope.dimension_count", head_dim, lo=0),
         rope_neox=spec.rope_neox,
         qkv_bias=spec.qkv_bias,
         qk_norm=spec.qk_norm,
-        n_experts=int(g("expert_count", 0)) if spec.moe else 0,
-        n_experts_used=int(g("expert_used_count", 0)) if spec.moe else 0,
-        d_ff_expert=int(g("expert_feed_forward_length", 0)) if spec.moe else 0,
-        norm_topk_prob=bool(g("expert_weights_norm", True)),
+        n_experts=g("expert_count", 0, lo=0) if spec.moe else 0,
+        n_experts_used=g("expert_used_count", 0, lo=0) if spec.moe else 0,
+        d_ff_expert=g("expert_feed_forward_length", 0, lo=0) if spec.moe else 0,
+        norm_topk_prob=bool(_get(md, f"{arch}.expert_weights_norm", path, True)),
         tied_embeddings=tensors is not None and "output.weight" not in tensors,
         n_nextn=n_nextn,
     )
@@ -239,15 +259,16 @@ def _check_sidecar(head: GGUFFile, cfg: ModelConfig) -> None:
     arch = md.get("general.architecture")
     if arch != cfg.arch:
         raise GGUFError(f"{path}: MTP head is for architecture {arch!r}, the model is {cfg.arch!r}")
-    n_next = md.get(f"{arch}.nextn_predict_layers", 0)
-    blocks = md.get(f"{arch}.block_count")
+    n_next = _int(md, f"{arch}.nextn_predict_layers", path, 0, lo=0)
+    blocks = _int(md, f"{arch}.block_count", path)
     if n_next < 1 or blocks != cfg.n_layers + n_next:
         raise GGUFError(f"{path}: not an MTP head for this model: nextn_predict_layers = {n_next} and "
                         f"block_count = {blocks}, expected >= 1 and {cfg.n_layers} + nextn_predict_layers")
     for key, field_ in _SHARED_KEYS:
         have = md.get(f"{arch}.{key}")
         want = getattr(cfg, field_)
-        if have is not None and abs(float(have) - float(want)) > 1e-6 * max(1.0, abs(float(want))):
+        if have is not None and (type(have) not in (int, float)
+                                 or not abs(have - float(want)) <= 1e-6 * max(1.0, abs(float(want)))):
             raise GGUFError(f"{path}: MTP head does not match the model: {arch}.{key} is {have}, "
                             f"the model has {want}")
 

@@ -39,7 +39,7 @@ NUM_WARPS = 4
 # decode round (W=1 1.952 -> 1.918 ms, gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json) but
 # broke the MoE prefill chunk's graph capture there ("operation failed due to a previous
 # error during capture", tests/runtime/test_gpu_prefill.py: 4 failing runs of 6 at 1 warp,
-# 0 of 2 at 4): not understood yet (NOTES, session 17), so 4
+# 0 of 2 at 4): not understood yet (docs/decisions/launch-cuts-kept.md), so 4
 ROUTE_WARPS = 4
 
 

@@ -5,7 +5,7 @@ import torch
 
 from ..gguf.arch import ModelConfig, expected_tensors, load_config
 from ..gguf.quants import dequantize
-from ..gguf.reader import GGUFFile
+from ..gguf.reader import GGUFError, GGUFFile
 from .transformer import Transformer
 
 
@@ -14,7 +14,10 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, progress=None) -> dict[str, torc
     out = {}
     for name in names:
         t = f.tensors[name]
-        out[name] = dequantize(t.data, t.qtype, t.shape)
+        try:
+            out[name] = dequantize(t.data, t.qtype, t.shape)
+        except ValueError as e:   # a valid file in a type we cannot compute with: name the tensor
+            raise GGUFError(f"{f.path}: tensor {name!r}: {e}") from None
         if progress is not None:
             progress(name, t.nbytes)
     return out

@@ -11,15 +11,16 @@ from contextlib import asynccontextmanager
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import Engine
+from .cors import add_cors
 from .errors import APIError, install_handlers
 from .metrics import Metrics
+from .response_schemas import Health, error_responses, install_openapi
 from .routes import router
 from .state import AppState, ServerSettings, app_state
 from .worker import EngineWorker
@@ -100,21 +101,24 @@ def create_app(settings: ServerSettings, load: Callable[[], Engine] | Engine,
     app.include_router(router, prefix="/v1")
     app.include_router(router, include_in_schema=False)   # llama-server answers without /v1 too
 
-    @app.get("/health", summary="200 once the model is loaded, 503 before")
+    @app.get("/health", summary="200 once the model is loaded, 503 before", response_model=Health,
+             responses=error_responses(503))
     async def health(request: Request):
         w = app_state(request).worker
         if w.state == "ready":
             return {"status": "ok"}
         return APIError("unavailable", w.unavailable_reason()).response()
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+             responses=error_responses(401))
     async def prometheus(request: Request):
         st = app_state(request)
         text = st.metrics.render(st.worker.queue_depth, st.worker.processing, st.worker.state == "ready")
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    install_openapi(app)
     app.add_middleware(_Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
-    # Browser chat UIs call from another origin, as they do with llama-server. Added last,
-    # so it runs first: preflight requests carry no API key and must not meet the guard.
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    # Browser chat UIs on local pages (or --cors-origins) may call. Added last, so it runs
+    # first: preflight requests carry no API key and must not meet the guard.
+    add_cors(app, settings.cors_origins)
     return app

@@ -30,8 +30,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alias", default=None, help="the model name clients use (default: the file's name)")
     p.add_argument("--queue-size", type=int, default=d.queue_size,
                    help="requests that may wait for the engine; more are answered 429")
+    p.add_argument("--cors-origins", type=_origins, default=(), metavar="ORIGIN[,ORIGIN]",
+                   help="web origins besides local pages whose browser requests are answered (*: any)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     add_spec_arguments(p)
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    from .cors import parse_origins
+    return parse_origins(text)
 
 
 def _fail(message: str) -> int:
@@ -102,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = ServerSettings(
         model_names=ServerSettings.names_for(path, args.alias), api_key=args.api_key or None,
-        n_predict=args.n_predict, sampling=sampling, spec=spec, queue_size=args.queue_size)
+        n_predict=args.n_predict, sampling=sampling, spec=spec, queue_size=args.queue_size,
+        cors_origins=args.cors_origins)
     failed: list[BaseException] = []
 
     def on_load_failed(e: BaseException) -> None:   # runs in the worker thread

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Callable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from ..chat import ChatTemplateError
+from ..chat import ChatTemplateError, TemplateBudgetError
 from ..engine import ContextOverflow, Engine
 from ..sampling import SamplingParams
 from .errors import APIError
+from .response_schemas import ChatCompletion, Completion, ModelList, error_responses, streamed
 from .responses import FORMATS, Format, usage
 from .schemas import ChatRequest, CompletionRequest
 from .state import AppState, app_state
@@ -24,16 +25,21 @@ from .streaming import EventStream, sse, until_disconnect
 from .worker import Cancelled, Delta, Done, Failed, GenRequest, Job
 
 router = APIRouter()
+_COMPLETION_ERRORS = error_responses(400, 401, 413, 429, 500, 503)
 
 
-@router.post("/chat/completions", summary="Chat completion (OpenAI-compatible)")
+@router.post("/chat/completions", summary="Chat completion (OpenAI-compatible)", response_model=ChatCompletion,
+             responses={**streamed("the completion, or with stream: true its chunks as server-sent events"),
+                        **_COMPLETION_ERRORS})
 async def chat_completions(body: ChatRequest, request: Request):
     def prompt(engine: Engine) -> list[int]:
         return engine.encode_chat(body.conversation())
     return await _complete(request, body, "chat", prompt)
 
 
-@router.post("/completions", summary="Text completion (OpenAI-compatible)")
+@router.post("/completions", summary="Text completion (OpenAI-compatible)", response_model=Completion,
+             responses={**streamed("the completion, or with stream: true its chunks as server-sent events"),
+                        **_COMPLETION_ERRORS})
 async def completions(body: CompletionRequest, request: Request):
     def prompt(engine: Engine) -> list[int]:
         p = body.prompt
@@ -50,7 +56,8 @@ async def completions(body: CompletionRequest, request: Request):
     return await _complete(request, body, "completions", prompt)
 
 
-@router.get("/models", summary="The model this server serves")
+@router.get("/models", summary="The model this server serves", response_model=ModelList,
+            responses=error_responses(401))
 async def models(request: Request):
     st = app_state(request)
     engine = st.worker.engine
@@ -81,16 +88,17 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
                     prompt: Callable[[Engine], list[int]]):
     st = app_state(request)
     try:
-        body.check_supported()
-        st.settings.check_model(body.model)
+        body.check_supported()   # `model` is not checked: one model is served whatever the name (llama-server too)
         engine = st.ready_engine()
         try:
             ids = await run_in_threadpool(prompt, engine)
+            engine.check_fits(len(ids))
+        except TemplateBudgetError as e:   # a hostile (or broken) template of the model's
+            raise APIError("invalid_request", f"the model's chat template could not render these messages: {e}",
+                           param="messages") from None
         except ChatTemplateError as e:
             raise APIError("invalid_request", f"the chat template refused these messages: {e}",
                            param="messages") from None
-        try:
-            engine.check_fits(len(ids))
         except ContextOverflow as e:
             raise APIError("context_length", str(e), param="messages" if endpoint == "chat" else "prompt",
                            code="context_length_exceeded") from None
@@ -109,7 +117,7 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
         return EventStream(_stream(job, fmt, len(ids), body.include_usage), on_close=lambda: st.worker.cancel(job))
     result = await until_disconnect(request, _gather(job), on_disconnect=lambda: st.worker.cancel(job))
     if result is None:   # the client is gone; nobody reads this
-        return {}
+        return Response(status_code=204)
     if isinstance(result, Failed):   # raised here, outside the task group, to keep its type
         raise result.error
     text, logprobs, done = result

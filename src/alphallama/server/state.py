@@ -18,7 +18,7 @@ from .worker import EngineWorker
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model_names: tuple[str, ...]     # names a request may use; the first is reported back
+    model_names: tuple[str, ...]     # the model's names; the first is reported back (/v1/models, responses)
     api_key: str | None = None
     n_predict: int = DEFAULTS.server.n_predict          # -1: until EOS or the context is full
     sampling: SamplingParams = SamplingParams()         # request fields override these
@@ -26,11 +26,13 @@ class ServerSettings:
     queue_size: int = DEFAULTS.server.queue_size
     retry_after_s: int = DEFAULTS.server.retry_after_s
     max_body_bytes: int = DEFAULTS.server.max_body_bytes
+    cors_origins: tuple[str, ...] = ()                  # browser origins beyond the local ones ("*": all)
 
     @staticmethod
     def names_for(model_path: str | None, alias: str | None = None) -> tuple[str, ...]:
         """The alias (default: the file's name), then the path as given, the file name and
-        its stem, so `model="stories260K"` and `model="stories260K.gguf"` both work."""
+        its stem. Requests may name any model (they get this one, as from llama-server);
+        /v1/models and the responses report the first name."""
         names = [alias] if alias else []
         if model_path:
             p = Path(model_path)
@@ -40,11 +42,6 @@ class ServerSettings:
     @property
     def alias(self) -> str:
         return self.model_names[0]
-
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.model_names:
-            raise APIError("not_found", f"the model {name!r} does not exist; this server serves "
-                           f"{self.alias!r}", param="model", code="model_not_found")
 
 
 @dataclass

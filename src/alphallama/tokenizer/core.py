@@ -91,6 +91,9 @@ class Tokenizer:
             ((vocab.tokens[i], i) for i, t in enumerate(vocab.types) if t in SPECIAL_TYPES),
             key=lambda s: (-len(s[0].encode()), s[1]))
         self._pieces = [self._render(i) for i in range(n)]
+        # No token spells more bytes than this: a text of more than ctx * this many
+        # characters cannot fit a context of ctx tokens, whatever it tokenizes to.
+        self.max_piece_bytes: int = max(map(len, self._pieces), default=1) or 1
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> "Tokenizer":

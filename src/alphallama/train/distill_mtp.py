@@ -46,6 +46,7 @@ import torch
 
 from ..bench.hostinfo import host_state
 from ..config import DEFAULTS
+from ..private_dir import private_dir
 from . import corpus
 from .distill_data import ChatEncoder, RowSampler, encode_parallel, pack, tokenize_texts
 from .distill_eval import evaluate, pack_answers, summary
@@ -298,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                        ("cpu" if args.device == "auto" else args.device))
     torch.manual_seed(args.seed)
-    out, work = Path(args.out), Path(args.work_dir)
+    out, work = Path(args.out), private_dir(Path(args.work_dir).expanduser())
     out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
     enc = ChatEncoder(args.model)
     prep = prepare_data(args, enc)
     teacher = Teacher.from_gguf(args.model, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32,

@@ -9,6 +9,7 @@ so that a later call resumes, and the loss curves.
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -101,17 +102,19 @@ def save(path: Path, model, head, opt, st: State) -> None:
 
 
 def load(path: Path, model, head, opt) -> State | None:
-    """Resume from a checkpoint of the same shapes; None if there is none (or it does not fit)."""
+    """Resume from a checkpoint of the same shapes; None if there is none (or it does not
+    fit). weights_only=True: a checkpoint holds tensors and plain values only, so a file
+    that would unpickle anything else is refused (None), never executed."""
     if not path.exists():
         return None
-    ck = torch.load(path, map_location="cpu", weights_only=False)
     try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(ck["model"])
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
-    except (RuntimeError, ValueError, KeyError):
+        return State(**ck["state"])
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, TypeError):
         return None
-    return State(**ck["state"])
 
 
 @torch.no_grad()

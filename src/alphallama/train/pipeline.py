@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import pickle
 import random
 import shlex
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..private_dir import private_dir
 from .bpe import gguf_tokenizer_kv, train_bpe
 from .corpus import collect, default_roots, write_manifest
 from .data import rendered_examples, tokenize_docs
@@ -49,11 +51,10 @@ def build_data(args, work: Path, timings: dict) -> dict:
     key = {k: getattr(args, k) for k in ("corpus_mb", "instruct_examples", "vocab_size", "seed", "root",
                                           "tokenizer_sample_mb")}
     cache = work / "data.pt"
-    if cache.exists():
-        d = torch.load(cache, weights_only=False)
-        if d.get("key") == key:
-            _log("data: reusing the work folder's corpus, tokenizer and token streams")
-            return d
+    d = load_data_cache(cache, key)
+    if d is not None:
+        _log("data: reusing the work folder's corpus, tokenizer and token streams")
+        return d
     t = time.time()
     files = collect(_roots(args), max_bytes=args.corpus_mb << 20)
     train_f = [f for f in files if not f.held_out]
@@ -100,15 +101,38 @@ def build_data(args, work: Path, timings: dict) -> dict:
                     "held_out_bytes": sum(f.size for f in held), "manifest_sha256": manifest_sha,
                     "examples": dict(Counter(k for k, _ in examples)),
                     "tokens_train": int(len(train_ids)), "tokens_val": int(len(val_ids))}}
-    torch.save(d, cache)
+    save_data_cache(d, cache)
     return d
+
+
+def save_data_cache(d: dict, cache: Path) -> None:
+    """The data stage's output as plain values and tensors only (so it loads with
+    weights_only=True), by an atomic rename."""
+    tmp = cache.with_name(cache.name + ".partial")
+    torch.save({**d, "train": torch.from_numpy(d["train"]), "val": torch.from_numpy(d["val"])}, tmp)
+    tmp.replace(cache)
+
+
+def load_data_cache(cache: Path, key: dict) -> dict | None:
+    """The cached data stage if it was made with these arguments. weights_only=True: the
+    file is never unpickled into arbitrary objects, so a planted or old-format cache is
+    a miss (rebuilt), not code run."""
+    if not cache.exists():
+        return None
+    try:
+        d = torch.load(cache, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        _log(f"data: ignoring {cache} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        return None
+    if not isinstance(d, dict) or d.get("key") != key:
+        return None
+    return {**d, "train": d["train"].numpy(), "val": d["val"].numpy()}
 
 
 def run(args) -> int:
     t_start = time.time()
     deadline = t_start + args.deadline_s - args.export_reserve_s if args.deadline_s else None
-    work, out = Path(args.work_dir), Path(args.out)
-    work.mkdir(parents=True, exist_ok=True)
+    work, out = private_dir(Path(args.work_dir).expanduser()), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     timings: dict = {}
@@ -177,7 +201,8 @@ def run(args) -> int:
 def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a = p.add_argument
     a("--out", required=True, help="folder for the GGUF files, train.json, manifest, held-out files")
-    a("--work-dir", default=T.work_dir, help="corpus/token cache and checkpoint (a second call resumes)")
+    a("--work-dir", default=T.work_dir, help="corpus/token cache and checkpoint, a directory only you can enter "
+                                                    "(created 0700; a second call resumes)")
     a("--stem", default="alphallama-embedded", help="model file name without .gguf")
     a("--root", action="append", help="LABEL=PATH source roots (default: this interpreter's site-packages and stdlib)")
     a("--corpus-mb", type=int, default=T.corpus_mb)

@@ -3,8 +3,11 @@
 The sources ship with the package; the shared object is built with the host's C compiler
 for the host's CPU (-march=native: the integer dot loops vectorize to what it has) into
 ~/.cache/alphallama/native/<sha of sources + flags + compiler>.so, by an atomic rename,
-and reused after. -ffp-contract=off -fno-fast-math keep the float sequence the expert
-contract fixes (no fused multiply-add, no reassociation).
+and reused after, but only while it is provably ours: the directory is the user's own and
+0700, the file the user's and not group/other-writable, and its sha256 the one recorded
+beside it at build time; anything else is rebuilt, never loaded (a library is code run
+with the user's rights). -ffp-contract=off -fno-fast-math keep the float sequence the
+expert contract fixes (no fused multiply-add, no reassociation).
 """
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
+
+from ...private_dir import UnsafePathError, private_dir, writable_by_others
 
 HERE = Path(__file__).parent
 SOURCES = ("pool.c", "experts.c", "simd.c", "probe.c")   # pool.c includes the others
@@ -54,31 +60,119 @@ def library_path(cc: str, march: str = MARCH) -> Path:
     return cache_dir() / "native" / f"experts-{h.hexdigest()[:20]}.so"
 
 
+def digest_path(so: Path) -> Path:
+    """The sidecar holding the library's sha256, recorded when it was built."""
+    return so.with_name(so.name + ".sha256")
+
+
+def _open_private(path: Path, owner: int) -> int:
+    """An fd on `path` if it is a regular file of `owner` that no one else can write
+    (checked on the open fd, so the file cannot be swapped between check and use)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)   # a symlink: OSError (ELOOP)
+    st = os.fstat(fd)
+    why = ""
+    if not stat.S_ISREG(st.st_mode):
+        why = "is not a regular file"
+    elif st.st_uid != owner:
+        why = f"belongs to uid {st.st_uid}, not {owner}"
+    elif writable_by_others(st.st_mode):
+        why = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        os.close(fd)
+        raise UnsafePathError(f"{path} {why}")
+    return fd
+
+
+def _sha256_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def open_trusted(so: Path, owner: int | None = None) -> tuple[int | None, str]:
+    """(an fd to dlopen, "") if the cached library is `owner`'s, private, and its content
+    hash matches the sidecar (also `owner`'s and private); else (None, why not).
+    `owner` defaults to this process's user; tests pass another to check the refusal."""
+    owner = os.geteuid() if owner is None else owner
+    try:
+        fd = _open_private(digest_path(so), owner)
+        try:
+            recorded = os.read(fd, 256).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        fd = _open_private(so, owner)
+    except FileNotFoundError as e:
+        return None, f"{e.filename} is missing"
+    except OSError as e:   # UnsafePathError, a symlink, unreadable
+        return None, str(e)
+    actual = _sha256_fd(fd)
+    if actual != recorded:
+        os.close(fd)
+        return None, f"{so} has sha256 {actual[:16]}..., not the {recorded[:16]}... recorded when it was built"
+    return fd, ""
+
+
 def build(march: str = MARCH) -> Path:
-    """The shared object for these sources, compiled if it is not in the cache yet."""
+    """Compile the library into the cache, recording its sha256 beside it: both land by
+    atomic renames (a concurrent builder's files or ours, never a torn one; a library
+    that ends up beside another build's hash fails verification and is rebuilt)."""
     cc = find_compiler()
     out = library_path(cc, march)
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _cache_dir(out.parent)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
+    side_fd, side_tmp = tempfile.mkstemp(suffix=".sha256", dir=out.parent)
     try:
         cmd = [cc, *FLAGS, f"-march={march}", "-o", tmp, str(HERE / SOURCES[0]), "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise NativeBuildError(f"building the CPU expert library failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
-        os.replace(tmp, out)   # atomic: a concurrent builder's file or ours, never a torn one
+        os.chmod(tmp, 0o755)   # the linker honours the umask, which may leave it group-writable
+        with open(tmp, "rb") as fh:
+            os.write(side_fd, hashlib.sha256(fh.read()).hexdigest().encode() + b"\n")
+        os.close(side_fd)
+        side_fd = -1
+        os.replace(side_tmp, digest_path(out))
+        os.replace(tmp, out)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if side_fd >= 0:
+            os.close(side_fd)
+        for leftover in (tmp, side_tmp):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return out
+
+
+def _cache_dir(path: Path) -> None:
+    try:
+        private_dir(path)
+    except UnsafePathError as e:
+        raise NativeBuildError(f"the CPU expert library cache is unsafe: {e}") from None
+
+
+def load(march: str = MARCH) -> ctypes.CDLL:
+    """The verified library (open_trusted), built first where the cache has none, or one
+    that fails verification: never dlopen a file someone else could have written."""
+    out = library_path(find_compiler(), march)
+    _cache_dir(out.parent)
+    fd, why = open_trusted(out)
+    if fd is None:
+        build(march)
+        fd, why = open_trusted(out)
+        if fd is None:
+            raise NativeBuildError(f"the freshly built CPU expert library fails verification: {why}")
+    try:   # load what was verified, through the open fd, not whatever the path names now
+        return ctypes.CDLL(f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(out))
+    finally:
+        os.close(fd)
 
 
 @functools.cache
 def lib(march: str = MARCH) -> ctypes.CDLL:
     """The loaded library, with argument types declared (one per process and -march)."""
-    so = ctypes.CDLL(str(build(march)))
+    so = load(march)
     P, I = ctypes.c_void_p, ctypes.c_int
     sigs = {
         "aq_quantize": (None, [P, I, P, P, P]),
