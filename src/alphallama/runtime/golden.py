@@ -15,7 +15,9 @@ what the runtime does today so that the refactor can be held to it byte for byte
         sends it), and a verify round of W draft rows after the prompt for each W of the
         run's widths (logits, hidden, and each logits row); for a preset whose Q4_K
         weights qualify for fast mode's hybrid, the same for the fast-mode model (its
-        verify with exact=False: the tensor cores' bits beyond the narrow rounds).
+        verify with exact=False: the tensor cores' bits beyond the narrow rounds); and
+        where any runs on the tensor cores with engine.gemv_mma on, that model's plan
+        (its bits on the GPU run only: the interpreter's mma emulation is slow).
 
 Widths: the plan is cheap and covers W = 1..64 everywhere. The interpreter costs seconds
 per row and per layer, so on the CPU the bits cover CPU_WIDTHS (1: plain decode; 2: the
@@ -35,9 +37,10 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from gguf import GGMLQuantizationType as T
@@ -49,10 +52,12 @@ from ..gguf.writer import write_synthetic
 from ..kernels.attention import BLOCK_N, MAX_SPLITS, live_splits, split_size
 from ..kernels.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, _consts
 from ..kernels.qgemm import units_of
-from ..kernels.qgemv_i8 import MAX_BW as I8_BW, gemv_tile, split_nt
+from ..kernels.qgemv_i8 import MAX_BW as I8_BW
+from ..kernels.qgemv_i8 import gemv_tile, split_nt
 from ..kernels.qgemv_mma import COLS, Q8K, mma_groups, mma_tile
 from ..kernels.qgemv_q8k import q8k_tile
-from ..kernels.qmatmul import MAX_BW as QM_BW, tile as qmatmul_tile
+from ..kernels.qmatmul import MAX_BW as QM_BW
+from ..kernels.qmatmul import tile as qmatmul_tile
 from ..kernels.qmatvec_i8 import lane_order
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
 from .gpu_prefill import GRAPH_MIN_ROWS, _capturable, _fused, graph_rows
@@ -260,9 +265,11 @@ def bits(m: GPUModel, widths: tuple[int, ...], exact: bool = True) -> dict:
     return rec
 
 
-def record(name: str, device: str, widths: tuple[int, ...], workdir: Path) -> dict:
-    """The golden record of preset `name` on `device`: plan and bits, and the fast-mode
-    model's where the preset qualifies for its hybrid."""
+def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_bits: bool = False) -> dict:
+    """The golden record of preset `name` on `device`: plan and bits, the fast-mode
+    model's where the preset qualifies for its hybrid, and where any weight runs on the
+    tensor cores with engine.gemv_mma on (qgemv_mma_k, qgemv_q8k up to its narrow rounds),
+    that model's plan (and with mma_bits its bits: the GPU run)."""
     case = CASES[name]
     path = workdir / f"{name}.gguf"
     if not path.exists():
@@ -277,6 +284,12 @@ def record(name: str, device: str, widths: tuple[int, ...], workdir: Path) -> di
     if fast.hybrid:
         rec["fast"] = {"narrow": DEFAULTS.engine.fast_mma_narrow, "plan": plan(fast, f),
                        "bits": bits(fast, widths, exact=False)}
+    del fast
+    mma = GPUModel(f, max_len, device=device, gemv_mma=True)
+    if any(any(lin.mma) for L in mma.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None):
+        rec["gemv_mma"] = {"narrow": DEFAULTS.engine.gemv_mma_narrow, "plan": plan(mma, f)}
+        if mma_bits:
+            rec["gemv_mma"]["bits"] = bits(mma, widths)
     return rec
 
 
@@ -335,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in names:
             t0 = time.perf_counter()
-            text = dumps(record(n, a.device, widths, Path(tmp)))
+            text = dumps(record(n, a.device, widths, Path(tmp), mma_bits=dev == "gpu"))
             if out is None:
                 print(text, end="")
                 continue
