@@ -1,0 +1,364 @@
+"""The GPU runtime's golden record: the kernel plan and the logits' bits of fixed models.
+
+Issue 30 moves the GPU engine's code into one house; before anything moves, this dumps
+what the runtime does today so that the refactor can be held to it byte for byte:
+
+  plan  for every weight (by its GGUF tensor names) and every W = 1..64: the kernel that
+        runs it and the tile and params that decide its float order and its launch
+        (Linear's form, orders, adds, runs, split; qgemv_i8 / qgemv_q8k / qgemv_mma_k /
+        qmatmul tiles; the MoE layers' forms and expert tiles; the round's fused
+        producers; attention splits; the prefill path's GEMM units and graph shapes).
+        Tiles are the ones of record (the GPU's): under the interpreter qgemv_i8 and
+        qgemv_q8k raise their row tiles, which no bit depends on there.
+  bits  SHA-256 of the raw float32 bytes of: a prefill of PROMPT - 1 rows (the
+        tensor-core path, > 64 rows), the last prompt row through W = 1 (as the engine
+        sends it), and a verify round of W draft rows after the prompt for each W of the
+        run's widths (logits, hidden, and each logits row); for a preset whose Q4_K
+        weights qualify for fast mode's hybrid, the same for the fast-mode model (its
+        verify with exact=False: the tensor cores' bits beyond the narrow rounds); and
+        where any runs on the tensor cores with engine.gemv_mma on, that model's plan
+        (its bits on the GPU run only: the interpreter's mma emulation is slow).
+
+Widths: the plan is cheap and covers W = 1..64 everywhere. The interpreter costs seconds
+per row and per layer, so on the CPU the bits cover CPU_WIDTHS (1: plain decode; 2: the
+q8k / dp4a column tiles' second shape; 5: the first width past fast mode's narrow rounds
+and the first of two mma row groups) on one-layer presets; on the GPU every W = 1..64,
+plus the qwen3-8b and qwen3-30b-a3b shapes cut to two layers (GPU_ONLY).
+
+    python -m alphallama.runtime.golden --device cpu --write     # tests/data/golden/cpu-*.json
+    python -m alphallama.runtime.golden --device cuda --out DIR  # gpu-*.json, all widths
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+from ..config import DEFAULTS
+from ..gguf.reader import GGUFFile
+from ..gguf.synth_spec import PRESETS, SyntheticSpec
+from ..gguf.writer import write_synthetic
+from ..kernels.attention import BLOCK_N, MAX_SPLITS, live_splits, split_size
+from ..kernels.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, _consts
+from ..kernels.qgemm import units_of
+from ..kernels.qgemv_i8 import MAX_BW as I8_BW
+from ..kernels.qgemv_i8 import gemv_tile, split_nt
+from ..kernels.qgemv_mma import COLS, Q8K, mma_groups, mma_tile
+from ..kernels.qgemv_q8k import q8k_tile
+from ..kernels.qmatmul import MAX_BW as QM_BW
+from ..kernels.qmatmul import tile as qmatmul_tile
+from ..kernels.qmatvec_i8 import lane_order
+from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
+from .gpu_prefill import GRAPH_MIN_ROWS, _capturable, _fused, graph_rows
+
+WIDTHS = tuple(range(1, MAX_W + 1))
+CPU_WIDTHS = (1, 2, 5)
+PROMPT = 72              # prompt rows: PROMPT - 1 > 64 take the prefill path, the last one W = 1
+SEED = 3
+GOLDEN_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "golden"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A preset as the golden record builds it: layers and a quant mix that puts every
+    kernel family of the plan somewhere (fused weights of two types, F16 on qmatmul,
+    legacy and k-quants on dp4a, Q4_K on the mma path, expert formats)."""
+    preset: str
+    n_layers: int
+    quant: Mapping[str, T] | str = field(default_factory=dict)
+
+    def spec(self) -> SyntheticSpec:
+        return PRESETS[self.preset](n_layers=self.n_layers, quant=self.quant, seed=SEED)
+
+
+CASES: dict[str, Case] = {
+    "tiny-llama": Case("tiny-llama", 1, {
+        "embd": T.Q8_0, "output": T.F16, "attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K,
+        "attn_output": T.Q8_0, "ffn_gate": T.Q4_K, "ffn_up": T.Q5_K, "ffn_down": T.Q6_K}),
+    "tiny-qwen2": Case("tiny-qwen2", 1, {
+        "embd": T.Q8_0, "attn_q": T.Q8_0, "attn_k": T.Q8_0, "attn_v": T.Q8_0, "attn_output": T.Q5_0,
+        "ffn_gate": T.Q4_0, "ffn_up": T.Q4_0, "ffn_down": T.Q8_0}),
+    "tiny-qwen3": Case("tiny-qwen3", 1, "Q4_K_M"),
+    "tiny-qwen3moe": Case("tiny-qwen3moe", 1, "Q4_K_M"),
+    "qwen3-8b": Case("qwen3-8b", 2, "Q4_K_M"),
+    "qwen3-30b-a3b": Case("qwen3-30b-a3b", 2, "Q4_K_M"),
+}
+GPU_ONLY = ("qwen3-8b", "qwen3-30b-a3b")
+
+
+# -- the plan ---------------------------------------------------------------------------
+def _ranges(per_w: dict[int, Any]) -> dict[str, Any]:
+    """{W: value} -> {"a-b": value} over runs of consecutive widths with one value."""
+    out, ws = {}, sorted(per_w)
+    start = ws[0]
+    for i, w in enumerate(ws):
+        last = i + 1 == len(ws) or per_w[ws[i + 1]] != per_w[w] or ws[i + 1] != w + 1
+        if last:
+            out[f"{start}-{w}" if w > start else str(start)] = per_w[w]
+            if i + 1 < len(ws):
+                start = ws[i + 1]
+    return out
+
+
+def _json(v: Any) -> Any:
+    """Tuples as lists, so a record compares equal to its own JSON."""
+    return json.loads(json.dumps(v))
+
+
+def _weight_names(f: GGUFFile, names: list[str], lin: Linear) -> list[str]:
+    """Linear's weights by the GGUF tensors fused into each (consecutive tensors of one type)."""
+    groups: list[list[str]] = []
+    for n in names:
+        if groups and f.tensors[groups[-1][0]].qtype == f.tensors[n].qtype:
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    if len(groups) != len(lin.weights):
+        raise RuntimeError(f"{names}: {len(groups)} type groups but {len(lin.weights)} weights")
+    return ["+".join(g) for g in groups]
+
+
+def _kernel_at(lin: Linear, j: int, W: int) -> dict:
+    """The launch of weight j of `lin` in a round of W rows (Linear.__call__ / parts / add_into)."""
+    w = lin.weights[j]
+    form = lin._mma[j]
+    if form is not None and not lin._dp4a_at(W):
+        warps, runs = mma_tile(w)
+        if form.narrow is not None and W <= lin._narrow:
+            rows, rwarps = q8k_tile(w, W)
+            return {"kernel": "qgemv_q8k", "BN": rows, "R": runs, "BW": 1 if W == 1 else 2 if W == 2 else 4,
+                    "num_warps": rwarps}
+        return {"kernel": "qgemv_mma_k", "WARPS": warps, "KW": runs, "GR": mma_groups(w, W), "COLS": COLS}
+    if lin.i8[j]:
+        t = gemv_tile(w)
+        split = lin.runs(W)
+        nt = min(t.NT, split_nt(w, split)) if split > 1 else t.NT
+        return {"kernel": "qgemv_i8", "BN": t.BN, "NT": nt, "num_warps": t.num_warps, "prefetch": t.prefetch,
+                "split": split, "BW": min(I8_BW, 1 << (W - 1).bit_length()), "lane_order": lane_order(w),
+                "add_into": lin.adds(W)}
+    BN, NT, warps = qmatmul_tile(w, ROWS_PER_THREAD)
+    return {"kernel": "qmatmul", "BN": BN, "NT": NT, "num_warps": warps,
+            "BW": min(QM_BW, 16 // ROWS_PER_THREAD, 1 << (W - 1).bit_length())}
+
+
+def _linear(f: GGUFFile, names: list[str], lin: Linear, m: GPUModel) -> dict:
+    wn = _weight_names(f, names, lin)
+    s = m.scratch
+    units = units_of(lin.weights, s.buffer_elements // lin.weights[0].K)
+    return {
+        "weights": [{"name": n, "qtype": w.qtype.name, "N": w.N, "K": w.K, "i8": i8, "mma": mma}
+                    for n, w, i8, mma in zip(wn, lin.weights, lin.i8, lin.mma)],
+        "per_W": _ranges({W: _json({"orders": lin.orders(W), "adds": lin.adds(W), "runs": lin.runs(W),
+                                    "kernels": [_kernel_at(lin, j, W) for j in range(len(lin.weights))]})
+                          for W in WIDTHS}),
+        # the prefill path's GEMMs: row blocks (weight, r0, r1) a scratch buffer holds
+        "prefill_units": [[[wn[lin.weights.index(w)], r0, r1] for w, r0, r1, _ in u.pieces] for u in units],
+    }
+
+
+def _consts_of(w, n: int) -> dict:
+    """moe_i8's constexprs for a weight on the GPU (DP4A), its format's loader by name."""
+    return {k: getattr(v, "__name__", v) for k, v in _consts(w, n, True).items()}
+
+
+def _moe(m: GPUModel, L, moe: MoE) -> dict:
+    gu, dn = (moe.gate_up, moe.down) if moe.store is None else (None, None)
+    rec = {"i8": moe.i8, "top_k": moe.top_k, "norm": moe.norm, "store": moe.store is not None,
+           "link": moe.link is not None, "router": moe.router.qtype.name,
+           "router_rows": moe.router_rows is not None, "router_tile": qmatmul_tile(moe.router, ROWS_PER_THREAD),
+           "orders": moe.orders(1), "prefill_fused": _fused(moe)}
+    if moe.i8 and gu is not None:   # the tiles of record (the GPU's, DP4A)
+        rec |= {"EXPERT_BN": EXPERT_BN, "GATE_UP_PAIRED": GATE_UP_PAIRED,
+                "gate_up": {"qtype": gu.qtype.name, "shape": list(gu.shape), **_consts_of(gu, gu.N // 2)},
+                "down": {"qtype": dn.qtype.name, "shape": list(dn.shape), **_consts_of(dn, dn.N)}}
+    rec["norm_router"] = _ranges({W: m._norm_router(L, W) for W in WIDTHS})
+    return _json(rec)
+
+
+def _round(m: GPUModel, L, nxt) -> dict:
+    """Layer L's producers at each W (GPUModel._rows): which attention, SiLU and norms
+    emit int8 / q8_K activations, in which layouts."""
+    c = m.cfg
+
+    def at(W: int) -> dict:
+        o_in = L.o.orders(W)
+        lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
+            ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
+        r = {"attention": ["decode_attention_q8", lanes] if lanes and m._fuse_q8 else ["decode_attention"],
+             "ffn_norm": (L.gate_up or L.moe).orders(W)[:2] if m._fuse_q8 else (),
+             "next_norm": nxt.orders(W)[:2] if m._fuse_q8 else ()}
+        if L.moe is None:
+            r["silu"] = ["silu_mul_q8", L.down.orders(W)] if L.down.orders(W) and m._fuse_q8 else ["silu_mul"]
+        return _json(r)
+    return _ranges({W: at(W) for W in WIDTHS})
+
+
+def plan(m: GPUModel, f: GGUFFile) -> dict:
+    """The kernel plan of model `m` (built from `f`), as deterministic JSON data."""
+    c = m.cfg
+    layers = []
+    for i, L in enumerate(m.layers):
+        p = f"blk.{i}."
+        rec = {"qkv": _linear(f, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], L.qkv, m),
+               "o": _linear(f, [p + "attn_output.weight"], L.o, m),
+               "round": _round(m, L, m.layers[i + 1].qkv if i + 1 < len(m.layers) else m.output)}
+        if L.moe is None:
+            rec["gate_up"] = _linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], L.gate_up, m)
+            rec["down"] = _linear(f, [p + "ffn_down.weight"], L.down, m)
+        else:
+            rec["moe"] = _moe(m, L, L.moe)
+        layers.append(rec)
+    head = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+    lengths = (1, PROMPT, PROMPT + MAX_W, 512, 2048, 4096, 40960)
+    return _json({
+        "model": {"decode_gemv": m.decode_gemv, "fuse_q8": m._fuse_q8, "pdl": m.pdl, "act_dtype": str(m.act_dtype),
+                  "combine_in_norm": m.combine_in_norm, "norm_router": m.norm_router, "early_kv": m.early_kv,
+                  "hybrid": m.hybrid, "use_graphs": m.use_graphs, "rows_per_thread": ROWS_PER_THREAD,
+                  "embd": [m.embd_qtype.name, type(m.embd).__name__]},
+        "buckets": _ranges({W: bucket_of(W) for W in WIDTHS}),
+        "layers": layers,
+        "output": _linear(f, [head], m.output, m),
+        "attention": {"BLOCK_N": BLOCK_N, "MAX_SPLITS": MAX_SPLITS, "head_dim": c.head_dim,
+                      "split_size": {str(n): [split_size(n), live_splits(n)] for n in lengths}},
+        "prefill": {"path": m.prefill_path, "chunk": m.prefill_chunk, "scratch_elements": m.scratch.elements,
+                    "scratch_dtype": str(m.scratch.dtype), "overlap": m.scratch.overlap, "graphs": m.scratch.graphs,
+                    "capturable": all(map(_capturable, m.layers)), "GRAPH_MIN_ROWS": GRAPH_MIN_ROWS,
+                    "graph_rows": {str(t): graph_rows(t, m.prefill_chunk)
+                                   for t in (65, PROMPT - 1, 128, 129, 300, 512, 1000)}},
+        "graph_buckets": list(BUCKETS),
+    })
+
+
+# -- the bits ---------------------------------------------------------------------------
+def _sha(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
+
+
+def bits(m: GPUModel, widths: tuple[int, ...], exact: bool = True) -> dict:
+    """SHA-256s of the prefill, the last prompt row at W = 1 and the verify rounds."""
+    g = torch.Generator().manual_seed(SEED)
+    V = m.cfg.vocab_size
+    prompt = torch.randint(0, V, (PROMPT,), generator=g)
+    draft = torch.randint(0, V, (MAX_W,), generator=g)
+    cache = m.new_cache(PROMPT + MAX_W)
+    lg, hd = m.forward(prompt[:-1], 0, cache)                   # [PROMPT-1, V]: the prefill path
+    rec = {"prefill": {"logits": _sha(lg), "hidden": _sha(hd)}}
+    lg, hd = m.forward(prompt[-1:], PROMPT - 1, cache)          # the engine's last prompt row, W = 1
+    rec["last_row"] = {"logits": _sha(lg), "hidden": _sha(hd)}
+    verify = {}
+    for W in widths:
+        cache.truncate(PROMPT)
+        lg, hd = m.verify(draft[:W], PROMPT, cache, exact=exact)   # [W, V], [W, D]
+        verify[str(W)] = {"logits": _sha(lg), "hidden": _sha(hd), "rows": [_sha(r)[:16] for r in lg]}
+    rec["verify"] = verify
+    return rec
+
+
+def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_bits: bool = False) -> dict:
+    """The golden record of preset `name` on `device`: plan and bits, the fast-mode
+    model's where the preset qualifies for its hybrid, and where any weight runs on the
+    tensor cores with engine.gemv_mma on (qgemv_mma_k, qgemv_q8k up to its narrow rounds),
+    that model's plan (and with mma_bits its bits: the GPU run)."""
+    case = CASES[name]
+    path = workdir / f"{name}.gguf"
+    if not path.exists():
+        write_synthetic(case.spec(), path)
+    f = GGUFFile(path)
+    max_len = PROMPT + MAX_W
+    m = GPUModel(f, max_len, device=device)
+    rec = {"preset": name, "n_layers": case.n_layers, "widths": list(widths),
+           "plan": plan(m, f), "bits": bits(m, widths)}
+    del m
+    fast = GPUModel(f, max_len, device=device, fast=True)
+    if fast.hybrid:
+        rec["fast"] = {"narrow": DEFAULTS.engine.fast_mma_narrow, "plan": plan(fast, f),
+                       "bits": bits(fast, widths, exact=False)}
+    del fast
+    mma = GPUModel(f, max_len, device=device, gemv_mma=True)
+    if any(any(lin.mma) for L in mma.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None):
+        rec["gemv_mma"] = {"narrow": DEFAULTS.engine.gemv_mma_narrow, "plan": plan(mma, f)}
+        if mma_bits:
+            rec["gemv_mma"]["bits"] = bits(mma, widths)
+    return rec
+
+
+# -- comparing --------------------------------------------------------------------------
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _expand(d: dict) -> dict:
+    """A dict of width ranges ("1-4") -> one key a width; any other dict as it is."""
+    if not d or not all(isinstance(k, str) and _RANGE.match(k) for k in d):
+        return d
+    out = {}
+    for k, v in d.items():
+        a, b = _RANGE.match(k).groups()
+        for w in range(int(a), int(b or a) + 1):
+            out[f"W={w}"] = v
+    return out
+
+
+def first_difference(want: Any, got: Any, path: str = "") -> str | None:
+    """The first place where two records differ, as 'path: want != got' (None: equal).
+    Width ranges are compared width by width, so the path names the weight and the W."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        want, got = _expand(want), _expand(got)
+        for k in list(want) + [k for k in got if k not in want]:
+            if k not in want or k not in got:
+                return f"{path}/{k}: {'missing' if k not in got else 'extra'} in the new record"
+            d = first_difference(want[k], got[k], f"{path}/{k}")
+            if d is not None:
+                return d
+        return None
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (a, b) in enumerate(zip(want, got)):
+            d = first_difference(a, b, f"{path}[{i}]")
+            if d is not None:
+                return d
+        return None
+    return None if want == got else f"{path}: golden {want!r} != now {got!r}"
+
+
+def dumps(rec: dict) -> str:
+    return json.dumps(rec, indent=1, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Dump (or --write) the GPU runtime's golden records.")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--presets", nargs="*", help="default: the tiny presets on cpu, all on cuda")
+    ap.add_argument("--out", type=Path, help="where <device>-<preset>.json go (default with --write: tests/data/golden)")
+    ap.add_argument("--write", action="store_true", help="write into tests/data/golden")
+    a = ap.parse_args(argv)
+    dev = "cpu" if a.device == "cpu" else "gpu"
+    names = a.presets or [n for n in CASES if dev == "gpu" or n not in GPU_ONLY]
+    out = a.out or (GOLDEN_DIR if a.write else None)
+    widths = CPU_WIDTHS if dev == "cpu" else WIDTHS
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in names:
+            t0 = time.perf_counter()
+            text = dumps(record(n, a.device, widths, Path(tmp), mma_bits=dev == "gpu"))
+            if out is None:
+                print(text, end="")
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"{dev}-{n}.json"
+            part = path.with_name(path.name + ".partial")   # a run cut short leaves no half file
+            part.write_text(text)
+            part.replace(path)
+            print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
