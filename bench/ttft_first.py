@@ -89,7 +89,9 @@ def start_server(args, model: str, port: int, log) -> tuple[subprocess.Popen, fl
     proc = subprocess.Popen(cmd, stderr=log, stdout=log, text=True)
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode} before /health was 200")
+            log.flush()
+            raise SystemExit(f"the server exited with {proc.returncode} before /health was 200; its log:\n"
+                             + Path(log.name).read_text()[-4000:])
         if time.perf_counter() - t0 > args.load_timeout:
             proc.kill()
             raise SystemExit(f"the server was not healthy after {args.load_timeout} s")

@@ -79,5 +79,6 @@ class Sampler:
         return int(torch.multinomial(self.distribution(logits.cpu()), 1, generator=self.gen))
 
     def draw(self, probs: torch.Tensor) -> int:
-        """One token from an explicit distribution (used by speculative sampling)."""
-        return int(torch.multinomial(probs, 1, generator=self.gen))
+        """One token from an explicit distribution (used by speculative sampling). The
+        generator lives on the CPU (one seeded stream whatever the device), so the draw does too."""
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.gen))
