@@ -1,9 +1,9 @@
-"""The GPU runtime against its golden records (runtime/golden.py, issue 30): the kernel
+"""The GPU runtime against its golden records (runtime/gpu_golden.py, issue 30): the kernel
 plan for W = 1..64 and the logits' bits, regenerated here and compared byte for byte
 with tests/data/golden/<device>-<preset>.json, which the refactor must reproduce.
 Regenerate (only for an intended change of plan or bits, said so in the commit):
-    python -m alphallama.runtime.golden --device cpu --write
-    python -m alphallama.runtime.golden --device cuda --out tests/data/golden   (on a GPU)
+    python -m alphallama.runtime.gpu_golden --device cpu --write
+    python -m alphallama.runtime.gpu_golden --device cuda --out tests/data/golden   (on a GPU)
 Besides the byte equality, each record is checked for the bit contracts it holds: a
 row's bits do not depend on W, and fast mode's narrow rounds are plain decode's bits."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alphallama.runtime import golden
+from alphallama.runtime import gpu_golden as golden
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,7 +25,7 @@ CPU_PRESETS = [n for n in golden.CASES if n not in golden.GPU_ONLY]
 def _golden(dev: str, name: str) -> dict:
     path = DATA / f"{dev}-{name}.json"
     if not path.exists():
-        pytest.fail(f"{path} is missing: python -m alphallama.runtime.golden --device {dev} --write")
+        pytest.fail(f"{path} is missing: python -m alphallama.runtime.gpu_golden --device {dev} --write")
     return json.loads(path.read_text())
 
 

@@ -25,8 +25,8 @@ q8k / dp4a column tiles' second shape; 5: the first width past fast mode's narro
 and the first of two mma row groups) on one-layer presets; on the GPU every W = 1..64,
 plus the qwen3-8b and qwen3-30b-a3b shapes cut to two layers (GPU_ONLY).
 
-    python -m alphallama.runtime.golden --device cpu --write     # tests/data/golden/cpu-*.json
-    python -m alphallama.runtime.golden --device cuda --out DIR  # gpu-*.json, all widths
+    python -m alphallama.runtime.gpu_golden --device cpu --write     # tests/data/golden/cpu-*.json
+    python -m alphallama.runtime.gpu_golden --device cuda --out DIR  # gpu-*.json, all widths
 """
 from __future__ import annotations
 
