@@ -65,3 +65,11 @@ sys.exit(rc)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert len(out["gen_ids"]) == 8 and out["prompt_ids"]
+
+
+def test_every_format_has_its_triton_side():
+    """The split keeps one Triton load/field pair for every host-side format: a format
+    the planner and the store accept is one the GPU kernels can read."""
+    from alphallama.kernels import FORMATS
+    from alphallama.kernels.fmt_triton import KERNELS
+    assert set(KERNELS) == set(FORMATS)
