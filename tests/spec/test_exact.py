@@ -18,6 +18,7 @@ SUITE = [json.loads(line) for line in  # the public suite the package ships
          resources.files("alphallama.bench").joinpath("suites", "arena-public.jsonl").read_text().splitlines()
          if line.strip()]
 NGRAM = SpecConfig("ngram", draft_max=16, ngram_min=2, gate=False)   # ungated: what replay simulates
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models: one thread (tests/conftest.py says why)
 
 
 @pytest.fixture(scope="module")
