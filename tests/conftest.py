@@ -14,11 +14,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+# The small reference files travel with the tests (tests/data/README.md): a fresh clone
+# runs the suite without anything beside it. The large ones stay in ../shared/data; the
+# tests that read them are marked `shared` (.ci/run runs them with `-m shared` where
+# ../shared exists) and skip elsewhere, naming the file.
+TEST_DATA = ROOT / "tests" / "data"
 SHARED = Path(os.environ.get("ALPHA_SHARED", ROOT.parent / "shared"))
 DATA = SHARED / "data"
-STORIES = DATA / "models" / "stories260K.gguf"
-VOCAB = DATA / "vocab"
-REFERENCE = DATA / "reference"
+STORIES = TEST_DATA / "models" / "stories260K.gguf"
+SPM_VOCAB = TEST_DATA / "vocab" / "ggml-vocab-llama-spm.gguf"
+VOCAB = DATA / "vocab"                  # qwen2 and llama-bpe (6-8 MB each): ../shared only
+REFERENCE = TEST_DATA / "reference"
+TEMPLATES = TEST_DATA / "templates"
 MODELS_DIR = Path(os.environ.get("ALPHA_MODELS", Path.home() / ".cache" / "alphallama" / "models"))
 QWEN = MODELS_DIR / "qwen2.5-coder-0.5b-instruct.gguf"
 
@@ -29,13 +36,22 @@ def require(path: Path, how: str = "") -> Path:
     return path
 
 
+def vocab_path(name: str) -> Path:
+    """ggml-vocab-{name}.gguf: from tests/data where it is small enough to commit, else ../shared."""
+    local = TEST_DATA / "vocab" / f"ggml-vocab-{name}.gguf"
+    return local if local.exists() else VOCAB / local.name
+
+
 @pytest.fixture(scope="session")
 def stories_path() -> Path:
-    return require(STORIES, "../shared/data is missing")
+    return require(STORIES, "it is committed with the tests (tests/data)")
 
 
 @pytest.fixture(scope="session")
 def qwen_path() -> Path:
+    """The real Qwen model: its tests take minutes on a CPU, so they run in the ../shared
+    pass only (`pytest -m shared`; mark them `shared`), where the tool that assembles it is."""
+    require(SHARED, "the long real-model tests run only beside ../shared")
     return require(QWEN, "assemble it with ../shared/tools/fetch-models.sh")
 
 

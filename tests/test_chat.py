@@ -12,8 +12,8 @@ import pytest
 from alphallama.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, chat_prompt_ids
 from alphallama.gguf.reader import GGUFError, GGUFFile
 from alphallama.tokenizer import Tokenizer
+from conftest import REFERENCE, TEMPLATES, VOCAB
 
-DATA = Path(os.environ.get("ALPHA_SHARED", Path(__file__).resolve().parents[1].parent / "shared")) / "data"
 QWEN = Path(os.environ.get("ALPHA_MODELS", Path.home() / ".cache" / "alphallama" / "models")) \
     / "qwen2.5-coder-0.5b-instruct.gguf"
 
@@ -39,7 +39,7 @@ TOOL_ROUND = [
 
 
 def template(name: str, **kw) -> ChatTemplate:
-    path = DATA / "templates" / name
+    path = TEMPLATES / name
     if not path.exists():
         pytest.skip(f"{path} is not present")
     return ChatTemplate(path.read_text(), **kw)
@@ -94,7 +94,7 @@ def test_qwen25_tools(qwen25):
 def test_qwen_coder_reference_prompt(qwen25):
     # llama.cpp's server rendered these prompts from one user message each; the coder
     # model's template is the same text as Qwen2.5-7B-Instruct's.
-    cases = json.loads((DATA / "reference" / "qwen2.5-coder-0.5b-instruct.json").read_text())["cases"]
+    cases = json.loads((REFERENCE / "qwen2.5-coder-0.5b-instruct.json").read_text())["cases"]
     chats = [c for c in cases if c["kind"] == "chat"]
     assert chats
     for case in chats:
@@ -107,7 +107,7 @@ def test_qwen_coder_own_template_and_prompt_ids():
     md = GGUFFile(QWEN).metadata
     tmpl, tok = ChatTemplate.from_gguf_metadata(md), Tokenizer.from_metadata(md)
     assert (tmpl.bos_token, tmpl.eos_token) == ("<|endoftext|>", "<|im_end|>")
-    cases = json.loads((DATA / "reference" / "qwen2.5-coder-0.5b-instruct.json").read_text())["cases"]
+    cases = json.loads((REFERENCE / "qwen2.5-coder-0.5b-instruct.json").read_text())["cases"]
     for case in (c for c in cases if c["kind"] == "chat"):
         msgs = [{"role": "user", "content": case["input"]}]
         assert tmpl.render(msgs) == case["prompt"]
@@ -194,8 +194,9 @@ def test_llama31_raise_exception(llama31):
         llama31.render(two_calls)
 
 
+@pytest.mark.shared
 def test_chat_prompt_ids_does_not_double_bos(llama31):
-    path = DATA / "vocab" / "ggml-vocab-llama-bpe.gguf"
+    path = VOCAB / "ggml-vocab-llama-bpe.gguf"
     if not path.exists():
         pytest.skip(f"{path} is not present")
     tok = Tokenizer.from_gguf(path)
@@ -253,8 +254,9 @@ def test_syntax_error():
 
 # -- templates from GGUF metadata ---------------------------------------------------
 
+@pytest.mark.shared
 def test_from_gguf_metadata():
-    path = DATA / "vocab" / "ggml-vocab-qwen2.gguf"
+    path = VOCAB / "ggml-vocab-qwen2.gguf"
     if not path.exists():
         pytest.skip(f"{path} is not present")
     md = GGUFFile(path).metadata

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -15,11 +14,10 @@ from alphallama.gguf.reader import GGUFError, GGUFFile
 from alphallama.tokenizer import (TokenType, Tokenizer, hf_pre_tokenizer, known_pre_tokenizers,
                                    pre_tokenizer)
 
-DATA = Path(os.environ.get("ALPHA_SHARED", Path(__file__).resolve().parents[1].parent / "shared")) / "data"
-VOCAB = DATA / "vocab"
-QWEN = Path(os.environ.get("ALPHA_MODELS", Path.home() / ".cache" / "alphallama" / "models")) \
-    / "qwen2.5-coder-0.5b-instruct.gguf"
-VOCABS = ("qwen2", "llama-bpe", "llama-spm")
+from conftest import QWEN, REFERENCE, STORIES, vocab_path
+
+shared = pytest.mark.shared   # the qwen2 and llama-bpe vocabularies are in ../shared only (tests/conftest.py)
+VOCABS = (pytest.param("qwen2", marks=shared), pytest.param("llama-bpe", marks=shared), "llama-spm")
 
 
 def _require(path: Path) -> Path:
@@ -34,7 +32,7 @@ def metadata():
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = GGUFFile(_require(VOCAB / f"ggml-vocab-{name}.gguf")).metadata
+            cache[name] = GGUFFile(_require(vocab_path(name))).metadata
         return cache[name]
     return get
 
@@ -54,7 +52,7 @@ def read_vectors(name: str) -> list[tuple[str, list[int]]]:
     """llama.cpp's test-tokenizer-0 reading: inputs are separated by the exact string
     "\\n__ggml_vocab_test__\\n" (so an input may itself be "\\n" or ""), one .out line
     of ids per input."""
-    raw = (VOCAB / f"ggml-vocab-{name}.gguf.inp").read_bytes().decode()
+    raw = _require(vocab_path(name).with_suffix(".gguf.inp")).read_bytes().decode()
     sep = "\n__ggml_vocab_test__\n"
     inputs, pos = [], 0
     while pos < len(raw):
@@ -64,7 +62,7 @@ def read_vectors(name: str) -> list[tuple[str, list[int]]]:
             break
         inputs.append(raw[pos:nxt])
         pos = nxt + len(sep)
-    lines = (VOCAB / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
+    lines = vocab_path(name).with_suffix(".gguf.out").read_text().split("\n")
     assert len(lines) >= len(inputs)
     return [(s, [int(x) for x in line.split()]) for s, line in zip(inputs, lines)]
 
@@ -80,13 +78,14 @@ def test_llama_cpp_vectors(tok, name):
     assert not wrong, "\n".join(f"{s!r}: got {g} expected {e}" for s, g, e in wrong)
 
 
-@pytest.mark.parametrize("name", ("qwen2", "llama-spm"))
+@pytest.mark.parametrize("name", (pytest.param("qwen2", marks=shared), "llama-spm"))
 def test_decode_round_trips(tok, name):
     t = tok(name)
     for s, ids in read_vectors(name):
         assert t.decode(ids) == s
 
 
+@shared
 def test_llama_bpe_decode_cleans_spaces_like_llama_cpp(tok):
     # Llama 3 keeps llama.cpp's clean_spaces: " ?" loses its space, so two of the
     # vectors do not round-trip (in llama.cpp neither); every other one does.
@@ -163,7 +162,7 @@ def spm_reference(text: str, ids: dict[str, int], scores: list[float]) -> list[i
 @pytest.mark.parametrize("source", ("llama-spm", "stories"))
 def test_spm_matches_llama_cpp_merge_loop(metadata, tok, source):
     if source == "stories":
-        md = GGUFFile(_require(DATA / "models" / "stories260K.gguf")).metadata
+        md = GGUFFile(_require(STORIES)).metadata
         t = Tokenizer.from_metadata(md)
     else:
         md, t = metadata(source), tok(source)
@@ -183,6 +182,7 @@ def test_spm_matches_llama_cpp_merge_loop(metadata, tok, source):
 
 # -- special tokens, BOS/EOS, end of generation ----------------------------------
 
+@shared
 def test_special_tokens_parse_only_when_asked(tok):
     t = tok("qwen2")
     im_start = t.id_of("<|im_start|>")
@@ -199,6 +199,7 @@ def test_special_tokens_parse_only_when_asked(tok):
     assert t.decode([64, im_start, 65], special=False) == "ab"
 
 
+@shared
 def test_bos_eos_rules(tok, metadata):
     bpe, spm, qwen = tok("llama-bpe"), tok("llama-spm"), tok("qwen2")
     # Llama 3 has no add_bos_token key: llama.cpp's llama-bpe default adds BOS.
@@ -211,6 +212,7 @@ def test_bos_eos_rules(tok, metadata):
     assert Tokenizer.from_metadata(md).encode("Hello", add_special=True) == [15043, 2]
 
 
+@shared
 def test_stop_ids(tok):
     assert tok("llama-bpe").stop_ids == {128001, 128009}      # <|end_of_text|>, <|eot_id|>
     assert tok("llama-bpe").eot_id == 128009
@@ -220,6 +222,7 @@ def test_stop_ids(tok):
     assert qwen.is_stop(151645) and not qwen.is_stop(151644)
 
 
+@shared
 def test_vocabulary_facts(tok):
     t = tok("qwen2")
     assert t.vocab_size == 151936
@@ -259,6 +262,7 @@ def test_stream_flushes_an_incomplete_character(tok):
 
 # -- malformed metadata ----------------------------------------------------------
 
+@shared
 @pytest.mark.parametrize("change, message", [
     ({"tokenizer.ggml.model": None}, "tokenizer.ggml.model is missing"),
     ({"tokenizer.ggml.model": "t5"}, "unsupported tokenizer.ggml.model='t5'"),
@@ -284,6 +288,7 @@ def test_malformed_metadata(metadata, change, message):
         Tokenizer.from_metadata(md)
 
 
+@shared
 def test_missing_pre_tokenizer_falls_back_to_default(metadata, caplog):
     md = dict(metadata("qwen2"))
     del md["tokenizer.ggml.pre"]
@@ -298,8 +303,9 @@ def test_spm_scores_must_cover_the_vocabulary(metadata):
         Tokenizer.from_metadata(md)
 
 
+@shared
 def test_build_speed():
-    path = _require(VOCAB / "ggml-vocab-qwen2.gguf")
+    path = _require(vocab_path("qwen2"))
     start = time.perf_counter()
     t = Tokenizer.from_gguf(path)               # 152k tokens, 151k merges
     assert time.perf_counter() - start < 2.0
@@ -312,7 +318,7 @@ def test_build_speed():
 # -- real models: llama.cpp's reference runs --------------------------------------
 
 def _reference(name: str) -> list[dict]:
-    return json.loads((DATA / "reference" / f"{name}.json").read_text())["cases"]
+    return json.loads((REFERENCE / f"{name}.json").read_text())["cases"]
 
 
 def test_qwen_coder_reference():
@@ -326,7 +332,7 @@ def test_qwen_coder_reference():
 
 
 def test_stories_reference():
-    t = Tokenizer.from_gguf(_require(DATA / "models" / "stories260K.gguf"))
+    t = Tokenizer.from_gguf(_require(STORIES))
     assert t.vocab_size == 512 and t.bos_id == 1 and t.eos_id == 2
     for case in _reference("stories260K"):
         assert t.encode(case["prompt"], add_special=True) == case["prompt_ids"]   # BOS included

@@ -11,10 +11,10 @@ from gguf import GGUFReader
 
 from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFError, GGUFFile
-from conftest import STORIES, VOCAB, require
+from conftest import SPM_VOCAB, STORIES, VOCAB, require
 
 
-@pytest.mark.parametrize("path", [STORIES, VOCAB / "ggml-vocab-llama-spm.gguf", VOCAB / "ggml-vocab-qwen2.gguf"],
+@pytest.mark.parametrize("path", [STORIES, SPM_VOCAB, pytest.param(VOCAB / "ggml-vocab-qwen2.gguf", marks=pytest.mark.shared)],
                          ids=lambda p: p.name)
 def test_agrees_with_gguf_package(path):
     require(path)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +19,8 @@ from alphallama.gguf import writer
 from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, SyntheticSpec, plan_tensors, tensor_data, write_synthetic
+from conftest import REFERENCE, SPM_VOCAB, STORIES, VOCAB
 from reference_f64 import ReferenceModel, log_softmax
-
-SHARED = Path(os.environ.get("ALPHA_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
-STORIES = SHARED / "data" / "models" / "stories260K.gguf"
-VOCAB = SHARED / "data" / "vocab"
-REFERENCE = SHARED / "data" / "reference"
-QWEN = Path(os.environ.get("ALPHA_MODELS", Path.home() / ".cache" / "alphallama" / "models")) \
-    / "qwen2.5-coder-0.5b-instruct.gguf"
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe")
 MIXES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
@@ -224,7 +217,7 @@ def test_byte_vocab_without_a_source(tmp_path):
 
 
 def test_vocab_copied_from_a_gguf_keeps_keys_values_and_types(tmp_path):
-    src = _need(VOCAB / "ggml-vocab-llama-spm.gguf")
+    src = _need(SPM_VOCAB)
     spec = PRESETS["tiny-llama"](vocab_from=str(src), d_model=64, n_heads=2, n_kv_heads=1, head_dim=32, d_ff=128)
     path = tmp_path / "spm.gguf"
     write_synthetic(spec, path)
@@ -237,6 +230,7 @@ def test_vocab_copied_from_a_gguf_keeps_keys_values_and_types(tmp_path):
     assert load_config(GGUFFile(path)).vocab_size == 32000
 
 
+@pytest.mark.shared
 def test_qwen2_vocab_sets_the_vocab_size(tmp_path):
     src = _need(VOCAB / "ggml-vocab-qwen2.gguf")
     spec = PRESETS["tiny-qwen3"](vocab_from=str(src), d_model=64, n_heads=2, n_kv_heads=1, head_dim=32,
@@ -310,14 +304,15 @@ def test_reference_matches_llama_cpp_on_stories260k():
 
 
 @pytest.mark.slow
-def test_reference_matches_llama_cpp_on_qwen2():
+@pytest.mark.shared
+def test_reference_matches_llama_cpp_on_qwen2(qwen_path):
     """qwen2: NEOX rope, q/k/v biases, tied output head, Q5_0/Q8_0/Q4_K/Q6_K weights.
 
     llama.cpp's CPU matmuls round the activations to Q8_0/Q8_K before every quantized dot
     product, so here it differs by ~0.05 in log-prob (up to ~0.4 for 5th-ranked tokens);
     the float32 engine and this reference agree to 2e-5. A different greedy token is
     allowed only where llama.cpp's top two are a near tie."""
-    model = ReferenceModel(GGUFFile(_need(QWEN)), cache=False)
+    model = ReferenceModel(GGUFFile(qwen_path), cache=False)
     cases = json.loads(_need(REFERENCE / "qwen2.5-coder-0.5b-instruct.json").read_text())["cases"]
     case = next(c for c in cases if c["kind"] == "raw")
     argmax, top1, top5 = _errors_against_llama_cpp(model, case)

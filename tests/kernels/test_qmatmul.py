@@ -16,7 +16,8 @@ from gguf import quants as gguf_quants  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.quants import QUANTS  # noqa: E402
-from alphallama.kernels import FORMATS, QuantWeight, qmatmul, qmatmul_ref, tile  # noqa: E402
+from alphallama.kernels import FORMATS, QuantWeight  # noqa: E402
+from alphallama.kernels.qmatmul import qmatmul, qmatmul_ref, tile  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEV == "cuda"

@@ -85,6 +85,7 @@ def _first_divergence_is_near_tie(ours, case):
 
 
 @pytest.mark.slow
+@pytest.mark.shared
 def test_qwen_greedy_matches_llamacpp(qwen_path):
     engine = Engine.load(str(qwen_path), ctx_size=512)
     assert "Qwen" in engine.gguf.metadata["general.name"]
@@ -105,6 +106,7 @@ def test_qwen_greedy_matches_llamacpp(qwen_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shared
 def test_qwen_answers_chat_sensibly(qwen_path):
     engine = Engine.load(str(qwen_path), ctx_size=512)
     ids = engine.encode_chat([{"role": "user", "content": "What is the capital of France? Answer in one word."}])

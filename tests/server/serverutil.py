@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from alphallama.engine import Engine
 from alphallama.server import ServerSettings, create_app
+from conftest import VOCAB
 
 API_KEY = "test-key"
 QWEN2_VOCAB_NAME = "ggml-vocab-qwen2.gguf"
@@ -88,9 +89,9 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def qwen_path(tmp_path_factory, stories_path) -> Path:
+def qwen_path(tmp_path_factory) -> Path:
     """A one-layer random-weight qwen3 with the real Qwen2 tokenizer and its ChatML template."""
-    vocab = stories_path.parents[1] / "vocab" / QWEN2_VOCAB_NAME   # stories_path: tests/conftest.py
+    vocab = VOCAB / QWEN2_VOCAB_NAME   # ../shared (tests/conftest.py): its tests are marked `shared`
     if not vocab.exists():
         pytest.skip(f"{vocab} is not present")
     from alphallama.gguf.writer import PRESETS, write_synthetic

@@ -28,6 +28,7 @@ def chat(client, messages, stream: bool, n: int = 6):
     return text, chunks[-1].usage, chunks[-1].model_extra["timings"]
 
 
+@pytest.mark.shared
 @pytest.mark.parametrize("stream", [False, True])
 def test_second_turn_prefills_only_the_new_tokens(qwen_server, stream):
     client = qwen_server.client()
@@ -53,6 +54,7 @@ def test_second_turn_prefills_only_the_new_tokens(qwen_server, stream):
     assert t2["prompt_n"] == len(ids) - common
 
 
+@pytest.mark.shared
 def test_an_unrelated_conversation_is_prefilled_again(qwen_server):
     client = qwen_server.client()
     chat(client, [{"role": "user", "content": "first conversation about boats"}], False, n=2)

@@ -6,7 +6,7 @@ import pytest
 
 from alphallama.spec.draft_vocab import DraftVocab, _water_fill, bytes_class, char_class, prompt_scripts
 from alphallama.tokenizer import Tokenizer
-from conftest import VOCAB
+from conftest import VOCAB, require
 
 
 @pytest.mark.parametrize("ch, want", [
@@ -71,7 +71,7 @@ def test_subset_cyrillic_prompt_and_fill():
 
 @pytest.fixture(scope="module")
 def qwen_vocab():
-    tok = Tokenizer.from_gguf(VOCAB / "ggml-vocab-qwen2.gguf")
+    tok = Tokenizer.from_gguf(require(VOCAB / "ggml-vocab-qwen2.gguf"))
     return tok, DraftVocab.from_tokenizer(tok)
 
 
@@ -80,6 +80,7 @@ def qwen_vocab():
     ("北京是中华人民共和国的首都，也是全国的政治中心。", {"han"}),
     ("서울은 대한민국의 수도이자 최대 도시이다.", {"hangul"}),
 ])
+@pytest.mark.shared
 def test_real_vocab_adaptive_subset_covers_the_language(qwen_vocab, text, scripts):
     tok, dv = qwen_vocab
     ids = tok.encode(text)

@@ -3,6 +3,7 @@ and speculative output equals plain greedy output token for token."""
 from __future__ import annotations
 
 import json
+from importlib import resources
 
 import pytest
 import torch
@@ -11,10 +12,13 @@ from alphallama.engine import Engine, Generation
 from alphallama.spec.config import SpecConfig
 from alphallama.spec.replay import replay
 from alphallama.gguf.writer import PRESETS, write_synthetic
-from conftest import SHARED, VOCAB
+from conftest import VOCAB, require
 
-SUITE = [json.loads(line) for line in (SHARED / "bench" / "arena-public.jsonl").read_text().splitlines() if line.strip()]
+SUITE = [json.loads(line) for line in  # the public suite the package ships
+         resources.files("alphallama.bench").joinpath("suites", "arena-public.jsonl").read_text().splitlines()
+         if line.strip()]
 NGRAM = SpecConfig("ngram", draft_max=16, ngram_min=2, gate=False)   # ungated: what replay simulates
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models: one thread (tests/conftest.py says why)
 
 
 @pytest.fixture(scope="module")
@@ -97,20 +101,23 @@ def synthetic(request, tmp_path_factory):
     greedy output repeats itself, so the copy drafter gets long accepted runs."""
     path = tmp_path_factory.mktemp("syn") / f"{request.param}.gguf"
     write_synthetic(PRESETS[request.param](n_layers=2, quant="Q8_0", seed=4, ctx_len=4096,
-                                           vocab_from=str(VOCAB / "ggml-vocab-qwen2.gguf")), path)
+                                           vocab_from=str(require(VOCAB / "ggml-vocab-qwen2.gguf"))), path)
     return Engine.load(str(path), ctx_size=4096)
 
 
+@pytest.mark.shared
 def test_column_rotation_synthetic(synthetic):
     column_rotation(synthetic.model, synthetic.cfg.vocab_size, widths=[1, 2, 3, 5, 8, 16])
 
 
+@pytest.mark.shared
 def test_spec_equals_plain_synthetic_suite(synthetic):
     total = assert_spec_equals_plain(synthetic, raw=False, budget=40)
     assert total.accepted > 0
 
 
 @pytest.mark.slow
+@pytest.mark.shared
 def test_spec_equals_plain_qwen_suite(qwen_path):
     engine = Engine.load(str(qwen_path), ctx_size=2048)
     total = assert_spec_equals_plain(engine, raw=False, budget=24)

@@ -69,6 +69,7 @@ def test_batched_greedy_generation_equals_reference_decoding(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.shared
 def test_teacher_matches_reference_on_qwen(qwen_path):
     # the real model's first 4 layers (its biases, scales and quant types) keep this cheap
     from dataclasses import replace

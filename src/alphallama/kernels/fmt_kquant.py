@@ -10,12 +10,9 @@ and the kernel's explicit fused multiply-add rounds it the same way.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import (Format, codes_f32, f16_field, field_scale, pack_high, pack_slots, slot_field,
-                      slot_words, torch_fields, torch_high, unpack_fields)
+from .formats import Format, f16_field, pack_high, pack_slots, torch_fields, torch_high, unpack_fields
 
 
 def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,18 +59,6 @@ def _torch_k_with_min(p: dict[str, torch.Tensor], K: int, has_high: bool) -> tor
     return (ds * q.float() - dm).reshape(R, K)
 
 
-@triton.jit
-def _load_k_with_min(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """Words, qh words, d * sc and dmin * m per slot."""
-    s = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32)  # [NT, BN]: sc | m << 8
-    d = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 0).to(tl.float32)  # [NT, BN]
-    dmin = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 1).to(tl.float32)  # [NT, BN]
-    # the 6-bit sc and m as floats: OR-ed into 2**23's mantissa (see codes_f32)
-    sc_f = ((s & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
-    m_f = (((s >> 8) & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
-    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d * sc_f, dmin * m_f
-
-
 # --- Q4_K ----------------------------------------------------------------------------
 
 def _pack_q4_k(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, nb, 144]
@@ -84,15 +69,7 @@ def _torch_q4_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return _torch_k_with_min(p, K, has_high=False)
 
 
-@triton.jit
-def _field_q4_k(words, h, ds, dm, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 0, 0, one)  # [NT, BN, V]: q * 2**pos
-    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
-
-
-# Q4_K has no qh plane: its load passes qs in its place (the kernel gets qs for absent planes)
-Q4_K = Format(T.Q4_K, slot=32, V=4, P=8, pack=_pack_q4_k, dequantize=_torch_q4_k,
-              triton_load=_load_k_with_min, triton_field=_field_q4_k)
+Q4_K = Format(T.Q4_K, slot=32, V=4, P=8, pack=_pack_q4_k, dequantize=_torch_q4_k)
 
 
 # --- Q5_K: Q4_K plus a fifth bit; bit s of qh byte l belongs to value l of sub-block s --
@@ -106,14 +83,7 @@ def _torch_q5_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return _torch_k_with_min(p, K, has_high=True)
 
 
-@triton.jit
-def _field_q5_k(words, h, ds, dm, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 1, 0, one)  # [NT, BN, V]: q * 2**pos
-    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
-
-
-Q5_K = Format(T.Q5_K, slot=32, V=4, P=8, pack=_pack_q5_k, dequantize=_torch_q5_k,
-              triton_load=_load_k_with_min, triton_field=_field_q5_k)
+Q5_K = Format(T.Q5_K, slot=32, V=4, P=8, pack=_pack_q5_k, dequantize=_torch_q5_k)
 
 
 # --- Q6_K ----------------------------------------------------------------------------
@@ -139,18 +109,4 @@ def _torch_q6_k(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return (ds * (q.float() - 32)).reshape(R, K)
 
 
-@triton.jit
-def _load_q6_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    d = slot_field(sd, row, s0, one, n_slots, NT, 16).to(tl.float32)  # [NT, BN]
-    ds = d * slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
-    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), ds, ds
-
-
-@triton.jit
-def _field_q6_k(words, h, ds, s2, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 2, 32, one)  # [NT, BN, V]: (q - 32) * 2**pos
-    return q * (ds * field_scale(I, 4))[:, :, None]
-
-
-Q6_K = Format(T.Q6_K, slot=16, V=2, P=8, pack=_pack_q6_k, dequantize=_torch_q6_k,
-              triton_load=_load_q6_k, triton_field=_field_q6_k)
+Q6_K = Format(T.Q6_K, slot=16, V=2, P=8, pack=_pack_q6_k, dequantize=_torch_q6_k)

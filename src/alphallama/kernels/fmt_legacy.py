@@ -8,12 +8,10 @@ block; a Q8_0 slot is half a block (16 values, one 16-byte load) and two share d
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import (Format, codes_f32, f16_field, field_scale, pack_high, pack_slots, slot_field,
-                      slot_words, torch_fields, torch_high, unpack_fields, word_order)
+from .formats import (Format, f16_field, pack_high, pack_slots, torch_fields, torch_high, unpack_fields,
+                      word_order)
 
 
 def _nibble_codes(qs: torch.Tensor) -> torch.Tensor:
@@ -24,13 +22,6 @@ def _nibble_codes(qs: torch.Tensor) -> torch.Tensor:
 def _high_bits(qh: torch.Tensor) -> torch.Tensor:
     """Q5_0's 4 qh bytes -> the fifth bit of each of the 32 values: [R, nb, 32]."""
     return unpack_fields(qh, 1).transpose(-1, -2).flatten(-2)  # [R, nb, 8 bits, 4 bytes] -> [R, nb, 32]
-
-
-@triton.jit
-def _load_d(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """Words and the per-slot d (as both scale outputs): Q4_0."""
-    d = slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
-    return slot_words(qs, row, s0, n_slots, NT, V), d, d, d
 
 
 # --- Q4_0 ------------------------------------------------------------------------
@@ -45,14 +36,7 @@ def _torch_q4_0(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return (q * p["sc"].float()[..., None]).reshape(-1, K)
 
 
-@triton.jit
-def _field_q4_0(words, h, d, s2, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 0, 8, one)  # [NT, BN, V]: (q - 8) * 2**pos
-    return q * (d * field_scale(I, 4))[:, :, None]
-
-
-Q4_0 = Format(T.Q4_0, slot=32, V=4, P=8, pack=_pack_q4_0, dequantize=_torch_q4_0,
-              triton_load=_load_d, triton_field=_field_q4_0)
+Q4_0 = Format(T.Q4_0, slot=32, V=4, P=8, pack=_pack_q4_0, dequantize=_torch_q4_0)
 
 
 # --- Q5_0 ------------------------------------------------------------------------
@@ -68,20 +52,7 @@ def _torch_q5_0(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return (q * p["sc"].float()[..., None]).reshape(-1, K)
 
 
-@triton.jit
-def _load_q5_0(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    d = slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
-    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d, d
-
-
-@triton.jit
-def _field_q5_0(words, h, d, s2, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 1, 16, one)  # [NT, BN, V]: (q - 16) * 2**pos
-    return q * (d * field_scale(I, 4))[:, :, None]
-
-
-Q5_0 = Format(T.Q5_0, slot=32, V=4, P=8, pack=_pack_q5_0, dequantize=_torch_q5_0,
-              triton_load=_load_q5_0, triton_field=_field_q5_0)
+Q5_0 = Format(T.Q5_0, slot=32, V=4, P=8, pack=_pack_q5_0, dequantize=_torch_q5_0)
 
 
 # --- Q8_0 ------------------------------------------------------------------------
@@ -99,19 +70,4 @@ def _torch_q8_0(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return (q * d[..., None]).reshape(-1, K)
 
 
-@triton.jit
-def _load_q8_0(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    # flipping each byte's sign bit turns int8 q into q + 128 in 0..255
-    words = slot_words(qs, row, s0, n_slots, NT, V) ^ -0x7F7F7F80  # [NT, BN, V]; ^ 0x80808080
-    d = slot_field(sc, row, s0, one, n_slots, NT, 2).to(tl.float32)  # [NT, BN]
-    return words, words, d, d
-
-
-@triton.jit
-def _field_q8_0(words, h, d, s2, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 8, 0, 128, one)  # [NT, BN, V]: q * 2**pos
-    return q * (d * field_scale(I, 8))[:, :, None]
-
-
-Q8_0 = Format(T.Q8_0, slot=16, V=4, P=4, pack=_pack_q8_0, dequantize=_torch_q8_0,
-              triton_load=_load_q8_0, triton_field=_field_q8_0)
+Q8_0 = Format(T.Q8_0, slot=16, V=4, P=4, pack=_pack_q8_0, dequantize=_torch_q8_0)

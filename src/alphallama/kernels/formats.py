@@ -19,8 +19,9 @@ each: +4 bytes per 144-byte Q4_K block), so a token reads about the GGUF size.
 
 The Triton side of a format is two functions: `load` reads NT slots of BN rows
 (words [NT, BN, V] and per-slot scale tensors [NT, BN]), `field` dequantizes field i
-of those words to float32 [NT, BN, V]. The plain-torch `dequantize` computes the same
-values from the same planes.
+of those words to float32 [NT, BN, V] (fmt_triton.py). The plain-torch `dequantize`
+computes the same values from the same planes. This module and the fmt_* ones are
+torch only: the CPU path packs and plans with them on a machine without triton.
 """
 from __future__ import annotations
 
@@ -28,8 +29,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import triton
-import triton.language as tl
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 PLANES = ("qs", "qh", "sc", "sd")
@@ -44,9 +43,20 @@ class Format:
     P: int               # values per qs word (32 // bits, or 1 for floats)
     pack: Callable[[torch.Tensor], dict[str, torch.Tensor]]   # blocks [R, nb, type_size] -> planes
     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor]  # planes, K -> f32 [R, K]
-    triton_load: object    # @triton.jit (qs, qh, sc, sd, row, s0, one, n_slots, NT, V) -> (words, h, s1, s2)
-    triton_field: object   # @triton.jit (words, h, s1, s2, I, one) -> float32 [NT, BN, V]
     qs_dtype: torch.dtype = torch.int32
+
+    @property
+    def triton_load(self):
+        """The format's @triton.jit load (fmt_triton.py), imported on a GPU kernel's
+        first use so that the host side of a format never needs triton."""
+        from .fmt_triton import KERNELS
+        return KERNELS[self.qtype].load
+
+    @property
+    def triton_field(self):
+        """The format's @triton.jit field (fmt_triton.py); see triton_load."""
+        from .fmt_triton import KERNELS
+        return KERNELS[self.qtype].field
 
     @property
     def block_size(self) -> int:
@@ -127,87 +137,4 @@ def torch_high(qh: torch.Tensor, bits: int, V: int, P: int) -> torch.Tensor:
     h = (qh.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, P * V]
     out = torch.empty_like(h)
     out[..., slot_positions(V, P, qh.device).T.flatten()] = h
-    return out
-
-
-# --- device-side helpers (Triton) ----------------------------------------------------
-# Tiles are [NT slots, BN rows, V words]: slots first, so that where the compiler has
-# no reason to prefer a dimension it spreads slots over the threads, one slot per
-# thread with all its rows in registers: the layout the x loads get too, so no tile
-# moves between threads through shared memory.
-
-@triton.jit
-def slot_words(qs, row, s0, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """The qs words of slots s0 .. s0+NT-1 of rows `row` [1, BN] (int64): [NT, BN, V].
-    The V words of a slot are contiguous: one vector load per thread."""
-    u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
-    offs = row[:, :, None] * (n_slots * V) + u * V + tl.arange(0, V)[None, None, :]  # [NT, BN, V]
-    if n_slots % NT == 0:
-        return tl.load(qs + offs)
-    return tl.load(qs + offs, mask=u < n_slots, other=0)
-
-
-@triton.jit
-def slot_field(plane, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
-               GROUP: tl.constexpr = 1, WIDTH: tl.constexpr = 1, INDEX: tl.constexpr = 0):
-    """Element INDEX of the WIDTH-element record of each slot's group of GROUP slots
-    (per-slot scales: GROUP = 1; per-super-block d: GROUP = slots per super-block):
-    [NT, BN]. `one` is a run-time 1: with the slot stride unknown, the compiler does
-    not vectorize across slots, which would give each thread its neighbours' scales
-    and force a shuffle of them through shared memory."""
-    u = (s0 + tl.arange(0, NT))[:, None]  # [NT, 1]
-    offs = row * (n_slots // GROUP * WIDTH) + (u // GROUP) * (WIDTH * one) + INDEX  # [NT, BN]
-    if n_slots % NT == 0:
-        return tl.load(plane + offs)
-    return tl.load(plane + offs, mask=u < n_slots, other=0)
-
-
-@triton.constexpr_function
-def field_pos(I, BITS):
-    """Bit offset of field I (BITS wide) as `codes_f32` uses it: fields inside mantissa
-    bits 0..19 stay where they are, the rest are shifted down together."""
-    low = 20 // BITS
-    return BITS * I if I < low else BITS * I - (32 - low * BITS)
-
-
-@triton.constexpr_function
-def field_scale(I, BITS):
-    """2**-field_pos: what turns codes_f32's values into q - BIAS."""
-    return 1.0 / (1 << field_pos(I, BITS))
-
-
-@triton.jit
-def codes_f32(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr,
-              BIAS: tl.constexpr, one):
-    """Field I of words [NT, BN, V] (BITS bits) plus, if HBITS, its top bits from the
-    slot's qh word h [NT, BN], as the exact float (q - BIAS) * 2**field_pos(I, BITS):
-    [NT, BN, V]. The caller folds the power of two into its per-slot scale.
-
-    No int->float convert (the CUDA guide lists conversions at 16/clk/SM on sm_90
-    against 128 for FADD) and no shift per field: a field that lies in mantissa bits
-    0..19 becomes the float 2**23 + q * 2**pos with one LOP3 ((w & mask) | exponent of
-    2**23) and the exact FADD takes 2**23 + BIAS * 2**pos off; the higher fields share
-    one shift per word. Top bits are moved to just above their field (one shift per
-    word for all fields) and added as a second such float. The exponent bits are a
-    run-time value (`one` is a run-time 1) so that they sit in a register: a LOP3
-    takes one immediate, the field's mask."""
-    LOW: tl.constexpr = 20 // BITS
-    POS: tl.constexpr = field_pos(I, BITS)
-    exp23 = one * 0x4B000000
-    if I < LOW:
-        src = words
-    else:
-        src = words >> (32 - LOW * BITS)
-    f = ((src & (((1 << BITS) - 1) << POS)) | exp23).to(tl.float32, bitcast=True)
-    if HBITS == 0:
-        out = f - (8388608.0 + BIAS * (1 << POS))
-    else:
-        # the top bits of field I of word v sit at bit 4 * I + HBITS * v of h
-        v = tl.arange(0, words.shape[2])[None, None, :] * HBITS  # [1, 1, V]
-        if I < LOW:
-            top = h[:, :, None] << (4 - v)  # to bit POS + 4 = 4 * I + 4
-        else:
-            top = h[:, :, None] >> (8 + v)  # to bit POS + 4 = 4 * I - 8
-        f_hi = ((top & (((1 << HBITS) - 1) << (POS + 4))) | exp23).to(tl.float32, bitcast=True)
-        out = (f - (16777216.0 + BIAS * (1 << POS))) + f_hi
     return out

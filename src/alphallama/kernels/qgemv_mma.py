@@ -42,16 +42,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from gguf.constants import GGMLQuantizationType as T
 
 from .expert_q8_gpu import _quantize_block
+from .mma_layout import COLS, ROWS, mma_shape_ok
 from .qmatvec_i8 import _dp4a
 from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from .qweight import FORMATS, QuantWeight, check_gemv_args
-
-ROWS = 16               # weight rows a warp (the mma's M)
-COLS = 8                # x rows a program (the mma's N)
-STEP = 2                # slots a step: 16 bytes a thread a plane (at 32 Triton splits a row over 2 threads)
+from .qweight import QuantWeight, check_gemv_args
 
 
 @triton.jit
@@ -465,11 +461,6 @@ def mma_tile(w: QuantWeight) -> tuple[int, int]:
 
 def supports_mma(w: QuantWeight) -> bool:
     return mma_shape_ok(w.qtype, w.N, w.K)
-
-
-def mma_shape_ok(qtype, N: int, K: int) -> bool:
-    """Can an [N, K] weight of this type run on qgemv_mma_k (the plan asks before any weight exists)?"""
-    return qtype == T.Q4_K and N % ROWS == 0 and (K // FORMATS[T.Q4_K].slot) % (2 * STEP) == 0
 
 
 def mma_planes(w: QuantWeight) -> torch.Tensor:

@@ -78,7 +78,7 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
                      R: tl.constexpr, BW: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
     """A program: BN rows x BW columns; a step: super-block s of each of the R runs (S = 8 R
     slots, 16 bytes of qs a (slot, row)), the next step's weights loaded ahead. `one` is a
-    run-time 1 in the scales' slot strides (formats.slot_field's reason: no vector load
+    run-time 1 in the scales' slot strides (fmt_triton.slot_field's reason: no vector load
     across slots, which would move the scales between threads through shared memory)."""
     tl.static_assert(BW == 1 or BW == 2 or BW == 4, "1, 2 or 4 columns a program")
     NSB: tl.constexpr = n_slots // 8

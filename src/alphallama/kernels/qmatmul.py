@@ -65,7 +65,7 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
     # the wait, so their latency overlaps the previous kernel's tail.
     # n_slots is a compile-time constant: a model has a handful of distinct K, the
     # compiler folds the strides, and the interpreter (numpy >= 2.4) cannot loop to a
-    # run-time bound. `one` is a run-time 1 (formats.slot_field says why).
+    # run-time bound. `one` is a run-time 1 (fmt_triton.slot_field says why).
     EVEN: tl.constexpr = n_slots % NT == 0
     n_wt = tl.cdiv(W, BW)
     pid_n = tl.program_id(0) // n_wt   # the x-row tiles of one weight block run side by side

@@ -22,7 +22,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.qgemv_mma import mma_shape_ok
+from ..kernels.mma_layout import mma_shape_ok
 from ..kernels.qweight import embedding_planes
 
 GiB = 1 << 30

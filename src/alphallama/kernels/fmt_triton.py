@@ -1,0 +1,207 @@
+"""The Triton side of the weight formats: how a kernel loads a format's planes and
+turns them back into floats (the layout and the plain-torch side: formats.py, fmt_*.py).
+
+A format's Triton side is two functions: `load` reads NT slots of BN rows (words
+[NT, BN, V] and per-slot scale tensors [NT, BN]), `field` dequantizes field i of those
+words to float32 [NT, BN, V]. They live apart from the host-side packing so that the
+CPU path (the reference runtime, the offload planner, the expert store) never imports
+triton: Format.triton_load/triton_field import this module on a GPU kernel's first use.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+# --- device-side helpers (Triton) ----------------------------------------------------
+# Tiles are [NT slots, BN rows, V words]: slots first, so that where the compiler has
+# no reason to prefer a dimension it spreads slots over the threads, one slot per
+# thread with all its rows in registers: the layout the x loads get too, so no tile
+# moves between threads through shared memory.
+
+@triton.jit
+def slot_words(qs, row, s0, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """The qs words of slots s0 .. s0+NT-1 of rows `row` [1, BN] (int64): [NT, BN, V].
+    The V words of a slot are contiguous: one vector load per thread."""
+    u = (s0 + tl.arange(0, NT))[:, None, None]  # [NT, 1, 1]
+    offs = row[:, :, None] * (n_slots * V) + u * V + tl.arange(0, V)[None, None, :]  # [NT, BN, V]
+    if n_slots % NT == 0:
+        return tl.load(qs + offs)
+    return tl.load(qs + offs, mask=u < n_slots, other=0)
+
+
+@triton.jit
+def slot_field(plane, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr,
+               GROUP: tl.constexpr = 1, WIDTH: tl.constexpr = 1, INDEX: tl.constexpr = 0):
+    """Element INDEX of the WIDTH-element record of each slot's group of GROUP slots
+    (per-slot scales: GROUP = 1; per-super-block d: GROUP = slots per super-block):
+    [NT, BN]. `one` is a run-time 1: with the slot stride unknown, the compiler does
+    not vectorize across slots, which would give each thread its neighbours' scales
+    and force a shuffle of them through shared memory."""
+    u = (s0 + tl.arange(0, NT))[:, None]  # [NT, 1]
+    offs = row * (n_slots // GROUP * WIDTH) + (u // GROUP) * (WIDTH * one) + INDEX  # [NT, BN]
+    if n_slots % NT == 0:
+        return tl.load(plane + offs)
+    return tl.load(plane + offs, mask=u < n_slots, other=0)
+
+
+@triton.constexpr_function
+def field_pos(I, BITS):
+    """Bit offset of field I (BITS wide) as `codes_f32` uses it: fields inside mantissa
+    bits 0..19 stay where they are, the rest are shifted down together."""
+    low = 20 // BITS
+    return BITS * I if I < low else BITS * I - (32 - low * BITS)
+
+
+@triton.constexpr_function
+def field_scale(I, BITS):
+    """2**-field_pos: what turns codes_f32's values into q - BIAS."""
+    return 1.0 / (1 << field_pos(I, BITS))
+
+
+@triton.jit
+def codes_f32(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr,
+              BIAS: tl.constexpr, one):
+    """Field I of words [NT, BN, V] (BITS bits) plus, if HBITS, its top bits from the
+    slot's qh word h [NT, BN], as the exact float (q - BIAS) * 2**field_pos(I, BITS):
+    [NT, BN, V]. The caller folds the power of two into its per-slot scale.
+
+    No int->float convert (the CUDA guide lists conversions at 16/clk/SM on sm_90
+    against 128 for FADD) and no shift per field: a field that lies in mantissa bits
+    0..19 becomes the float 2**23 + q * 2**pos with one LOP3 ((w & mask) | exponent of
+    2**23) and the exact FADD takes 2**23 + BIAS * 2**pos off; the higher fields share
+    one shift per word. Top bits are moved to just above their field (one shift per
+    word for all fields) and added as a second such float. The exponent bits are a
+    run-time value (`one` is a run-time 1) so that they sit in a register: a LOP3
+    takes one immediate, the field's mask."""
+    LOW: tl.constexpr = 20 // BITS
+    POS: tl.constexpr = field_pos(I, BITS)
+    exp23 = one * 0x4B000000
+    if I < LOW:
+        src = words
+    else:
+        src = words >> (32 - LOW * BITS)
+    f = ((src & (((1 << BITS) - 1) << POS)) | exp23).to(tl.float32, bitcast=True)
+    if HBITS == 0:
+        out = f - (8388608.0 + BIAS * (1 << POS))
+    else:
+        # the top bits of field I of word v sit at bit 4 * I + HBITS * v of h
+        v = tl.arange(0, words.shape[2])[None, None, :] * HBITS  # [1, 1, V]
+        if I < LOW:
+            top = h[:, :, None] << (4 - v)  # to bit POS + 4 = 4 * I + 4
+        else:
+            top = h[:, :, None] >> (8 + v)  # to bit POS + 4 = 4 * I - 8
+        f_hi = ((top & (((1 << HBITS) - 1) << (POS + 4))) | exp23).to(tl.float32, bitcast=True)
+        out = (f - (16777216.0 + BIAS * (1 << POS))) + f_hi
+    return out
+
+# --- F32, F16, BF16: no scales ---------------------------------------------------
+
+@triton.jit
+def _load_float(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    w = slot_words(qs, row, s0, n_slots, NT, V)  # [NT, BN, V] in the weight's dtype
+    return w, w, w, w
+
+
+@triton.jit
+def _field_float(w, h, s1, s2, I: tl.constexpr, one):
+    return w.to(tl.float32)  # [NT, BN, V]
+
+# --- Q4_0, Q5_0, Q8_0 (fmt_legacy.py) ---------------------------------------------
+
+@triton.jit
+def _load_d(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words and the per-slot d (as both scale outputs): Q4_0."""
+    d = slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
+    return slot_words(qs, row, s0, n_slots, NT, V), d, d, d
+
+
+@triton.jit
+def _field_q4_0(words, h, d, s2, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 0, 8, one)  # [NT, BN, V]: (q - 8) * 2**pos
+    return q * (d * field_scale(I, 4))[:, :, None]
+
+
+@triton.jit
+def _load_q5_0(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    d = slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d, d
+
+
+@triton.jit
+def _field_q5_0(words, h, d, s2, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 1, 16, one)  # [NT, BN, V]: (q - 16) * 2**pos
+    return q * (d * field_scale(I, 4))[:, :, None]
+
+
+@triton.jit
+def _load_q8_0(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    # flipping each byte's sign bit turns int8 q into q + 128 in 0..255
+    words = slot_words(qs, row, s0, n_slots, NT, V) ^ -0x7F7F7F80  # [NT, BN, V]; ^ 0x80808080
+    d = slot_field(sc, row, s0, one, n_slots, NT, 2).to(tl.float32)  # [NT, BN]
+    return words, words, d, d
+
+
+@triton.jit
+def _field_q8_0(words, h, d, s2, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 8, 0, 128, one)  # [NT, BN, V]: q * 2**pos
+    return q * (d * field_scale(I, 8))[:, :, None]
+
+# --- Q4_K, Q5_K, Q6_K (fmt_kquant.py) ---------------------------------------------
+
+@triton.jit
+def _load_k_with_min(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words, qh words, d * sc and dmin * m per slot."""
+    s = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32)  # [NT, BN]: sc | m << 8
+    d = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 0).to(tl.float32)  # [NT, BN]
+    dmin = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 1).to(tl.float32)  # [NT, BN]
+    # the 6-bit sc and m as floats: OR-ed into 2**23's mantissa (see codes_f32)
+    sc_f = ((s & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    m_f = (((s >> 8) & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d * sc_f, dmin * m_f
+
+
+@triton.jit
+def _field_q4_k(words, h, ds, dm, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 0, 0, one)  # [NT, BN, V]: q * 2**pos
+    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
+
+
+@triton.jit
+def _field_q5_k(words, h, ds, dm, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 1, 0, one)  # [NT, BN, V]: q * 2**pos
+    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
+
+
+@triton.jit
+def _load_q6_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    d = slot_field(sd, row, s0, one, n_slots, NT, 16).to(tl.float32)  # [NT, BN]
+    ds = d * slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), ds, ds
+
+
+@triton.jit
+def _field_q6_k(words, h, ds, s2, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 4, 2, 32, one)  # [NT, BN, V]: (q - 32) * 2**pos
+    return q * (ds * field_scale(I, 4))[:, :, None]
+
+
+class TritonFormat(NamedTuple):
+    load: object    # @triton.jit (qs, qh, sc, sd, row, s0, one, n_slots, NT, V) -> (words, h, s1, s2)
+    field: object   # @triton.jit (words, h, s1, s2, I, one) -> float32 [NT, BN, V]
+
+
+# Q4_K has no qh plane: its load passes qs in its place (the kernel gets qs for absent planes)
+KERNELS: dict[T, TritonFormat] = {
+    T.F32: TritonFormat(_load_float, _field_float),
+    T.F16: TritonFormat(_load_float, _field_float),
+    T.BF16: TritonFormat(_load_float, _field_float),
+    T.Q4_0: TritonFormat(_load_d, _field_q4_0),
+    T.Q5_0: TritonFormat(_load_q5_0, _field_q5_0),
+    T.Q8_0: TritonFormat(_load_q8_0, _field_q8_0),
+    T.Q4_K: TritonFormat(_load_k_with_min, _field_q4_k),
+    T.Q5_K: TritonFormat(_load_k_with_min, _field_q5_k),
+    T.Q6_K: TritonFormat(_load_q6_k, _field_q6_k),
+}
