@@ -72,6 +72,21 @@ def serve(load: Callable[[], Engine] | Engine, model_path: Path, wait: bool = Tr
         thread.join(15)
 
 
+def wait_healthy(proc, port: int, timeout: float, why: Callable[[], str]) -> None:
+    """Poll a `serve` subprocess's /health until 200; fail with why() if it exits or times out."""
+    import httpx
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, why()
+        assert time.monotonic() < deadline, "the server did not become healthy"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,13 +6,11 @@ import io
 import re
 import subprocess
 import sys
-import time
 
-import httpx
 
 from alphallama.load_progress import LoadProgress
 
-from serverutil import free_port
+from serverutil import free_port, wait_healthy
 
 CLI = [sys.executable, "-m", "alphallama.cli"]
 STAGES = ("reading the weights of", "building the KV cache", "warming up")
@@ -57,16 +55,7 @@ def test_serve_is_healthy_only_after_the_warmup(stories_path, tmp_path):
         proc = subprocess.Popen([*CLI, "serve", "-m", str(stories_path), "--port", str(port), "--spec-type", "ngram"],
                                 stderr=err, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(proc, port, 90, log.read_text)
         text = log.read_text()             # everything before 200 was flushed before the worker said ready
     finally:
         proc.terminate()

@@ -5,14 +5,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
-import httpx
 from openai import OpenAI
 
 from alphallama.tokenizer import Tokenizer
 
-from serverutil import free_port
+from serverutil import free_port, wait_healthy
 
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -30,16 +28,7 @@ def test_serve_cli_end_to_end(stories_path, tmp_path):
                              "-n", "6", "--chat-template-file", str(template), "--spec-type", "ngram"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(proc, port, 60, proc.stderr.read)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         r = client.chat.completions.create(model="story", messages=[{"role": "user", "content": "hi"}])
         assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"   # -n 6
