@@ -15,6 +15,7 @@ import torch
 
 from .config import DEFAULTS
 from .gguf.arch import ModelConfig
+from .gguf.arch_qwen35 import HybridConfig
 from .gguf.reader import GGUFFile
 from .model.layers import rms_norm
 from .model.loader import load_model
@@ -127,6 +128,9 @@ class Engine:
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
+            if isinstance(cfg, HybridConfig):
+                raise ValueError(f"{path}: the GPU runtime does not run {cfg.arch} (Gated DeltaNet hybrid) "
+                                 f"models yet; --device cpu runs the reference model")
             from .runtime.gpu_model import GPUModel
             model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads,
                              fast=fast and expert_slots is None)
@@ -206,7 +210,7 @@ class Engine:
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)
+        common = self.cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
         if mtp:
             common = self.mtp.keep_rows(ids, common)
         self.cache.truncate(min(common, self.cache.length))
@@ -220,6 +224,7 @@ class Engine:
             if mtp:
                 self.mtp.feed(hidden, s, ids)
             self.cached = ids[:s + len(part)]
+        self.cache.checkpoint()        # the prompt boundary: where a hybrid's next turn continues from
         logits, hidden = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
         self.cached = list(ids)
         stats.prompt_reused = common

@@ -79,6 +79,7 @@ def _add_model_metadata(w: GGUFWriter, spec: SyntheticSpec, n_vocab: int, file_t
     if spec.arch in _WRITES_VOCAB_SIZE_AND_ROPE_DIMS:
         w.add_vocab_size(n_vocab)
         w.add_rope_dimension_count(spec.head_dim)
+    spec.add_metadata(w)
     w.add_file_type(file_type)
     w.add_quantization_version(GGML_QUANT_VERSION)
 
