@@ -40,6 +40,9 @@ class SyntheticSpec:
     file_type: int | None = None   # general.file_type; None: from the type holding most weights
     mtp: str | None = None         # an MTP head (docs/MTP.md) with a "dense" or "moe" FFN; None: none
     mtp_d_ff: int = 0              # its dense FFN width; 0: d_ff
+    extra_md: Mapping[str, Any] = field(default_factory=dict)  # more "{arch}.<key>" metadata (rope scaling, windows, ...)
+    rope_factors: tuple[str, ...] = ()   # global rope factor tensors to write (rope_freqs, longrope's pair)
+    fused_qkv: bool = False              # one blk.N.attn_qkv instead of attn_q/k/v
 
 
 # --- quant mixes ------------------------------------------------------------------
@@ -140,3 +143,9 @@ PRESETS: dict[str, Callable[..., SyntheticSpec]] = {
         head_dim=128, d_ff=6144, n_experts=128, n_experts_used=8, d_ff_expert=768,
         ctx_len=40960, vocab_size=151936), quant="Q4_K_M"),
 }
+
+
+# the architectures of arch_variants (gemma3, gpt-oss, phi3, mistral3, qwen2moe, scaled-rope llamas)
+from .synth_presets_archs import arch_presets  # noqa: E402  (needs _preset and _TINY above)
+
+PRESETS |= arch_presets(_preset, _TINY)
