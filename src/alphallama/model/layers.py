@@ -79,10 +79,20 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit
     return g * torch.sigmoid(alpha * g) * (u + 1)
 
 
+def gelu_fp16_table(x: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's CPU GELU (ggml_vec_gelu_f32 with GGML_GELU_FP16): x rounded to fp16,
+    looked up in a table of fp16 results; 0 below -10, x above 10. Not the model's
+    activation (that is gelu_tanh): it lets a test show that llama.cpp's table is the
+    whole of a difference."""
+    t = gelu_tanh(x.half().float()).half().float()
+    return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, t))
+
+
 # gated activations: (gate pre-activation, up) -> the FFN's hidden values
 ACTIVATIONS = {
     "silu": lambda g, u: F.silu(g) * u,
     "gelu": lambda g, u: gelu_tanh(g) * u,
+    "gelu_fp16_table": lambda g, u: gelu_fp16_table(g) * u,
     "swiglu_oai": swiglu_oai,
 }
 
