@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine import Engine, Generation
+from ..grammar import TokenConstraint
 from ..sampling import SamplingParams
 from ..spec.config import SpecConfig
 from .errors import APIError
 from .metrics import Metrics
 from .textstream import TextStream
+from .tool_stream import ShownSpecials
 
 log = logging.getLogger("alphallama.server")
 
@@ -40,6 +42,8 @@ class GenRequest:
     sampling: SamplingParams
     stops: list[str] = field(default_factory=list)
     n_logprobs: int | None = None   # None: no logprobs; k: each token's and the top k
+    constraint: TokenConstraint | None = None       # a grammar the output obeys (grammar.py)
+    shown_tokens: frozenset[int] = frozenset()      # control tokens rendered as text (tool-call markers)
 
 
 @dataclass(frozen=True)
@@ -231,12 +235,13 @@ class EngineWorker:
             job.emit(Result(value))
             return
         gen = Generation()
-        text = TextStream(engine.tokenizer.stream(), r.stops)
+        detok = ShownSpecials(engine.tokenizer, r.shown_tokens) if r.shown_tokens else engine.tokenizer.stream()
+        text = TextStream(detok, r.stops)
         pending: list[tuple[int, float, list[tuple[int, float]]]] = []
         ids: list[int] = []
         finish: str | None = None
         tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=gen, spec=self.spec,
-                                 logprobs=r.n_logprobs, cancel=job.cancelled.is_set)
+                                 logprobs=r.n_logprobs, cancel=job.cancelled.is_set, constraint=r.constraint)
         try:
             for tid in tokens:
                 job.n_decoded += 1
