@@ -67,10 +67,15 @@ def median_replay_us(fn, reps: int = 30) -> float:
 class Probe:
     """The kernel over a list of layers: its schedule uploaded, one launch a call."""
 
-    def __init__(self, kernel, layers, xs, cs, dumps=None):
+    def __init__(self, kernel, layers, xs, cs, dumps=None, nowait=False):
+        """nowait: every dependency wait dropped (a timing control only: what the queues cost
+        with nothing to wait for; the sums are then garbage)."""
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         self.sch = build(layers, xs, POS, cs, dumps)
         rows, starts, qs = self.sch.build(sms)
+        if nowait:
+            for r in rows:
+                r[1] = -1
         self.instrs = torch.tensor(rows, dtype=torch.int32, device="cuda").reshape(-1, NI)
         self.starts = torch.tensor(starts, dtype=torch.int32, device="cuda")
         self.ptrs = torch.tensor(self.sch.ptrs, dtype=torch.int64, device="cuda")
@@ -191,6 +196,10 @@ def probe_shape(name: str, n_layers: int, kernel) -> dict:
     t_full = median_replay_us(Probe(kernel, layers, xs, cs))
     t_one = median_replay_us(Probe(kernel, layers[:1], xs, cs))
     res["kernel_us"] = {"all_layers": t_full, "one_layer": t_one, "per_layer": (t_full - t_one) / (n_layers - 1)}
+    if s.E == 0:      # the same queues with no waits (routing would read garbage ids: dense only)
+        nw_full = median_replay_us(Probe(kernel, layers, xs, cs, nowait=True))
+        nw_one = median_replay_us(Probe(kernel, layers[:1], xs, cs, nowait=True))
+        res["kernel_us"]["nowait_per_layer"] = (nw_full - nw_one) / (n_layers - 1)
     res["bytes_per_layer"] = layer_bytes(L0)
     res["floor_us_4TBps"] = res["bytes_per_layer"] / FLOOR_BW * 1e6
     del layers, full

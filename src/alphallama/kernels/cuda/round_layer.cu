@@ -158,16 +158,45 @@ __device__ void issue(const int* I, unsigned char* dst, u64* full, const u64* P,
 }
 
 // -- activations: q8 of 32-value blocks, in qgemv_i8's lane order ---------------------------
-// one warp, block b of a: codes at xq[b*32 + lane position], record (sum of q, bits of dx)
-__device__ __forceinline__ void quant_block(float a, int b, signed char* xq, int2* rec, int lane) {
-    float amax = warp_max(fabsf(a));
+// one thread, block b of src (times r * nw[k] when normalizing): its 8 code words (word e*4+v,
+// byte j: the value k = 8j + 2v + e) and record (sum of q, bits of dx); qgemv_i8's q8 rule
+__device__ void quant_block(const float* src, const float* nw, float r, int b, int* xw, int2* rec) {
+    float a[32];
+    const float4* s4 = (const float4*)(src + b * 32);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 v = __ldcg(s4 + i);
+        a[4 * i] = v.x; a[4 * i + 1] = v.y; a[4 * i + 2] = v.z; a[4 * i + 3] = v.w;
+    }
+    if (nw) {
+        const float4* w4 = (const float4*)(nw + b * 32);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 w = w4[i];
+            a[4 * i] = __fmul_rn(__fmul_rn(a[4 * i], r), w.x);
+            a[4 * i + 1] = __fmul_rn(__fmul_rn(a[4 * i + 1], r), w.y);
+            a[4 * i + 2] = __fmul_rn(__fmul_rn(a[4 * i + 2], r), w.z);
+            a[4 * i + 3] = __fmul_rn(__fmul_rn(a[4 * i + 3], r), w.w);
+        }
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(a[k]));
     float dx = __fdiv_rn(amax, 127.0f);
     float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    int q = __float2int_rn(__fmul_rn(a, inv));
-    int xsum = warp_isum(q);
-    int r = lane & 7, jh = lane >> 3;
-    xq[b * 32 + (((r & 1) * 4 + (r >> 1)) * 4 + jh)] = (signed char)q;
-    if (lane == 0) rec[b] = make_int2(xsum, __float_as_int(dx));
+    int xsum = 0;
+    int w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        int q = __float2int_rn(__fmul_rn(a[k], inv));
+        xsum += q;
+        int r8 = k & 7;
+        w[(r8 & 1) * 4 + (r8 >> 1)] |= (q & 0xFF) << (8 * (k >> 3));
+    }
+    int4* d = (int4*)(xw + b * 8);
+    d[0] = make_int4(w[0], w[1], w[2], w[3]);
+    d[1] = make_int4(w[4], w[5], w[6], w[7]);
+    rec[b] = make_int2(xsum, __float_as_int(dx));
 }
 
 // sum of squares of src[0:K] over the consumers, the same order on every CTA -> 1/rms
@@ -186,7 +215,6 @@ __device__ float inv_rms(const float* src, int K, float eps, float* red, int tid
 __device__ void prologue(const int* I, unsigned char* act, const u64* P, float* red, int tid) {
     int pro = I[F_PRO], K = I[F_OP] == OP_ROUTER ? I[F_NSLOTS] : I[F_NSLOTS] * 32;
     const float* src = (const float*)P[I[F_SRC]];
-    int lane = tid & 31, warp = tid >> 5;
     float r = 1.0f;
     const float* nw = 0;
     if (pro == P_NORM || pro == P_NORMF) {
@@ -200,16 +228,10 @@ __device__ void prologue(const int* I, unsigned char* act, const u64* P, float* 
     }
     int ranks = pro == P_MULTI ? 8 : 1;
     int nb = K / 32;
-    for (int rk = 0; rk < ranks; rk++) {
-        const float* s = src + (long long)rk * I[F_SSTRIDE];
-        signed char* xq = (signed char*)act + rk * K;
-        int2* rec = (int2*)(act + ranks * K) + rk * nb;
-        for (int b = warp; b < nb; b += 8) {
-            int k = b * 32 + lane;
-            float a = __ldcg(s + k);
-            if (pro == P_NORM) a = __fmul_rn(__fmul_rn(a, r), nw[k]);
-            quant_block(a, b, xq, rec, lane);
-        }
+    for (int i = tid; i < ranks * nb; i += NCONS) {
+        int rk = i / nb, b = i % nb;
+        quant_block(src + (long long)rk * I[F_SSTRIDE], nw, r, b, (int*)(act + rk * K),
+                    (int2*)(act + ranks * K) + rk * nb);
     }
 }
 
@@ -232,24 +254,36 @@ __device__ float row_dot(const unsigned char* grp, int r, int nr, int ns, const 
     const int4* xw = (const int4*)(act + rank * K);
     const int2* rec = (const int2*)(act + ranks * K) + rank * ns;
     const int M = 0x0F0F0F0F;
+    const int steps = (ns + 31) / 32;
     float acc = 0.0f;
-    for (int u = lane; u < ns; u += 32) {
-        int4 w = qs[u];
-        int4 x0 = xw[2 * u], x1 = xw[2 * u + 1];
-        int isum = __dp4a(w.x & M, x0.x, 0);
-        isum = __dp4a(w.y & M, x0.y, isum);
-        isum = __dp4a(w.z & M, x0.z, isum);
-        isum = __dp4a(w.w & M, x0.w, isum);
-        isum = __dp4a((w.x >> 4) & M, x1.x, isum);
-        isum = __dp4a((w.y >> 4) & M, x1.y, isum);
-        isum = __dp4a((w.z >> 4) & M, x1.z, isum);
-        isum = __dp4a((w.w >> 4) & M, x1.w, isum);
-        unsigned s = sc[u], dd = sd[u >> 3];
-        float s1 = __fmul_rn(h2f((unsigned short)(dd & 0xFFFF)), (float)(s & 0xFF));
-        float s2 = __fmul_rn(h2f((unsigned short)(dd >> 16)), (float)((s >> 8) & 0xFF));
-        int2 rc = rec[u];
-        float t = __fsub_rn(__fmul_rn(s1, (float)isum), __fmul_rn(s2, (float)rc.x));
-        acc = __fmaf_rn(t, __int_as_float(rc.y), acc);
+    for (int j0 = 0; j0 < steps; j0 += 4) {
+        float tt[4], dd[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {           // the slots' terms: independent, in flight together
+            int u = lane + 32 * (j0 + jj);
+            tt[jj] = 0.0f; dd[jj] = 0.0f;
+            if (j0 + jj < steps && u < ns) {
+                int4 w = qs[u];
+                int4 x0 = xw[2 * u], x1 = xw[2 * u + 1];
+                int isum = __dp4a(w.x & M, x0.x, 0);
+                isum = __dp4a(w.y & M, x0.y, isum);
+                isum = __dp4a(w.z & M, x0.z, isum);
+                isum = __dp4a(w.w & M, x0.w, isum);
+                isum = __dp4a((w.x >> 4) & M, x1.x, isum);
+                isum = __dp4a((w.y >> 4) & M, x1.y, isum);
+                isum = __dp4a((w.z >> 4) & M, x1.z, isum);
+                isum = __dp4a((w.w >> 4) & M, x1.w, isum);
+                unsigned sv = sc[u], dv = sd[u >> 3];
+                float s1 = __fmul_rn(h2f((unsigned short)(dv & 0xFFFF)), (float)(sv & 0xFF));
+                float s2 = __fmul_rn(h2f((unsigned short)(dv >> 16)), (float)((sv >> 8) & 0xFF));
+                int2 rc = rec[u];
+                tt[jj] = __fsub_rn(__fmul_rn(s1, (float)isum), __fmul_rn(s2, (float)rc.x));
+                dd[jj] = __int_as_float(rc.y);
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)              // acc over the lane's slots in slot order
+            if (j0 + jj < steps && lane + 32 * (j0 + jj) < ns) acc = __fmaf_rn(tt[jj], dd[jj], acc);
     }
     return warp_sum(acc);
 }
@@ -364,7 +398,7 @@ __device__ void head_norm_rope(float* x, const float* nw, const float* cs, const
     __syncwarp();
 }
 
-__device__ void attention(const int* I, const unsigned char* slot, unsigned char* scratch, const u64* P,
+__device__ void attention(const int* I, unsigned char* slot, unsigned char* scratch, const u64* P,
                           unsigned* ctr, int* flag, int tid) {
     const int HG = I[A_HG], pos = I[A_POS], k0 = I[A_K0], k1 = I[A_K1];
     const int lane = tid & 31, warp = tid >> 5, nk = k1 - k0;
@@ -383,33 +417,36 @@ __device__ void attention(const int* I, const unsigned char* slot, unsigned char
     cons_sync();
     if (warp < HG) head_norm_rope(q + warp * HD, (const float*)P[I[A_QN]], cs, sn, eps, lane);
     cons_sync();
-    if (has_new) {
+    unsigned short* ks = (unsigned short*)slot;                 // [nk][HD]: the old keys, then the new one
+    unsigned short* vs = (unsigned short*)(slot + CH * HD * 2);
+    if (has_new) {                                              // into the cache and beside the old ones
         if (warp == 0) {
             head_norm_rope(kn, (const float*)P[I[A_KN]], cs, sn, eps, lane);
             unsigned short* kc = (unsigned short*)P[I[A_KC]] + (long long)pos * HD;
-            for (int d = lane; d < HD; d += 32) { unsigned short hv = f2h(kn[d]); kc[d] = hv; kn[d] = h2f(hv); }
+            for (int d = lane; d < HD; d += 32) { unsigned short hv = f2h(kn[d]); kc[d] = hv; ks[(pos - k0) * HD + d] = hv; }
         } else if (warp == 1) {
             unsigned short* vc = (unsigned short*)P[I[A_VC]] + (long long)pos * HD;
-            for (int d = lane; d < HD; d += 32) { unsigned short hv = f2h(vn[d]); vc[d] = hv; vn[d] = h2f(hv); }
+            for (int d = lane; d < HD; d += 32) { unsigned short hv = f2h(vn[d]); vc[d] = hv; vs[(pos - k0) * HD + d] = hv; }
         }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // before the slot's next bulk copy
         cons_sync();
     }
-    // scores: a warp a key, lane l the dims 4l .. 4l+3
-    const unsigned short* ks = (const unsigned short*)slot;
-    const unsigned short* vs = (const unsigned short*)(slot + CH * HD * 2);
+    // scores: a thread a (head, key), the dims walked from a lane-rotated start (no bank conflicts)
     const float scale = rsqrtf((float)HD);
-    for (int t = warp; t < nk; t += 8) {
-        float kv[4];
-        int key = k0 + t;
-        for (int j = 0; j < 4; j++) kv[j] = key == pos ? kn[4 * lane + j] : h2f(ks[t * HD + 4 * lane + j]);
-        for (int h = 0; h < HG; h++) {
-            const float* qh = q + h * HD + 4 * lane;
-            float p = __fmul_rn(qh[0], kv[0]);
-            p = __fmaf_rn(qh[1], kv[1], p);
-            p = __fmaf_rn(qh[2], kv[2], p);
-            p = __fmaf_rn(qh[3], kv[3], p);
-            p = warp_sum(p);
-            if (lane == 0) sc[h * CH + t] = __fmul_rn(p, scale);
+    const unsigned* k2 = (const unsigned*)slot;
+    for (int p = tid; p < HG * CH; p += NCONS) {
+        int h = p / CH, t = p % CH;
+        if (t < nk) {
+            const float* qh = q + h * HD;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int j = 0; j < HD / 2; j++) {
+                int d2 = (j + lane) & (HD / 2 - 1);
+                unsigned kk = k2[t * (HD / 2) + d2];
+                acc = __fmaf_rn(qh[2 * d2], h2f((unsigned short)(kk & 0xFFFF)), acc);
+                acc = __fmaf_rn(qh[2 * d2 + 1], h2f((unsigned short)(kk >> 16)), acc);
+            }
+            sc[h * CH + t] = __fmul_rn(acc, scale);
         }
     }
     cons_sync();
@@ -431,8 +468,7 @@ __device__ void attention(const int* I, const unsigned char* slot, unsigned char
         int h = i / HD, d = i % HD;
         float acc = 0.0f;
         for (int t = 0; t < nk; t++) {
-            float v = k0 + t == pos ? vn[d] : h2f(vs[t * HD + d]);
-            acc = __fmaf_rn(sc[h * CH + t], v, acc);
+            acc = __fmaf_rn(sc[h * CH + t], h2f(vs[t * HD + d]), acc);
         }
         part[h * (4 + HD) + 4 + d] = acc;
         if (d == 0) { part[h * (4 + HD)] = ml[2 * h]; part[h * (4 + HD) + 1] = ml[2 * h + 1]; }
@@ -494,16 +530,23 @@ round_layer(const int* __restrict__ instrs, const int* __restrict__ qstart, unsi
         }
         return;
     }
-    int last_act = -1;
+    int last_act = -1, seen_ctr = -1, seen_target = 0, seen_route = -1;
     for (int i = 0; i < nq; i++) {
         const int* I = instrs + (long long)(q0 + i) * NI;
         const int s = i % NS, op = I[F_OP];
         unsigned char* slot = smem + s * SLOT_BYTES;
-        if (tid == 0) {
-            wait_counter(ctr, I[F_WAIT], I[F_TARGET], err);
-            if (op == OP_GEMV && I[F_EPI] == E_MOE) wait_counter(ctr, I[F_RCTR], I[F_RTARGET], err);
+        // a wait this CTA has already seen satisfied is skipped, barrier and all (uniform)
+        const bool need = I[F_WAIT] >= 0 && !(I[F_WAIT] == seen_ctr && I[F_TARGET] <= seen_target);
+        const bool route = op == OP_GEMV && I[F_EPI] == E_MOE && I[F_RCTR] != seen_route;
+        if (need || route) {
+            if (tid == 0) {
+                if (need) wait_counter(ctr, I[F_WAIT], I[F_TARGET], err);
+                if (route) wait_counter(ctr, I[F_RCTR], I[F_RTARGET], err);
+            }
+            cons_sync();
+            if (need) { seen_ctr = I[F_WAIT]; seen_target = I[F_TARGET]; }
+            if (route) seen_route = I[F_RCTR];
         }
-        cons_sync();
         if (op != OP_ATTN && I[F_ACT] != last_act) {
             prologue(I, act, P, red, tid);
             cons_sync();
