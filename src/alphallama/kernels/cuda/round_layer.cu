@@ -3,6 +3,8 @@
 // and a producer warp streams the weights (or KV) of the instructions ahead into a ring of
 // shared-memory slots by bulk copies (cp.async.bulk, completing on mbarriers) while the
 // consumer warps wait on inputs or compute. Built by kernels/cuda/nvrtc.py (NVRTC, sm_90).
+// A probe (bench/gpu_round_probe.py): correct, and 2.3-2.6x slower than the PDL chain on the
+// H200 (docs/decisions/round-kernel-probe.md); not used by the runtime.
 //
 // Instruction: NI int32 (the layout is kernels/cuda/schedule.py's F_* names).
 // GEMV   Q4_K rows [rowbase, +nrows) of 1, 2 (gate|up pair) or 8 (routed experts) row
