@@ -20,6 +20,7 @@ def test_arch_and_key():
     others = {nvrtc.cache_key(b"src2", "sm_90", ("-O3",), (13, 0)), nvrtc.cache_key(b"src", "sm_89", ("-O3",), (13, 0)),
               nvrtc.cache_key(b"src", "sm_90", ("-O2",), (13, 0)), nvrtc.cache_key(b"src", "sm_90", ("-O3",), (13, 1))}
     assert base not in others and len(others) == 4
+    assert nvrtc.cache_key(b"src", "sm_90", ("-O3",), (13, 0), (("a.cuh", b"x"),)) != base    # headers count
 
 
 def test_cache_round_trip_and_refusals(tmp_path, monkeypatch):
@@ -72,7 +73,8 @@ def test_packaged_source_compiles_for_hopper():
         version = nvrtc.nvrtc_version()
     except (nvrtc.CudaBuildError, OSError, RuntimeError) as e:
         pytest.skip(f"libnvrtc not loadable (pip install nvidia-cuda-nvrtc): {e}")
-    cubin = nvrtc.compile_cubin(nvrtc.source("round_layer.cu"), "round_layer.cu", "sm_90")
+    assert [n for n, _ in nvrtc.headers()] == ["round_attn.cuh", "round_common.cuh", "round_gemv.cuh"]
+    cubin = nvrtc.compile_cubin(nvrtc.source("round_layer.cu"), "round_layer.cu", "sm_90", includes=nvrtc.headers())
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000, version
     with pytest.raises(nvrtc.CudaBuildError, match="could not compile"):
         nvrtc.compile_cubin(b"__global__ void k( { }", "bad.cu", "sm_90")

@@ -12,7 +12,7 @@ from alphallama.kernels.cuda.schedule import FIELDS, NI, Instr, Schedule, simula
 
 
 def _enums(prefix: str) -> dict[str, int]:
-    src = nvrtc.source("round_layer.cu").decode()
+    src = "\n".join(body.decode() for _, body in nvrtc.headers())
     out = {}
     for body in re.findall(r"enum\s*\{([^}]*)\}", src):
         for name, val in re.findall(r"\b(%s_\w+)\s*=\s*(\d+)" % prefix, body):

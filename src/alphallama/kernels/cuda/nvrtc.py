@@ -40,15 +40,25 @@ def source(name: str) -> bytes:
     return resources.files(__package__).joinpath(name).read_bytes()
 
 
+def headers() -> tuple[tuple[str, bytes], ...]:
+    """The packaged .cuh headers, (name, bytes), by name: handed to NVRTC in memory (no
+    include path on disk) and part of every cache key."""
+    files = resources.files(__package__)
+    return tuple(sorted((f.name, f.read_bytes()) for f in files.iterdir() if f.name.endswith(".cuh")))
+
+
 def arch_of(capability: tuple[int, int]) -> str:
     """(9, 0) -> 'sm_90': the NVRTC target, machine code for that GPU."""
     major, minor = capability
     return f"sm_{major}{minor}"
 
 
-def cache_key(src: bytes, arch: str, options: tuple[str, ...], nvrtc_version: tuple[int, int]) -> str:
-    """What the cubin is a function of: source, target, options, compiler version."""
+def cache_key(src: bytes, arch: str, options: tuple[str, ...], nvrtc_version: tuple[int, int],
+              includes: tuple[tuple[str, bytes], ...] = ()) -> str:
+    """What the cubin is a function of: source, headers, target, options, compiler version."""
     h = hashlib.sha256(src)
+    for name, body in includes:
+        h.update(b"\0" + name.encode() + b"\0" + hashlib.sha256(body).digest())
     h.update(b"\0" + arch.encode() + b"\0" + " ".join(options).encode())
     h.update(b"\0nvrtc %d.%d" % nvrtc_version)
     return h.hexdigest()[:24]
@@ -119,10 +129,13 @@ def nvrtc_version() -> tuple[int, int]:
     return tuple(_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))
 
 
-def compile_cubin(src: bytes, name: str, arch: str, options: tuple[str, ...] = OPTIONS) -> bytes:
-    """NVRTC: source -> cubin for `arch` (no GPU needed). The log is in the error."""
+def compile_cubin(src: bytes, name: str, arch: str, options: tuple[str, ...] = OPTIONS,
+                  includes: tuple[tuple[str, bytes], ...] = ()) -> bytes:
+    """NVRTC: source (+ headers it may #include by name) -> cubin for `arch` (no GPU
+    needed). The log is in the error."""
     _, nvrtc = _bindings()
-    prog = _check(nvrtc.nvrtcCreateProgram(src, name.encode(), 0, [], []), "nvrtcCreateProgram")
+    prog = _check(nvrtc.nvrtcCreateProgram(src, name.encode(), len(includes), [b for _, b in includes],
+                                           [n.encode() for n, _ in includes]), "nvrtcCreateProgram")
     try:
         opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in options)]
         status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
@@ -142,11 +155,11 @@ def compile_cubin(src: bytes, name: str, arch: str, options: tuple[str, ...] = O
 def cubin_for(name: str, arch: str, options: tuple[str, ...] = OPTIONS) -> bytes:
     """The cached cubin of a packaged source for `arch`, compiled (and cached) if the
     cache has none that passes the checks."""
-    src = source(name)
-    path = cubin_path(name, cache_key(src, arch, options, nvrtc_version()), arch)
+    src, inc = source(name), headers()
+    path = cubin_path(name, cache_key(src, arch, options, nvrtc_version(), inc), arch)
     data, _ = cached_cubin(path)
     if data is None:
-        data = compile_cubin(src, name, arch, options)
+        data = compile_cubin(src, name, arch, options, inc)
         store_cubin(path, data)
     return data
 
