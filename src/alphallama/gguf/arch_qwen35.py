@@ -172,7 +172,10 @@ def hybrid_mtp_tensors(h: HybridConfig, layer: int) -> dict[str, tuple[int, ...]
 
 
 HYBRID_ARCHS = (
-    ArchSpec("qwen3next", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors),
-    ArchSpec("qwen35", rope_neox=True, qk_norm=True, hybrid=hybrid_config, tensors=hybrid_tensors),
-    ArchSpec("qwen35moe", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors),
+    ArchSpec("qwen3next", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors,
+             mtp_tensors=hybrid_mtp_tensors),
+    ArchSpec("qwen35", rope_neox=True, qk_norm=True, hybrid=hybrid_config, tensors=hybrid_tensors,
+             mtp_tensors=hybrid_mtp_tensors),
+    ArchSpec("qwen35moe", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors,
+             mtp_tensors=hybrid_mtp_tensors),
 )
