@@ -43,6 +43,9 @@ class SyntheticSpec:
     file_type: int | None = None   # general.file_type; None: from the type holding most weights
     mtp: str | None = None         # an MTP head (docs/MTP.md) with a "dense" or "moe" FFN; None: none
     mtp_d_ff: int = 0              # its dense FFN width; 0: d_ff
+    extra_md: Mapping[str, Any] = field(default_factory=dict)  # more "{arch}.<key>" metadata (rope scaling, windows, ...)
+    rope_factors: tuple[str, ...] = ()   # global rope factor tensors to write (rope_freqs, longrope's pair)
+    fused_qkv: bool = False              # one blk.N.attn_qkv instead of attn_q/k/v
 
     # Architectures with more than attention layers (synth_qwen35.HybridSpec) override these.
     def extend_config(self, cfg: Any) -> Any:
@@ -164,3 +167,8 @@ PRESETS: dict[str, Callable[..., SyntheticSpec]] = {
 from .synth_qwen35 import HYBRID_PRESETS  # noqa: E402  (built on the names above)
 
 PRESETS |= HYBRID_PRESETS
+
+# the architectures of arch_variants (gemma3, gpt-oss, phi3, mistral3, qwen2moe, scaled-rope llamas)
+from .synth_presets_archs import arch_presets  # noqa: E402  (needs _preset and _TINY above)
+
+PRESETS |= arch_presets(_preset, _TINY)
