@@ -39,7 +39,7 @@ class HybridMTPHead(MTPHead):
         self.head_norm = weights.get("nextn.shared_head_norm.weight", output_norm)
 
     @classmethod
-    def load(cls, head_file: GGUFFile, hc: MTPHeadConfig, model: HybridTransformer, max_len: int) -> "HybridMTPHead":
+    def load(cls, head_file: GGUFFile, hc: MTPHeadConfig, model: HybridTransformer, max_len: int) -> HybridMTPHead:
         weights = {}
         for name in hybrid_mtp_tensors(model.cfg, hc.layer):
             t = head_file.tensors[name]
