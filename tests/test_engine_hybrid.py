@@ -169,3 +169,27 @@ def test_next_turn_continues_from_the_checkpoint(path):
     # and a repeated request recomputes only its last row, with the same answer
     g4 = Generation()
     assert list(e.generate(p3, 20, gen=g4)) == a3 and g4.stats.prompt_n == 1
+
+
+@pytest.mark.parametrize("preset,ffn", [("tiny-qwen35moe", "moe"), ("tiny-qwen35", "dense")])
+def test_in_file_mtp_head_drafts_and_exact_stays_plain(preset, ffn, tmp_path):
+    """The in-file nextn block drafts (model/qwen35_mtp.py); with every draft taken (min-p 0),
+    exact mode still gives plain greedy's tokens, alone and with the copy drafter, and over
+    a second turn that continues from the checkpoint."""
+    p = tmp_path / f"{preset}-mtp.gguf"
+    write_synthetic(PRESETS[preset](seed=4, mtp=ffn), p)
+    e = Engine.load(str(p), ctx_size=512, device="cpu")
+    assert e.mtp is not None and type(e.mtp.head).__name__ == "HybridMTPHead"
+    p1 = _prompt(2)
+    plain = list(e.generate(p1, 40))
+    turn2 = p1 + plain[:5] + [44, 45]
+    plain2 = list(e.generate(turn2, 30))
+    for kind in ("mtp", "mtp,ngram"):
+        spec = SpecConfig(kind, draft_max=8, ngram_min=2, gate=False, mtp_depth=3, mtp_min_p=0.0, mtp_switch=False)
+        e.reset()
+        g = Generation()
+        assert list(e.generate(p1, 40, spec=spec, gen=g)) == plain
+        assert g.stats.draft_n > 0
+        g2 = Generation()
+        assert list(e.generate(turn2, 30, spec=spec, gen=g2)) == plain2
+        assert g2.stats.prompt_reused == len(p1) - 1

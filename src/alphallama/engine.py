@@ -213,6 +213,8 @@ class Engine:
         common = self.cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
         if mtp:
             common = self.mtp.keep_rows(ids, common)
+            while self.cache.restorable(common) != common:   # a hybrid: back to a point its state holds
+                common = self.mtp.keep_rows(ids, self.cache.restorable(common))
         self.cache.truncate(min(common, self.cache.length))
         self.cached = ids[:common]
         chunk = DEFAULTS.engine.prefill_chunk

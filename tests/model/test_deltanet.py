@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from alphallama.model.deltanet import RecurrentInputs, causal_conv, delta_rule, l2_normalize, replay
+from alphallama.model.deltanet import (
+    RecurrentInputs,
+    causal_conv,
+    delta_rule,
+    l2_normalize,
+    replay,
+)
 
 T, H, DK, DV = 200, 4, 32, 32
 

@@ -12,14 +12,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import REFERENCE, ROOT
 
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.model.loader import load_model
-from conftest import REFERENCE, ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-from hybrid_llamacpp_reference import SEED, projections  # noqa: E402
+from hybrid_llamacpp_reference import SEED, projections
 
 REF = json.loads((REFERENCE / "hybrid-tiny.json").read_text())
 REL = 1e-4

@@ -64,6 +64,7 @@ class ArchSpec:
     # non-transformer layers (arch_qwen35): the config beyond ModelConfig's fields, and the tensor list
     hybrid: Callable[[ModelConfig, dict[str, Any], str], ModelConfig] | None = None
     tensors: Callable[[ModelConfig], dict[str, tuple[int, ...]]] | None = None
+    mtp_tensors: Callable[[ModelConfig, int], dict[str, tuple[int, ...]]] | None = None   # its own MTP block
     reader: av.Reader = av.base    # metadata -> Variant
     norm_topk: bool = True         # default of expert_weights_norm (llama.cpp's norm_w)
 
@@ -302,7 +303,8 @@ def mtp_head_config(head: GGUFFile, cfg: ModelConfig, sidecar: bool) -> MTPHeadC
         raise GGUFError(f"{head.path}: the MTP block has routed experts but the model has none")
     gate = t.get(p + "ffn_gate.weight")
     d_ff = 0 if moe else (int(gate.shape[0]) if gate is not None else 0)
-    check_shapes(mtp_tensors(cfg, L, moe, d_ff), t, f"{head.path}: MTP head")
+    own = ARCHS[cfg.arch].mtp_tensors
+    check_shapes(own(cfg, L) if own is not None else mtp_tensors(cfg, L, moe, d_ff), t, f"{head.path}: MTP head")
     return MTPHeadConfig(L, moe, d_ff, head.path, sidecar)
 
 

@@ -88,7 +88,7 @@ def _sections(md: dict[str, Any], arch: str, path: str, required: bool) -> tuple
 def hybrid_config(cfg: ModelConfig, md: dict[str, Any], path: str) -> HybridConfig:
     """The hybrid part of the metadata on top of the common ModelConfig."""
     arch = cfg.arch
-    g = lambda k, d=None, lo=1: _int(md, f"{arch}.{k}", path, d, lo)  # noqa: E731
+    g = lambda k, d=None, lo=1: _int(md, f"{arch}.{k}", path, d, lo)
     qwen35 = arch != "qwen3next"
     base = {f.name: getattr(cfg, f.name) for f in fields(ModelConfig)}
     base["norm_topk_prob"] = True      # llama.cpp renormalises these archs' top-k weights always
@@ -172,7 +172,10 @@ def hybrid_mtp_tensors(h: HybridConfig, layer: int) -> dict[str, tuple[int, ...]
 
 
 HYBRID_ARCHS = (
-    ArchSpec("qwen3next", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors),
-    ArchSpec("qwen35", rope_neox=True, qk_norm=True, hybrid=hybrid_config, tensors=hybrid_tensors),
-    ArchSpec("qwen35moe", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors),
+    ArchSpec("qwen3next", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors,
+             mtp_tensors=hybrid_mtp_tensors),
+    ArchSpec("qwen35", rope_neox=True, qk_norm=True, hybrid=hybrid_config, tensors=hybrid_tensors,
+             mtp_tensors=hybrid_mtp_tensors),
+    ArchSpec("qwen35moe", rope_neox=True, qk_norm=True, moe=True, hybrid=hybrid_config, tensors=hybrid_tensors,
+             mtp_tensors=hybrid_mtp_tensors),
 )

@@ -9,8 +9,9 @@ softplus^-1(0.05), the shared expert's gate vector like a matrix row.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from .arch_qwen35 import HybridConfig, hybrid_mtp_tensors
 from .synth_spec import SyntheticSpec, _preset

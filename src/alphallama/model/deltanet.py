@@ -45,7 +45,7 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     q, k: [T, H, dk] (already expanded to the value heads); v: [T, H, dv]; g, beta: [T, H];
     state: [H, dk, dv] -> (o [T, H, dv], state after the last token). states_out, if
     given, receives a copy of the state after every token."""
-    T, H, dk = q.shape
+    T, _, dk = q.shape
     scale = dk ** -0.5
     S = state.clone()
     out = torch.empty_like(v)                                        # [T, H, dv]

@@ -43,6 +43,36 @@ def hybrid_rope_tables(max_len: int, cfg: HybridConfig) -> tuple[torch.Tensor, t
     return ang.cos().float(), ang.sin().float()
 
 
+def gated_attention(c: HybridConfig, w: dict[str, torch.Tensor], p: str, h: torch.Tensor, pos: int, cache,
+                    slot: int, cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
+    """Full attention of block p over rows pos..pos+T-1 (h: [T, D], normed): q/k norms, partial
+    rope, K/V written to cache layer `slot`, the output times sigmoid(query gate)."""
+    T, H, hd = h.shape[0], c.n_heads, c.head_dim
+    qg = F.linear(h, w[p + "attn_q.weight"]).view(T, H, 2 * hd)             # [T, H, 2hd]: [q_h, gate_h]
+    q, gate = qg[..., :hd], qg[..., hd:]
+    k = F.linear(h, w[p + "attn_k.weight"]).view(T, c.n_kv_heads, hd)
+    v = F.linear(h, w[p + "attn_v.weight"]).view(T, c.n_kv_heads, hd)
+    q = rms_norm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
+    k = rms_norm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
+    cos, sin = cos_t[pos:pos + T], sin_t[pos:pos + T]
+    q, k = apply_rope(q, cos, sin, True), apply_rope(k, cos, sin, True)
+    cache.k[slot, :, pos:pos + T] = k.transpose(0, 1)                        # [n_kv, T, hd]
+    cache.v[slot, :, pos:pos + T] = v.transpose(0, 1)
+    a = attention(q, cache.k[slot, :, :pos + T], cache.v[slot, :, :pos + T], pos)  # [T, H*hd]
+    a = a * torch.sigmoid(gate.reshape(T, H * hd))
+    return F.linear(a, w[p + "attn_output.weight"])
+
+
+def hybrid_ffn(c: HybridConfig, w: dict[str, torch.Tensor], p: str, h: torch.Tensor) -> torch.Tensor:
+    """Dense SwiGLU, or routed experts (softmax, top-k renormalised) plus the gated shared expert."""
+    if not c.is_moe:
+        return swiglu(h, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"])
+    f = moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"],
+            w[p + "ffn_down_exps.weight"], c.n_experts_used, True)
+    shared = swiglu(h, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"], w[p + "ffn_down_shexp.weight"])
+    return f + shared * torch.sigmoid(h @ w[p + "ffn_gate_inp_shexp.weight"])[:, None]
+
+
 class HybridTransformer:
     def __init__(self, cfg: HybridConfig, weights: dict[str, torch.Tensor], max_len: int, state_mode: str = REPLAY):
         self.cfg = cfg
@@ -65,22 +95,7 @@ class HybridTransformer:
 
     # -- layers --------------------------------------------------------------------
     def _attention(self, i: int, h: torch.Tensor, pos: int, cache: HybridCache) -> torch.Tensor:
-        c, w, p = self.cfg, self.w, f"blk.{i}."
-        T, H, hd = h.shape[0], c.n_heads, c.head_dim
-        qg = F.linear(h, w[p + "attn_q.weight"]).view(T, H, 2 * hd)             # [T, H, 2hd]: [q_h, gate_h]
-        q, gate = qg[..., :hd], qg[..., hd:]
-        k = F.linear(h, w[p + "attn_k.weight"]).view(T, c.n_kv_heads, hd)
-        v = F.linear(h, w[p + "attn_v.weight"]).view(T, c.n_kv_heads, hd)
-        q = rms_norm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
-        k = rms_norm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
-        q, k = apply_rope(q, cos, sin, True), apply_rope(k, cos, sin, True)
-        j = self.kv_slot[i]
-        cache.k[j, :, pos:pos + T] = k.transpose(0, 1)                            # [n_kv, T, hd]
-        cache.v[j, :, pos:pos + T] = v.transpose(0, 1)
-        a = attention(q, cache.k[j, :, :pos + T], cache.v[j, :, :pos + T], pos)  # [T, H*hd]
-        a = a * torch.sigmoid(gate.reshape(T, H * hd))
-        return F.linear(a, w[p + "attn_output.weight"])
+        return gated_attention(self.cfg, self.w, f"blk.{i}.", h, pos, cache, self.kv_slot[i], self.cos, self.sin)
 
     def _beta_alpha(self, h: torch.Tensor, p: str) -> tuple[torch.Tensor, torch.Tensor]:
         c, w = self.cfg, self.w
@@ -116,13 +131,7 @@ class HybridTransformer:
         return F.linear(o.reshape(T, c.value_dim), w[p + "ssm_out.weight"])
 
     def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        c, w, p = self.cfg, self.w, f"blk.{i}."
-        if not c.is_moe:
-            return swiglu(h, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"])
-        f = moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"],
-                w[p + "ffn_down_exps.weight"], c.n_experts_used, True)
-        shared = swiglu(h, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"], w[p + "ffn_down_shexp.weight"])
-        return f + shared * torch.sigmoid(h @ w[p + "ffn_gate_inp_shexp.weight"])[:, None]
+        return hybrid_ffn(self.cfg, self.w, f"blk.{i}.", h)
 
     def _layer(self, i: int, x: torch.Tensor, pos: int, cache: HybridCache, log: dict) -> torch.Tensor:
         c, w, p = self.cfg, self.w, f"blk.{i}."

@@ -19,7 +19,7 @@ overwritten by other tokens).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -188,9 +188,13 @@ def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
     """The MTP head of `hc` (arch.find_mtp_head) on the model's runtime: the reference
     block beside the reference Transformer, the GPU block beside a GPUModel."""
     from ..model.mtp import MTPHead
+    from ..model.qwen35 import HybridTransformer
+    from ..model.qwen35_mtp import HybridMTPHead
     from ..model.transformer import Transformer
     if isinstance(model, Transformer):
         head = MTPHead.load(head_file, hc, model, ctx_size)
+    elif isinstance(model, HybridTransformer):   # the hybrids' own block (model/qwen35_mtp.py)
+        head = HybridMTPHead.load(head_file, hc, model, ctx_size)
     else:
         from ..runtime.gpu_mtp import GPUMTPHead
         head = GPUMTPHead(model, head_file, hc, ctx_size)
