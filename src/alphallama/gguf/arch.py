@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import arch_variants as av
 from .arch_variants import Variant
@@ -61,6 +61,9 @@ class ArchSpec:
     qkv_bias: bool = False
     qk_norm: bool = False
     moe: bool = False
+    # non-transformer layers (arch_qwen35): the config beyond ModelConfig's fields, and the tensor list
+    hybrid: Callable[[ModelConfig, dict[str, Any], str], ModelConfig] | None = None
+    tensors: Callable[[ModelConfig], dict[str, tuple[int, ...]]] | None = None
     reader: av.Reader = av.base    # metadata -> Variant
     norm_topk: bool = True         # default of expert_weights_norm (llama.cpp's norm_w)
 
@@ -160,7 +163,7 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
     if n_heads % n_kv or cfg.rope_dim > head_dim or cfg.rope_dim % 2:
         raise GGUFError(f"{path}: inconsistent attention shape: {n_heads} heads, {n_kv} kv heads, "
                         f"head_dim {head_dim}, rope dims {cfg.rope_dim}")
-    return cfg
+    return spec.hybrid(cfg, md, path) if spec.hybrid is not None else cfg
 
 
 def layer_tensors(cfg: ModelConfig, i: int, moe: bool, d_ff: int) -> dict[str, tuple[int, ...]]:
@@ -197,6 +200,8 @@ def layer_tensors(cfg: ModelConfig, i: int, moe: bool, d_ff: int) -> dict[str, t
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model needs, name -> torch-order shape ([out, in] for matrices)."""
+    if ARCHS[cfg.arch].tensors is not None:
+        return ARCHS[cfg.arch].tensors(cfg)
     out: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (cfg.vocab_size, cfg.d_model),
         "output_norm.weight": (cfg.d_model,),
@@ -317,3 +322,8 @@ def find_mtp_head(f: GGUFFile, cfg: ModelConfig,
         head = GGUFFile(side)
         return head, mtp_head_config(head, cfg, sidecar=True)
     return None
+
+
+from .arch_qwen35 import HYBRID_ARCHS  # noqa: E402  (the hybrids' module builds on the names above)
+
+ARCHS |= {a.name: a for a in HYBRID_ARCHS}

@@ -70,7 +70,7 @@ def model_config(spec: SyntheticSpec, n_vocab: int) -> ModelConfig:
     if spec.n_heads % spec.n_kv_heads or spec.head_dim % 2:
         raise ValueError(f"bad attention shape: {spec.n_heads} heads, {spec.n_kv_heads} kv heads, "
                          f"head_dim {spec.head_dim}")
-    return ModelConfig(
+    return spec.extend_config(ModelConfig(
         variant=_variant(spec, a),
         arch=spec.arch, n_layers=spec.n_layers, d_model=spec.d_model, n_heads=spec.n_heads,
         n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, d_ff=spec.d_ff, vocab_size=n_vocab,
@@ -78,7 +78,7 @@ def model_config(spec: SyntheticSpec, n_vocab: int) -> ModelConfig:
         rope_dim=spec.head_dim, rope_neox=a.rope_neox, qkv_bias=a.qkv_bias, qk_norm=a.qk_norm,
         n_experts=spec.n_experts if a.moe else 0, n_experts_used=spec.n_experts_used if a.moe else 0,
         d_ff_expert=spec.d_ff_expert if a.moe else 0, tied_embeddings=spec.tied_embeddings,
-        n_nextn=1 if spec.mtp else 0, norm_topk_prob=a.norm_topk)
+        n_nextn=1 if spec.mtp else 0, norm_topk_prob=a.norm_topk))
 
 
 def _variant(spec: SyntheticSpec, a) -> Variant:
@@ -96,6 +96,9 @@ def _variant(spec: SyntheticSpec, a) -> Variant:
 def _mtp_shapes(spec: SyntheticSpec, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if spec.mtp not in ("dense", "moe"):
         raise ValueError(f"mtp must be None, 'dense' or 'moe', not {spec.mtp!r}")
+    own = spec.mtp_shapes(cfg)
+    if own is not None:
+        return own
     return mtp_tensors(cfg, spec.n_layers, spec.mtp == "moe", spec.mtp_d_ff or spec.d_ff)
 
 
@@ -144,7 +147,10 @@ def plan_tensors(spec: SyntheticSpec, n_vocab: int, sidecar: bool = False) -> li
     for name in names:
         shape = shapes[name]
         group, layer = _group(name)
-        if name.endswith(".bias"):
+        override = spec.init_override(name)
+        if override is not None:
+            plan.append(PlannedTensor(name, shape, T.F32, override[1], mean=override[0]))
+        elif name.endswith(".bias"):
             plan.append(PlannedTensor(name, shape, T.F32, BIAS_STD))
         elif group in _VECTORS:   # vectors that are not norms: (mean, std) by role
             mean, std = _VECTORS[group](cfg)

@@ -79,6 +79,7 @@ def _add_model_metadata(w: GGUFWriter, spec: SyntheticSpec, n_vocab: int, file_t
     if spec.arch in _WRITES_VOCAB_SIZE_AND_ROPE_DIMS:
         w.add_vocab_size(n_vocab)
         w.add_rope_dimension_count(spec.head_dim)
+    spec.add_metadata(w)
     for key, value in spec.extra_md.items():
         _add_typed(w, f"{spec.arch}.{key}", value)
     w.add_file_type(file_type)

@@ -5,8 +5,10 @@ import numpy as np
 import torch
 
 from ..gguf.arch import ModelConfig, expected_tensors, load_config
+from ..gguf.arch_qwen35 import HybridConfig
 from ..gguf.quants import QUANTS, dequantize
 from ..gguf.reader import GGUFError, GGUFFile
+from .qwen35 import HybridTransformer
 from .transformer import Transformer
 
 
@@ -37,6 +39,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, progress=None) -> dict[str, torc
     return out
 
 
-def load_model(f: GGUFFile, max_len: int, progress=None) -> Transformer:
+def load_model(f: GGUFFile, max_len: int, progress=None) -> Transformer | HybridTransformer:
     cfg = load_config(f)
-    return Transformer(cfg, load_weights(f, cfg, progress), max_len)
+    model = HybridTransformer if isinstance(cfg, HybridConfig) else Transformer
+    return model(cfg, load_weights(f, cfg, progress), max_len)
