@@ -51,7 +51,8 @@ def main() -> None:
         out = llm.detokenize(gen).decode("utf-8", errors="replace")
         cases.append({"kind": "raw", "input": text, "prompt_ids": ids, "gen_ids": gen, "text": out, "top5": top5})
         print(repr(text), "->", repr(out[:60]))
-    sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    with open(path, "rb") as fh:
+        sha = hashlib.sha256(fh.read()).hexdigest()
     doc = {"meta": {"model": os.path.basename(path), "sha256": sha,
                     "engine": f"llama.cpp CPU build (llama-cpp-python {llama_cpp.__version__}), 2 threads, "
                               "defaults (f16 KV cache, flash attention auto), one llama_decode per token",
