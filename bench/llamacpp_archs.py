@@ -72,7 +72,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, name + ".gguf")
             write_synthetic(ALL[name](), path)
-            sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            with open(path, "rb") as fh:
+                sha = hashlib.sha256(fh.read()).hexdigest()
             p = subprocess.run([args.lcp, os.path.abspath(__file__), "--worker", path],
                                capture_output=True, text=True, timeout=600)
         line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)

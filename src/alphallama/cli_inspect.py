@@ -34,16 +34,26 @@ def describe(path: str) -> dict:
     from dataclasses import asdict
 
     from .gguf.arch import load_config
-    from .gguf.reader import GGUFFile
-    f = GGUFFile(path)
-    cfg = load_config(f)
+    from .gguf.arch_variants import gpu_departures
+    from .gguf.reader import GGUFError, GGUFFile
+    f = GGUFFile(path)   # the header itself must be valid; the model may still be one we cannot run
     md = f.metadata
+    try:
+        cfg, unsupported = load_config(f), None
+    except GGUFError as e:
+        cfg, unsupported = None, str(e)
     groups = tensor_groups(f.tensors)
     total = sum(g["bytes"] for g in groups.values())
     template = md.get("tokenizer.chat_template")
     return {
         "path": path, "file_bytes": f.file_size, "name": md.get("general.name"),
-        "config": asdict(cfg),
+        "architecture": md.get("general.architecture"),
+        "config": asdict(cfg) if cfg is not None else None,
+        "unsupported": unsupported,      # why the engine cannot run this file (None: it can)
+        "gpu_unsupported": gpu_departures(cfg) if cfg is not None else None,
+        # the architecture's own keys as the file has them (arrays by their length)
+        "hyperparameters": {k: (f"[{len(v)} values]" if isinstance(v, list) else v) for k, v in md.items()
+                            if k.startswith(f"{md.get('general.architecture')}.")},
         "params": sum(g["params"] for g in groups.values()), "tensor_bytes": total,
         "groups": groups,
         "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
@@ -54,7 +64,7 @@ def describe(path: str) -> dict:
         "chat_template": template,
         # where a model trained by `python -m alphallama.train` came from
         "provenance": {k[len(_PROVENANCE):]: v for k, v in md.items() if k.startswith(_PROVENANCE)},
-        "mtp_head": _mtp_head(f, cfg),
+        "mtp_head": _mtp_head(f, cfg) if cfg is not None else None,
     }
 
 
@@ -78,6 +88,29 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
+def _print_config(d: dict, c: dict) -> None:
+    print(f"architecture {c['arch']}: {c['n_layers']} layers, d_model {c['d_model']}, "
+          f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_dim']}, ffn {c['d_ff']}, "
+          f"vocab {c['vocab_size']}, context {c['ctx_len']}")
+    if c["n_experts"]:
+        print(f"experts: {c['n_experts']} ({c['n_experts_used']} used per token), expert ffn {c['d_ff_expert']}")
+    print(f"rope: base {c['rope_base']:g}, {c['rope_dim']} dims, {'neox halves' if c['rope_neox'] else 'adjacent pairs'}"
+          + _rope_scaling(c["variant"]))
+    v = c["variant"]
+    if v["sliding_window"]:
+        n_swa = sum(v["swa_layers"])
+        print(f"sliding window: {v['sliding_window']} on {n_swa} of {c['n_layers']} layers "
+              f"(their rope base {v['rope_base_swa']:g})")
+    gpu = d["gpu_unsupported"]
+    print("GPU runtime: supported" if not gpu else f"GPU runtime: not yet ({', '.join(gpu)}); CPU only")
+
+
+def _rope_scaling(v: dict) -> str:
+    r = v["rope"]
+    out = "" if r["kind"] == "none" else f", {r['kind']} scaling x{r['factor']:g} (original context {r['orig_ctx']})"
+    return out + (f", frequency factors {', '.join(v['rope_factors'])}" if v["rope_factors"] else "")
+
+
 def run(args) -> int:
     from .cli_run import resolve_model
     d = describe(resolve_model(args.model))
@@ -86,12 +119,12 @@ def run(args) -> int:
         return 0
     c = d["config"]
     print(f"{d['path']}: {d['name']}  ({_mib(d['file_bytes'])})")
-    print(f"architecture {c['arch']}: {c['n_layers']} layers, d_model {c['d_model']}, "
-          f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_dim']}, ffn {c['d_ff']}, "
-          f"vocab {c['vocab_size']}, context {c['ctx_len']}")
-    if c["n_experts"]:
-        print(f"experts: {c['n_experts']} ({c['n_experts_used']} used per token), expert ffn {c['d_ff_expert']}")
-    print(f"rope: base {c['rope_base']:g}, {c['rope_dim']} dims, {'neox halves' if c['rope_neox'] else 'adjacent pairs'}")
+    if c is None:
+        print(f"architecture {d['architecture']}: unsupported: {d['unsupported']}")
+        for key, value in d["hyperparameters"].items():
+            print(f"  {key:44} {value}")
+    else:
+        _print_config(d, c)
     print(f"parameters {d['params']:,} in {_mib(d['tensor_bytes'])}")
     print(f"{'tensor group':28} {'n':>4} {'size':>14} {'types'}")
     for name, g in d["groups"].items():

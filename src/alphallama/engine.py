@@ -16,7 +16,7 @@ import torch
 from .config import DEFAULTS
 from .gguf.arch import ModelConfig
 from .gguf.arch_qwen35 import HybridConfig
-from .gguf.reader import GGUFFile
+from .gguf.reader import GGUFError, GGUFFile
 from .model.layers import rms_norm
 from .model.loader import load_model
 from .sampling import Sampler, SamplingParams
@@ -128,10 +128,15 @@ class Engine:
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
+            from .gguf.arch_variants import gpu_departures
             if isinstance(cfg, HybridConfig):
                 raise ValueError(f"{path}: the GPU runtime does not run {cfg.arch} (Gated DeltaNet hybrid) "
                                  f"models yet; --device cpu runs the reference model")
             from .runtime.gpu_model import GPUModel
+            missing = gpu_departures(cfg)
+            if missing:   # never run a model the GPU path would compute wrongly
+                raise GGUFError(f"{path}: the GPU runtime does not implement {', '.join(missing)} "
+                                f"({cfg.arch}); run it with --device cpu")
             model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads,
                              fast=fast and expert_slots is None)
         else:

@@ -20,7 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from .arch import ARCHS, ModelConfig, expected_tensors, mtp_tensors
 from .arch_variants import Meta, Variant
-from .quants import dequantize, quant_type, random_blocks
+from .quants import QUANTS, dequantize, quant_type, random_blocks
 from .synth_spec import QUANT_GROUPS, SyntheticSpec
 
 NORM_NOISE = 0.02   # norm weights are 1 + this * N(0, 1)
@@ -213,5 +213,9 @@ def tensor_data(spec: SyntheticSpec, t: PlannedTensor) -> np.ndarray:
     if t.qtype in _TORCH_FLOAT:
         x = t.mean + t.std * torch.randn(n, generator=g)  # [n]
         return x.to(_TORCH_FLOAT[t.qtype]).view(torch.uint8).numpy()  # [nbytes]
+    if t.qtype not in QUANTS:   # a type our dequantizers lack (MXFP4, ...): the gguf package quantizes
+        from gguf.quants import quantize
+        x = (t.std * torch.randn(n, generator=g)).numpy().reshape(-1, t.shape[-1])  # [rows, row]
+        return np.ascontiguousarray(quantize(x, t.qtype)).reshape(-1)  # [nbytes]
     n_blocks = n // GGML_QUANT_SIZES[t.qtype][0]
     return _scaled_blocks(t.qtype, n_blocks, t.std, g).numpy().reshape(-1)  # [nbytes]

@@ -13,7 +13,7 @@ def arch_presets(preset: Callable[..., Callable[..., Any]], tiny: dict[str, Any]
     def spec(name: str, arch: str, **kw: Any) -> Callable[..., Any]:
         return preset(SyntheticSpec(arch=arch, **(tiny | {"name": name} | kw)))
 
-    moe = dict(n_experts=4, n_experts_used=2, d_ff_expert=256)
+    moe = {"n_experts": 4, "n_experts_used": 2, "d_ff_expert": 256}
     return {
         # Llama 3.1: per-pair frequency divisors in rope_freqs (the llama3 rule, factor 8)
         "tiny-llama31": spec("tiny-llama31", "llama", rope_base=500000.0, norm_eps=1e-5,

@@ -164,6 +164,9 @@ PRESETS: dict[str, Callable[..., SyntheticSpec]] = {
 }
 
 
+# arch first: it imports arch_qwen35 at its end, which fails if arch_qwen35 (through
+# synth_qwen35) is the one imported first (`import alphallama.gguf.synth_spec` alone did)
+from . import arch as _arch  # noqa: E402, F401
 from .synth_qwen35 import HYBRID_PRESETS  # noqa: E402  (built on the names above)
 
 PRESETS |= HYBRID_PRESETS
