@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+
 import torch
 
 from .tokenizer import Tokenizer
@@ -100,8 +101,8 @@ class GrammarVocab:
         return None
 
     def allowed(self, bitmask: torch.Tensor) -> torch.Tensor:
-        """bitmask [W, ceil(V / 32)] int32 -> allowed [W, V] bool."""
-        bits = (bitmask[:, :, None] & self._bits) != 0          # [W, V/32, 32]
+        """bitmask [W, ceil(V / 32)] int32 -> allowed [W, V] bool, on the bitmask's device."""
+        bits = (bitmask[:, :, None] & self._bits.to(bitmask.device)) != 0   # [W, V/32, 32]
         return bits.reshape(bitmask.shape[0], -1)[:, :self.n_vocab]
 
 
@@ -148,9 +149,10 @@ class TokenConstraint:
                 self._fail()
         if drafts:
             self._m.rollback(len(drafts))
-        allowed = self.vocab.allowed(bitmask)                   # [W, V'] bool
+        # unpacked where the logits are: 32x fewer bytes cross to a GPU
+        allowed = self.vocab.allowed(bitmask.to(logits.device, non_blocking=True))   # [W, V'] bool
         v = logits.shape[-1]
         if allowed.shape[1] < v:                                # columns beyond the vocabulary
             allowed = torch.nn.functional.pad(allowed, (0, v - allowed.shape[1]))
-        return logits.masked_fill(~allowed[:, :v].to(logits.device, non_blocking=True), float("-inf"))
+        return logits.masked_fill(~allowed[:, :v], float("-inf"))
 

@@ -9,9 +9,8 @@ import subprocess
 
 import jsonschema
 import pytest
-from openai import BadRequestError, OpenAI
-
 from conftest import QWEN, require
+from openai import BadRequestError, OpenAI
 from serverutil import free_port, wait_healthy
 from test_server_cli import serve_command
 
