@@ -15,7 +15,9 @@ import torch
 
 from .config import DEFAULTS
 from .gguf.arch import ModelConfig
+from .gguf.arch_qwen35 import HybridConfig
 from .gguf.reader import GGUFFile
+from .model.layers import rms_norm
 from .model.loader import load_model
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
@@ -101,6 +103,7 @@ class Engine:
         self.cache = model.new_cache(ctx_size)
         self.cached: list[int] = []    # tokens whose K/V rows are committed in self.cache
         self.mtp = mtp                 # spec.mtp.MTPState when the model has an MTP head
+        self._output_norm_w: torch.Tensor | None = None   # read on the first embedding
 
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
@@ -125,6 +128,9 @@ class Engine:
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
+            if isinstance(cfg, HybridConfig):
+                raise ValueError(f"{path}: the GPU runtime does not run {cfg.arch} (Gated DeltaNet hybrid) "
+                                 f"models yet; --device cpu runs the reference model")
             from .runtime.gpu_model import GPUModel
             model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads,
                              fast=fast and expert_slots is None)
@@ -204,7 +210,7 @@ class Engine:
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)
+        common = self.cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
         if mtp:
             common = self.mtp.keep_rows(ids, common)
         self.cache.truncate(min(common, self.cache.length))
@@ -218,6 +224,7 @@ class Engine:
             if mtp:
                 self.mtp.feed(hidden, s, ids)
             self.cached = ids[:s + len(part)]
+        self.cache.checkpoint()        # the prompt boundary: where a hybrid's next turn continues from
         logits, hidden = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
         self.cached = list(ids)
         stats.prompt_reused = common
@@ -313,3 +320,36 @@ class Engine:
                 gen.stats.draft_n_accepted += n_acc
         finally:
             gen.stats.predicted_ms = 1000 * (time.perf_counter() - t0)
+
+    # -- embeddings -------------------------------------------------------------------
+    def final_hidden(self, ids: list[int], cancel: Callable[[], bool] | None = None) -> torch.Tensor | None:
+        """The final hidden state of every row of `ids` (after the output norm: what
+        llama.cpp pools for embeddings), [T, D] float32 on the CPU; None if cancel() said so.
+
+        The rows are computed from position 0 in prefill chunks, so they overwrite the
+        cached conversation; afterwards the cache holds `ids`, as if they had been a prompt."""
+        if len(ids) > self.ctx_size:
+            raise ContextOverflow(f"the input has {len(ids)} tokens but the context holds {self.ctx_size}")
+        if not ids:
+            raise ValueError("the input is empty")
+        self.cache.truncate(0)
+        self.cached = []
+        chunk = DEFAULTS.engine.prefill_chunk
+        rows = []
+        for s in range(0, len(ids), chunk):
+            if cancel is not None and cancel():
+                return None
+            part = ids[s:s + chunk]
+            _, hidden = self.model.forward(torch.tensor(part), s, self.cache, logits=False)
+            rows.append(hidden.float().cpu())
+            self.cached = ids[:s + len(part)]
+        x = torch.cat(rows)                                                     # [T, D]
+        return rms_norm(x, self._output_norm(), self.cfg.norm_eps)
+
+    def _output_norm(self) -> torch.Tensor:
+        """The output norm's weight [D] (float32, CPU), read from the file once."""
+        if self._output_norm_w is None:
+            from .gguf.quants import dequantize
+            t = self.gguf.tensors["output_norm.weight"]
+            self._output_norm_w = dequantize(t.data, t.qtype, t.shape).float().reshape(-1)
+        return self._output_norm_w

@@ -18,6 +18,11 @@ _EXP = {T.F32: (torch.int32, 0x7F800000, 0x40000000),
         T.BF16: (torch.int16, 0x7F80, 0x4000)}
 
 
+# IQ1_M splits its fp16 d over the top nibbles of four u16 words; d's exponent bit 14
+# is bit 6 of the block's last byte, and clearing it makes d finite
+_SPLIT_D_EXP = {T.IQ1_M: (55, 0x40)}
+
+
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -34,6 +39,9 @@ def _random_bytes(qtype, n_blocks, g, finite: bool) -> torch.Tensor:
             field = blocks[:, offset:offset + width].contiguous().view(dtype)  # [n, 1]
             field = torch.where(field & exp == exp, field & ~bit, field)
             blocks[:, offset:offset + width] = field.view(torch.uint8)
+        if qtype in _SPLIT_D_EXP:
+            byte, bit = _SPLIT_D_EXP[qtype]
+            blocks[:, byte] &= ~bit & 0xFF
     return blocks
 
 
@@ -55,7 +63,9 @@ def _assert_bits_equal(ours: torch.Tensor, ref: torch.Tensor) -> None:
 
 def test_registry_matches_gguf_sizes():
     assert set(QUANTS) == {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
-                           T.Q4_K, T.Q5_K, T.Q6_K}
+                           T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                           T.IQ4_NL, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S,
+                           T.IQ1_S, T.IQ1_M, T.MXFP4, T.TQ1_0, T.TQ2_0}
     for qtype, q in QUANTS.items():
         assert q.qtype == qtype
         assert (q.block_size, q.type_size) == GGML_QUANT_SIZES[qtype]
@@ -75,10 +85,11 @@ def test_random_bytes_with_finite_scales(qtype, n_blocks):
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_entirely_random_bytes(qtype):
     q = QUANTS[qtype]
-    n_blocks = 4096 if qtype in FLOATS else 300   # enough to hit inf/nan scales
+    n_blocks = 4096 if qtype in FLOATS + (T.MXFP4,) else 300   # enough to hit inf/nan scales
     blocks = _random_bytes(qtype, n_blocks, _gen(1), finite=False)
     ref = _reference(blocks.numpy(), qtype).reshape(n_blocks, q.block_size)
-    assert ref.isnan().any()   # the case this test exists for
+    # the case this test exists for (MXFP4's scale byte has no NaN: 255 is 2^127, x 12 is inf)
+    assert (~ref.isfinite()).any() if qtype == T.MXFP4 else ref.isnan().any()
     _assert_bits_equal(q.dequantize_blocks(blocks), ref)
 
 
@@ -125,10 +136,10 @@ def test_expert_tensor_shapes_and_raw_forms(qtype):
 
 
 def test_unsupported_type_is_named():
-    with pytest.raises(ValueError, match="Q2_K"):
-        dequantize(np.zeros(84, np.uint8), T.Q2_K, (256,))
-    with pytest.raises(ValueError, match="IQ4_XS"):
-        random_blocks(T.IQ4_XS, 1, _gen(0))
+    with pytest.raises(ValueError, match="Q8_K"):
+        dequantize(np.zeros(292, np.uint8), T.Q8_K, (256,))
+    with pytest.raises(ValueError, match="NVFP4"):
+        random_blocks(T.NVFP4, 1, _gen(0))
 
 
 def test_size_mismatches_raise():
