@@ -7,8 +7,8 @@ are cut), the masked logits of the round's rows (row i under the state after dra
 [:i]), and to commit each token it emits. End-of-generation tokens are the grammar's EOS
 set: they are allowed exactly when the text so far is complete.
 
-Grammars are llguidance's JSON grammar strings, made by `json_schema_grammar` or
-`lark_grammar`; a schema or grammar the library refuses raises GrammarError (a ValueError,
+Grammars are llguidance's JSON grammar strings, made by `json_schema_grammar`,
+`lark_grammar` or `gbnf_grammar`; a schema or grammar the library refuses raises GrammarError (a ValueError,
 a 400 in the server).
 """
 from __future__ import annotations
@@ -62,6 +62,15 @@ def lark_json(schema: dict) -> str:
 
 def lark_grammar(lark: str) -> str:
     return _llguidance().LLMatcher.grammar_from_lark(lark)
+
+
+def gbnf_grammar(gbnf: str) -> str:
+    """llama.cpp's GBNF (`root ::= ...`), as llama-server's `grammar` field takes it."""
+    from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+    try:
+        return lark_grammar(gbnf_to_lark(gbnf))
+    except GbnfToLarkError as e:
+        raise GrammarError(f"invalid GBNF grammar: {e}") from None
 
 
 class GrammarVocab:
