@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from alphallama.engine import Engine, Generation
-from alphallama.grammar import GrammarError, TokenConstraint, json_schema_grammar, lark_grammar
+from alphallama.grammar import (
+    GrammarError,
+    TokenConstraint,
+    json_schema_grammar,
+    lark_grammar,
+)
 from alphallama.spec.config import SpecConfig
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "src" / "alphallama" / "data" / "alphallama-embedded.gguf"

@@ -7,14 +7,15 @@ are cut), the masked logits of the round's rows (row i under the state after dra
 [:i]), and to commit each token it emits. End-of-generation tokens are the grammar's EOS
 set: they are allowed exactly when the text so far is complete.
 
-Grammars are llguidance's JSON grammar strings, made by `json_schema_grammar` or
-`lark_grammar`; a schema or grammar the library refuses raises GrammarError (a ValueError,
+Grammars are llguidance's JSON grammar strings, made by `json_schema_grammar`,
+`lark_grammar` or `gbnf_grammar`; a schema or grammar the library refuses raises GrammarError (a ValueError,
 a 400 in the server).
 """
 from __future__ import annotations
 
 import copy
 import json
+
 import torch
 
 from .tokenizer import Tokenizer
@@ -63,6 +64,15 @@ def lark_grammar(lark: str) -> str:
     return _llguidance().LLMatcher.grammar_from_lark(lark)
 
 
+def gbnf_grammar(gbnf: str) -> str:
+    """llama.cpp's GBNF (`root ::= ...`), as llama-server's `grammar` field takes it."""
+    from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+    try:
+        return lark_grammar(gbnf_to_lark(gbnf))
+    except GbnfToLarkError as e:
+        raise GrammarError(f"invalid GBNF grammar: {e}") from None
+
+
 class GrammarVocab:
     """A Tokenizer as llguidance sees it: every token's bytes, control tokens marked special
     (a grammar names them as <[id]>; text never spells them), the end-of-generation tokens
@@ -100,8 +110,8 @@ class GrammarVocab:
         return None
 
     def allowed(self, bitmask: torch.Tensor) -> torch.Tensor:
-        """bitmask [W, ceil(V / 32)] int32 -> allowed [W, V] bool."""
-        bits = (bitmask[:, :, None] & self._bits) != 0          # [W, V/32, 32]
+        """bitmask [W, ceil(V / 32)] int32 -> allowed [W, V] bool, on the bitmask's device."""
+        bits = (bitmask[:, :, None] & self._bits.to(bitmask.device)) != 0   # [W, V/32, 32]
         return bits.reshape(bitmask.shape[0], -1)[:, :self.n_vocab]
 
 
@@ -148,9 +158,10 @@ class TokenConstraint:
                 self._fail()
         if drafts:
             self._m.rollback(len(drafts))
-        allowed = self.vocab.allowed(bitmask)                   # [W, V'] bool
+        # unpacked where the logits are: 32x fewer bytes cross to a GPU
+        allowed = self.vocab.allowed(bitmask.to(logits.device, non_blocking=True))   # [W, V'] bool
         v = logits.shape[-1]
         if allowed.shape[1] < v:                                # columns beyond the vocabulary
             allowed = torch.nn.functional.pad(allowed, (0, v - allowed.shape[1]))
-        return logits.masked_fill(~allowed[:, :v].to(logits.device, non_blocking=True), float("-inf"))
+        return logits.masked_fill(~allowed[:, :v], float("-inf"))
 

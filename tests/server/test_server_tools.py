@@ -9,9 +9,8 @@ import subprocess
 
 import jsonschema
 import pytest
-from openai import BadRequestError, OpenAI
-
 from conftest import QWEN, require
+from openai import BadRequestError, OpenAI
 from serverutil import free_port, wait_healthy
 from test_server_cli import serve_command
 
@@ -28,6 +27,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "languages": {"type": "array", "items": {"enum": ["python", "c", "go"]},
                                                          "maxItems": 3}},
           "required": ["name", "age", "languages"], "additionalProperties": False}
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 1, "maxItems": 4}
 CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "get_weather"}}}
 
 
@@ -149,6 +149,22 @@ def test_json_object_response(embedded):
         assert r.choices[0].message.content.lstrip().startswith("{")
 
 
+def test_llama_server_grammar_fields(embedded):
+    import httpx
+    base = str(embedded.base_url).removesuffix("/v1/").removesuffix("/v1")
+    gbnf = 'root ::= "answer: " ("yes" | "no") "."'
+    r = httpx.post(base + "/completion", headers={"Authorization": "Bearer k"}, timeout=300,
+                   json={"prompt": "def f():", "n_predict": 20, "grammar": gbnf}).json()
+    assert r["content"] in ("answer: yes.", "answer: no."), r
+    r = httpx.post(base + "/completion", headers={"Authorization": "Bearer k"}, timeout=300,
+                   json={"prompt": "x = ", "n_predict": 40, "json_schema": NUMBERS}).json()
+    jsonschema.validate(json.loads(r["content"]), NUMBERS)
+    chat = embedded.chat.completions.create(model="m", messages=ASK, max_tokens=40, extra_body={"grammar": gbnf})
+    assert chat.choices[0].message.content in ("answer: yes.", "answer: no.")
+    chat = embedded.chat.completions.create(model="m", messages=ASK, max_tokens=40, extra_body={"json_schema": NUMBERS})
+    jsonschema.validate(json.loads(chat.choices[0].message.content), NUMBERS)
+
+
 @pytest.mark.parametrize("kw, param", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -158,6 +174,7 @@ def test_json_object_response(embedded):
      "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"response_format": {"type": "yaml"}}, None),
+    ({"extra_body": {"grammar": "root ::= ((("}}, "grammar"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_bad_requests_are_400(embedded, kw, param):

@@ -8,14 +8,19 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TEMPLATES
 
 from alphallama.grammar import GrammarVocab, TokenConstraint, lark_grammar
 from alphallama.server.chat_output import closed_objects
-from alphallama.server.tool_formats import (HermesFormat, Llama3Format, MistralFormat, ToolSpec,
-                                            format_for_template)
+from alphallama.server.tool_formats import (
+    HermesFormat,
+    Llama3Format,
+    MistralFormat,
+    ToolSpec,
+    format_for_template,
+)
 from alphallama.server.tool_stream import ToolStream
 from alphallama.tokenizer import Tokenizer
-from conftest import TEMPLATES
 
 NAMES = frozenset({"get_weather", "add"})
 EMBEDDED = Path(__file__).resolve().parents[2] / "src" / "alphallama" / "data" / "alphallama-embedded.gguf"

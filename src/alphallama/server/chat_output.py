@@ -10,7 +10,8 @@ model's own template, and builds the grammar constraint that decoding obeys:
   tool, each tool's arguments by its `parameters` schema (objects closed where the schema
   is silent: `closed_objects`); a named function: one call of it;
 - tool_choice "auto" (the default with tools): no grammar, the output is parsed;
-- tool_choice "none": the tools are neither rendered nor parsed.
+- tool_choice "none": the tools are neither rendered nor parsed;
+- llama-server's `grammar` (GBNF) and `json_schema` fields, as its chat route takes them.
 
 Its `format` gives the route a ChatFormat that splits the text into content and
 tool_calls (OpenAI's message and chunk shapes, finish_reason "tool_calls").
@@ -18,7 +19,13 @@ tool_calls (OpenAI's message and chunk shapes, finish_reason "tool_calls").
 from __future__ import annotations
 
 from ..engine import Engine
-from ..grammar import GrammarError, TokenConstraint, json_schema_grammar, lark_grammar
+from ..grammar import (
+    GrammarError,
+    TokenConstraint,
+    gbnf_grammar,
+    json_schema_grammar,
+    lark_grammar,
+)
 from ..tokenizer import Tokenizer
 from .errors import APIError
 from .responses import ChatFormat
@@ -47,6 +54,27 @@ def _bad(message: str, param: str) -> APIError:
     return APIError("invalid_request", message, param=param)
 
 
+def native_grammar(gbnf: str | None, schema: dict | None) -> str | None:
+    """llama-server's own fields: `grammar` (GBNF) or `json_schema`; None when neither is sent."""
+    try:
+        if gbnf:
+            return gbnf_grammar(gbnf)
+        if schema is not None:
+            return json_schema_grammar(schema)
+    except GrammarError as e:
+        raise _bad(str(e), "grammar" if gbnf else "json_schema") from None
+    return None
+
+
+def make_constraint(engine: Engine, grammar: str | None, param: str) -> TokenConstraint | None:
+    if grammar is None:
+        return None
+    try:
+        return TokenConstraint(engine.grammar_vocab, grammar)
+    except GrammarError as e:
+        raise _bad(str(e), param) from None
+
+
 class ChatOutput:
     def __init__(self, body: ChatRequest):
         self.body = body
@@ -65,16 +93,14 @@ class ChatOutput:
         render = tools if choice != "none" else []
         if render:
             self._plan_tools(engine, choice)
-        grammar = self._response_grammar()
+        grammar, param = self._response_grammar(), "response_format"
+        if grammar is None:
+            grammar, param = native_grammar(body.grammar, body.json_schema), "grammar"
         if grammar is not None and choice not in ("none", "auto"):
-            raise _bad("response_format json cannot be combined with a forced tool_choice", "response_format")
+            raise _bad(f"{param} cannot be combined with a forced tool_choice", param)
         if grammar is None and render and choice != "auto":
-            grammar = self._tools_grammar(engine, choice)
-        if grammar is not None:
-            try:
-                self.constraint = TokenConstraint(engine.grammar_vocab, grammar)
-            except GrammarError as e:
-                raise _bad(str(e), "tools" if render and choice != "auto" else "response_format") from None
+            grammar, param = self._tools_grammar(engine, choice), "tools"
+        self.constraint = make_constraint(engine, grammar, param)
         kw = {"tools": [t.model_dump(exclude_none=True) for t in render]} if render else {}
         return engine.encode_chat(body.conversation(), **kw)
 

@@ -63,11 +63,8 @@ class NativeCompletionRequest(_Body):
                            "slot, 0", param="id_slot")
         if self.ignore_eos:
             raise APIError("invalid_request", "ignore_eos is not supported", param="ignore_eos")
-        if self.grammar:
-            raise APIError("invalid_request", "grammar-constrained sampling is not supported on /completion",
-                           param="grammar")
-        if self.json_schema is not None:
-            raise APIError("invalid_request", "json_schema is not supported on /completion", param="json_schema")
+        if self.grammar and self.json_schema is not None:
+            raise APIError("invalid_request", "send grammar or json_schema, not both", param="grammar")
         if self.n_cmpl != 1:
             raise APIError("invalid_request", f"n_cmpl={self.n_cmpl}: this server generates one completion "
                            "per request", param="n_cmpl")

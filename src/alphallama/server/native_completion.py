@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from ..engine import ContextOverflow, Engine, GenStats
 from ..sampling import SamplingParams
 from .calls import GONE, check_text_sizes, mixed_ids, on_engine
+from .chat_output import make_constraint, native_grammar
 from .errors import APIError
 from .llama_routes import params_json
 from .llama_schemas import NativeCompletionRequest
@@ -51,6 +52,8 @@ async def completion(body: NativeCompletionRequest, request: Request):
         body.check_supported()
         engine = st.ready_engine()
         ids = await run_in_threadpool(_prompt_ids, engine, body.prompt)
+        constraint = await run_in_threadpool(make_constraint, engine, native_grammar(body.grammar, body.json_schema),
+                                             "grammar" if body.grammar else "json_schema")
         try:
             engine.check_fits(len(ids))
         except ContextOverflow as e:
@@ -64,7 +67,7 @@ async def completion(body: NativeCompletionRequest, request: Request):
         if limit == 0:   # the prompt only: evaluated into the cache, nothing generated
             return await _prompt_only(request, answer)
         gen = GenRequest(ENDPOINT, ids, limit if limit > 0 else engine.ctx_size, sampling, stops,
-                         body.n_probs if body.n_probs > 0 else None)
+                         body.n_probs if body.n_probs > 0 else None, constraint=constraint)
         job = Job(gen, asyncio.get_running_loop())
         st.worker.submit(job)
     except APIError as e:

@@ -166,6 +166,8 @@ class ChatRequest(_Common):
     tools: list[ToolDef] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool = True
+    grammar: Text | None = None          # llama-server's: GBNF
+    json_schema: dict | None = None      # llama-server's: a schema without response_format
 
     def check_supported(self) -> None:   # tools and response_format: server/chat_output.py
         self.check_common()
