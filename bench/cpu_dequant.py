@@ -51,11 +51,11 @@ def main() -> None:
         exact = bool(torch.equal(ours.view(torch.int32), ref.view(torch.int32)))
         best = {"gguf_s": 1e9, "torch_1t_s": 1e9, "torch_s": 1e9}
         for _ in range(args.reps):
-            best["gguf_s"] = min(best["gguf_s"], best_of(lambda: ggq.dequantize(raw, qtype), 1))
+            best["gguf_s"] = min(best["gguf_s"], best_of(lambda raw=raw, qtype=qtype: ggq.dequantize(raw, qtype), 1))
             torch.set_num_threads(1)
-            best["torch_1t_s"] = min(best["torch_1t_s"], best_of(lambda: dequantize(raw, qtype, shape), 1))
+            best["torch_1t_s"] = min(best["torch_1t_s"], best_of(lambda raw=raw, qtype=qtype: dequantize(raw, qtype, shape), 1))
             torch.set_num_threads(threads)
-            best["torch_s"] = min(best["torch_s"], best_of(lambda: dequantize(raw, qtype, shape), 1))
+            best["torch_s"] = min(best["torch_s"], best_of(lambda raw=raw, qtype=qtype: dequantize(raw, qtype, shape), 1))
         r = {k: round(v, 4) for k, v in best.items()}
         results[qtype.name] = {"exact": exact, **r,
                                "gguf_over_torch_1t": round(best["gguf_s"] / best["torch_1t_s"], 2),

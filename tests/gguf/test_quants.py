@@ -3,9 +3,16 @@ import numpy as np
 import pytest
 import torch
 from gguf import quants as ref_quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
 
-from alphallama.gguf.quants import CPU_CHUNK_VALUES, QUANTS, RANDOM_WEIGHT_MAX, dequantize, random_blocks
+from alphallama.gguf.quants import (
+    CPU_CHUNK_VALUES,
+    QUANTS,
+    RANDOM_WEIGHT_MAX,
+    dequantize,
+    random_blocks,
+)
 
 TYPES = list(QUANTS)
 IDS = [t.name for t in TYPES]

@@ -17,7 +17,17 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from .quant_base import RANDOM_WEIGHT_MAX, QuantType
-from .quants_iq import IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS
+from .quants_iq import (
+    IQ1_M,
+    IQ1_S,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
+    IQ4_NL,
+    IQ4_XS,
+)
 from .quants_k import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 from .quants_legacy import BF16, F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .quants_misc import MXFP4, TQ1_0, TQ2_0
