@@ -94,6 +94,14 @@ def test_each_flag_parses_and_prints_its_note(command, argv, dest, value, says):
     assert line.startswith("alphallama: ") and says in line
 
 
+def test_embeddings_flag_on_serve_names_the_pooling():
+    line, = notes(parse("serve", "--embeddings", "--pooling", "last"), "serve")
+    assert "always on" in line and "last-pooled" in line
+    assert parse("serve", "--embedding").embeddings
+    with pytest.raises(SystemExit):
+        parse("serve", "--pooling", "max")
+
+
 def test_no_warmup_switches_the_warmup_off():
     assert warmup_wanted(parse("serve")) and not warmup_wanted(parse("serve", "--no-warmup"))
 

@@ -99,6 +99,11 @@ def _apply_cnv(args, command: str) -> str:
     return "-cnv: ignored; serve applies the chat template on /v1/chat/completions"
 
 
+def _apply_embeddings(args, command: str) -> str:
+    return (f"--embeddings: always on; /v1/embeddings serves the final hidden state, {args.pooling}-pooled "
+            f"and normalized (--pooling picks mean, cls or last)")
+
+
 COMPAT: tuple[Compat, ...] = (
     Compat(("-ngl", "--n-gpu-layers", "--gpu-layers"), "n_gpu_layers",
            {"type": _ngl, "metavar": "N", "help": "llama.cpp's layers on the GPU: 0 runs on the CPU; "
@@ -127,6 +132,9 @@ COMPAT: tuple[Compat, ...] = (
     Compat(("-cnv", "--conversation"), "conversation",
            {"action": "store_true", "default": None, "help": "run: an interactive chat (-p: the system message); serve: accepted"},
            ("run", "serve"), _apply_cnv),
+    Compat(("--embedding", "--embeddings"), "embeddings",
+           {"action": "store_true", "default": None, "help": "accepted for llama.cpp; /v1/embeddings is always on"},
+           ("serve",), _apply_embeddings),
 )
 
 

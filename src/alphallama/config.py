@@ -134,6 +134,8 @@ class ServerDefaults:
     max_body_bytes: int = 32 << 20   # larger request bodies get 413
     max_stop_strings: int = 16
     max_stop_chars: int = 1024    # per stop string (each generated token is checked against it)
+    max_embedding_inputs: int = 256   # inputs per /v1/embeddings request (each is one queued forward pass)
+    pooling: str = "mean"         # /v1/embeddings: mean | cls | last over the final hidden states
 
 
 @dataclass(frozen=True)

@@ -7,20 +7,26 @@ of prefilling them again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
 from .config import DEFAULTS
 from .gguf.arch import ModelConfig
+from .gguf.arch_qwen35 import HybridConfig
 from .gguf.reader import GGUFFile
+from .model.layers import rms_norm
 from .model.loader import load_model
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
 from .spec.drafter import NO_DRAFT
 from .spec.stats import SpecStats
 from .spec.verify import greedy_accept, speculative_sample
+
+if TYPE_CHECKING:   # llguidance is imported only when a request brings a grammar
+    from .grammar import GrammarVocab, TokenConstraint
 
 
 def resolve_device(device: str) -> str:
@@ -82,7 +88,8 @@ class Generation:
 def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     lp = torch.log_softmax(logits.float(), -1)     # [V]
     top = lp.topk(k) if k > 0 else None
-    return float(lp[token]), ([] if top is None else list(zip(top.indices.tolist(), top.values.tolist())))
+    pairs = [] if top is None else zip(top.indices.tolist(), top.values.tolist())
+    return float(lp[token]), [(t, v) for t, v in pairs if v != float("-inf")]   # a grammar's masked tokens
 
 
 class Engine:
@@ -96,6 +103,7 @@ class Engine:
         self.cache = model.new_cache(ctx_size)
         self.cached: list[int] = []    # tokens whose K/V rows are committed in self.cache
         self.mtp = mtp                 # spec.mtp.MTPState when the model has an MTP head
+        self._output_norm_w: torch.Tensor | None = None   # read on the first embedding
 
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
@@ -120,6 +128,9 @@ class Engine:
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
+            if isinstance(cfg, HybridConfig):
+                raise ValueError(f"{path}: the GPU runtime does not run {cfg.arch} (Gated DeltaNet hybrid) "
+                                 f"models yet; --device cpu runs the reference model")
             from .runtime.gpu_model import GPUModel
             model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads,
                              fast=fast and expert_slots is None)
@@ -130,6 +141,12 @@ class Engine:
         head = find_mtp_head(f, cfg, draft_head)
         mtp = load_mtp_state(*head, model, ctx, tok) if head is not None else None
         return cls(f, model, tok, tmpl, ctx, mtp)
+
+    @cached_property
+    def grammar_vocab(self) -> "GrammarVocab":
+        """The vocabulary as the grammar library sees it (built at the first constrained request)."""
+        from .grammar import GrammarVocab
+        return GrammarVocab(self.tokenizer, self.cfg.vocab_size)
 
     def reset(self) -> None:
         """Forget the cached conversation: the next prompt is prefilled whole."""
@@ -193,7 +210,7 @@ class Engine:
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)
+        common = self.cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
         if mtp:
             common = self.mtp.keep_rows(ids, common)
         self.cache.truncate(min(common, self.cache.length))
@@ -207,6 +224,7 @@ class Engine:
             if mtp:
                 self.mtp.feed(hidden, s, ids)
             self.cached = ids[:s + len(part)]
+        self.cache.checkpoint()        # the prompt boundary: where a hybrid's next turn continues from
         logits, hidden = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
         self.cached = list(ids)
         stats.prompt_reused = common
@@ -217,7 +235,8 @@ class Engine:
     def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
                  stop_ids: set[int] | None = None, gen: Generation | None = None,
                  spec: SpecConfig = SpecConfig(), logprobs: int | None = None,
-                 cancel: Callable[[], bool] | None = None) -> Iterator[int]:
+                 cancel: Callable[[], bool] | None = None,
+                 constraint: "TokenConstraint | None" = None) -> Iterator[int]:
         """Yield generated token ids as decode rounds commit them; `gen` (if given)
         receives tokens, stats and finish_reason. Stops at an end-of-generation token
         (not yielded), at max_tokens, or when the context is full.
@@ -227,7 +246,10 @@ class Engine:
         With no drafter every round has W = 1: plain decoding is the same loop.
         logprobs=k records each token's log-probability and the top k (0: just its own).
         cancel() is polled between prefill chunks (a long prompt can be abandoned);
-        during decoding, closing the generator is the way to stop."""
+        during decoding, closing the generator is the way to stop.
+        constraint: a grammar (grammar.py) every emitted token obeys: drafts are cut at the
+        first token it rejects and each verify row is masked under its state, so exact mode
+        still equals plain constrained greedy."""
         self.check_fits(len(prompt_ids))
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
@@ -244,6 +266,8 @@ class Engine:
         logits, hidden = out
         t0 = time.perf_counter()
         try:
+            if constraint is not None:
+                logits = constraint.mask_rows(logits[None], [])[0]
             to_emit = [sampler.sample(logits)]
             if mtp is not None:            # the last prompt row and the first token: MTP entry len(prompt)
                 mtp.stage(hidden, len(prompt), to_emit)
@@ -255,6 +279,8 @@ class Engine:
                     if t in stop:
                         gen.finish_reason = "stop"
                         return
+                    if constraint is not None:
+                        constraint.commit(t)
                     if logprobs is not None:
                         gen.logprobs.append(_logprobs(rows_logits[j], t, logprobs))
                     gen.tokens.append(t)
@@ -269,8 +295,13 @@ class Engine:
                     return
                 room = min(max_tokens - len(gen.tokens) - 1, self.ctx_size - pos - 1)
                 draft = drafter.propose(room) if drafter is not None and room > 0 else NO_DRAFT
+                if constraint is not None and draft.tokens:      # a token the grammar rejects ends the draft
+                    keep = constraint.valid_prefix(draft.tokens)
+                    draft = replace(draft, tokens=draft.tokens[:keep], probs=draft.probs[:keep])
                 rows = [to_emit[-1], *draft.tokens]
                 logits, hidden = self.model.verify(torch.tensor(rows), pos, self.cache, exact=not spec.fast)
+                if constraint is not None:
+                    logits = constraint.mask_rows(logits, draft.tokens)
                 if sampling.greedy:
                     to_emit = greedy_accept(draft.tokens, logits)
                 else:
@@ -289,3 +320,36 @@ class Engine:
                 gen.stats.draft_n_accepted += n_acc
         finally:
             gen.stats.predicted_ms = 1000 * (time.perf_counter() - t0)
+
+    # -- embeddings -------------------------------------------------------------------
+    def final_hidden(self, ids: list[int], cancel: Callable[[], bool] | None = None) -> torch.Tensor | None:
+        """The final hidden state of every row of `ids` (after the output norm: what
+        llama.cpp pools for embeddings), [T, D] float32 on the CPU; None if cancel() said so.
+
+        The rows are computed from position 0 in prefill chunks, so they overwrite the
+        cached conversation; afterwards the cache holds `ids`, as if they had been a prompt."""
+        if len(ids) > self.ctx_size:
+            raise ContextOverflow(f"the input has {len(ids)} tokens but the context holds {self.ctx_size}")
+        if not ids:
+            raise ValueError("the input is empty")
+        self.cache.truncate(0)
+        self.cached = []
+        chunk = DEFAULTS.engine.prefill_chunk
+        rows = []
+        for s in range(0, len(ids), chunk):
+            if cancel is not None and cancel():
+                return None
+            part = ids[s:s + chunk]
+            _, hidden = self.model.forward(torch.tensor(part), s, self.cache, logits=False)
+            rows.append(hidden.float().cpu())
+            self.cached = ids[:s + len(part)]
+        x = torch.cat(rows)                                                     # [T, D]
+        return rms_norm(x, self._output_norm(), self.cfg.norm_eps)
+
+    def _output_norm(self) -> torch.Tensor:
+        """The output norm's weight [D] (float32, CPU), read from the file once."""
+        if self._output_norm_w is None:
+            from .gguf.quants import dequantize
+            t = self.gguf.tensors["output_norm.weight"]
+            self._output_norm_w = dequantize(t.data, t.qtype, t.shape).float().reshape(-1)
+        return self._output_norm_w

@@ -198,23 +198,23 @@ def _header_len(p) -> int:
 
 
 def test_run_names_a_tensor_in_a_type_it_cannot_compute(tmp_path):
-    """NVFP4 (64 values in 36 bytes) has Q4_0's bytes per value: the header stays valid
-    (inspect describes it), and `run` refuses it in one line naming the tensor instead of
-    a traceback."""
+    """I32 has F32's geometry (4 bytes an element; a valid GGUF type that holds no weights
+    we can compute with): the header stays valid (inspect describes it), and `run` refuses
+    it in one line naming the tensor instead of a traceback."""
     from alphallama.gguf.writer import PRESETS, write_synthetic
-    p = tmp_path / "nvfp4.gguf"
+    p = tmp_path / "i32.gguf"
     write_synthetic(PRESETS["tiny-llama"](quant="Q4_0"), p)
     data = bytearray(p.read_bytes())
-    name = b"blk.0.attn_q.weight"
+    name = b"blk.0.attn_norm.weight"
     at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
     n_dims = struct.unpack_from("<I", data, at)[0]
     at += 4 + 8 * n_dims
-    assert struct.unpack_from("<I", data, at)[0] == Q.Q4_0
-    data[at:at + 4] = struct.pack("<I", Q.NVFP4)
+    assert struct.unpack_from("<I", data, at)[0] == Q.F32
+    data[at:at + 4] = struct.pack("<I", Q.I32)
     p.write_bytes(bytes(data))
     r = subprocess.run([sys.executable, "-m", "alphallama.cli", "inspect", "-m", str(p)], capture_output=True,
                        text=True, timeout=60)
-    assert r.returncode == 0 and "NVFP4" in r.stdout, r.stderr
+    assert r.returncode == 0 and "I32" in r.stdout, r.stderr
     r = subprocess.run([sys.executable, "-m", "alphallama.cli", "run", "-m", str(p), "-p", "hi", "-n", "1",
                         "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
@@ -223,4 +223,4 @@ def test_run_names_a_tensor_in_a_type_it_cannot_compute(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert "Traceback" not in r.stderr and [i for i, line in enumerate(lines) if "error" in line] == [len(lines) - 1]
     assert lines[-1].startswith(
-        f"alphallama: error: {p}: tensor 'blk.0.attn_q.weight': quant type NVFP4 is not supported"), r.stderr
+        f"alphallama: error: {p}: tensor 'blk.0.attn_norm.weight': quant type I32 "), r.stderr

@@ -53,8 +53,9 @@ def test_malformed_bodies_are_400(server, body):
     (dict(seed=2 ** 70), "seed"),
     (dict(logprobs=True, top_logprobs=50), "top_logprobs"),
     (dict(n=2), "n"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    (dict(response_format={"type": "yaml"}), "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}), "response_format"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),   # ChatML: no tool format
     (dict(stop=[str(i) for i in range(17)]), "stop"),
     (dict(stop="x" * 1025), "stop"),
     (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role"),

@@ -24,6 +24,19 @@ CASES = {
     ("get", "/v1/models"): ([None], ["no key"]),
     ("get", "/health"): ([None], []),
     ("get", "/metrics"): ([None], ["no key"]),
+    # llama-server's own routes (server/llama_routes.py, native_completion.py, embeddings.py)
+    ("get", "/props"): ([None], ["no key"]),
+    ("get", "/slots"): ([None], ["no key"]),
+    ("post", "/tokenize"): ([{"content": "Once"}, {"content": "á", "with_pieces": True}],
+                            [{"content": 5}, {"content": [99999]}, None]),
+    ("post", "/detokenize"): ([{"tokens": [1, 403]}], [{"tokens": [-1]}, None]),
+    ("post", "/apply-template"): ([CHAT], [{"messages": []}, None]),
+    ("post", "/completion"): ([{"prompt": "Once", "n_predict": 3}, {"prompt": [1, 2], "n_predict": 2, "n_probs": 2},
+                               {"prompt": "Once", "n_predict": 2, "response_fields": ["content"]}],
+                              [{"prompt": ["a", "b"]}, {"prompt": "a", "n_predict": -3}, None]),
+    ("post", "/v1/embeddings"): ([{"input": "Once"}, {"input": ["a", [1, 2]], "encoding_format": "base64"}],
+                                 [{"input": []}, {"input": "a", "encoding_format": "hex"}, None]),
+    ("post", "/embeddings"): ([{"content": "Once"}], [{}, None]),
 }
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+from . import arch_variants as av
+from .arch_variants import Variant
 from .reader import GGUFError, GGUFFile
 
 
@@ -37,6 +39,7 @@ class ModelConfig:
     norm_topk_prob: bool = True    # renormalise the top-k router weights to sum to 1
     tied_embeddings: bool = False  # no output.weight: the output head is token_embd
     n_nextn: int = 0               # MTP blocks in the file after the main layers (nextn_predict_layers)
+    variant: Variant = Variant()   # the architecture's departures from the base block (arch_variants)
 
     @property
     def is_moe(self) -> bool:
@@ -58,6 +61,11 @@ class ArchSpec:
     qkv_bias: bool = False
     qk_norm: bool = False
     moe: bool = False
+    # non-transformer layers (arch_qwen35): the config beyond ModelConfig's fields, and the tensor list
+    hybrid: Callable[[ModelConfig, dict[str, Any], str], ModelConfig] | None = None
+    tensors: Callable[[ModelConfig], dict[str, tuple[int, ...]]] | None = None
+    reader: av.Reader = av.base    # metadata -> Variant
+    norm_topk: bool = True         # default of expert_weights_norm (llama.cpp's norm_w)
 
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (
@@ -65,6 +73,11 @@ ARCHS: dict[str, ArchSpec] = {a.name: a for a in (
     ArchSpec("qwen2", rope_neox=True, qkv_bias=True),
     ArchSpec("qwen3", rope_neox=True, qk_norm=True),
     ArchSpec("qwen3moe", rope_neox=True, qk_norm=True, moe=True),
+    ArchSpec("gemma3", rope_neox=True, qk_norm=True, reader=av.gemma3),
+    ArchSpec("gpt-oss", rope_neox=True, qkv_bias=True, moe=True, reader=av.gpt_oss, norm_topk=False),
+    ArchSpec("phi3", rope_neox=True, reader=av.phi3),
+    ArchSpec("mistral3", rope_neox=False, reader=av.mistral3),
+    ArchSpec("qwen2moe", rope_neox=True, qkv_bias=True, moe=True, reader=av.qwen2moe, norm_topk=False),
 )}
 
 
@@ -138,9 +151,10 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
         n_experts=g("expert_count", 0, lo=0) if spec.moe else 0,
         n_experts_used=g("expert_used_count", 0, lo=0) if spec.moe else 0,
         d_ff_expert=g("expert_feed_forward_length", 0, lo=0) if spec.moe else 0,
-        norm_topk_prob=bool(_get(md, f"{arch}.expert_weights_norm", path, True)),
+        norm_topk_prob=bool(md.get(f"{arch}.expert_weights_norm", spec.norm_topk)),
         tied_embeddings=tensors is not None and "output.weight" not in tensors,
         n_nextn=n_nextn,
+        variant=spec.reader(av.Meta(md, arch, path, n_blocks - n_nextn, tensors)),
     )
     if spec.moe and not (cfg.n_experts > 0 and 0 < cfg.n_experts_used <= cfg.n_experts
                          and cfg.d_ff_expert > 0):
@@ -149,7 +163,7 @@ def config_from_metadata(md: dict[str, Any], tensors: dict[str, Any] | None = No
     if n_heads % n_kv or cfg.rope_dim > head_dim or cfg.rope_dim % 2:
         raise GGUFError(f"{path}: inconsistent attention shape: {n_heads} heads, {n_kv} kv heads, "
                         f"head_dim {head_dim}, rope dims {cfg.rope_dim}")
-    return cfg
+    return spec.hybrid(cfg, md, path) if spec.hybrid is not None else cfg
 
 
 def layer_tensors(cfg: ModelConfig, i: int, moe: bool, d_ff: int) -> dict[str, tuple[int, ...]]:
@@ -180,17 +194,21 @@ def layer_tensors(cfg: ModelConfig, i: int, moe: bool, d_ff: int) -> dict[str, t
     else:
         out |= {p + "ffn_gate.weight": (d_ff, D), p + "ffn_up.weight": (d_ff, D),
                 p + "ffn_down.weight": (D, d_ff)}
-    return out
+    add, drop = av.variant_tensors(cfg, i, moe)
+    return {k: s for k, s in out.items() if k not in drop} | add
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model needs, name -> torch-order shape ([out, in] for matrices)."""
+    if ARCHS[cfg.arch].tensors is not None:
+        return ARCHS[cfg.arch].tensors(cfg)
     out: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (cfg.vocab_size, cfg.d_model),
         "output_norm.weight": (cfg.d_model,),
     }
     if not cfg.tied_embeddings:
         out["output.weight"] = (cfg.vocab_size, cfg.d_model)
+    out |= av.global_tensors(cfg)
     for i in range(cfg.n_layers):
         out |= layer_tensors(cfg, i, cfg.is_moe, cfg.d_ff)
     return out
@@ -304,3 +322,8 @@ def find_mtp_head(f: GGUFFile, cfg: ModelConfig,
         head = GGUFFile(side)
         return head, mtp_head_config(head, cfg, sidecar=True)
     return None
+
+
+from .arch_qwen35 import HYBRID_ARCHS  # noqa: E402  (the hybrids' module builds on the names above)
+
+ARCHS |= {a.name: a for a in HYBRID_ARCHS}

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
 from .arch import ARCHS, ModelConfig, expected_tensors, mtp_tensors
+from .arch_variants import Meta, Variant
 from .quants import dequantize, quant_type, random_blocks
 from .synth_spec import QUANT_GROUPS, SyntheticSpec
 
@@ -46,6 +47,17 @@ class PlannedTensor:
 _FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 
 
+# 1-D tensors that are not norm weights: their (mean, std). The rope factor tensors are
+# positive frequency divisors (rope_freqs is replaced by the llama3 rule in tensor_data).
+_VECTORS = {
+    "attn_sinks": lambda cfg: (0.0, 1.0),
+    "ffn_gate_inp_shexp": lambda cfg: (0.0, 1.0 / math.sqrt(cfg.d_model)),
+    "rope_freqs": lambda cfg: (1.0, 0.0),
+    "rope_factors_long": lambda cfg: (3.0, 0.5),
+    "rope_factors_short": lambda cfg: (1.2, 0.05),
+}
+
+
 # --- the tensor plan --------------------------------------------------------------
 
 def model_config(spec: SyntheticSpec, n_vocab: int) -> ModelConfig:
@@ -58,19 +70,35 @@ def model_config(spec: SyntheticSpec, n_vocab: int) -> ModelConfig:
     if spec.n_heads % spec.n_kv_heads or spec.head_dim % 2:
         raise ValueError(f"bad attention shape: {spec.n_heads} heads, {spec.n_kv_heads} kv heads, "
                          f"head_dim {spec.head_dim}")
-    return ModelConfig(
+    return spec.extend_config(ModelConfig(
+        variant=_variant(spec, a),
         arch=spec.arch, n_layers=spec.n_layers, d_model=spec.d_model, n_heads=spec.n_heads,
         n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, d_ff=spec.d_ff, vocab_size=n_vocab,
         ctx_len=spec.ctx_len, norm_eps=_as_f32(spec.norm_eps), rope_base=_as_f32(spec.rope_base),
         rope_dim=spec.head_dim, rope_neox=a.rope_neox, qkv_bias=a.qkv_bias, qk_norm=a.qk_norm,
         n_experts=spec.n_experts if a.moe else 0, n_experts_used=spec.n_experts_used if a.moe else 0,
         d_ff_expert=spec.d_ff_expert if a.moe else 0, tied_embeddings=spec.tied_embeddings,
-        n_nextn=1 if spec.mtp else 0)
+        n_nextn=1 if spec.mtp else 0, norm_topk_prob=a.norm_topk))
+
+
+def _variant(spec: SyntheticSpec, a) -> Variant:
+    """The Variant the architecture's reader derives from the metadata this spec writes
+    (the keys the readers consult, float32 where the file stores float32)."""
+    keys = {"embedding_length": spec.d_model, "attention.head_count": spec.n_heads,
+            "attention.key_length": spec.head_dim, "context_length": spec.ctx_len, "feed_forward_length": spec.d_ff,
+            "rope.freq_base": _as_f32(spec.rope_base)}
+    keys |= {k: _as_f32(v) if type(v) is float else v for k, v in spec.extra_md.items()}
+    present = set(spec.rope_factors) | ({"blk.0.attn_qkv.weight"} if spec.fused_qkv else set())
+    return a.reader(Meta({f"{spec.arch}.{k}": v for k, v in keys.items()}, spec.arch, "<synthetic spec>",
+                         spec.n_layers, dict.fromkeys(present)))
 
 
 def _mtp_shapes(spec: SyntheticSpec, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if spec.mtp not in ("dense", "moe"):
         raise ValueError(f"mtp must be None, 'dense' or 'moe', not {spec.mtp!r}")
+    own = spec.mtp_shapes(cfg)
+    if own is not None:
+        return own
     return mtp_tensors(cfg, spec.n_layers, spec.mtp == "moe", spec.mtp_d_ff or spec.d_ff)
 
 
@@ -119,8 +147,14 @@ def plan_tensors(spec: SyntheticSpec, n_vocab: int, sidecar: bool = False) -> li
     for name in names:
         shape = shapes[name]
         group, layer = _group(name)
-        if name.endswith(".bias"):
+        override = spec.init_override(name)
+        if override is not None:
+            plan.append(PlannedTensor(name, shape, T.F32, override[1], mean=override[0]))
+        elif name.endswith(".bias"):
             plan.append(PlannedTensor(name, shape, T.F32, BIAS_STD))
+        elif group in _VECTORS:   # vectors that are not norms: (mean, std) by role
+            mean, std = _VECTORS[group](cfg)
+            plan.append(PlannedTensor(name, shape, T.F32, std, mean=mean))
         elif len(shape) == 1:   # norm weights
             plan.append(PlannedTensor(name, shape, T.F32, NORM_NOISE, mean=1.0))
         else:   # matrices: outputs of RMS ~1 for inputs of RMS ~1
@@ -133,6 +167,19 @@ def plan_tensors(spec: SyntheticSpec, n_vocab: int, sidecar: bool = False) -> li
 
 
 # --- tensor values ----------------------------------------------------------------
+
+def llama3_rope_freqs(n_dims: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                      old_ctx: int = 8192) -> torch.Tensor:
+    """Llama 3.1's rope frequency divisors [n_dims/2] (float32), as its converter computes
+    them: 1 for short wavelengths, `factor` for long ones, smooth in between."""
+    freqs = base ** (-torch.arange(0, n_dims, 2, dtype=torch.float64) / n_dims)   # [n_dims/2]
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    out = torch.where(wavelen < old_ctx / high, torch.ones_like(freqs),
+                      torch.where(wavelen > old_ctx / low, torch.full_like(freqs, factor), mid))
+    return out.float()
+
 
 _TORCH_FLOAT = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 
@@ -161,6 +208,8 @@ def tensor_data(spec: SyntheticSpec, t: PlannedTensor) -> np.ndarray:
     """The stored bytes of one planned tensor (uint8 [nbytes]); the same for the same seed."""
     g = _generator(spec.seed, t.name)
     n = math.prod(t.shape)
+    if t.name == "rope_freqs.weight":
+        return llama3_rope_freqs(2 * n, spec.rope_base).numpy().view(np.uint8)  # [nbytes]
     if t.qtype in _TORCH_FLOAT:
         x = t.mean + t.std * torch.randn(n, generator=g)  # [n]
         return x.to(_TORCH_FLOAT[t.qtype]).view(torch.uint8).numpy()  # [nbytes]

@@ -13,7 +13,10 @@ from gguf import LlamaFileType
 # Tensor groups a `quant` mapping may name ("blk.N.<group>" overrides one layer).
 # Norms, biases and the MoE router (ffn_gate_inp) are always F32, as llama.cpp keeps them.
 QUANT_GROUPS = ("embd", "output", "attn_q", "attn_k", "attn_v", "attn_output",
-                "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+                "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                # the hybrids (synth_qwen35): DeltaNet projections and the shared expert
+                "attn_qkv", "attn_gate", "ssm_out", "ssm_alpha", "ssm_beta", "ssm_ba",
+                "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,25 @@ class SyntheticSpec:
     file_type: int | None = None   # general.file_type; None: from the type holding most weights
     mtp: str | None = None         # an MTP head (docs/MTP.md) with a "dense" or "moe" FFN; None: none
     mtp_d_ff: int = 0              # its dense FFN width; 0: d_ff
+    extra_md: Mapping[str, Any] = field(default_factory=dict)  # more "{arch}.<key>" metadata (rope scaling, windows, ...)
+    rope_factors: tuple[str, ...] = ()   # global rope factor tensors to write (rope_freqs, longrope's pair)
+    fused_qkv: bool = False              # one blk.N.attn_qkv instead of attn_q/k/v
+
+    # Architectures with more than attention layers (synth_qwen35.HybridSpec) override these.
+    def extend_config(self, cfg: Any) -> Any:
+        """The ModelConfig the reader derives, from the common one."""
+        return cfg
+
+    def add_metadata(self, w: Any) -> None:
+        """Metadata keys beyond the common ones (w: a gguf.GGUFWriter)."""
+
+    def init_override(self, name: str) -> tuple[float, float] | None:
+        """(mean, std) for a tensor whose values are not those of a matrix, norm or bias."""
+        return None
+
+    def mtp_shapes(self, cfg: Any) -> dict[str, tuple[int, ...]] | None:
+        """The MTP block's tensors where they differ from docs/MTP.md's layout; None: that layout."""
+        return None
 
 
 # --- quant mixes ------------------------------------------------------------------
@@ -140,3 +162,13 @@ PRESETS: dict[str, Callable[..., SyntheticSpec]] = {
         head_dim=128, d_ff=6144, n_experts=128, n_experts_used=8, d_ff_expert=768,
         ctx_len=40960, vocab_size=151936), quant="Q4_K_M"),
 }
+
+
+from .synth_qwen35 import HYBRID_PRESETS  # noqa: E402  (built on the names above)
+
+PRESETS |= HYBRID_PRESETS
+
+# the architectures of arch_variants (gemma3, gpt-oss, phi3, mistral3, qwen2moe, scaled-rope llamas)
+from .synth_presets_archs import arch_presets  # noqa: E402  (needs _preset and _TINY above)
+
+PRESETS |= arch_presets(_preset, _TINY)

@@ -79,8 +79,22 @@ def _add_model_metadata(w: GGUFWriter, spec: SyntheticSpec, n_vocab: int, file_t
     if spec.arch in _WRITES_VOCAB_SIZE_AND_ROPE_DIMS:
         w.add_vocab_size(n_vocab)
         w.add_rope_dimension_count(spec.head_dim)
+    spec.add_metadata(w)
+    for key, value in spec.extra_md.items():
+        _add_typed(w, f"{spec.arch}.{key}", value)
     w.add_file_type(file_type)
     w.add_quantization_version(GGML_QUANT_VERSION)
+
+
+# python type -> the writer's typed adder (floats as float32, ints as uint32, as the converter does)
+_TYPED = {bool: GGUFWriter.add_bool, int: GGUFWriter.add_uint32, float: GGUFWriter.add_float32,
+          str: GGUFWriter.add_string, list: GGUFWriter.add_array}
+
+
+def _add_typed(w: GGUFWriter, key: str, value: Any) -> None:
+    if type(value) not in _TYPED:
+        raise ValueError(f"metadata {key}: cannot write a {type(value).__name__}")
+    _TYPED[type(value)](w, key, value)
 
 
 def write_synthetic(spec: SyntheticSpec, path: str | Path,

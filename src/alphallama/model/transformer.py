@@ -1,5 +1,6 @@
-"""The reference transformer: llama, qwen2, qwen3 and qwen3moe in one module, chosen by
-the flags of ModelConfig (biases, q/k norms, routed experts, rope layout), never by name.
+"""The reference transformer: every architecture of gguf.arch in one module, chosen by
+the flags of ModelConfig and its Variant (biases, q/k norms, routed and shared experts,
+rope layout and scaling, sliding windows, sinks, post norms, activations), never by name.
 
 Float32 on CPU, weights dequantized once at load. The GPU runtime is checked against it.
 """
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
 from ..runtime.kv_cache import KVCache
-from .layers import apply_rope, attention, moe, rms_norm, rope_tables, swiglu
+from .layers import ACTIVATIONS, apply_rope, attention, moe, rms_norm
+from .rope import layer_tables
 
 
 class Transformer:
@@ -18,7 +20,8 @@ class Transformer:
         self.cfg = cfg
         self.w = weights
         self.max_len = max_len
-        self.cos, self.sin = rope_tables(max_len, cfg.rope_dim, cfg.rope_base)  # [max_len, rope_dim/2]
+        self.ropes = layer_tables(cfg, max_len, weights)          # per layer: cos/sin [max_len, rope_dim/2]
+        self.cos, self.sin = self.ropes[cfg.n_layers - 1]          # a full-attention layer's (the MTP head's)
         self.output = weights.get("output.weight", weights["token_embd.weight"])   # [V, D] (tied if absent)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
@@ -28,34 +31,60 @@ class Transformer:
     def _linear(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         return F.linear(x, self.w[prefix + ".weight"], self.w.get(prefix + ".bias"))
 
-    def _layer(self, i: int, x: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
-        c, w, p = self.cfg, self.w, f"blk.{i}."
-        T = x.shape[0]
-        h = rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps)                   # [T, D]
-        q = self._linear(h, p + "attn_q")                                        # [T, H*hd]
-        k = self._linear(h, p + "attn_k")                                        # [T, n_kv*hd]
-        v = self._linear(h, p + "attn_v")                                        # [T, n_kv*hd]
-        q = q.view(T, c.n_heads, c.head_dim)
-        k = k.view(T, c.n_kv_heads, c.head_dim)
-        v = v.view(T, c.n_kv_heads, c.head_dim)
+    def _qkv(self, h: torch.Tensor, p: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.cfg
+        if c.variant.fused_qkv:
+            return self._linear(h, p + "attn_qkv").split([c.q_dim, c.kv_dim, c.kv_dim], dim=-1)
+        return self._linear(h, p + "attn_q"), self._linear(h, p + "attn_k"), self._linear(h, p + "attn_v")
+
+    def _attention(self, i: int, h: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
+        c, w, p, v = self.cfg, self.w, f"blk.{i}.", self.cfg.variant
+        T = h.shape[0]
+        q, k, val = self._qkv(h, p)                                              # [T, H*hd], [T, n_kv*hd] x2
+        q = q.reshape(T, c.n_heads, c.head_dim)
+        k = k.reshape(T, c.n_kv_heads, c.head_dim)
+        val = val.reshape(T, c.n_kv_heads, c.head_dim)
         if c.qk_norm:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        cos, sin = (t[pos:pos + T] for t in self.ropes[i])
         q = apply_rope(q, cos, sin, c.rope_neox)
         k = apply_rope(k, cos, sin, c.rope_neox)
+        if v.attn_temp_scale:   # [T] llama4's query temperature, by absolute position
+            p_ = torch.arange(pos, pos + T, dtype=torch.float64)
+            q = q * (torch.log(torch.floor(p_ / v.attn_temp_floor) + 1) * v.attn_temp_scale + 1).float()[:, None, None]
         cache.k[i, :, pos:pos + T] = k.transpose(0, 1)                           # [n_kv, T, hd]
-        cache.v[i, :, pos:pos + T] = v.transpose(0, 1)
-        a = attention(q, cache.k[i, :, :pos + T], cache.v[i, :, :pos + T], pos)  # [T, H*hd]
-        x = x + self._linear(a, p + "attn_output")
-        h = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)
+        cache.v[i, :, pos:pos + T] = val.transpose(0, 1)
+        a = attention(q, cache.k[i, :, :pos + T], cache.v[i, :, :pos + T], pos,  # [T, H*hd]
+                      v.attn_scale or None, v.sliding_window if v.is_swa(i) else 0, w.get(p + "attn_sinks.weight"))
+        a = self._linear(a, p + "attn_output")
+        return rms_norm(a, w[p + "post_attention_norm.weight"], c.norm_eps) if v.post_norms else a
+
+    def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        c, w, p, v = self.cfg, self.w, f"blk.{i}.", self.cfg.variant
         if c.is_moe:
-            f = moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"],
-                    w[p + "ffn_up_exps.weight"], w[p + "ffn_down_exps.weight"],
-                    c.n_experts_used, c.norm_topk_prob)
+            bias = (lambda n: w[p + n + ".bias"]) if v.expert_bias else (lambda n: None)  # noqa: E731
+            f = moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"],
+                    w[p + "ffn_down_exps.weight"], c.n_experts_used, c.norm_topk_prob, bias("ffn_gate_inp"),
+                    v.moe_gating, (bias("ffn_gate_exps"), bias("ffn_up_exps"), bias("ffn_down_exps"))
+                    if v.expert_bias else None, v.ffn_act)
+            if v.shared_expert_ff:
+                g = torch.sigmoid(h @ w[p + "ffn_gate_inp_shexp.weight"])[:, None]      # [T, 1]
+                f = f + g * self._dense(h, p + "ffn_gate_shexp", p + "ffn_up_shexp", p + "ffn_down_shexp", "silu")
+        elif v.fused_gate_up:
+            gate, up = self._linear(h, p + "ffn_up").chunk(2, dim=-1)                  # [T, F] x2
+            f = self._linear(ACTIVATIONS[v.ffn_act](gate, up), p + "ffn_down")
         else:
-            f = swiglu(h, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"])
-        return x + f
+            f = self._dense(h, p + "ffn_gate", p + "ffn_up", p + "ffn_down", v.ffn_act)
+        return rms_norm(f, w[p + "post_ffw_norm.weight"], c.norm_eps) if v.post_norms else f
+
+    def _dense(self, h: torch.Tensor, gate: str, up: str, down: str, act: str) -> torch.Tensor:
+        return self._linear(ACTIVATIONS[act](self._linear(h, gate), self._linear(h, up)), down)   # [T, D]
+
+    def _layer(self, i: int, x: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
+        c, w, p = self.cfg, self.w, f"blk.{i}."
+        x = x + self._attention(i, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps), pos, cache)
+        return x + self._ffn(i, rms_norm(x, w[p + c.variant.ffn_norm + ".weight"], c.norm_eps))
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache,
@@ -71,13 +100,17 @@ class Transformer:
         if pos > cache.length or pos + T > cache.max_len:
             raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
         x = self.w["token_embd.weight"][tokens]                                   # [T, D]
+        if self.cfg.variant.embed_scale != 1.0:
+            x = x * self.cfg.variant.embed_scale
         for i in range(self.cfg.n_layers):
             x = self._layer(i, x, pos, cache)
         cache.length = pos + T
         if not logits:
             return None, x
         h = rms_norm(x, self.w["output_norm.weight"], self.cfg.norm_eps)
-        return F.linear(h, self.output), x
+        out = F.linear(h, self.output)                                            # [T, V]
+        cap = self.cfg.variant.final_softcap
+        return (torch.tanh(out / cap) * cap if cap else out), x
 
     def verify(self, tokens: torch.Tensor, pos: int, cache: KVCache, exact: bool = True):
         """A decode round: W rows (the last committed token and W-1 drafts).

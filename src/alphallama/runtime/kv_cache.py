@@ -3,7 +3,8 @@
 Rows are written at their positions by the forward pass; `length` says how many are
 committed. Rolling back a rejected speculative suffix is `truncate(n)`: attention only
 ever reads positions below the current row, so rows past `length` leave no trace and
-are simply overwritten later.
+are simply overwritten later. (A recurrent state cannot forget rows: runtime/hybrid_cache.py
+keeps the positions it can return to; `restorable` and `checkpoint` are the common interface.)
 """
 from __future__ import annotations
 
@@ -23,3 +24,10 @@ class KVCache:
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} rows to {n}")
         self.length = n
+
+    def restorable(self, n: int) -> int:
+        """The longest prefix of at most n rows the cache can return to (any, up to its length)."""
+        return min(n, self.length)
+
+    def checkpoint(self) -> None:
+        """Nothing to remember: any prefix of the rows is restorable."""

@@ -18,15 +18,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import Engine
 from .cors import add_cors
+from .embeddings import router as embeddings_router
 from .errors import APIError, install_handlers
+from .llama_routes import router as llama_router
 from .metrics import Metrics
+from .native_completion import router as native_completion_router
 from .response_schemas import Health, error_responses, install_openapi
 from .routes import router
 from .state import AppState, ServerSettings, app_state
+from .webui import router as webui_router
 from .worker import EngineWorker
 
-# Reachable without the API key: liveness probes and the API's own documentation.
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# Reachable without the API key: liveness probes, the API's own documentation and the chat
+# page (which asks for the key itself).
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"})
 
 
 class _Guard:
@@ -100,6 +105,8 @@ def create_app(settings: ServerSettings, load: Callable[[], Engine] | Engine,
     install_handlers(app)
     app.include_router(router, prefix="/v1")
     app.include_router(router, include_in_schema=False)   # llama-server answers without /v1 too
+    for extra in (llama_router, native_completion_router, embeddings_router, webui_router):   # llama-server's own
+        app.include_router(extra)
 
     @app.get("/health", summary="200 once the model is loaded, 503 before", response_model=Health,
              responses=error_responses(503))

@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait for the engine; more are answered 429")
     p.add_argument("--cors-origins", type=_origins, default=(), metavar="ORIGIN[,ORIGIN]",
                    help="web origins besides local pages whose browser requests are answered (*: any)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=d.pooling,
+                   help="/v1/embeddings: how an input's final hidden states are pooled into one vector")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     add_spec_arguments(p)
     from ..cli_compat import add_compat_arguments
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model_names=ServerSettings.names_for(path, args.alias), api_key=args.api_key or None,
         n_predict=args.n_predict, sampling=sampling, spec=spec, queue_size=args.queue_size,
-        cors_origins=args.cors_origins)
+        cors_origins=args.cors_origins, pooling=args.pooling)
     failed: list[BaseException] = []
 
     def on_load_failed(e: BaseException) -> None:   # runs in the worker thread
@@ -179,4 +181,5 @@ class _Server(uvicorn.Server):
                 host, port = sock.getsockname()[:2]
                 host = f"[{host}]" if ":" in host else host
                 print(f"alphallama: serving model {self.alias!r} at http://{host}:{port}/v1 "
-                      f"(OpenAI base URL); health at http://{host}:{port}/health", file=sys.stderr, flush=True)
+                      f"(OpenAI base URL); chat page at http://{host}:{port}/; health at "
+                      f"http://{host}:{port}/health", file=sys.stderr, flush=True)

@@ -44,9 +44,21 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str            # JSON text of an object
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None       # null when the answer is tool calls alone
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

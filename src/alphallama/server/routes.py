@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from ..chat import ChatTemplateError, TemplateBudgetError
 from ..engine import ContextOverflow, Engine
 from ..sampling import SamplingParams
+from .chat_output import ChatOutput
 from .errors import APIError
 from .response_schemas import ChatCompletion, Completion, ModelList, error_responses, streamed
 from .responses import FORMATS, Format, usage
@@ -32,9 +33,8 @@ _COMPLETION_ERRORS = error_responses(400, 401, 413, 429, 500, 503)
              responses={**streamed("the completion, or with stream: true its chunks as server-sent events"),
                         **_COMPLETION_ERRORS})
 async def chat_completions(body: ChatRequest, request: Request):
-    def prompt(engine: Engine) -> list[int]:
-        return engine.encode_chat(body.conversation())
-    return await _complete(request, body, "chat", prompt)
+    output = ChatOutput(body)   # tools, tool_choice, response_format
+    return await _complete(request, body, "chat", output.prompt_ids, output)
 
 
 @router.post("/completions", summary="Text completion (OpenAI-compatible)", response_model=Completion,
@@ -85,7 +85,7 @@ def _sampling(st: AppState, body: ChatRequest | CompletionRequest) -> SamplingPa
 
 
 async def _complete(request: Request, body: ChatRequest | CompletionRequest, endpoint: str,
-                    prompt: Callable[[Engine], list[int]]):
+                    prompt: Callable[[Engine], list[int]], output: ChatOutput | None = None):
     st = app_state(request)
     try:
         body.check_supported()   # `model` is not checked: one model is served whatever the name (llama-server too)
@@ -106,13 +106,16 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
             raise APIError("invalid_request", str(e)) from None
         limit = body.token_limit if body.token_limit is not None else st.settings.n_predict
         gen = GenRequest(endpoint, ids, limit if limit > 0 else engine.ctx_size, _sampling(st, body),
-                         body.stop_list(), body.n_logprobs)
+                         body.stop_list(), body.n_logprobs,
+                         **({} if output is None else {"constraint": output.constraint,
+                                                       "shown_tokens": output.shown_tokens}))
         job = Job(gen, asyncio.get_running_loop())
         st.worker.submit(job)
     except APIError as e:
         st.metrics.request(endpoint, "rejected" if e.status == 429 else f"error_{e.status}")
         raise
-    fmt = FORMATS[endpoint](st.settings.alias, engine.tokenizer, body.n_logprobs is not None)
+    make_format = FORMATS[endpoint] if output is None else output.format
+    fmt = make_format(st.settings.alias, engine.tokenizer, body.n_logprobs is not None)
     if body.stream:
         return EventStream(_stream(job, fmt, len(ids), body.include_usage), on_close=lambda: st.worker.cancel(job))
     result = await until_disconnect(request, _gather(job), on_disconnect=lambda: st.worker.cancel(job))

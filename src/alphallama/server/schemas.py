@@ -8,6 +8,7 @@ message in `check_supported`, never silently dropped when they would change the 
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Literal, Union
 
@@ -51,10 +52,24 @@ class ContentPart(_Body):
     type: str
 
 
+class CalledFunction(_Body):
+    name: Text
+    arguments: Text                      # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(_Body):
+    """A call in an assistant message of the history."""
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[Text, list[ContentPart], None] = None
     name: Text | None = None
+    tool_calls: list[MessageToolCall] | None = None     # assistant messages
+    tool_call_id: Text | None = None                    # tool messages
 
     def text(self, index: int) -> str:
         if self.content is None:
@@ -74,9 +89,40 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JSONSchemaSpec(_Body):
+    name: Text | None = None
+    description: Text | None = None
+    schema_: Union[dict, bool, None] = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Body):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
+    """text, json_object (any object; llama-server's `schema` beside it narrows it) or
+    json_schema (OpenAI's {"json_schema": {"name", "schema", "strict"}})."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+    schema_: Union[dict, None] = Field(None, alias="schema")
+
+
+class FunctionDef(_Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict | None = None       # a JSON schema; none: no arguments
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class _Common(_Body):
@@ -117,15 +163,12 @@ class ChatRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[dict] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
 
-    def check_supported(self) -> None:
+    def check_supported(self) -> None:   # tools and response_format: server/chat_output.py
         self.check_common()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise APIError("invalid_request", f"response_format {self.response_format.type!r} is not "
-                           "supported yet (only {\"type\": \"text\"})", param="response_format")
-        if self.tools:
-            raise APIError("invalid_request", "tool calling is not supported yet", param="tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("invalid_request", "top_logprobs needs logprobs: true", param="top_logprobs")
 
@@ -145,8 +188,23 @@ class ChatRequest(_Common):
             msg = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls:   # templates take the arguments as an object (HF's convention)
+                msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                     for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             out.append(msg)
         return out
+
+
+def _arguments(text: str):
+    """A call's JSON arguments as an object; text that is no JSON object stays text."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 class CompletionRequest(_Common):

@@ -27,6 +27,7 @@ class ServerSettings:
     retry_after_s: int = DEFAULTS.server.retry_after_s
     max_body_bytes: int = DEFAULTS.server.max_body_bytes
     cors_origins: tuple[str, ...] = ()                  # browser origins beyond the local ones ("*": all)
+    pooling: str = DEFAULTS.server.pooling              # /v1/embeddings: a key of embeddings.POOLINGS
 
     @staticmethod
     def names_for(model_path: str | None, alias: str | None = None) -> tuple[str, ...]:

@@ -77,6 +77,11 @@ class TextStream:
     def stopped(self) -> bool:
         return self._stops.stopped
 
+    @property
+    def matched(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stops.matched
+
     def feed(self, token_id: int) -> str:
         return self._stops.push(self._detok.feed(token_id))
 

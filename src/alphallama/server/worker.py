@@ -8,22 +8,28 @@ an asyncio.Queue fed with call_soon_threadsafe.
 Cancelling (client gone) sets a flag the worker checks after every token; it then
 closes the engine's generator, which is how the engine stops, and takes the next job.
 A job cancelled while still waiting simply leaves the queue.
+
+Besides generations, a job may be an EngineCall: a function run on the engine in its
+turn (embeddings, a prompt evaluated into the cache), answered with one Result.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..engine import Engine, Generation
+from ..grammar import TokenConstraint
 from ..sampling import SamplingParams
 from ..spec.config import SpecConfig
 from .errors import APIError
 from .metrics import Metrics
 from .textstream import TextStream
+from .tool_stream import ShownSpecials
 
 log = logging.getLogger("alphallama.server")
 
@@ -36,6 +42,15 @@ class GenRequest:
     sampling: SamplingParams
     stops: list[str] = field(default_factory=list)
     n_logprobs: int | None = None   # None: no logprobs; k: each token's and the top k
+    constraint: TokenConstraint | None = None       # a grammar the output obeys (grammar.py)
+    shown_tokens: frozenset[int] = frozenset()      # control tokens rendered as text (tool-call markers)
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """Work on the engine that is not a generation: fn(engine, cancelled) -> a value for Result."""
+    endpoint: str                 # for metrics
+    fn: Callable[[Engine, Callable[[], bool]], Any]
 
 
 # -- what the worker sends back ---------------------------------------------------------
@@ -45,6 +60,7 @@ class Delta:
     text: str
     # (token id, its log-prob, [(id, log-prob)] top k) for the tokens behind this text
     logprobs: list[tuple[int, float, list[tuple[int, float]]]]
+    tokens: list[int] = field(default_factory=list)   # the ids behind this text (since the last Delta)
 
 
 @dataclass
@@ -52,6 +68,12 @@ class Done:
     finish_reason: str            # "stop" | "length"
     completion_tokens: int
     timings: dict
+    stop_word: str | None = None  # the stop string that ended it, if one did
+
+
+@dataclass
+class Result:
+    value: Any                    # an EngineCall's answer
 
 
 @dataclass
@@ -64,22 +86,24 @@ class Failed:
     error: APIError
 
 
-Event = Delta | Done | Cancelled | Failed
+Event = Delta | Done | Result | Cancelled | Failed
 
 
 class Job:
     """One request's passage through the worker; iterate `events()` on the event loop."""
 
-    def __init__(self, request: GenRequest, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request: GenRequest | EngineCall, loop: asyncio.AbstractEventLoop):
         self.request = request
         self.cancelled = threading.Event()
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.finished = False     # a terminal event has been sent
+        self.id: int | None = None   # given at submit, in arrival order (llama-server's id_task)
+        self.n_decoded = 0        # tokens generated so far (the worker counts them; /slots reads them)
 
     def emit(self, event: Event) -> None:
         """Called from the worker thread."""
-        if isinstance(event, (Done, Cancelled, Failed)):
+        if isinstance(event, (Done, Result, Cancelled, Failed)):
             self.finished = True
         try:
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
@@ -104,6 +128,8 @@ class EngineWorker:
         self.load_error: str | None = None
         self._waiting: collections.deque[Job] = collections.deque()
         self._current: Job | None = None
+        self._last: Job | None = None    # the latest job the engine took (running or done)
+        self._ids = itertools.count()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._main, name="alphallama-engine", daemon=True)
 
@@ -119,6 +145,7 @@ class EngineWorker:
                 raise APIError("rate_limit", f"the server is busy: {len(self._waiting)} requests are "
                                "already waiting for the engine; retry later",
                                headers={"Retry-After": str(self.retry_after_s)})
+            job.id = next(self._ids)
             self._waiting.append(job)
             self._cond.notify()
 
@@ -157,6 +184,11 @@ class EngineWorker:
     def processing(self) -> int:
         return int(self._current is not None)
 
+    @property
+    def last_job(self) -> Job | None:
+        """The job running now, else the one that ran last (None before the first)."""
+        return self._last
+
     # -- the worker thread ------------------------------------------------------------
     def _main(self) -> None:
         try:
@@ -179,7 +211,7 @@ class EngineWorker:
                     self._cond.wait()
                 if self.state != "ready":
                     return
-                job = self._current = self._waiting.popleft()
+                job = self._current = self._last = self._waiting.popleft()
             try:
                 self._run(engine, job)
             except Exception as e:   # the worker must survive anything one request does
@@ -197,21 +229,30 @@ class EngineWorker:
             self.metrics.request(r.endpoint, "cancelled")
             job.emit(Cancelled())
             return
+        if isinstance(r, EngineCall):
+            value = r.fn(engine, job.cancelled.is_set)
+            self.metrics.request(r.endpoint, "ok")
+            job.emit(Result(value))
+            return
         gen = Generation()
-        text = TextStream(engine.tokenizer.stream(), r.stops)
+        detok = ShownSpecials(engine.tokenizer, r.shown_tokens) if r.shown_tokens else engine.tokenizer.stream()
+        text = TextStream(detok, r.stops)
         pending: list[tuple[int, float, list[tuple[int, float]]]] = []
+        ids: list[int] = []
         finish: str | None = None
         tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=gen, spec=self.spec,
-                                 logprobs=r.n_logprobs, cancel=job.cancelled.is_set)
+                                 logprobs=r.n_logprobs, cancel=job.cancelled.is_set, constraint=r.constraint)
         try:
             for tid in tokens:
+                job.n_decoded += 1
+                ids.append(tid)
                 if r.n_logprobs is not None:
                     lp, top = gen.logprobs[-1]
                     pending.append((tid, lp, top))
                 piece = text.feed(tid)
                 if piece:
-                    job.emit(Delta(piece, pending))
-                    pending = []
+                    job.emit(Delta(piece, pending, ids))
+                    pending, ids = [], []
                 if text.stopped:
                     finish = "stop"
                     break
@@ -227,8 +268,10 @@ class EngineWorker:
             return
         if finish is None:
             tail = text.finish()
-            if tail or pending:
-                job.emit(Delta(tail, pending))
+            if tail or pending or ids:
+                job.emit(Delta(tail, pending, ids))
             finish = "stop" if text.stopped else (gen.finish_reason or "length")
+        elif ids:   # a stop string ended it: the ids behind the held-back text (llama-server sends them too)
+            job.emit(Delta("", [], ids))
         self.metrics.request(r.endpoint, "ok")
-        job.emit(Done(finish, len(gen.tokens), timings))
+        job.emit(Done(finish, len(gen.tokens), timings, text.matched))

@@ -1,0 +1,168 @@
+"""What a chat request asks of its output: tool calls and structured output.
+
+ChatOutput is made per request by the chat route. In the route's thread pool it checks
+`tools` / `tool_choice` / `response_format` against the model (its template must have a
+tool-call format this server knows), renders the prompt with the tools through the
+model's own template, and builds the grammar constraint that decoding obeys:
+
+- response_format json_object / json_schema: the JSON (schema) grammar;
+- tool_choice "required": one call or more (one with parallel_tool_calls false) of any
+  tool, each tool's arguments by its `parameters` schema (objects closed where the schema
+  is silent: `closed_objects`); a named function: one call of it;
+- tool_choice "auto" (the default with tools): no grammar, the output is parsed;
+- tool_choice "none": the tools are neither rendered nor parsed.
+
+Its `format` gives the route a ChatFormat that splits the text into content and
+tool_calls (OpenAI's message and chunk shapes, finish_reason "tool_calls").
+"""
+from __future__ import annotations
+
+from ..engine import Engine
+from ..grammar import GrammarError, TokenConstraint, json_schema_grammar, lark_grammar
+from ..tokenizer import Tokenizer
+from .errors import APIError
+from .responses import ChatFormat
+from .schemas import ChatRequest
+from .tool_formats import ToolCall, ToolFormat, ToolSpec, format_for_template
+from .tool_stream import ToolStream
+
+_NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def closed_objects(schema):
+    """A tool's parameters as its arguments: an object schema with `properties` and no word
+    on others takes no others (a small model forced into an open object invents keys
+    forever). Schemas that say additionalProperties keep it."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError("invalid_request", message, param=param)
+
+
+class ChatOutput:
+    def __init__(self, body: ChatRequest):
+        self.body = body
+        self.tool_format: ToolFormat | None = None
+        self.names: frozenset[str] = frozenset()
+        self.constraint: TokenConstraint | None = None
+        self.shown_tokens: frozenset[int] = frozenset()
+
+    # -- in the thread pool, before the job is queued ---------------------------------
+    def prompt_ids(self, engine: Engine) -> list[int]:
+        body = self.body
+        tools = body.tools or []
+        choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
+        if choice != "none" and not tools:
+            raise _bad(f"tool_choice {self._choice_text(choice)} needs tools", "tool_choice")
+        render = tools if choice != "none" else []
+        if render:
+            self._plan_tools(engine, choice)
+        grammar = self._response_grammar()
+        if grammar is not None and choice not in ("none", "auto"):
+            raise _bad("response_format json cannot be combined with a forced tool_choice", "response_format")
+        if grammar is None and render and choice != "auto":
+            grammar = self._tools_grammar(engine, choice)
+        if grammar is not None:
+            try:
+                self.constraint = TokenConstraint(engine.grammar_vocab, grammar)
+            except GrammarError as e:
+                raise _bad(str(e), "tools" if render and choice != "auto" else "response_format") from None
+        kw = {"tools": [t.model_dump(exclude_none=True) for t in render]} if render else {}
+        return engine.encode_chat(body.conversation(), **kw)
+
+    @staticmethod
+    def _choice_text(choice) -> str:
+        return repr(choice) if isinstance(choice, str) else f"function {choice.function.name!r}"
+
+    def _plan_tools(self, engine: Engine, choice) -> None:
+        from ..chat import ChatTemplate
+        if engine.chat_template is None:
+            engine.chat_template = ChatTemplate.from_gguf_metadata(engine.gguf.metadata)
+        fmt = format_for_template(engine.chat_template.source)
+        if fmt is None:
+            raise _bad("this model's chat template writes no tool-call format this server knows "
+                       "(Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]): it cannot take tools", "tools")
+        names = [t.function.name for t in self.body.tools]
+        if len(set(names)) != len(names):
+            raise _bad("two tools have the same name", "tools")
+        if not isinstance(choice, str) and choice.function.name not in names:
+            raise _bad(f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice")
+        self.tool_format, self.names = fmt, frozenset(names)
+        tok = engine.tokenizer
+        markers = ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]")
+        self.shown_tokens = frozenset(t for t in (engine.grammar_vocab.special_token(m) for m in markers)
+                                      if t is not None and t not in tok.stop_ids)
+
+    def _tools_grammar(self, engine: Engine, choice) -> str:
+        tools = self.body.tools
+        if not isinstance(choice, str):
+            tools = [t for t in tools if t.function.name == choice.function.name]
+        specs = [ToolSpec(t.function.name, closed_objects(t.function.parameters or _NO_ARGUMENTS)) for t in tools]
+        parallel = choice == "required" and self.body.parallel_tool_calls
+        return lark_grammar(self.tool_format.grammar(specs, parallel, engine.grammar_vocab))
+
+    def _response_grammar(self) -> str | None:
+        rf = self.body.response_format
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_object":
+            schema = rf.schema_ if rf.schema_ is not None else {"type": "object"}
+        else:
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise _bad("response_format json_schema needs json_schema.schema", "response_format")
+            schema = rf.json_schema.schema_
+        try:
+            return json_schema_grammar(schema)
+        except GrammarError as e:
+            raise _bad(str(e), "response_format") from None
+
+    # -- the response ------------------------------------------------------------------
+    def format(self, model: str, tokenizer: Tokenizer, want_logprobs: bool) -> ChatFormat:
+        if self.tool_format is None:
+            return ChatFormat(model, tokenizer, want_logprobs)
+        return ToolChatFormat(model, tokenizer, want_logprobs, ToolStream(self.tool_format, self.names))
+
+
+def _call_json(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+class ToolChatFormat(ChatFormat):
+    """ChatFormat whose content goes through a ToolStream: calls come out as tool_calls
+    (whole, in the delta of the chunk that completes them), finish_reason "tool_calls"."""
+
+    def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, stream: ToolStream):
+        super().__init__(model, tokenizer, want_logprobs)
+        self.stream = stream
+
+    def _finish(self, finish_reason: str) -> str:
+        return "tool_calls" if self.stream.calls and finish_reason == "stop" else finish_reason
+
+    def chunk(self, text, logprobs, finish_reason, role=False):
+        if role:
+            return super().chunk(text, logprobs, finish_reason, role=True)
+        first = len(self.stream.calls)
+        content, calls = self.stream.finish() if finish_reason is not None else self.stream.feed(text or "")
+        out = super().chunk(content or None, logprobs, None if finish_reason is None else self._finish(finish_reason))
+        if calls:
+            out["choices"][0]["delta"]["tool_calls"] = [{"index": first + i, **_call_json(c)}
+                                                        for i, c in enumerate(calls)]
+        return out
+
+    def response(self, text, logprobs, finish_reason, usage, timings):
+        head, _ = self.stream.feed(text)
+        tail, _ = self.stream.finish()
+        out = super().response((head + tail).strip(), logprobs, self._finish(finish_reason), usage, timings)
+        message = out["choices"][0]["message"]
+        if self.stream.calls:
+            message["tool_calls"] = [_call_json(c) for c in self.stream.calls]
+            message["content"] = message["content"] or None
+        return out

@@ -1,0 +1,228 @@
+"""How model families write tool calls: one class per format, chosen from the chat template.
+
+A format knows three things: whether a template is its own (the markers the template
+emits, never the model's file name), where a call starts and ends in the model's output
+(`span`, used while streaming and at the end), how a call's text decodes into calls
+(`decode`: None when it is malformed, and the caller then returns that text as content),
+and the Lark grammar that forces calls when tool_choice asks for them.
+
+- Hermes (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
+- Llama 3.x JSON: the whole answer is `{"name": ..., "parameters": {...}}`, optionally after
+  `<|python_tag|>`
+- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
+  `[TOOL_CALLS]name[ARGS]{...}` repeated
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..grammar import GrammarVocab, lark_json
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str                  # JSON text of an object
+    id: str = field(default_factory=_call_id)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the grammar needs it."""
+    name: str
+    parameters: dict
+
+
+def _partial_marker(text: str, marker: str) -> int | None:
+    """Where a proper prefix of `marker` ends `text` (it may still become the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return len(text) - k
+    return None
+
+
+def _call(obj, names: frozenset[str], args_keys: tuple[str, ...]) -> ToolCall | None:
+    """{"name": ..., <args key>: {...} or its JSON text} -> a call of a known function."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    call_id = obj.get("id")
+    extra = {"id": call_id} if isinstance(call_id, str) and call_id else {}
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), **extra)
+
+
+def _json_values(text: str, sep: str = "") -> list | None:
+    """The JSON values `text` is made of (whitespace and `sep` between them), or None."""
+    dec, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and (text[i].isspace() or (sep and text[i] == sep)):
+            i += 1
+        if i == len(text):
+            return out
+        try:
+            value, i = dec.raw_decode(text, i)
+        except ValueError:
+            return None
+        out.append(value)
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _marker(vocab: GrammarVocab, text: str) -> str:
+    """A marker in a grammar: its control token by id where the vocabulary has one, else text."""
+    tid = vocab.special_token(text)
+    return f"<[{tid}]>" if tid is not None else _lit(text)
+
+
+def _call_rules(tools: list[ToolSpec], args_key: str) -> list[str]:
+    """`call: c0 | c1 ...` with each ci the call's JSON: its name fixed, its arguments by schema."""
+    rules = ["call: " + " | ".join(f"c{i}" for i in range(len(tools)))]
+    for i, t in enumerate(tools):
+        head = _lit('{"name": ' + json.dumps(t.name) + f', "{args_key}": ')
+        rules.append(f'c{i}: {head} a{i} "}}"')
+        rules.append(f"a{i}: {lark_json(t.parameters)}")
+    return rules
+
+
+class ToolFormat(Protocol):
+    name: str
+
+    def detect(self, template: str) -> bool: ...
+
+    def span(self, text: str, at_start: bool, final: bool) -> tuple[int, int | None] | None:
+        """The first call in `text`: (start, end) once complete; (start, None) while it may
+        still be going on (or a marker may be starting); None when there is none. With
+        final, text is all there is: an unfinished call runs to its end."""
+
+    def decode(self, text: str, names: frozenset[str]) -> list[ToolCall] | None: ...
+
+    def grammar(self, tools: list[ToolSpec], parallel: bool, vocab: GrammarVocab) -> str: ...
+
+
+class HermesFormat:
+    name = "hermes"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def detect(self, template: str) -> bool:
+        return self.OPEN in template
+
+    def span(self, text, at_start, final):
+        i = text.find(self.OPEN)
+        if i < 0:
+            k = None if final else _partial_marker(text, self.OPEN)
+            return None if k is None else (k, None)
+        j = text.find(self.CLOSE, i)
+        if j >= 0:
+            return i, j + len(self.CLOSE)
+        return (i, len(text)) if final else (i, None)
+
+    def decode(self, text, names):
+        body = text[len(self.OPEN):]
+        if body.endswith(self.CLOSE):
+            body = body[:-len(self.CLOSE)]
+        values = _json_values(body)
+        if not values or len(values) != 1:
+            return None
+        call = _call(values[0], names, ("arguments", "parameters"))
+        return None if call is None else [call]
+
+    def grammar(self, tools, parallel, vocab):
+        one = f'{_marker(vocab, self.OPEN)} "\\n" call "\\n" {_marker(vocab, self.CLOSE)}'
+        start = 'start: tc ("\\n" tc)*' if parallel else "start: tc"
+        return "\n".join([start, f"tc: {one}", *_call_rules(tools, "arguments")])
+
+
+class Llama3Format:
+    name = "llama3-json"
+    TAG = "<|python_tag|>"
+
+    def detect(self, template: str) -> bool:
+        return self.TAG in template or ("<|start_header_id|>" in template and '"parameters"' in template)
+
+    def span(self, text, at_start, final):
+        i = text.find(self.TAG)
+        if i >= 0:
+            return (i, len(text)) if final else (i, None)
+        if at_start:
+            body = text.lstrip()
+            lead = len(text) - len(body)
+            if body.startswith("{"):
+                return (lead, len(text)) if final else (lead, None)
+            if not final and (not body or self.TAG.startswith(body)):
+                return lead, None
+        k = None if final else _partial_marker(text, self.TAG)
+        return None if k is None else (k, None)
+
+    def decode(self, text, names):
+        body = text.strip()
+        if body.startswith(self.TAG):
+            body = body[len(self.TAG):]
+        values = _json_values(body, sep=";")
+        if not values:
+            return None
+        calls = [_call(v, names, ("parameters", "arguments")) for v in values]
+        return None if any(c is None for c in calls) else calls
+
+    def grammar(self, tools, parallel, vocab):
+        # Llama 3.1's template takes one call per assistant message: one call, parallel or not.
+        return "\n".join(["start: call", *_call_rules(tools, "parameters")])
+
+
+class MistralFormat:
+    name = "mistral"
+    MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+    def detect(self, template: str) -> bool:
+        return self.MARK in template
+
+    def span(self, text, at_start, final):
+        i = text.find(self.MARK)
+        if i < 0:
+            k = None if final else _partial_marker(text, self.MARK)
+            return None if k is None else (k, None)
+        return (i, len(text)) if final else (i, None)   # the calls run to the end of the answer
+
+    def decode(self, text, names):
+        parts = [p for p in text.split(self.MARK) if p.strip()]
+        calls: list[ToolCall | None] = []
+        for part in parts:
+            if self.ARGS in part:                        # name[ARGS]{...}
+                name, _, args = part.partition(self.ARGS)
+                values = _json_values(args)
+                if not values or len(values) != 1:
+                    return None
+                calls.append(_call({"name": name.strip(), "arguments": values[0]}, names, ("arguments",)))
+            else:                                        # [{...}, ...]
+                values = _json_values(part)
+                if not values or len(values) != 1 or not isinstance(values[0], list) or not values[0]:
+                    return None
+                calls += [_call(v, names, ("arguments", "parameters")) for v in values[0]]
+        return None if not calls or any(c is None for c in calls) else calls
+
+    def grammar(self, tools, parallel, vocab):
+        items = 'call (", " call)*' if parallel else "call"
+        return "\n".join([f'start: {_marker(vocab, self.MARK)} "[" {items} "]"', *_call_rules(tools, "arguments")])
+
+
+# Checked in order: the first whose markers the template emits is the model's format.
+TOOL_FORMATS: tuple[ToolFormat, ...] = (HermesFormat(), MistralFormat(), Llama3Format())
+
+
+def format_for_template(template: str) -> ToolFormat | None:
+    return next((f for f in TOOL_FORMATS if f.detect(template)), None)
