@@ -56,6 +56,7 @@ def describe(path: str) -> dict:
                             if k.startswith(f"{md.get('general.architecture')}.")},
         "params": sum(g["params"] for g in groups.values()), "tensor_bytes": total,
         "groups": groups,
+        "types": _types(f.tensors),
         "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
                       "tokens": len(md.get("tokenizer.ggml.tokens") or []),
                       "merges": len(md.get("tokenizer.ggml.merges") or []),
@@ -66,6 +67,12 @@ def describe(path: str) -> dict:
         "provenance": {k[len(_PROVENANCE):]: v for k, v in md.items() if k.startswith(_PROVENANCE)},
         "mtp_head": _mtp_head(f, cfg) if cfg is not None else None,
     }
+
+
+def _types(tensors) -> dict:
+    """Per tensor type: count, bytes, and which runtimes compute it (offload/support.py)."""
+    from .offload.support import type_uses
+    return {q: u.to_dict() for q, u in type_uses(tensors).items()}
 
 
 def _mtp_head(f, cfg) -> dict | None:
@@ -129,6 +136,10 @@ def run(args) -> int:
     print(f"{'tensor group':28} {'n':>4} {'size':>14} {'types'}")
     for name, g in d["groups"].items():
         print(f"{name:28} {g['count']:>4} {_mib(g['bytes']):>14} {','.join(g['types'])}")
+    for q, u in d["types"].items():
+        why = u["cpu_refusal"] or u["gpu_refusal"]
+        print(f"type {q:10} {u['count']:>5} tensors {_mib(u['bytes']):>14} {u['runs_on']}"
+              + (f": {why}" if why else ""))
     t = d["tokenizer"]
     print(f"tokenizer: {t['model']} (pre {t['pre']}), {t['tokens']} tokens, {t['merges']} merges, "
           f"bos {t['bos']} eos {t['eos']} add_bos {t['add_bos']}")

@@ -3,9 +3,16 @@ import numpy as np
 import pytest
 import torch
 from gguf import quants as ref_quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
 
-from alphallama.gguf.quants import QUANTS, RANDOM_WEIGHT_MAX, dequantize, random_blocks
+from alphallama.gguf.quants import (
+    CPU_CHUNK_VALUES,
+    QUANTS,
+    RANDOM_WEIGHT_MAX,
+    dequantize,
+    random_blocks,
+)
 
 TYPES = list(QUANTS)
 IDS = [t.name for t in TYPES]
@@ -133,6 +140,15 @@ def test_expert_tensor_shapes_and_raw_forms(qtype):
     out = dequantize(blocks, qtype, shape)
     out.fill_(1.0)                            # the result never aliases the input bytes
     _assert_bits_equal(dequantize(blocks, qtype, shape), ref)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.IQ2_XXS, T.MXFP4], ids=["Q4_K", "IQ2_XXS", "MXFP4"])
+def test_chunked_cpu_path(qtype):
+    """A tensor larger than one CPU step (CPU_CHUNK_VALUES), its last step partial."""
+    q = QUANTS[qtype]
+    shape = (5, CPU_CHUNK_VALUES * torch.get_num_threads() // 4 + 256)
+    blocks = random_blocks(qtype, shape[0] * shape[1] // q.block_size, _gen(5))
+    _assert_bits_equal(dequantize(blocks, qtype, shape), _reference(blocks.numpy().reshape(5, -1), qtype))
 
 
 def test_unsupported_type_is_named():

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
 
 # random_blocks picks each block's scale so that the largest value the block can hold
 # is about this: the size of real LLM weights (std ~0.02, tails ~0.1).

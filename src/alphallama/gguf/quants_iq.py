@@ -7,14 +7,23 @@ exact in fp32 (fp16 d times integers of a few bits), so kernels may reorder them
 """
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-from gguf.constants import QK_K, GGMLQuantizationType as T
+from gguf.constants import QK_K
+from gguf.constants import GGMLQuantizationType as T
 
 from . import iq_tables as tab
-from .quant_base import QuantType, f16, f16_from_bits, le_words, random_bytes, sign_bits, uniform, unpack, \
-    unpack_bytewise, put_f16, RANDOM_WEIGHT_MAX
+from .quant_base import (
+    RANDOM_WEIGHT_MAX,
+    QuantType,
+    f16,
+    f16_from_bits,
+    le_words,
+    random_bytes,
+    sign_bits,
+    uniform,
+    unpack,
+    unpack_bytewise,
+)
 
 
 def _lookup(grid: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from gguf.constants import QK_K, GGMLQuantizationType as T
+from gguf.constants import QK_K
+from gguf.constants import GGMLQuantizationType as T
 
 from .quant_base import QuantType, f16, put_f16, unpack
-
 
 # --- k-quants: 256-value super-blocks of sub-blocks with their own scales ---------
 

@@ -13,7 +13,6 @@ from gguf.constants import GGMLQuantizationType as T
 
 from .quant_base import QuantType, f16, put_f16, unpack
 
-
 # --- plain floats (block_size 1) ------------------------------------------------
 
 class _Float(QuantType):

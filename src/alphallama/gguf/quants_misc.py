@@ -2,9 +2,18 @@
 from __future__ import annotations
 
 import torch
-from gguf.constants import QK_K, GGMLQuantizationType as T
+from gguf.constants import QK_K
+from gguf.constants import GGMLQuantizationType as T
 
-from .quant_base import QuantType, f16, put_f16, random_bytes, uniform, unpack, RANDOM_WEIGHT_MAX
+from .quant_base import (
+    RANDOM_WEIGHT_MAX,
+    QuantType,
+    f16,
+    put_f16,
+    random_bytes,
+    uniform,
+    unpack,
+)
 
 
 def e2m1_doubled() -> torch.Tensor:

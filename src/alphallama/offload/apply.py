@@ -41,8 +41,9 @@ def plan_from_args(args, path: str) -> Plan | None:
     if not auto_enabled():
         return None
     import torch
-    # without a GPU the model runs on the CPU whatever the budget (`plan` still shows a GPU layout)
-    device = "cpu" if args.device == "cpu" or not torch.cuda.is_available() else "cuda"
+    # without a GPU the model runs on the CPU whatever the budget (`plan` still shows a GPU layout);
+    # with one, "auto" lets the plan fall back to the CPU for a file the GPU runtime would refuse
+    device = "cpu" if args.device == "cpu" or not torch.cuda.is_available() else args.device
     return make_plan(path, ctx=args.ctx_size, gpu_mem=getattr(args, "gpu_mem", None), device=device)
 
 
@@ -67,6 +68,8 @@ def engine_kwargs(args, plan: Plan | None) -> dict:
     kw["fast"] = fast and plan.layout == "resident" and plan.sizes.fits_fast(plan.budget)
     if args.ctx_size is None:
         kw["ctx_size"] = plan.ctx
+    if plan.gpu_refused:   # only planned so under --device auto (cuda raises PlanError)
+        kw["device"] = "cpu"
     if plan.layout == "offload":
         kw["expert_slots"] = plan.slots
         kw["cpu_threads"] = plan.cpu_threads or None

@@ -8,7 +8,9 @@ norms as fp32, the embedding's raw rows, the f16 KV cache at the chosen context.
 
 Layouts: `resident` (everything on the device), `offload` (the dense part, the KV cache
 and a bank of expert slots on the device; every expert in host RAM, the hottest also in
-the bank; offload/store.py), `cpu` (no GPU: the reference runtime).
+the bank; offload/store.py), `cpu` (no GPU, or a file the GPU runtime would refuse:
+the reference runtime). Each tensor type's verdict comes from the runtimes' own
+registries (offload/support.py), so nothing is planned that a runtime then refuses.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.mma_layout import mma_shape_ok
 from ..kernels.qweight import embedding_planes
+from .support import TypeUse, cpu_problems, gpu_problems, type_uses
 
 GiB = 1 << 30
 
@@ -164,6 +167,8 @@ class Plan:
     cpu_threads: int      # CPU expert workers (offload; 0: none)
     cpu_threads_why: str
     mtp_depth: int        # in-file MTP layers (0: none)
+    types: dict[str, TypeUse]      # per tensor type: counts, bytes, each runtime's verdict
+    gpu_refused: tuple[str, ...] = ()   # why the GPU runtime would refuse the file (layout cpu)
     mode: str = "exact"
 
     @property
@@ -175,7 +180,8 @@ class Plan:
         return self.slots / self.sizes.n_experts if self.sizes.n_experts else 1.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "device": self.device, "resident_fraction": self.resident_fraction}
+        return {**asdict(self), "types": {q: u.to_dict() for q, u in self.types.items()},
+                "device": self.device, "resident_fraction": self.resident_fraction}
 
     def describe(self) -> str:
         s, g = self.sizes, human
@@ -205,8 +211,16 @@ class Plan:
                 lines.append("host tier  experts without a slot: read in place over PCIe by the GPU")
             lines.append(f"threads    1 launch thread + {self.cpu_threads} CPU expert workers "
                          f"({self.cpu_threads_why}) + 1 copy stream for admissions")
+        elif self.gpu_refused:
+            lines.append(f"layout     cpu (reference runtime): the GPU runtime cannot run this file: "
+                         f"{self.gpu_refused[0]}" + (f" (and {len(self.gpu_refused) - 1} more)"
+                                                     if len(self.gpu_refused) > 1 else ""))
         else:
             lines.append("layout     cpu (reference runtime)")
+        for i, u in enumerate(self.types.values()):
+            why = u.gpu if u.cpu is None else u.cpu
+            lines.append(f"{'types' if i == 0 else '':10} {u.qtype:8} {u.count:>5} tensors {g(u.nbytes):>11}  "
+                         f"{u.runs_on}" + (f": {why}" if why else ""))
         lines.append("mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
         lines.append(f"mode       {self.mode}")
         return "\n".join(lines)
@@ -221,10 +235,19 @@ def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, dev
     budget, source = device_budget(gpu_mem) if device != "cpu" else (None, "--device cpu")
     mtp = int(f.metadata.get(f"{cfg.arch}.nextn_predict_layers", 0) or 0)
     common = dict(path=path, arch=cfg.arch, ctx=ctx, sizes=s, budget=budget, budget_source=source,
-                  mtp_depth=mtp)
+                  mtp_depth=mtp, types=type_uses(f.tensors))
     threads = dict(cpu_threads=0, cpu_threads_why="")
-    if budget is None:
-        return Plan(layout="cpu", slots=s.n_experts, **common, **threads)
+    refused = tuple(gpu_problems(f.tensors)) if budget is not None else ()
+    if budget is None or refused:
+        if refused and device == "cuda":
+            raise PlanError(f"{path}: --device cuda, but the GPU runtime cannot run this file: "
+                            + "; ".join(refused))
+        problems = cpu_problems(f.tensors)
+        if problems:   # the loader's own words: "PATH: tensor 'NAME': quant type X is not supported ..."
+            more = f" (and {len(problems) - 1} more types)" if len(problems) > 1 else ""
+            raise PlanError(f"{path}: {problems[0]}{more}"
+                            + ("" if budget is None else "; the GPU runtime cannot run it either"))
+        return Plan(layout="cpu", slots=s.n_experts, **common, **threads, gpu_refused=refused)
     if s.total <= budget:
         return Plan(layout="resident", slots=s.n_experts, **common, **threads)
     fixed = s.dense + s.kv + s.workspace
