@@ -35,7 +35,7 @@ echo "== clone of $(git -C "$CLONE" log -1 --format='%h %s' | cut -c1-90) in $CL
 rc=0
 step "command 1" 'pip install torch==2.13.0 -e . && alphallama run -p "def is_palindrome(s):" -n 64' || rc=1
 step "triton absent after command 1" 'python -c "import importlib.util as u; assert u.find_spec(\"triton\") is None, \"triton is installed\""' || rc=1
-step "command 2" "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q" || rc=1
+step "command 2" "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q -n 2 --dist loadfile" || rc=1
 echo "== done: $( [ $rc = 0 ] && echo both commands succeeded || echo FAILED )"
 return $rc
 }

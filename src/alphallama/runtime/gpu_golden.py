@@ -18,6 +18,11 @@ what the runtime does today so that the refactor can be held to it byte for byte
         verify with exact=False: the tensor cores' bits beyond the narrow rounds); and
         where any runs on the tensor cores with engine.gemv_mma on, that model's plan
         (its bits on the GPU run only: the interpreter's mma emulation is slow).
+  values (CPU records) a few logits and hidden values of some rows, to 7 digits: what a
+        host whose numerics differ can still compare, within float reordering's reach.
+  host  (CPU records) the numerics the record was made under (gpu_golden_host: the
+        pinned libraries, their versions, the probes' fingerprint). A CPU record is
+        always made in a child process under those pins (--device cpu re-runs itself).
 
 Widths: the plan is cheap and covers W = 1..64 everywhere. The interpreter costs seconds
 per row and per layer, so on the CPU the bits cover CPU_WIDTHS (1: plain decode; 2: the
@@ -25,7 +30,7 @@ q8k / dp4a column tiles' second shape; 5: the first width past fast mode's narro
 and the first of two mma row groups) on one-layer presets; on the GPU every W = 1..64,
 plus the qwen3-8b and qwen3-30b-a3b shapes cut to two layers (GPU_ONLY).
 
-    python -m alphallama.runtime.gpu_golden --device cpu --write     # tests/data/golden/cpu-*.json
+    python -m alphallama.runtime.gpu_golden --device cpu --write     # tests/data/golden/cpu-*.json (pinned)
     python -m alphallama.runtime.gpu_golden --device cuda --out DIR  # gpu-*.json, all widths
 """
 from __future__ import annotations
@@ -59,6 +64,7 @@ from ..kernels.qgemv_q8k import q8k_tile
 from ..kernels.qmatmul import MAX_BW as QM_BW
 from ..kernels.qmatmul import tile as qmatmul_tile
 from ..kernels.qmatvec_i8 import lane_order
+from . import gpu_golden_host as golden_host
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
 from .gpu_prefill import GRAPH_MIN_ROWS, _capturable, _fused, graph_rows
 
@@ -245,8 +251,26 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
 
 
-def bits(m: GPUModel, widths: tuple[int, ...], exact: bool = True) -> dict:
-    """SHA-256s of the prefill, the last prompt row at W = 1 and the verify rounds."""
+VALUE_IDS = 16   # logits kept per row in `values`, at ids spread over the vocabulary
+VALUE_HIDDEN = 8
+
+
+def _values_of(lg: torch.Tensor, hd: torch.Tensor, rows: list[int]) -> list[dict]:
+    """Rows of logits [T, V] and hidden [T, D] as a few numbers each (7 digits)."""
+    r7 = lambda t: [float(f"{x:.7g}") for x in t.double().flatten().tolist()]   # noqa: E731
+    ids = torch.linspace(0, lg.shape[1] - 1, VALUE_IDS).round().long()
+    out = []
+    for i in rows:
+        x, h = lg[i].float().cpu(), hd[i].float().cpu()
+        out.append({"row": i, "logits": r7(x[ids]), "max": r7(x.max())[0], "rms": r7(x.square().mean().sqrt())[0],
+                    "hidden": r7(h[:VALUE_HIDDEN]), "hidden_rms": r7(h.square().mean().sqrt())[0]})
+    return out
+
+
+def bits(m: GPUModel, widths: tuple[int, ...], exact: bool = True, values: dict | None = None) -> dict:
+    """SHA-256s of the prefill, the last prompt row at W = 1 and the verify rounds; with
+    `values` (a dict to fill), a few values of the prefill's first, middle and last rows,
+    the last prompt row and the widest round's rows."""
     g = torch.Generator().manual_seed(SEED)
     V = m.cfg.vocab_size
     prompt = torch.randint(0, V, (PROMPT,), generator=g)
@@ -254,22 +278,30 @@ def bits(m: GPUModel, widths: tuple[int, ...], exact: bool = True) -> dict:
     cache = m.new_cache(PROMPT + MAX_W)
     lg, hd = m.forward(prompt[:-1], 0, cache)                   # [PROMPT-1, V]: the prefill path
     rec = {"prefill": {"logits": _sha(lg), "hidden": _sha(hd)}}
+    if values is not None:
+        values["prefill"] = _values_of(lg, hd, [0, (PROMPT - 1) // 2, PROMPT - 2])
     lg, hd = m.forward(prompt[-1:], PROMPT - 1, cache)          # the engine's last prompt row, W = 1
     rec["last_row"] = {"logits": _sha(lg), "hidden": _sha(hd)}
+    if values is not None:
+        values["last_row"] = _values_of(lg, hd, [0])
     verify = {}
     for W in widths:
         cache.truncate(PROMPT)
         lg, hd = m.verify(draft[:W], PROMPT, cache, exact=exact)   # [W, V], [W, D]
         verify[str(W)] = {"logits": _sha(lg), "hidden": _sha(hd), "rows": [_sha(r)[:16] for r in lg]}
+        if values is not None and W == max(widths):
+            values["verify"] = {str(W): _values_of(lg, hd, list(range(W)))}
     rec["verify"] = verify
     return rec
 
 
-def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_bits: bool = False) -> dict:
+def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_bits: bool = False,
+           values: bool = False) -> dict:
     """The golden record of preset `name` on `device`: plan and bits, the fast-mode
     model's where the preset qualifies for its hybrid, and where any weight runs on the
     tensor cores with engine.gemv_mma on (qgemv_mma_k, qgemv_q8k up to its narrow rounds),
-    that model's plan (and with mma_bits its bits: the GPU run)."""
+    that model's plan (and with mma_bits its bits: the GPU run). With `values`, the
+    synthetic file's SHA-256 and each model's values beside its bits (the CPU record)."""
     case = CASES[name]
     path = workdir / f"{name}.gguf"
     if not path.exists():
@@ -277,13 +309,20 @@ def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_b
     f = GGUFFile(path)
     max_len = PROMPT + MAX_W
     m = GPUModel(f, max_len, device=device)
-    rec = {"preset": name, "n_layers": case.n_layers, "widths": list(widths),
-           "plan": plan(m, f), "bits": bits(m, widths)}
+    rec = {"preset": name, "n_layers": case.n_layers, "widths": list(widths), "plan": plan(m, f)}
+    kept: dict | None = {} if values else None
+    rec["bits"] = bits(m, widths, values=kept)
+    if values:
+        rec["values"] = kept
+        rec["model_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     del m
     fast = GPUModel(f, max_len, device=device, fast=True)
     if fast.hybrid:
+        kept = {} if values else None
         rec["fast"] = {"narrow": DEFAULTS.engine.fast_mma_narrow, "plan": plan(fast, f),
-                       "bits": bits(fast, widths, exact=False)}
+                       "bits": bits(fast, widths, exact=False, values=kept)}
+        if values:
+            rec["fast"]["values"] = kept
     del fast
     mma = GPUModel(f, max_len, device=device, gemv_mma=True)
     if any(any(lin.mma) for L in mma.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None):
@@ -342,13 +381,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--write", action="store_true", help="write into tests/data/golden")
     a = ap.parse_args(argv)
     dev = "cpu" if a.device == "cpu" else "gpu"
+    if dev == "cpu" and not golden_host.pinned():    # the CPU record's numerics: made under the pins only
+        sys.exit(golden_host.run_pinned(sys.argv[1:] if argv is None else argv).returncode)
     names = a.presets or [n for n in CASES if dev == "gpu" or n not in GPU_ONLY]
     out = a.out or (GOLDEN_DIR if a.write else None)
     widths = CPU_WIDTHS if dev == "cpu" else WIDTHS
     with tempfile.TemporaryDirectory() as tmp:
         for n in names:
             t0 = time.perf_counter()
-            text = dumps(record(n, a.device, widths, Path(tmp), mma_bits=dev == "gpu"))
+            rec = record(n, a.device, widths, Path(tmp), mma_bits=dev == "gpu", values=dev == "cpu")
+            if dev == "cpu":
+                rec["host"] = golden_host.host()
+            text = dumps(rec)
             if out is None:
                 print(text, end="")
                 continue
