@@ -33,10 +33,12 @@ from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.gguf.quants import dequantize
-from alphallama.kernels import attention, fused, moe, moe_i8
-from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
-from alphallama.kernels.qgemv_i8 import GemvTile
-from alphallama.kernels.qgemv_mma import qgemv_mma_k
+from alphallama.kernels.attention import decode as attention
+from alphallama.kernels.norm import rmsnorm as fused
+from alphallama.kernels.moe import moe_i8, route as moe
+from alphallama.kernels.gemv import qgemv_i8 as qgemv_i8_mod
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile
+from alphallama.kernels.gemv.qgemv_mma import qgemv_mma_k
 from alphallama.runtime import gpu_model
 from alphallama.runtime.gpu_model import GPUModel
 

@@ -119,9 +119,9 @@ def main() -> int:
     save()
     # one MoE layer alone at T rows: host issue time and device time; moe_prefill's tiles at 512
     L = next(L for L in model.layers if L.moe is not None)
-    from alphallama.kernels.moe import moe_route
-    from alphallama.kernels.moe_gemm import moe_prefill
-    from alphallama.kernels.qmatmul import qmatmul
+    from alphallama.kernels.moe.route import moe_route
+    from alphallama.kernels.moe.moe_gemm import moe_prefill
+    from alphallama.kernels.gemv.qmatmul import qmatmul
     h = torch.randn(512, model.cfg.d_model, device="cuda").to(model.scratch.dtype)
     wts, exps = moe_route(qmatmul(h, L.moe.router, rows_per_thread=4), L.moe.top_k, L.moe.norm)
     res["tiles_512"] = {}

@@ -71,5 +71,5 @@ def test_every_format_has_its_triton_side():
     """The split keeps one Triton load/field pair for every host-side format: a format
     the planner and the store accept is one the GPU kernels can read."""
     from alphallama.kernels import FORMATS
-    from alphallama.kernels.fmt_triton import KERNELS
+    from alphallama.kernels.formats.fmt_triton import KERNELS
     assert set(KERNELS) == set(FORMATS)

@@ -19,11 +19,11 @@ class SamplingDefaults:
 class EngineDefaults:
     ctx_size: int = 4096          # capped by the model's own context length
     prefill_chunk: int = 512      # rows per prefill forward pass
-    decode_gemv: str = "i8"       # GPU decode GEMVs: "i8" (int8 activations, dp4a: kernels/qgemv_i8.py; 1.3-1.75x
-                                  # qmatmul on the H200) | "f32" (kernels/qmatmul.py: fp32 dequantize + FMA)
+    decode_gemv: str = "i8"       # GPU decode GEMVs: "i8" (int8 activations, dp4a: kernels/gemv/qgemv_i8.py; 1.3-1.75x
+                                  # qmatmul on the H200) | "f32" (kernels/gemv/qmatmul.py: fp32 dequantize + FMA)
     moe_gemv: str = "i8"          # routed experts (resident or bank/host tiers, not the CPU workers): "i8" runs them
-                                  # on int8 activations (kernels/moe_i8.py; H200 30B-A3B shape: 2.82 -> 2.39 ms a
-                                  # round at W=1, 8.89 -> 5.89 at W=8) | "f32" (kernels/moe.py)
+                                  # on int8 activations (kernels/moe/moe_i8.py; H200 30B-A3B shape: 2.82 -> 2.39 ms a
+                                  # round at W=1, 8.89 -> 5.89 at W=8) | "f32" (kernels/moe/moe_f32.py)
     pdl: bool = True              # GPU decode kernels with programmatic dependent launch (kernels/pdl.py): each may
                                   # start during the previous one's tail (H200, W=1: 8B shape 2.37 -> 2.11 ms a
                                   # round, 30B-A3B 2.39 -> 2.15; same bits as without)
@@ -36,7 +36,7 @@ class EngineDefaults:
                                   # logits, the same at every W. H200 30B-A3B W=1 1.834 -> 1.713 ms, W=8 4.339 ->
                                   # 4.322 (gpu_decode_arms-qwen3-30b-a3b-20261130-173344.json)
     early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
-                                  # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
+                                  # (kernels/attention/decode.py: valid in a decode round; the same bits). H200 W=1:
                                   # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
     gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
                                   # slots into 2 runs (twice the programs), the next norm adds the partials
@@ -86,9 +86,9 @@ class EngineDefaults:
     # (8B W1 1.937 -> 2.231, 30B W1 1.628 -> 1.730, mma-wide-t W1 2.166 -> 2.240 ms; gpu_decode_arms-*-20261202-
     # 034823, -035229, -035630)
     fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
-                                  # activations in their own launch (kernels/fused.py); off: a prepare launch each
+                                  # activations in their own launch (kernels/norm, activations); off: a prepare launch each
     prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE
-                                   # experts as grouped GEMMs, kernels/moe_gemm.py) | "gemv" (decode graphs).
+                                   # experts as grouped GEMMs, kernels/moe/moe_gemm.py) | "gemv" (decode graphs).
                                    # H200 30B-A3B shape, 512 rows: 36 ms against 278 ms through the graphs
     prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
     prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);

@@ -1,4 +1,4 @@
-"""Split-KV decode attention (kernels/attention.py): the split rule, exact-mode bits of a
+"""Split-KV decode attention (kernels/attention/decode.py): the split rule, exact-mode bits of a
 row against the round's width, the row's column, the cache's capacity and what lies past
 the row's keys, at lengths that straddle the split size's changes; the float64 reference;
 and the sm_90 compile of both kernels (offline: tests/kernels/sm90.py)."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 import triton
 
-from alphallama.kernels import attention as A
-from alphallama.kernels.attention import decode_attention, decode_attention_ref, live_splits, split_size
+from alphallama.kernels.attention import decode as A
+from alphallama.kernels.attention.decode import decode_attention, decode_attention_ref, live_splits, split_size
 from tests.kernels.sm90 import run_in_child
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

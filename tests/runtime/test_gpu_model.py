@@ -34,7 +34,7 @@ def test_logits_match_reference(models):
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     lg, _ = gpu.forward(toks, 0, gpu.new_cache(128))
     # fp16 K/V and fp16 attention inputs against an fp32 reference; the dense GEMVs take
-    # int8 activations (one scale per 32 values, as llama.cpp's q8_1: kernels/qgemv_i8.py),
+    # int8 activations (one scale per 32 values, as llama.cpp's q8_1: kernels/gemv/qgemv_i8.py),
     # a relative error of up to 2**-8 per activation, so 4% of the largest logit
     atol = 4e-2 * lr.abs().max().item()
     torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
@@ -81,14 +81,14 @@ def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypa
     """engine.combine_in_norm: the MoE layers return their ranks unsummed and the next
     norm sums them (no combine launch): the logits are the combine kernel's path's bit for
     bit, no combine launch runs, and a round still equals its rows run alone."""
-    from alphallama.kernels import moe_i8
+    from alphallama.kernels.moe import moe_i8
     path = tmp_path / "moe.gguf"
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=6), path)
     f = GGUFFile(path)
     toks = torch.randint(0, 200, (3,), generator=torch.Generator().manual_seed(2))
     launches = []
-    real = moe_i8._down_combine_kernel
-    monkeypatch.setattr(moe_i8, "_down_combine_kernel", type("K", (), {
+    real = moe_i8.down_combine_kernel
+    monkeypatch.setattr(moe_i8, "down_combine_kernel", type("K", (), {
         "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
     logits = {}
     for fused in (False, True):
@@ -143,7 +143,7 @@ def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, qua
     next norm adds the partials (the MoE model's through the norm that computes the router
     logits, into a new residual tensor). Thresholds lowered so the tiny weights split:
     against the reference, close to the unsplit model, a round equals its rows alone."""
-    from alphallama.kernels import qgemv_i8 as mod
+    from alphallama.kernels.gemv import qgemv_i8 as mod
     monkeypatch.setattr(mod, "SPLIT_MIN_K", 1)
     monkeypatch.setattr(mod, "SPLIT_MAX_N", 1 << 30)
 
@@ -175,7 +175,7 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     """engine.gemv_mma_narrow: a 3-row round through qgemv_q8k (narrow 4) and through the mma
     (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width.
     The producers emit the q8_K activations (the norms, the SiLU, the attention combine)."""
-    from alphallama.kernels.qgemv_mma import Q8K
+    from alphallama.kernels.gemv.qgemv_mma import Q8K
     path = tmp_path / "m.gguf"
     # head_dim 128: the attention combine emits o's q8_K activations, two heads a program
     write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=4, head_dim=128), path)

@@ -1,4 +1,4 @@
-"""The tensor-core prefill path (calls of more than 64 rows: kernels/qgemm.py + SDPA,
+"""The tensor-core prefill path (calls of more than 64 rows: kernels/prefill/qgemm.py + SDPA,
 runtime/gpu_prefill.py) against the reference transformer, from an empty cache and
 after a cached prefix, for a dense and an MoE model; and exact speculative == plain
 greedy decoding with a prompt long enough to take that path."""
@@ -220,8 +220,8 @@ def test_moe_prefill_matches_loop(moe_layer, case, dtype):
     """moe_gemm.moe_prefill (padded per-expert blocks) against moe_loop on the same
     routing: unused experts, a run of unused ones, one expert taking every row (more
     than one block), in the scratch dtype of the CPU (fp32) and of the GPU (bf16)."""
-    from alphallama.kernels.moe_gemm import moe_prefill
-    from alphallama.kernels.qgemm import Scratch
+    from alphallama.kernels.moe.moe_gemm import moe_prefill
+    from alphallama.runtime.scratch import Scratch
     from alphallama.runtime import gpu_prefill as gp
     g = torch.Generator().manual_seed(11)
     T, D = 20, moe_layer.down.N
@@ -241,7 +241,7 @@ def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
     store's layers never do (their experts are not all on the device)."""
     from alphallama.runtime import gpu_prefill as gp
     _, _, gpu = _load(tmp_path_factory, "tiny-qwen3moe", "Q8_0")
-    assert gp.MOE_FUSED and gp._capturable(gpu.layers[0])
+    assert gp.MOE_FUSED and gp.capturable(gpu.layers[0])
     calls = []
     real = gp.moe_prefill
     monkeypatch.setattr(gp, "moe_prefill", lambda *a: calls.append(a[0].shape[0]) or real(*a))

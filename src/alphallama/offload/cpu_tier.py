@@ -2,7 +2,7 @@
 workers, and the host-side half of the mailbox protocol (offload/mailbox.py).
 
 On the GPU the post, the sequence number and the wait all happen inside the round's
-graph (kernels/expert_q8_gpu.py); `seq` and `share` are device tensors (graph inputs).
+graph (kernels/moe/expert_q8_gpu.py); `seq` and `share` are device tensors (graph inputs).
 Under the Triton interpreter the kernels post, and the host waits (`wait_host`): an
 interpreted kernel cannot spin on memory another thread writes.
 """

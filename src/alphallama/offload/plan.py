@@ -3,7 +3,7 @@
 Only the GGUF header is read (metadata and the tensor table; tensor data stays on disk),
 and the free device memory comes from torch.cuda.mem_get_info, or from --gpu-mem where
 given (which also caps it: emulating a smaller card). Sizes are the bytes the GPU
-runtime will hold: weight planes (kernels/formats.py) re-laid from the file's blocks,
+runtime will hold: weight planes (kernels/formats/format.py) re-laid from the file's blocks,
 norms as fp32, the embedding's raw rows, the f16 KV cache at the chosen context.
 
 Layouts: `resident` (everything on the device), `offload` (the dense part, the KV cache
@@ -22,8 +22,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.mma_layout import mma_shape_ok
-from ..kernels.qweight import embedding_planes
+from ..kernels.gemv.mma_layout import mma_shape_ok
+from ..kernels.formats.qweight import embedding_planes
 
 GiB = 1 << 30
 
@@ -45,7 +45,7 @@ class PlanError(ValueError):
 def row_bytes(qtype: int, K: int) -> int:
     """Device bytes of one weight row of K values: its planes (formats.py), or the
     file's bytes for a type the GPU kernels do not take."""
-    from ..kernels.qweight import FORMATS
+    from ..kernels.formats.qweight import FORMATS
     block, type_size = GGML_QUANT_SIZES[qtype]
     fmt = FORMATS.get(qtype)
     if fmt is None or K % block or K % fmt.slot:

@@ -8,7 +8,7 @@
 
 A class is the layers whose experts have the same formats and shapes (a Q4_K_M file
 has Q6_K ffn_down in some layers and Q4_K in the others: two classes); its slots are a
-share of the bank proportional to its layers. The round's MoE kernels (kernels/moe.py)
+share of the bank proportional to its layers. The round's MoE kernels (kernels/moe/moe_f32.py)
 read the table on the device and take each expert from its slot, or from the host tier
 in place over PCIe where it has none, with the same arithmetic either way: where an
 expert lives never changes the bits, and the table is a graph input, so residency
@@ -35,7 +35,7 @@ import torch
 
 from ..config import DEFAULTS
 from ..gguf.reader import TensorInfo
-from ..kernels.qweight import QuantWeight
+from ..kernels.formats.qweight import QuantWeight
 from .policy import UsagePolicy
 
 
@@ -56,7 +56,7 @@ def pack_experts(gate: TensorInfo, up: TensorInfo, down: TensorInfo, device) -> 
     return gate_up, QuantWeight.from_raw(down.data, down.qtype, tuple(down.shape), device)
 
 
-def _pin(t: torch.Tensor) -> torch.Tensor:
+def pin(t: torch.Tensor) -> torch.Tensor:
     """Page-lock and map `t` (cudaHostRegister) so kernels read it in place and copies
     from it are asynchronous DMA; unregistered when `t` is freed. A no-op without CUDA."""
     if not torch.cuda.is_available() or t.numel() == 0:
@@ -72,7 +72,7 @@ def _pin(t: torch.Tensor) -> torch.Tensor:
 
 def _host_like(w: QuantWeight, rows: int) -> QuantWeight:
     """Empty pinned host planes for `rows` experts shaped like w's."""
-    planes = {n: _pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
+    planes = {n: pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
     return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes)
 
 

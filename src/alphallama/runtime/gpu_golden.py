@@ -49,18 +49,18 @@ from ..config import DEFAULTS
 from ..gguf.reader import GGUFFile
 from ..gguf.synth_spec import PRESETS, SyntheticSpec
 from ..gguf.writer import write_synthetic
-from ..kernels.attention import BLOCK_N, MAX_SPLITS, live_splits, split_size
-from ..kernels.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, _consts
-from ..kernels.qgemm import units_of
-from ..kernels.qgemv_i8 import MAX_BW as I8_BW
-from ..kernels.qgemv_i8 import gemv_tile, split_nt
-from ..kernels.qgemv_mma import COLS, Q8K, mma_groups, mma_tile
-from ..kernels.qgemv_q8k import q8k_tile
-from ..kernels.qmatmul import MAX_BW as QM_BW
-from ..kernels.qmatmul import tile as qmatmul_tile
-from ..kernels.qmatvec_i8 import lane_order
+from ..kernels.attention.decode import BLOCK_N, MAX_SPLITS, live_splits, split_size
+from ..kernels.moe.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, expert_consts
+from ..kernels.prefill.qgemm import units_of
+from ..kernels.gemv.qgemv_i8 import MAX_BW as I8_BW
+from ..kernels.gemv.qgemv_i8 import gemv_tile, split_nt
+from ..kernels.gemv.qgemv_mma import COLS, Q8K, mma_groups, mma_tile
+from ..kernels.gemv.qgemv_q8k import q8k_tile
+from ..kernels.gemv.qmatmul import MAX_BW as QM_BW
+from ..kernels.gemv.qmatmul import tile as qmatmul_tile
+from ..kernels.gemv.qmatvec_i8 import lane_order
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
-from .gpu_prefill import GRAPH_MIN_ROWS, _capturable, _fused, graph_rows
+from .gpu_prefill import GRAPH_MIN_ROWS, capturable, moe_fused, graph_rows
 
 WIDTHS = tuple(range(1, MAX_W + 1))
 CPU_WIDTHS = (1, 2, 5)
@@ -169,7 +169,7 @@ def _linear(f: GGUFFile, names: list[str], lin: Linear, m: GPUModel) -> dict:
 
 def _consts_of(w, n: int) -> dict:
     """moe_i8's constexprs for a weight on the GPU (DP4A), its format's loader by name."""
-    return {k: getattr(v, "__name__", v) for k, v in _consts(w, n, True).items()}
+    return {k: getattr(v, "__name__", v) for k, v in expert_consts(w, n, True).items()}
 
 
 def _moe(m: GPUModel, L, moe: MoE) -> dict:
@@ -177,7 +177,7 @@ def _moe(m: GPUModel, L, moe: MoE) -> dict:
     rec = {"i8": moe.i8, "top_k": moe.top_k, "norm": moe.norm, "store": moe.store is not None,
            "link": moe.link is not None, "router": moe.router.qtype.name,
            "router_rows": moe.router_rows is not None, "router_tile": qmatmul_tile(moe.router, ROWS_PER_THREAD),
-           "orders": moe.orders(1), "prefill_fused": _fused(moe)}
+           "orders": moe.orders(1), "prefill_fused": moe_fused(moe)}
     if moe.i8 and gu is not None:   # the tiles of record (the GPU's, DP4A)
         rec |= {"EXPERT_BN": EXPERT_BN, "GATE_UP_PAIRED": GATE_UP_PAIRED,
                 "gate_up": {"qtype": gu.qtype.name, "shape": list(gu.shape), **_consts_of(gu, gu.N // 2)},
@@ -233,7 +233,7 @@ def plan(m: GPUModel, f: GGUFFile) -> dict:
                       "split_size": {str(n): [split_size(n), live_splits(n)] for n in lengths}},
         "prefill": {"path": m.prefill_path, "chunk": m.prefill_chunk, "scratch_elements": m.scratch.elements,
                     "scratch_dtype": str(m.scratch.dtype), "overlap": m.scratch.overlap, "graphs": m.scratch.graphs,
-                    "capturable": all(map(_capturable, m.layers)), "GRAPH_MIN_ROWS": GRAPH_MIN_ROWS,
+                    "capturable": all(map(capturable, m.layers)), "GRAPH_MIN_ROWS": GRAPH_MIN_ROWS,
                     "graph_rows": {str(t): graph_rows(t, m.prefill_chunk)
                                    for t in (65, PROMPT - 1, 128, 129, 300, 512, 1000)}},
         "graph_buckets": list(BUCKETS),

@@ -8,7 +8,7 @@ size); nothing is dequantized to bf16 ahead of time. A round of W rows is
           -> SiLU*up -> down qmatmul -> ... -> [add+RMSNorm] -> output qmatmul
 
 (an MoE layer's FFN is: router qmatmul -> softmax/top-k -> gate|up+SiLU of its k
-experts -> down + weighted sum, kernels/moe.py, the expert ids never leaving the device)
+experts -> down + weighted sum, kernels/moe/moe_f32.py, the expert ids never leaving the device)
 
 and every kernel gives a row the same bits whatever W and its column, so verify and
 plain decode agree bit for bit: exact mode needs no per-row loop here.
@@ -42,22 +42,26 @@ from gguf.constants import GGMLQuantizationType as QT
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.attention import decode_attention, decode_attention_q8
-from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
-                             silu_mul_q8)
-from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
-from ..kernels.moe_q8 import contract_ok, moe_q8
-from ..kernels.expert_q8 import supports as i8_supports
-from ..kernels.qgemv_i8 import qgemv_i8, split_runs
-from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
-from ..kernels.qgemv_q8k import qgemv_q8k
-from ..kernels.qmatmul import qmatmul
-from ..kernels.qmatvec_i8 import lane_order, prepare_i8
-from ..kernels.qweight import QuantWeight, embedding_planes
+from ..kernels.attention.decode import decode_attention, decode_attention_q8
+from ..kernels.moe.moe_f32 import MoEParts
+from ..kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_q8, rmsnorm_router_q8
+from ..kernels.attention.rope import qkv_rope
+from ..kernels.activations.silu import silu_mul, silu_mul_q8
+from ..kernels.moe.moe_f32 import moe_down, moe_gate_up
+from ..kernels.moe.route import moe_route
+from ..kernels.moe.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
+from ..kernels.moe.moe_q8 import contract_ok, moe_q8
+from ..kernels.moe.expert_q8 import supports as i8_supports
+from ..kernels.gemv.qgemv_i8 import qgemv_i8, split_runs
+from ..kernels.gemv.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
+from ..kernels.gemv.qgemv_q8k import qgemv_q8k
+from ..kernels.gemv.qmatmul import qmatmul
+from ..kernels.gemv.qmatvec_i8 import lane_order, prepare_i8
+from ..kernels.formats.qweight import QuantWeight, embedding_planes
 from ..model.layers import rope_tables
 from ..config import DEFAULTS
-from ..kernels.qgemm import Scratch, gather_rows
+from .scratch import Scratch
+from ..kernels.formats.dequant import gather_rows
 from ..offload.cpu_tier import CpuLink
 from ..offload.mailbox import Mailbox
 from ..offload.store import ExpertStore, pack_experts
@@ -153,7 +157,7 @@ class Linear:
         # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
         self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
         self.N = sum(w.N for w in self.weights)
-        # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py), and
+        # the lane orders its int8 input comes in (a producer can emit them: kernels/norm/rmsnorm.py), and
         # the q8_K layout (Q8K) of weights on q8_K activations
         self._orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
                                            for w, i8, f in zip(self.weights, self.i8, self._mma)
@@ -251,7 +255,7 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
-        # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
+        # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
         self.i8 = gemv == "i8" and moe_i8_ok(gu, dn)

@@ -36,10 +36,12 @@ from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, MTPHeadConfig
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile
-from ..kernels.attention import decode_attention
-from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
-from ..kernels.qmatmul import qmatmul
-from ..kernels.qweight import QuantWeight
+from ..kernels.attention.decode import decode_attention
+from ..kernels.norm.rmsnorm import add_rmsnorm
+from ..kernels.attention.rope import qkv_rope
+from ..kernels.activations.silu import silu_mul
+from ..kernels.gemv.qmatmul import qmatmul
+from ..kernels.formats.qweight import QuantWeight
 from ..model.layers import rope_tables
 from .capture import collector_paused
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPULayer, GPUModel, Linear, MoE, bucket_of

@@ -29,11 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
-from .expert_q8_gpu import CODES, _chunks, _quantize_block
-from .formats import slot_positions
-from .pdl import pdl_kwargs, pdl_start
-from .qweight import QuantWeight, check_gemv_args
+from ..moe.expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
+from ..moe.expert_q8_gpu import CODES, chunk_sums, quantize_block
+from ..formats.format import slot_positions
+from ..pdl import pdl_kwargs, pdl_start
+from ..formats.qweight import QuantWeight, check_gemv_args
 
 MAX_BW = 16             # x rows per program (one named accumulator each below)
 NUM_WARPS = 4
@@ -62,10 +62,10 @@ def emit_q8(a, k0, m, xp, xsd, K: tl.constexpr, SLOT: tl.constexpr, V: tl.conste
     (int8 [W, K]: the bytes in lane order) and xsd (int32 [W, K/SLOT, 2]: per slot (sum
     of q, bits of dx)). MASKED: k may run past K (a row's padding, where a must be 0);
     nothing is stored past it. Shared by the prepare kernel and the producers that fuse
-    it (kernels/fused.py)."""
+    it (kernels/norm/rmsnorm.py)."""
     BQ: tl.constexpr = a.shape[0]
     k = k0 + tl.arange(0, BQ)                                          # [BQ]
-    q, dx = _quantize_block(tl.reshape(a, (BQ // 32, 32)))            # [BQ/32, 32] int32, [BQ/32]: QBLOCK
+    q, dx = quantize_block(tl.reshape(a, (BQ // 32, 32)))            # [BQ/32, 32] int32, [BQ/32]: QBLOCK
     q = tl.reshape(q, (BQ,))
     # the inverse of lane_perm: k = (j // 2) 2V + 2v + (j % 2) for field j of qs word v
     r = k % (2 * V)
@@ -105,7 +105,7 @@ def _prepare_kernel(x, xp, xsd, stride_x, K: tl.constexpr, BQ: tl.constexpr, SLO
 
 # -- the GEMV ------------------------------------------------------------------------------
 @triton.jit
-def _dp4a(a, b, c, DP4A: tl.constexpr):
+def dp4a(a, b, c, DP4A: tl.constexpr):
     """c + sum over the 4 byte lanes of a (unsigned) times b (signed): int32."""
     if DP4A:
         out = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
@@ -128,17 +128,17 @@ def _dot_words(a, b, c, DP4A: tl.constexpr):
         a1, a3 = tl.split(a13)
         b0, b2 = tl.split(b02)
         b1, b3 = tl.split(b13)
-        c = _dp4a(a3, b3, _dp4a(a2, b2, _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
+        c = dp4a(a3, b3, dp4a(a2, b2, dp4a(a1, b1, dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
     else:
         tl.static_assert(V == 2, "V is 2 or 4")
         a0, a1 = tl.split(a)
         b0, b1 = tl.split(b)
-        c = _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A)
+        c = dp4a(a1, b1, dp4a(a0, b0, c, DP4A), DP4A)
     return c
 
 
 @triton.jit
-def _lanes(words, h, BITS: tl.constexpr, HBITS: tl.constexpr):
+def unpack_lanes(words, h, BITS: tl.constexpr, HBITS: tl.constexpr):
     """words [NT, BN, V] (+ the slot's qh word h [NT, BN]) -> the codes in byte lanes:
     (lo, hi) [NT, BN, V] int32 (8-bit codes: (words, words))."""
     if BITS == 8:
@@ -159,7 +159,7 @@ def _lanes(words, h, BITS: tl.constexpr, HBITS: tl.constexpr):
 
 
 @triton.jit
-def _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+def slot_terms_i8(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
                 BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
     """One x row against NT slots u [NT] (codes lo/hi [NT, BN, V]): (t = A * isum
     [- B * xsum] [NT, BN], dx [NT]), the integer part exact. Shared with qgemv_i8."""
@@ -206,11 +206,11 @@ def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slo
               BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
     """One x row's contribution from NT slots: acc [BN] -> acc [BN]. u [NT]: the slots."""
     NT: tl.constexpr = lo.shape[0]
-    t, dx = _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+    t, dx = slot_terms_i8(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
     t = t * dx[:, None]
     if not EVEN:
         t = tl.where((u < n_slots)[:, None], t, 0.0)                   # padded slots: +0
-    return _chunks(acc, tl.trans(t), NT // 8)
+    return chunk_sums(acc, tl.trans(t), NT // 8)
 
 
 @triton.jit
@@ -275,7 +275,7 @@ def _qmatvec_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.cons
             nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
         else:
             words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
-        lo, hi = _lanes(words, h, BITS, HBITS)
+        lo, hi = unpack_lanes(words, h, BITS, HBITS)
         u = s0 + tl.arange(0, NT)                                      # [NT]
         acc0 = _row_step(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
                          HAS_MIN, DP4A)

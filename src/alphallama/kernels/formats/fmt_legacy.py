@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import (Format, f16_field, pack_high, pack_slots, torch_fields, torch_high, unpack_fields,
-                      word_order)
+from .format import Format, f16_field, pack_high, pack_slots, torch_fields, torch_high, unpack_fields, word_order
 
 
 def _nibble_codes(qs: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import Format, f16_field, pack_high, pack_slots, torch_fields, torch_high, unpack_fields
+from .format import Format, f16_field, pack_high, pack_slots, torch_fields, torch_high, unpack_fields
 
 
 def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,8 +41,8 @@ from typing import Callable
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import torch_fields, torch_high
-from .qweight import QuantWeight
+from ..formats.format import torch_fields, torch_high
+from ..formats.qweight import QuantWeight
 
 CHUNK = 8               # slots per pairwise-summed chunk
 QBLOCK = 32             # activation values per scale

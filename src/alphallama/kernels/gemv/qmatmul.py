@@ -16,14 +16,13 @@ internal order is not ours to fix).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .qweight import QuantWeight, check_gemv_args
+from ..backend import use_triton
+from ..formats.qweight import QuantWeight, check_gemv_args
 
 MAX_BW = 8              # x rows per program: one named accumulator each below (fewer
                         # with more weight rows per thread, to stay within 255 registers)
@@ -33,7 +32,7 @@ ROWS_PER_THREAD = 2     # weight rows per thread: they share each x vector load
 
 
 @triton.jit
-def _row_fma(acc, w_a, w_b, x_row, xoff, xmask, PAIR: tl.constexpr, EVEN: tl.constexpr):
+def row_fma(acc, w_a, w_b, x_row, xoff, xmask, PAIR: tl.constexpr, EVEN: tl.constexpr):
     """acc [NT, BN, V] + the products of one x row with the dequantized fields w_a (and
     w_b, if PAIR) [NT, BN, V], as fused multiply-adds in that order. The activations
     of a field pair are one load [NT, 1, V, 2], split in registers."""
@@ -117,17 +116,17 @@ def _qmatmul_kernel(x, out, qs, qh, sc, sd, W, N, stride_xw, one, n_slots: tl.co
             else:
                 w_b = w_a
             xoff = u * (V * P) + i * V + koff  # [NT, 1, 2V]: the pair's 2V consecutive k
-            acc0 = _row_fma(acc0, w_a, w_b, x0, xoff, xmask, PAIR, EVEN)
+            acc0 = row_fma(acc0, w_a, w_b, x0, xoff, xmask, PAIR, EVEN)
             if BW > 1:
-                acc1 = _row_fma(acc1, w_a, w_b, x1, xoff, xmask, PAIR, EVEN)
+                acc1 = row_fma(acc1, w_a, w_b, x1, xoff, xmask, PAIR, EVEN)
             if BW > 2:
-                acc2 = _row_fma(acc2, w_a, w_b, x2, xoff, xmask, PAIR, EVEN)
-                acc3 = _row_fma(acc3, w_a, w_b, x3, xoff, xmask, PAIR, EVEN)
+                acc2 = row_fma(acc2, w_a, w_b, x2, xoff, xmask, PAIR, EVEN)
+                acc3 = row_fma(acc3, w_a, w_b, x3, xoff, xmask, PAIR, EVEN)
             if BW > 4:
-                acc4 = _row_fma(acc4, w_a, w_b, x4, xoff, xmask, PAIR, EVEN)
-                acc5 = _row_fma(acc5, w_a, w_b, x5, xoff, xmask, PAIR, EVEN)
-                acc6 = _row_fma(acc6, w_a, w_b, x6, xoff, xmask, PAIR, EVEN)
-                acc7 = _row_fma(acc7, w_a, w_b, x7, xoff, xmask, PAIR, EVEN)
+                acc4 = row_fma(acc4, w_a, w_b, x4, xoff, xmask, PAIR, EVEN)
+                acc5 = row_fma(acc5, w_a, w_b, x5, xoff, xmask, PAIR, EVEN)
+                acc6 = row_fma(acc6, w_a, w_b, x6, xoff, xmask, PAIR, EVEN)
+                acc7 = row_fma(acc7, w_a, w_b, x7, xoff, xmask, PAIR, EVEN)
     _store_row(out, acc0, m0 + 0, W, N, n_out)
     if BW > 1:
         _store_row(out, acc1, m0 + 1, W, N, n_out)
@@ -151,10 +150,6 @@ def tile(w: QuantWeight, rows_per_thread: int = ROWS_PER_THREAD, slots_per_step:
     return BN, NT, num_warps
 
 
-def _use_triton(x: torch.Tensor) -> bool:
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
             rows_per_thread: int = ROWS_PER_THREAD, slots_per_step: int = SLOTS_PER_STEP,
             num_warps: int = NUM_WARPS, maxnreg: int | None = None, pdl: int = 0) -> torch.Tensor:
@@ -170,7 +165,7 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     implicit fusion depends on the surrounding code (seen on an H200: rows of Q8_0
     and Q6_K, whose tiles loop over K, changed bits between W=1 and W>=3)."""
     W, N, out = check_gemv_args(x, w, out, "qmatmul", triton_only=False)   # off Triton: qmatmul_torch
-    if not _use_triton(x):
+    if not use_triton(x):
         return out.copy_(qmatmul_torch(x, w))
     x = x if x.stride(1) == 1 else x.contiguous()
     BN, NT, num_warps = tile(w, rows_per_thread, slots_per_step, num_warps)

@@ -31,12 +31,12 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from .expert_q8 import QBLOCK, supports
-from .formats import PLANES
-from .expert_q8_gpu import CODES
-from .qmatvec_i8 import _lanes, _slot_terms, prepare_i8
-from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
-from .qweight import QuantWeight, check_gemv_args
+from ..moe.expert_q8 import QBLOCK, supports
+from ..formats.format import PLANES
+from ..moe.expert_q8_gpu import CODES
+from .qmatvec_i8 import unpack_lanes, slot_terms_i8, prepare_i8
+from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
+from ..formats.qweight import QuantWeight, check_gemv_args
 
 # x rows a program holds (not in the float order: a row's arithmetic is its own). 4, not 8:
 # at 8 rows every dense tile sat at ~251 registers, one CTA an SM; H200 8B shape, same bits,
@@ -46,10 +46,10 @@ MAX_BW = 4
 
 
 @triton.jit
-def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+def row_step_i8(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
               BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
     """acc [NT, BN] + one x row's terms of the NT slots u [NT] (padded slots: dx = 0)."""
-    t, dx = _slot_terms(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+    t, dx = slot_terms_i8(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
     return tl.fma(t, dx[:, None], acc)
 
 
@@ -134,26 +134,26 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
             nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
         else:
             words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
-        lo, hi = _lanes(words, h, BITS, HBITS)
+        lo, hi = unpack_lanes(words, h, BITS, HBITS)
         u = s0 + tl.arange(0, NT)                                      # [NT]
-        acc0 = _row_step(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
+        acc0 = row_step_i8(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
                          HAS_MIN, DP4A)
         if BW > 1:
-            acc1 = _row_step(acc1, lo, hi, s1, s2, xp + r1 * XROW, xsd + r1 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc1 = row_step_i8(acc1, lo, hi, s1, s2, xp + r1 * XROW, xsd + r1 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
         if BW > 2:
-            acc2 = _row_step(acc2, lo, hi, s1, s2, xp + r2 * XROW, xsd + r2 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc2 = row_step_i8(acc2, lo, hi, s1, s2, xp + r2 * XROW, xsd + r2 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-            acc3 = _row_step(acc3, lo, hi, s1, s2, xp + r3 * XROW, xsd + r3 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc3 = row_step_i8(acc3, lo, hi, s1, s2, xp + r3 * XROW, xsd + r3 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
         if BW > 4:
-            acc4 = _row_step(acc4, lo, hi, s1, s2, xp + r4 * XROW, xsd + r4 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc4 = row_step_i8(acc4, lo, hi, s1, s2, xp + r4 * XROW, xsd + r4 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-            acc5 = _row_step(acc5, lo, hi, s1, s2, xp + r5 * XROW, xsd + r5 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc5 = row_step_i8(acc5, lo, hi, s1, s2, xp + r5 * XROW, xsd + r5 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-            acc6 = _row_step(acc6, lo, hi, s1, s2, xp + r6 * XROW, xsd + r6 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc6 = row_step_i8(acc6, lo, hi, s1, s2, xp + r6 * XROW, xsd + r6 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
-            acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
+            acc7 = row_step_i8(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
                              HAS_MIN, DP4A)
     _store(out, acc0, m0 + 0, W, N, n_out, stride_out, ADD)
     if BW > 1:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gguf.constants import GGMLQuantizationType as T
 
-from .qweight import FORMATS
+from ..formats.qweight import FORMATS
 
 ROWS = 16               # weight rows a warp (the mma's M)
 COLS = 8                # x rows a program (the mma's N)

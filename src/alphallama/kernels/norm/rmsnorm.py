@@ -1,7 +1,8 @@
-"""Small fused kernels of the decode round, each beside its plain-torch reference.
+"""RMSNorm kernels of the decode round (the residual add, the int8 activations of the
+next GEMV, the MoE router's logits), each beside its plain-torch reference.
 
-One program per row (or per row and head): a row's arithmetic never depends on the
-other rows or the width, which is what exact mode needs.
+One program per row: a row's arithmetic never depends on the other rows or the width,
+which is what exact mode needs.
 """
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe import _combine_block
-from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from .qgemv_mma import Q8K, emit_q8k, new_q8k
-from .qmatvec_i8 import emit_q8, new_q8
-
-Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
-MoEParts = tuple[torch.Tensor, torch.Tensor]    # (part [W, k, D] fp32, weights [W, k] fp32): moe_down_i8(combine=False)
+from ..gemv.emit import Q8, q8_args
+from ..gemv.qmatvec_i8 import emit_q8
+from ..gemv.qgemv_mma import emit_q8k
+from ..moe.moe_f32 import MoEParts, combine_block
+from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 
 
 # -- residual add + RMSNorm -------------------------------------------------------------
@@ -48,7 +47,7 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
     mask = d < D
     x = tl.load(X + row * D + d, mask=mask, other=0.0)
     if TOP_K > 0:
-        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K)
+        x += combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K)
         tl.store(X + row * D + d, x, mask=mask)
     elif HAS_Y:
         x += tl.load(Y + row * D + d, mask=mask, other=0.0)
@@ -64,25 +63,6 @@ def _add_rmsnorm_kernel(X, Y, Wt, H, D: tl.constexpr, BLOCK: tl.constexpr, eps, 
         emit_q8(h.to(tl.float32), 0, row.to(tl.int64), XP2, XS2, D, SLOT2, V2, BITS2, BLOCK != D)
     if Q8K:
         emit_q8k(h.to(tl.float32), 0, row.to(tl.int64), XF, XK, DXK, XL, D, BLOCK != D)
-
-
-def _q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
-    """Buffers for up to two lane orders (and qgemv_mma.Q8K's q8_K activations, if among the
-    orders) and the kernel arguments that name them."""
-    lanes = tuple(o for o in orders if o != Q8K)
-    if len(lanes) > 2:
-        raise ValueError(f"at most two lane orders per producer, got {orders}")
-    q8 = {o: new_q8(W, K, o, device) for o in lanes}
-    args: dict = {"NQ": len(lanes)}
-    for i, o in enumerate(lanes, 1):
-        xp, xsd = q8[o]
-        args.update({f"XP{i}": xp.view(torch.int8), f"XS{i}": xsd, f"SLOT{i}": o[0], f"V{i}": o[1], f"BITS{i}": o[2]})
-    if Q8K in orders:
-        if K % 256:
-            raise ValueError(f"q8_K activations need K % 256 == 0, got {K}")
-        q8[Q8K] = xf, xs, dxs, xl = new_q8k(W, K, device)
-        args.update(Q8K=True, XF=xf.view(torch.int8), XK=xs, DXK=dxs, XL=xl.view(torch.int8))
-    return q8, args
 
 
 def _y_args(x: torch.Tensor, y: "torch.Tensor | MoEParts | None") -> tuple[torch.Tensor, dict]:
@@ -122,7 +102,7 @@ def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torc
     if D % 32:
         raise ValueError(f"int8 activations need D % 32 == 0, got {D}")
     out = torch.empty(W, D, device=x.device, dtype=out_dtype)
-    q8, args = _q8_args(W, D, tuple(orders), x.device)
+    q8, args = q8_args(W, D, tuple(orders), x.device)
     Y, ya = _y_args(x, y)
     _add_rmsnorm_kernel[(W,)](x, Y, w, out, D, triton.next_power_of_2(D), eps, enable_fp_fusion=False,
                               num_warps=_norm_warps(D), **ya, **args, **pdl_kwargs(pdl, x.device))
@@ -159,7 +139,7 @@ def _norm_router_kernel(X, Wt, H, R, LOGITS, E, eps, D: tl.constexpr, BLOCK: tl.
     row = tl.program_id(0)
     x = tl.load(X + row * D + d, mask=mask, other=0.0)
     if TOP_K > 0:
-        x += _combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K)
+        x += combine_block(PART, PW, row.to(tl.int64), d, D, TOP_K)
     r = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
     h = (x * r * tl.load(Wt + d, mask=mask, other=0.0)).to(H.dtype.element_ty)
     if tl.program_id(1) == 0:
@@ -194,7 +174,7 @@ def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, ep
                          f"{tuple(x.shape)}")
     h = torch.empty(W, D, device=x.device, dtype=out_dtype)                   # [W, D]
     logits = torch.empty(W, E, device=x.device, dtype=torch.float32)          # [W, E]
-    q8, args = _q8_args(W, D, tuple(orders), x.device)
+    q8, args = q8_args(W, D, tuple(orders), x.device)
     if parts is not None:
         _, ya = _y_args(x, parts)
         args.update(PART=ya["PART"], PW=ya["PW"], TOP_K=ya["TOP_K"], XOUT=x_out)
@@ -202,121 +182,3 @@ def rmsnorm_router_q8(x: torch.Tensor, w: torch.Tensor, router: torch.Tensor, ep
         x, w, h, router, logits, E, eps, D, triton.next_power_of_2(D), ROUTER_ROWS, enable_fp_fusion=False,
         num_warps=_norm_warps(D), **args, **pdl_kwargs(pdl, x.device))
     return h, q8, logits
-
-
-# -- SiLU(gate) * up ----------------------------------------------------------------------
-@triton.jit
-def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
-                     XP1=None, XS1=None, NQ: tl.constexpr = 0,
-                     SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                     PDL: tl.constexpr = False, Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None):
-    pdl_start(PDL)
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
-    f = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = f < F
-    g = tl.load(GU + row * 2 * F + f, mask=mask, other=0.0)
-    u = tl.load(GU + row * 2 * F + F + f, mask=mask, other=0.0)
-    a = (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty)
-    tl.store(OUT + row * F + f, a, mask=mask)
-    if NQ > 0:                       # the down GEMV's int8 activations (see _add_rmsnorm_kernel)
-        emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
-    if Q8K:                          # or prepare_q8k's (qgemv_mma_k / qgemv_q8k)
-        emit_q8k(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, F % BLOCK != 0)
-
-
-def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
-    """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F] in out_dtype."""
-    W, F2 = gu.shape
-    F = F2 // 2
-    out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
-    BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **pdl_kwargs(pdl, gu.device))
-    return out
-
-
-def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
-                pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
-    """silu_mul, and the int8 activations of its output in (at most) one lane order (or
-    qgemv_mma.Q8K), in the same launch. -> (act [W, F], {order: (xp, xsd), or prepare_q8k's
-    four tensors})."""
-    W, F2 = gu.shape
-    F = F2 // 2
-    if F % 32 or len(orders) > 1:
-        raise ValueError(f"silu_mul_q8 needs F % 32 == 0 and at most one lane order, got {F}, {orders}")
-    out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
-    q8, args = _q8_args(W, F, tuple(orders), gu.device)
-    BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args,
-                                                 **pdl_kwargs(pdl, gu.device))
-    return out, q8
-
-
-def silu_mul_ref(gu):
-    g, u = gu.chunk(2, dim=-1)
-    return torch.nn.functional.silu(g) * u
-
-
-# -- bias, q/k RMSNorm, RoPE, KV-cache write ------------------------------------------------
-@triton.jit
-def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
-                     stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n,
-                     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False):
-    """One program per (row, head) over the fused [W, (H + 2*n_kv) * hd] projection."""
-    pdl_start(PDL)
-    row = tl.program_id(0)
-    head = tl.program_id(1)                     # 0..H-1 query, H..H+n_kv-1 key, then value
-    pos = tl.load(pos_ptr) + row
-    QKV_W: tl.constexpr = (N_HEADS + 2 * N_KV) * HD
-    HALF: tl.constexpr = HD // 2
-    i = tl.arange(0, HALF)
-    base = QKV + row * QKV_W + head * HD
-    if NEOX:       # pairs (i, i + HD/2)
-        ia, ib = i, i + HALF
-    else:          # pairs (2i, 2i + 1)
-        ia, ib = 2 * i, 2 * i + 1
-    a = tl.load(base + ia)
-    b = tl.load(base + ib)
-    if HAS_BIAS:
-        a += tl.load(BIAS + head * HD + ia)
-        b += tl.load(BIAS + head * HD + ib)
-    if head >= N_HEADS + N_KV:                  # value: straight into the cache
-        vh = head - N_HEADS - N_KV
-        tl.store(VC + vh * stride_vc_h + pos * stride_vc_n + ia, a.to(tl.float16))
-        tl.store(VC + vh * stride_vc_h + pos * stride_vc_n + ib, b.to(tl.float16))
-    else:
-        if QK_NORM:
-            nw = QN if head < N_HEADS else KN
-            r = tl.rsqrt((tl.sum(a * a, 0) + tl.sum(b * b, 0)) / HD + eps)
-            a = a * r * tl.load(nw + ia)
-            b = b * r * tl.load(nw + ib)
-        c = tl.load(COS + pos * HALF + i)
-        s = tl.load(SIN + pos * HALF + i)
-        ra = a * c - b * s
-        rb = a * s + b * c
-        if head < N_HEADS:
-            tl.store(QOUT + (row * N_HEADS + head) * HD + ia, ra)
-            tl.store(QOUT + (row * N_HEADS + head) * HD + ib, rb)
-        else:
-            kh = head - N_HEADS
-            tl.store(KC + kh * stride_kc_h + pos * stride_kc_n + ia, ra.to(tl.float16))
-            tl.store(KC + kh * stride_kc_h + pos * stride_kc_n + ib, rb.to(tl.float16))
-
-
-def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None,
-             k_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor, pos: torch.Tensor, n_heads: int, n_kv: int, hd: int, eps: float,
-             neox: bool, pdl: bool = False) -> torch.Tensor:
-    """qkv: [W, (H + 2 n_kv) hd] fp32 -> roped q [W, H, hd] fp32; k, v written (fp16) into
-    k_cache/v_cache [n_kv, max_len, hd] at rows pos..pos+W-1. cos/sin: [max_len, hd/2]."""
-    W = qkv.shape[0]
-    q = torch.empty(W, n_heads, hd, device=qkv.device, dtype=torch.float32)
-    dummy = qkv
-    _qkv_rope_kernel[(W, n_heads + 2 * n_kv)](
-        qkv, bias if bias is not None else dummy, q_norm if q_norm is not None else dummy,
-        k_norm if k_norm is not None else dummy, cos, sin, q, k_cache, v_cache, pos, eps,
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        N_HEADS=n_heads, N_KV=n_kv, HD=hd, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None, NEOX=neox,
-        **pdl_kwargs(pdl, qkv.device))
-    return q

@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from .qgemv_mma import Q8K, emit_q8k, new_q8k
-from .qmatvec_i8 import emit_q8, new_q8
+from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
+from ..gemv.qgemv_mma import Q8K, emit_q8k, new_q8k
+from ..gemv.qmatvec_i8 import emit_q8, new_q8
 
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512. 64 measured twice on the
                    # H200: W=1 even, W=8 ~1% faster (8B 4.756 -> 4.715 ms, 30B-A3B 4.294 -> 4.239;
@@ -165,7 +165,7 @@ def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os,
     acc = tl.sum(o_s * w[:, None], 0)                                                 # [HD]
     out = (acc / l_sum).to(OUT.dtype.element_ty)
     tl.store(OUT + row * stride_outw + h * HD + d, out)
-    if NQ > 0:                       # the o projection's int8 activations (kernels/fused.py)
+    if NQ > 0:                       # the o projection's int8 activations (kernels/norm/rmsnorm.py)
         emit_q8(out.to(tl.float32), h * HD, row.to(tl.int64), XP1, XS1, N_HEADS * HD, SLOT1, V1, BITS1)
     return out
 

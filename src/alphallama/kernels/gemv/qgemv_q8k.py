@@ -7,7 +7,7 @@ gpu_qgemv_mma-20261201-183426.json: gate_up 22 against 17 us). Two kernels can s
 float order if everything before the float part is an exact integer: qgemv_mma_k folds a
 super-block's 8 slots into ai = sum sc_s isum_s and am = sum m_s xsum_s (int32, any order),
 then y += (d dx) ai - (dmin dx) am once a super-block, in k order within each run of K, and
-the runs are added in one written-out pairwise tree (_tree). This kernel computes the same
+the runs are added in one written-out pairwise tree (tree_sum). This kernel computes the same
 integers with dp4a (its sums over words and slots are integer, so their order is free),
 then the same float expressions in the same order: the mma for wide rounds, dp4a for
 narrow ones, one set of bits (checked bit for bit against qgemv_mma_k in the tests).
@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_kwargs, pdl_trigger, pdl_wait
-from .qgemv_mma import _tree, mma_tile, prepare_q8k, supports_mma
-from .qmatvec_i8 import _dp4a
-from .qweight import QuantWeight, check_gemv_args
+from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
+from .qgemv_mma import tree_sum, mma_tile, prepare_q8k, supports_mma
+from .qmatvec_i8 import dp4a
+from ..formats.qweight import QuantWeight, check_gemv_args
 
 
 @triton.jit
@@ -42,7 +42,7 @@ def _dot4(a, b, c, DP4A: tl.constexpr):
     a1, a3 = tl.split(a13)
     b0, b2 = tl.split(b02)
     b1, b3 = tl.split(b13)
-    return _dp4a(a3, b3, _dp4a(a2, b2, _dp4a(a1, b1, _dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
+    return dp4a(a3, b3, dp4a(a2, b2, dp4a(a1, b1, dp4a(a0, b0, c, DP4A), DP4A), DP4A), DP4A)
 
 
 @triton.jit
@@ -131,10 +131,10 @@ def _q8k_dp4a_kernel(xl, xs, dxs, out, qs, sc, sd, W, N, stride_out, one, n_slot
 
 @triton.jit
 def _store_col(out, y, rows, rows_ok, col, ok, stride_out):
-    """A column's sums y [R, BN] (runs first): the runs added in _tree's order, stored."""
+    """A column's sums y [R, BN] (runs first): the runs added in tree_sum's order, stored."""
     R: tl.constexpr = y.shape[0]
     BN: tl.constexpr = y.shape[1]
-    yr = tl.reshape(_tree(tl.reshape(tl.permute(y, (1, 0)), (BN, 1, R)), R), (BN,))
+    yr = tl.reshape(tree_sum(tl.reshape(tl.permute(y, (1, 0)), (BN, 1, R)), R), (BN,))
     tl.store(out + col * stride_out + rows, yr, mask=rows_ok & ok)
 
 

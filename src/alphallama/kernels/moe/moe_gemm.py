@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .qgemm import slot_values
-from .qweight import QuantWeight
+from ..formats.dequant import slot_values
+from ..formats.qweight import QuantWeight
 
 
 # (BN, warps, stages): the best of 7 on the H200 (0.82 ms a 30B-A3B layer at 512 rows;

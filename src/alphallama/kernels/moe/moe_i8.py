@@ -5,7 +5,7 @@
     prepare  the activations [W * k, F] to int8 in the down weight's lane order
     down     program (pair, n block): one expert's rows against its pair's int8 act,
              unweighted                                                          [W, k, D]
-    combine  moe._down_combine_kernel: y = fma(part_r, weight_r, y) in rank order; or the next
+    combine  moe.down_combine_kernel: y = fma(part_r, weight_r, y) in rank order; or the next
              norm does it (fused.add_rmsnorm's MoE parts, the same code)
 
 Each (pair, n block) runs qgemv_i8's per-slot arithmetic (the same LOAD, lanes, dp4a
@@ -21,10 +21,10 @@ import triton.language as tl
 
 from .expert_q8 import supports
 from .expert_q8_gpu import CODES
-from .moe import BD_COMBINE, NUM_WARPS, _bank_args, _check_bank, _down_combine_kernel
-from .qgemv_i8 import _row_step, step_slots
-from .pdl import pdl_kwargs, pdl_start
-from .qmatvec_i8 import _lanes, lane_order, prepare_i8
+from .moe_f32 import BD_COMBINE, NUM_WARPS, bank_args, check_bank, down_combine_kernel
+from ..gemv.qgemv_i8 import row_step_i8, step_slots
+from ..pdl import pdl_kwargs, pdl_start
+from ..gemv.qmatvec_i8 import unpack_lanes, lane_order, prepare_i8
 
 
 # gate_up walks K once for its gate and up rows together (_rows2_i8: the same bits, twice
@@ -49,8 +49,8 @@ def _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, L
     acc = tl.zeros([NT, BN], tl.float32)
     for s0 in range(0, n_slots, NT):
         words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
-        lo, hi = _lanes(words, h, BITS, HBITS)
-        acc = _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, s0 + tl.arange(0, NT), EVEN, n_slots, BITS, BIAS,
+        lo, hi = unpack_lanes(words, h, BITS, HBITS)
+        acc = row_step_i8(acc, lo, hi, s1, s2, xp_row, xsd_row, s0 + tl.arange(0, NT), EVEN, n_slots, BITS, BIAS,
                         HAS_MIN, DP4A)
     return tl.sum(acc, axis=0)
 
@@ -69,10 +69,10 @@ def _rows2_i8(xp_row, xsd_row, qs, qh, sc, sd, row_a, row_b, one, n_slots: tl.co
         wa, ha, a1, a2 = LOAD(qs, qh, sc, sd, row_a, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
         wb, hb, b1, b2 = LOAD(qs, qh, sc, sd, row_b, s0, one, n_slots, NT, V)
         u = s0 + tl.arange(0, NT)
-        lo, hi = _lanes(wa, ha, BITS, HBITS)
-        acc_a = _row_step(acc_a, lo, hi, a1, a2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
-        lo, hi = _lanes(wb, hb, BITS, HBITS)
-        acc_b = _row_step(acc_b, lo, hi, b1, b2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+        lo, hi = unpack_lanes(wa, ha, BITS, HBITS)
+        acc_a = row_step_i8(acc_a, lo, hi, a1, a2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+        lo, hi = unpack_lanes(wb, hb, BITS, HBITS)
+        acc_b = row_step_i8(acc_b, lo, hi, b1, b2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
     return tl.sum(acc_a, axis=0), tl.sum(acc_b, axis=0)
 
 
@@ -155,7 +155,7 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
     tl.store(part + pair * N + n_out, y, mask=n_out < N)
 
 
-def _consts(w, N: int, DP4A: bool) -> dict:
+def expert_consts(w, N: int, DP4A: bool) -> dict:
     """Constexprs of a [E, ., K] weight's kernels: its format, its tile (a function of the
     weight only; under the interpreter, whose reductions do not depend on the layout,
     BN is raised because it pays per program)."""
@@ -180,15 +180,15 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     """q8: the rows' int8 input in gate_up's lane order (moe_i8_order), gate_up [E, 2F, K],
     experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype. pdl: programmatic
     dependent launch (kernels/pdl.py)."""
-    _check_bank(gate_up, table, bank)
+    check_bank(gate_up, table, bank)
     xp, xsd = q8
     W, k = experts.shape
     F = gate_up.N // 2
     dev = experts.device
     act = torch.empty((W, k, F), dtype=act_dtype, device=dev)                   # [W, k, F]
-    c = _consts(gate_up, F, dev.type == "cuda")
+    c = expert_consts(gate_up, F, dev.type == "cuda")
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
-        xp, xsd, act, experts.contiguous(), *_bank_args(gate_up, table, bank), F, 1, TOP_K=k,
+        xp, xsd, act, experts.contiguous(), *bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
         **pdl_kwargs(pdl, dev))
     return act
@@ -202,21 +202,21 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
     Two launches (down, then moe's combine). pdl: every launch with programmatic
     dependent launch (kernels/pdl.py). combine=False: no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
     to sum (fused.add_rmsnorm's MoE parts: the same bits)."""
-    _check_bank(down, table, bank)
+    check_bank(down, table, bank)
     W, k, F = act.shape
     D = down.N
     dev = act.device
     aq, asd = prepare_i8(act.reshape(W * k, F), down.expert(0), pdl)           # [W k, F/4], [W k, F/slot, 2]
     pk = pdl_kwargs(pdl, dev)
     part = torch.empty((W, k, D), dtype=torch.float32, device=dev)             # [W, k, D]
-    c = _consts(down, D, dev.type == "cuda")
+    c = expert_consts(down, D, dev.type == "cuda")
     grid = (W * k * triton.cdiv(D, c["BN"]),)
-    args = (aq, asd, part, experts.contiguous(), *_bank_args(down, table, bank), D, 1)
+    args = (aq, asd, part, experts.contiguous(), *bank_args(down, table, bank), D, 1)
     _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk)
     if not combine:
         return part, weights.float().contiguous()
     out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]
-    _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
+    down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False,
         **pk)
     return out

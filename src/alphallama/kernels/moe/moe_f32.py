@@ -29,84 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_kwargs, pdl_start
-from .qmatmul import ROWS_PER_THREAD, _row_fma, _use_triton, tile
-from .qweight import QuantWeight
+from ..pdl import pdl_start
+from ..gemv.qmatmul import ROWS_PER_THREAD, row_fma, tile
+from ..backend import use_triton
+from ..formats.qweight import QuantWeight
 
 NUM_WARPS = 4
-# warps of the route launch (softmax, top-k over E logits: one program a row; the softmax
-# sums' layout follows them, the same at every W). 1 was 1.7% faster on the H200 30B-A3B
-# decode round (W=1 1.952 -> 1.918 ms, gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json) but
-# broke the MoE prefill chunk's graph capture there ("operation failed due to a previous
-# error during capture", tests/runtime/test_gpu_prefill.py: 4 failing runs of 6 at 1 warp,
-# 0 of 2 at 4): not understood yet (docs/decisions/launch-cuts-kept.md), so 4
-ROUTE_WARPS = 4
-
-
-# -- router: softmax, top-k, renormalise ----------------------------------------------------
-@triton.jit
-def _route_kernel(logits, weights, experts, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
-    """One program per row: route_row's choice stored by rank."""
-    pdl_start(PDL)                   # reads the router GEMV's output, writes what the last round's experts read
-    m = tl.program_id(0).to(tl.int64)
-    w, ids = route_row(logits, m, E, TOP_K, BLOCK_E, BLOCK_K, NORM)
-    j = tl.arange(0, BLOCK_K)
-    tl.store(weights + m * TOP_K + j, w, mask=j < TOP_K)
-    tl.store(experts + m * TOP_K + j, ids, mask=j < TOP_K)
-
-
-@triton.jit
-def route_row(logits, m, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-              NORM: tl.constexpr):
-    """Row m's routing: softmax over its E logits, then TOP_K rounds of argmax (ties go
-    to the lower expert id), the chosen weights renormalised to sum to 1 if NORM.
-    -> (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32) by rank."""
-    e = tl.arange(0, BLOCK_E)
-    l = tl.load(logits + m * E + e, mask=e < E, other=-float("inf"))  # [BLOCK_E]
-    p = tl.exp(l - tl.max(l, 0))
-    p = p / tl.sum(p, 0)
-    p = tl.where(e < E, p, -1.0)        # padding lanes are never chosen
-    j = tl.arange(0, BLOCK_K)
-    w = tl.zeros([BLOCK_K], tl.float32)
-    ids = tl.zeros([BLOCK_K], tl.int32)
-    for r in tl.static_range(TOP_K):
-        # one reduction gives the value and its index (ties: the lower id), as argmax
-        # and max did in two; the maximum is exact, so the bits are the same
-        best_p, best = tl.max(p, 0, return_indices=True, return_indices_tie_break_left=True)
-        w = tl.where(j == r, best_p, w)
-        ids = tl.where(j == r, best, ids)
-        p = tl.where(e == best, -1.0, p)
-    if NORM:
-        w = w / tl.sum(w, 0)
-    return w, ids
-
-
-def moe_route(logits: torch.Tensor, top_k: int, norm: bool,
-              experts_out: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [W, E] fp32 -> (weights [W, k] fp32, expert ids [W, k] int32), by rank.
-    experts_out: a contiguous int32 [W, k] to write the ids into (the expert store's
-    record of the round's routing). pdl: launched with programmatic dependent launch."""
-    if not _use_triton(logits):
-        w, ids = moe_route_ref(logits, top_k, norm)
-        return w, (ids if experts_out is None else experts_out.copy_(ids))
-    W, E = logits.shape
-    logits = logits.contiguous()
-    weights = torch.empty((W, top_k), dtype=torch.float32, device=logits.device)   # [W, k]
-    experts = experts_out if experts_out is not None else \
-        torch.empty((W, top_k), dtype=torch.int32, device=logits.device)          # [W, k]
-    _route_kernel[(W,)](logits, weights, experts, E, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
-                        BLOCK_K=triton.next_power_of_2(top_k), NORM=norm, num_warps=ROUTE_WARPS,
-                        **pdl_kwargs(pdl, logits.device))
-    return weights, experts
-
-
-def moe_route_ref(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """layers.moe's routing in plain torch: (weights [W, k], expert ids [W, k] int32)."""
-    w, ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # [W, k] each
-    if norm:
-        w = w / w.sum(-1, keepdim=True)
-    return w, ids.to(torch.int32)
+MoEParts = tuple[torch.Tensor, torch.Tensor]    # (part [W, k, D] fp32, weights [W, k] fp32): moe_down_i8(combine=False)
 
 
 # -- the GEMV of one x row against BN rows of one expert ------------------------------------
@@ -129,7 +58,7 @@ def _acc_row(acc, x_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: 
             else:
                 w_b = w_a
             xoff = u * (V * P) + i * V + koff  # [NT, 1, 2V]
-            acc = _row_fma(acc, w_a, w_b, x_row, xoff, xmask, PAIR, EVEN)
+            acc = row_fma(acc, w_a, w_b, x_row, xoff, xmask, PAIR, EVEN)
     return acc
 
 
@@ -175,7 +104,7 @@ def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, 
     tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
 
 
-def _check_bank(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> None:
+def check_bank(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> None:
     if (table is None) != (bank is None):
         raise ValueError("an expert table needs its bank and a bank its table")
     if bank is not None and (bank.qtype != w.qtype or bank.shape[1:] != w.shape[1:]
@@ -184,7 +113,7 @@ def _check_bank(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | 
                          f"the experts {w.qtype.name} {w.shape}")
 
 
-def _bank_args(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> tuple:
+def bank_args(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | None) -> tuple:
     """(table, host planes, bank planes) kernel arguments; without a table the bank
     arguments are stand-ins that are never read."""
     if table is None:
@@ -213,10 +142,10 @@ def moe_gate_up(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
     gate_up (the host tier)."""
     if len(gate_up.shape) != 3 or gate_up.N % 2 or x.shape[1] != gate_up.K:
         raise ValueError(f"x {tuple(x.shape)} does not match a fused gate|up weight {gate_up.shape}")
-    _check_bank(gate_up, table, bank)
+    check_bank(gate_up, table, bank)
     W, k = experts.shape
     F = gate_up.N // 2
-    if not _use_triton(x):
+    if not use_triton(x):
         return moe_gate_up_ref(x, _resolve(gate_up, table, bank), experts).to(out_dtype)
     x = x if x.stride(1) == 1 else x.contiguous()
     experts = experts.contiguous()
@@ -224,7 +153,7 @@ def moe_gate_up(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
     BN, NT, num_warps = tile(gate_up, rows_per_thread, num_warps=NUM_WARPS)
     fmt = gate_up.fmt
     _gate_up_kernel[(W * k * triton.cdiv(F, BN),)](
-        x, out, experts, *_bank_args(gate_up, table, bank), F, x.stride(0), 1, TOP_K=k, TABLE=table is not None,
+        x, out, experts, *bank_args(gate_up, table, bank), F, x.stride(0), 1, TOP_K=k, TABLE=table is not None,
         n_slots=gate_up.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT,
         num_warps=num_warps, enable_fp_fusion=False)
     return out
@@ -249,7 +178,7 @@ def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, 
                       V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
     """Program (pair, n block), pair = row * TOP_K + rank: one expert's GEMV of BN
     output rows, reduced to [BN] and stored unweighted. The ranks of a row run side by
-    side (W * TOP_K * N / BN programs); the weighted sum is _down_combine_kernel's."""
+    side (W * TOP_K * N / BN programs); the weighted sum is down_combine_kernel's."""
     n_nb = tl.cdiv(N, BN)
     pair = (tl.program_id(0) // n_nb).to(tl.int64)
     n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)  # [BN]
@@ -272,7 +201,7 @@ def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, 
 
 
 @triton.jit
-def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr):
+def combine_block(part, weights, m, n, N, TOP_K: tl.constexpr):
     """Row m's outputs n [BLOCK]: y = 0, then y = fma(part_r, weight_r, y) for the ranks
     in ascending order: the sum's order is fixed (and does not depend on which tier each
     expert's weights came from)."""
@@ -285,13 +214,13 @@ def _combine_block(part, weights, m, n, N, TOP_K: tl.constexpr):
 
 
 @triton.jit
-def _down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (row, block of BD): the row's ranks summed (_combine_block)."""
+def down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (row, block of BD): the row's ranks summed (combine_block)."""
     pdl_start(PDL)
     n_db = tl.cdiv(N, BD)
     m = (tl.program_id(0) // n_db).to(tl.int64)
     n = (tl.program_id(0) % n_db) * BD + tl.arange(0, BD)  # [BD]
-    tl.store(out + m * N + n, _combine_block(part, weights, m, n, N, TOP_K), mask=n < N)
+    tl.store(out + m * N + n, combine_block(part, weights, m, n, N, TOP_K), mask=n < N)
 
 
 def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
@@ -305,8 +234,8 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
     if len(down.shape) != 3 or down.K != F or experts.shape != (W, k) or weights.shape != (W, k):
         raise ValueError(f"act {tuple(act.shape)}, experts {tuple(experts.shape)}, weights "
                          f"{tuple(weights.shape)} do not match the down weight {down.shape}")
-    _check_bank(down, table, bank)
-    if not _use_triton(act):
+    check_bank(down, table, bank)
+    if not use_triton(act):
         return moe_down_ref(act, _resolve(down, table, bank), experts, weights)
     D = down.N
     part = torch.empty((W, k, D), dtype=torch.float32, device=act.device)  # [W, k, D]
@@ -314,10 +243,10 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
     BN, NT, num_warps = tile(down, rows_per_thread, num_warps=NUM_WARPS)
     fmt = down.fmt
     _down_part_kernel[(W * k * triton.cdiv(D, BN),)](
-        act.contiguous(), part, experts.contiguous(), *_bank_args(down, table, bank), D, 1,
+        act.contiguous(), part, experts.contiguous(), *bank_args(down, table, bank), D, 1,
         TABLE=table is not None, n_slots=down.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V,
         P=fmt.P, BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
-    _down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
+    down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False)
     return out
 

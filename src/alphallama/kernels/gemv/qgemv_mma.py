@@ -25,7 +25,7 @@ c0..c3 are the exact isums of (row g, column 2t), (g, 2t + 1), (g + 8, 2t), (g +
 The activations carry one scale a 256-value super-block (prepare_q8k; llama.cpp's q8_K
 scales), so a super-block's slots fold into exact int32 sums (sc * isum, m * xsum) and its
 float work happens once, in k order within each run of K; the runs are added in one
-written-out tree (_tree). No sum depends on the column or W: a row's bits are the same at
+written-out tree (tree_sum). No sum depends on the column or W: a row's bits are the same at
 every W, by construction, and qgemv_q8k (dp4a) reproduces them for narrow rounds.
 
 A first form on prepare_i8's activations (a scale a 32-value slot, its float part per slot:
@@ -43,11 +43,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .expert_q8_gpu import _quantize_block
+from ..moe.expert_q8_gpu import quantize_block
 from .mma_layout import COLS, ROWS, mma_shape_ok
-from .qmatvec_i8 import _dp4a
-from .pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from .qweight import QuantWeight, check_gemv_args
+from .qmatvec_i8 import dp4a
+from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
+from ..formats.qweight import QuantWeight, check_gemv_args
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def _mma_q4_emulated(w, b, WARPS: tl.constexpr):
     a = tl.reshape(tl.permute(a, (0, 3, 4, 1, 5, 2)), (WARPS, 2, 16, 8))   # [W, j, row 8 h + g, k-group]
     b5 = tl.reshape(b, (WARPS, 8, 4, 2, 2))                            # [W, column g, t, j, e]
     bb = tl.reshape(tl.permute(b5, (0, 3, 1, 4, 2)), (WARPS, 2, 8, 8))     # [W, j, column, k-group]
-    prod = _dp4a(a[:, :, :, None, :], bb[:, :, None, :, :], 0, False)  # [W, j, 16, 8, 8]
+    prod = dp4a(a[:, :, :, None, :], bb[:, :, None, :, :], 0, False)  # [W, j, 16, 8, 8]
     isum = tl.sum(prod, axis=4)                                        # [W, j, row, column]
     isum = tl.reshape(isum, (WARPS, 2, 2, 8, 4, 2))                    # [W, j, h, g, t, column bit]
     c = tl.permute(isum, (0, 3, 4, 1, 5, 2))                           # [W, g, t, j, cb, h]
@@ -119,7 +119,7 @@ def _pairs(y):
 
 
 @triton.jit
-def _tree(y, K: tl.constexpr):
+def tree_sum(y, K: tl.constexpr):
     """y [A, B, K] (K = 1, 2, 4 or 8 runs) -> [A, B]: ((y0 + y1) + (y2 + y3)) + ...: the one
     order every kernel on q8_K activations adds its runs in (qgemv_q8k must match it bit for
     bit; tl.sum's tree would follow each kernel's layout)."""
@@ -149,12 +149,12 @@ def _fragment_at(qf, xf, cb, lane, g, t, grp, W, STEPS: tl.constexpr):
 @triton.jit
 def _runs_sum(y, KW: tl.constexpr):
     """y [T, C] of a program's warps -> [T / KW, C]: each row group's KW runs added in the
-    written-out tree (_tree; through shared memory, once a program). Fixed by the tile,
+    written-out tree (tree_sum; through shared memory, once a program). Fixed by the tile,
     never by W: the same bits for a row at every W."""
     Tn: tl.constexpr = y.shape[0]
     C: tl.constexpr = y.shape[1]
     y = tl.permute(tl.reshape(y, (Tn // (32 * KW), KW, 32, C)), (0, 2, 3, 1))     # [G, 32, C, KW]
-    return _tree(tl.reshape(y, (Tn // KW, C, KW)), KW)
+    return tree_sum(tl.reshape(y, (Tn // KW, C, KW)), KW)
 
 
 @triton.jit
@@ -311,12 +311,12 @@ def emit_q8k(a, k0, m, xf, xs, dxs, xl, K: tl.constexpr, MASKED: tl.constexpr = 
     docstring's x order) and again in row order (xl: prepare_i8's words, for qgemv_q8k),
     xsum a slot, dx a super-block.
     MASKED: k may run past K (a is 0 there) and nothing is stored past it. The prepare
-    launch and the producers that fuse it (kernels/fused.py) share it: the same bits."""
+    launch and the producers that fuse it (kernels/norm/rmsnorm.py) share it: the same bits."""
     BQ: tl.constexpr = a.shape[0]
     NB: tl.constexpr = BQ // 256
     n_slots: tl.constexpr = K // 32
     STEPS: tl.constexpr = n_slots // 2
-    q, dx = _quantize_block(tl.reshape(a, (NB, 256)))                 # [NB, 256], [NB]
+    q, dx = quantize_block(tl.reshape(a, (NB, 256)))                 # [NB, 256], [NB]
     q = tl.reshape(q, (BQ,))
     k = k0 + tl.arange(0, BQ)                                          # [BQ]
     kk = k % 32                                                        # within the slot: emit_q8's lane rule

@@ -22,7 +22,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP
-from .qweight import QuantWeight
+from ..formats.qweight import QuantWeight
 
 NUM_WARPS = 4
 BN_GATE = 32        # gate|up rows per program: a multiple of the 32-value activation block
@@ -70,7 +70,7 @@ def q8_scale(amax):
 
 
 @triton.jit
-def _quantize_block(a):
+def quantize_block(a):
     """a [R, 32] float32 -> (q int32 [R, 32], dx [R]) as expert_q8.quantize_q8."""
     dx, inv = q8_scale(tl.max(tl.abs(a), axis=1))                    # [R] each
     q = _rne(a * inv[:, None]).to(tl.int32)                           # [R, 32]
@@ -78,7 +78,7 @@ def _quantize_block(a):
 
 
 @triton.jit
-def _chunks(acc, t, C: tl.constexpr):
+def chunk_sums(acc, t, C: tl.constexpr):
     """acc [BN] + the C 8-slot chunks of t [BN, 8C], each summed pairwise
     ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)), added chunk after chunk."""
     BN: tl.constexpr = t.shape[0]
@@ -148,7 +148,7 @@ def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.conste
         t = tl.where(live[:, None], t * dxs[:, None], 0.0)
         # NT = 8 C slots: C contract chunks per step (more bytes in flight per program);
         # a chunk wholly past n_slots adds +0, an identity here (acc is never -0)
-        acc = _chunks(acc, tl.trans(t), NT // 8)
+        acc = chunk_sums(acc, tl.trans(t), NT // 8)
     return acc
 
 
@@ -156,14 +156,14 @@ def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.conste
 def _silu_quantize_store(g, u, aq_pair, adx_pair, axs_pair, n0, BN: tl.constexpr):
     one = tl.full(g.shape, 1.0, tl.float32)
     a = (g * tl.math.div_rn(one, one + _exp_c(-g))) * u               # [BN]
-    q, dx = _quantize_block(tl.reshape(a, (BN // 32, 32)))             # [BN/32, 32], [BN/32]
+    q, dx = quantize_block(tl.reshape(a, (BN // 32, 32)))             # [BN/32, 32], [BN/32]
     tl.store(aq_pair + n0 + tl.arange(0, BN), tl.reshape(q, (BN,)).to(tl.int8))
     tl.store(adx_pair + n0 // 32 + tl.arange(0, BN // 32), dx)
     tl.store(axs_pair + n0 // 16 + tl.arange(0, BN // 16), tl.sum(tl.reshape(q, (BN // 16, 16)), axis=1))
 
 
 @triton.jit(do_not_specialize=["one"])
-def _gate_up_kernel(xq, dx, xs, aq, adx, axs, experts, tier, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
+def q8_gate_up_kernel(xq, dx, xs, aq, adx, axs, experts, tier, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
                     TOP_K: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
                     SLOT: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
@@ -193,7 +193,7 @@ def _gate_up_kernel(xq, dx, xs, aq, adx, axs, experts, tier, table, qs, qh, sc, 
 
 
 @triton.jit(do_not_specialize=["one"])
-def _down_kernel(aq, adx, axs, y, experts, tier, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, D, one,
+def q8_down_kernel(aq, adx, axs, y, experts, tier, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, D, one,
                  n_slots: tl.constexpr, LOAD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr,
                  BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
                  BN: tl.constexpr, NT: tl.constexpr):
@@ -219,11 +219,11 @@ def _down_kernel(aq, adx, axs, y, experts, tier, table, qs, qh, sc, sd, bqs, bqh
 
 # -- activations in, tiers, the mailbox, and the ordered combine ---------------------------
 @triton.jit
-def _quantize_kernel(x, xq, dx, xs, mxq, mdx, mxs, stride_x, K: tl.constexpr, POST: tl.constexpr):
+def q8_quantize_kernel(x, xq, dx, xs, mxq, mdx, mxs, stride_x, K: tl.constexpr, POST: tl.constexpr):
     """Program per row: the contract's q8 of x[row] into the device buffers (and the mailbox)."""
     m = tl.program_id(0).to(tl.int64)
     a = tl.load(x + m * stride_x + tl.arange(0, K)).to(tl.float32)    # [K]
-    q, d = _quantize_block(tl.reshape(a, (K // 32, 32)))              # [K/32, 32], [K/32]
+    q, d = quantize_block(tl.reshape(a, (K // 32, 32)))              # [K/32, 32], [K/32]
     q8 = tl.reshape(q, (K,)).to(tl.int8)
     s = tl.sum(tl.reshape(q, (K // 16, 16)), axis=1)                  # [K/16]
     tl.store(xq + m * K + tl.arange(0, K), q8)
@@ -248,7 +248,7 @@ def _ld_acquire_sys(ptr):
 
 
 @triton.jit
-def _post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, layer, W,
+def q8_post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, layer, W,
                  BP: tl.constexpr, POST: tl.constexpr, GPU: tl.constexpr, REQ: tl.constexpr, LAYER: tl.constexpr,
                  ROWS: tl.constexpr):
     """One program: each pair's tier; of the n host pairs the first
@@ -283,7 +283,7 @@ def _post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, la
 
 
 @triton.jit
-def _combine_kernel(y, ycpu, weights, tier, out, seq, ctl, D, TOP_K: tl.constexpr, BD: tl.constexpr,
+def q8_combine_kernel(y, ycpu, weights, tier, out, seq, ctl, D, TOP_K: tl.constexpr, BD: tl.constexpr,
                     WAIT: tl.constexpr, LIMIT: tl.constexpr, DONE: tl.constexpr, ERR: tl.constexpr):
     """Program (row, block of BD): wait for the CPU if the row has a CPU pair, then
     acc = acc + w_r * y_r over the ranks in order. DONE, ERR: control word indices."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from .formats import Format
+from .format import Format
 
 
 def _packer(dtype: torch.dtype):

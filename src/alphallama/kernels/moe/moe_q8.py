@@ -11,11 +11,11 @@ import torch
 import triton
 
 from .expert_q8 import moe_q8 as moe_q8_ref, supports
-from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT, _combine_kernel, _down_kernel,
-                            _gate_up_kernel, _post_kernel, _quantize_kernel, layout_args)
-from .qmatmul import _use_triton
-from .qweight import QuantWeight
-from ..offload.mailbox import DONE, ERR, LAYER, REQ, ROWS
+from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT, layout_args, q8_combine_kernel,
+                            q8_down_kernel, q8_gate_up_kernel, q8_post_kernel, q8_quantize_kernel)
+from ..backend import use_triton
+from ..formats.qweight import QuantWeight
+from .mailbox_layout import DONE, ERR, LAYER, REQ, ROWS
 
 POST_CTL = dict(REQ=REQ, LAYER=LAYER, ROWS=ROWS)   # the post kernel's control words
 TIER_BANK, TIER_HOST, TIER_CPU = 0, 1, 2
@@ -34,7 +34,7 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     host_* [E, ...] are the layer's host tier, bank_* the shared bank, table [E] int32
     the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None.
     chunks: contract chunks per kernel step (a speed knob; no bit depends on it)."""
-    if not _use_triton(h):
+    if not use_triton(h):
         # the plain-torch contract: a bank slot holds its expert's host bytes, so the
         # host tier alone gives the same bits; the CPU workers' protocol needs the kernels
         if link is not None:
@@ -51,31 +51,31 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     xs = torch.empty((W, D // 16), dtype=torch.int32, device=dev)
     post = link is not None
     mb = link.mailbox if post else None
-    _quantize_kernel[(W,)](h, xq, dx, xs, *((mb.xq, mb.dx, mb.xs) if post else (xq, dx, xs)), h.stride(0),
+    q8_quantize_kernel[(W,)](h, xq, dx, xs, *((mb.xq, mb.dx, mb.xs) if post else (xq, dx, xs)), h.stride(0),
                            K=D, POST=post, num_warps=NUM_WARPS, enable_fp_fusion=False)
     tier = torch.empty((W, k), dtype=torch.int32, device=dev)                   # [W, k]
     gpu = h.is_cuda
     if post:
-        _post_kernel[(1,)](experts, table, tier, link.share, link.seq, mb.ids, mb.task, mb.ctl, W * k, layer, W,
+        q8_post_kernel[(1,)](experts, table, tier, link.share, link.seq, mb.ids, mb.task, mb.ctl, W * k, layer, W,
                            BP=triton.next_power_of_2(mb.max_w * k), POST=True, GPU=gpu, num_warps=NUM_WARPS, **POST_CTL)
     else:
-        _post_kernel[(1,)](experts, table, tier, table, table, tier, tier, tier, W * k, layer, W,
+        q8_post_kernel[(1,)](experts, table, tier, table, table, tier, tier, tier, W * k, layer, W,
                            BP=triton.next_power_of_2(W * k), POST=False, GPU=gpu, num_warps=NUM_WARPS, **POST_CTL)
     aq = torch.empty((W, k, F), dtype=torch.int8, device=dev)                   # [W, k, F]
     adx = torch.empty((W, k, F // 32), dtype=torch.float32, device=dev)
     axs = torch.empty((W, k, F // 16), dtype=torch.int32, device=dev)
-    _gate_up_kernel[(W * k * (F // BN_GATE),)](
+    q8_gate_up_kernel[(W * k * (F // BN_GATE),)](
         xq, dx, xs, aq, adx, axs, experts, tier, table, *host_gate_up.plane_args(), *bank_gate_up.plane_args(),
         F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False)
     y = torch.empty((W, k, D), dtype=torch.float32, device=dev)                 # [W, k, D]
-    _down_kernel[(W * k * triton.cdiv(D, BN_DOWN),)](
+    q8_down_kernel[(W * k * triton.cdiv(D, BN_DOWN),)](
         aq, adx, axs, y, experts, tier, table, *host_down.plane_args(), *bank_down.plane_args(), D, 1,
         BN=BN_DOWN, **layout_args(host_down, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False)
     if post and not gpu:
         link.wait_host()          # the interpreter cannot spin on memory another thread writes
     out = torch.empty((W, D), dtype=torch.float32, device=dev)
     ycpu = mb.y if post else y
-    _combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
+    q8_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         y, ycpu, weights.float().contiguous(), tier, out, link.seq if post else tier, mb.ctl if post else tier, D,
         TOP_K=k, BD=BD_COMBINE, WAIT=post and gpu, LIMIT=SPIN_LIMIT, DONE=DONE, ERR=ERR, num_warps=NUM_WARPS,
         enable_fp_fusion=False)
