@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -38,8 +37,7 @@ from alphallama.kernels.norm import rmsnorm as fused
 from alphallama.kernels.moe import moe_i8, route as moe
 from alphallama.kernels.gemv import qgemv_i8 as qgemv_i8_mod
 from alphallama.kernels.gemv.qgemv_i8 import GemvTile
-from alphallama.kernels.gemv.qgemv_mma import qgemv_mma_k
-from alphallama.runtime import gpu_model
+from alphallama.kernels.gemv.registry import DEFAULT_KERNELS
 from alphallama.runtime.gpu_model import GPUModel
 
 ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
@@ -133,11 +131,10 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     kw = dict(kw)
     saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
              qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.step_slots, qgemv_i8_mod.one_step_row, dict(gpu_model._MMA_FORMS))
+             moe_i8.step_slots, qgemv_i8_mod.one_step_row)
     groups = kw.pop("mma_groups", None)   # qgemv_mma_k's row groups a warp (not in the float order; None: its rule)
-    if groups is not None:
-        gpu_model._MMA_FORMS.update({q: f._replace(gemv=functools.partial(qgemv_mma_k, groups=groups))
-                                     for q, f in gpu_model._MMA_FORMS.items()})
+    if groups is not None:       # a registry variant the model's plans pick from (kernels/gemv/registry.py)
+        kw["kernels"] = DEFAULT_KERNELS.with_mma_groups(groups)
     if kw.pop("old_tiles", False):
         qgemv_i8_mod.gemv_tile = old_gemv_tile
     steps = kw.pop("prefetch", None)
@@ -177,9 +174,7 @@ def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, de
     finally:
         (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
          qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.step_slots, qgemv_i8_mod.one_step_row, forms) = saved
-        gpu_model._MMA_FORMS.clear()
-        gpu_model._MMA_FORMS.update(forms)
+         attention.BLOCK_N, moe_i8.step_slots, qgemv_i8_mod.one_step_row) = saved
 
 
 def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,

@@ -59,7 +59,7 @@ class EngineDefaults:
                                   # layer over dp4a, the combine's q8_K emission +1.8 (two heads a program), the norm +1
     fast_mma_narrow: int = 4      # fast mode (--fast), without gemv_mma: verify rounds of more than this many rows
                                   # run the Q4_K dense weights on the tensor cores (qgemv_mma_k), narrower ones (plain
-                                  # decode among them) on dp4a exactly as without it (runtime/gpu_model.MmaChoice "dp4a").
+                                  # decode among them) on dp4a exactly as without it (kernels/gemv/registry.MmaChoice "dp4a").
                                   # Not plain decode's bits (fast mode only); the Q4_K codes held twice (~+3.5 GB on an
                                   # 8B Q4_K_M). 4: dp4a's W = 4 costs what the mma's does, W = 5 jumps (8B ms, dp4a /
                                   # mma: W=4 3.024 / 3.007, W=5 4.553 / 3.540; gpu_decode_arms-qwen3-8b-20261202-040314).

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.moe.mailbox_layout import CTL_WORDS, DONE, ERR, LAYER, REQ, ROWS, STOP  # noqa: F401 (the layout's home)
+from ..kernels.moe.mailbox_layout import CTL_WORDS, DONE, ERR, LAYER, REQ, ROWS, STOP
 from .store import pin
+
+__all__ = ["CTL_WORDS", "DONE", "ERR", "LAYER", "REQ", "ROWS", "STOP", "Mailbox"]   # the words: kernels/moe/mailbox_layout.py
 
 
 @dataclass

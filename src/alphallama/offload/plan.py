@@ -89,7 +89,7 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
         head_or_layer = name != "token_embd.weight" or tied
         if (len(t.shape) == 2 and head_or_layer and not name.endswith(_EXPERT_SUFFIXES)
                 and mma_shape_ok(t.qtype, *t.shape)):
-            fast += math.prod(t.shape) // 2          # the qs plane again (runtime/gpu_model.MmaChoice "dp4a")
+            fast += math.prod(t.shape) // 2          # the qs plane again (kernels/gemv/registry.MmaChoice "dp4a")
         # an embedding without planes is held as its raw rows (gpu_model.GPUModel.embed)
         n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
         if name.endswith(_EXPERT_SUFFIXES):

@@ -34,27 +34,20 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
 
 import torch
-from gguf.constants import GGMLQuantizationType as QT
 
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.attention.decode import decode_attention, decode_attention_q8
 from ..kernels.moe.moe_f32 import MoEParts
-from ..kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_q8, rmsnorm_router_q8
-from ..kernels.attention.rope import qkv_rope
-from ..kernels.activations.silu import silu_mul, silu_mul_q8
 from ..kernels.moe.moe_f32 import moe_down, moe_gate_up
 from ..kernels.moe.route import moe_route
 from ..kernels.moe.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
 from ..kernels.moe.moe_q8 import contract_ok, moe_q8
-from ..kernels.moe.expert_q8 import supports as i8_supports
-from ..kernels.gemv.qgemv_i8 import qgemv_i8, split_runs
-from ..kernels.gemv.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
-from ..kernels.gemv.qgemv_q8k import qgemv_q8k
+from ..kernels.gemv.qgemv_i8 import qgemv_i8
+from ..kernels.gemv.registry import (DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice, mma_planes_of,
+                                     plan_linear)
 from ..kernels.gemv.qmatmul import qmatmul
 from ..kernels.gemv.qmatvec_i8 import lane_order, prepare_i8
 from ..kernels.formats.qweight import QuantWeight, embedding_planes
@@ -68,11 +61,10 @@ from ..offload.store import ExpertStore, pack_experts
 from .capture import collector_paused
 from .gpu_prefill import prefill_rows
 from .kv_cache import KVCache
+from .round import plan_round
+from .round import rows as round_rows
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
-# weight rows per GEMV thread: 4 beats 2 at W=1 and W=8 on the H200 (kernels/NOTES.md);
-# it is part of a weight's summation order, so one model always uses one value
-ROWS_PER_THREAD = 4
 MAX_W = BUCKETS[-1]
 
 
@@ -86,51 +78,18 @@ def _concat_rows(parts: list[TensorInfo]) -> tuple[torch.Tensor, tuple[int, int]
     return raw, (sum(p.shape[0] for p in parts), parts[0].shape[1])
 
 
-class MmaForm(NamedTuple):
-    """A weight format engine.gemv_mma runs on the tensor cores, on q8_K activations."""
-    supports: Callable[[QuantWeight], bool]
-    planes: Callable[[QuantWeight], torch.Tensor]         # its codes in fragment order
-    prepare: Callable                                     # (x, n_slots, pdl) -> the activations
-    gemv: Callable                                        # (x, w, planes=, out=, prepared=, pdl=)
-    narrow: Callable | None                               # dp4a with gemv's bits (x, w, out=, prepared=, pdl=)
-    order: tuple | None                                   # the key a producer emits its activations under
-
-
-# (Q6_K had one: 1.7-1.9x dp4a at W = 1 on the 8B down and head, removed; gpu_qgemv_mma-20261201-213840.json)
-_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k, Q8K)}
-
-
-@dataclass(frozen=True)
-class MmaChoice:
-    """Where the tensor cores run (config.py): widths up to `narrow` take a dp4a kernel,
-    wider ones the mma. partner "q8k": engine.gemv_mma, the format's dp4a partner on the
-    same q8_K activations (the mma's bits at every width: exact). "dp4a": fast mode's
-    hybrid (engine.fast_mma_narrow), narrow rounds exactly as without the mma (qgemv_i8
-    on its lane orders, split runs, the o GEMV's residual add), so plain decode keeps the
-    default's bits and speed while wider verify rounds take the mma's (not the same bits:
-    fast mode only)."""
-    narrow: int = 4
-    partner: str = "q8k"
-
-
-def _mma_form(w: QuantWeight) -> MmaForm | None:
-    f = _MMA_FORMS.get(w.qtype)
-    if f is None or not f.supports(w):
-        return None
-    return f
-
-
 class Linear:
     """One or more GGUF matrices applied to the same input; outputs concatenated.
-    Matrices of the same type are fused into one weight (one launch).
+    Matrices of the same type are fused into one weight (one launch). Which GEMV runs
+    each weight at each width is its plan (kernels/gemv/registry.py), made here once.
 
-    gemv "i8": the input is quantized to int8 once per lane order (kernels/qmatvec_i8:
+    gemv "i8": the input is quantized to int8 once per lane order (kernels/gemv/qmatvec_i8:
     one order per slot shape, shared by e.g. Q4_K and Q5_K) and each weight's dp4a GEMV
     writes its columns of one output buffer (no concatenation); weights without an
     integer form (F16, F32) take qmatmul."""
 
     def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False,
-                 mma: MmaChoice | None = None):
+                 mma: MmaChoice | None = None, kernels: Kernels = DEFAULT_KERNELS):
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
         mma: the weights qgemv_mma_k (Q4_K) covers run there (engine.gemv_mma), on q8_K
         activations (one scale a super-block) that its producer emits (orders:
@@ -147,42 +106,29 @@ class Linear:
             raw, shape = _concat_rows(g)
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
-        self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
-        self._mma = [_mma_form(w) if mma is not None and i8 else None for w, i8 in zip(self.weights, self.i8)]
-        self._narrow = mma.narrow if mma is not None else 0
-        # fast mode's hybrid: rounds of up to _narrow rows run as if there were no mma at all
-        self._hybrid = mma is not None and mma.partner == "dp4a" and any(f is not None for f in self._mma)
-        self.mma = [f is not None for f in self._mma]
+        self.plan = plan_linear(self.weights, gemv, split, mma, MAX_W, kernels=kernels)
+        self.i8, self.mma = list(self.plan.i8), list(self.plan.mma)
+        # fast mode's hybrid: rounds of up to mma.narrow rows run as if there were no mma at all
+        self.hybrid = self.plan.hybrid
         # the code planes again in the mma's fragment order (the prefill path reads the planes as they
         # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
-        self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
+        self._planes = mma_planes_of(self.weights, self.plan)
         self.N = sum(w.N for w in self.weights)
-        # the lane orders its int8 input comes in (a producer can emit them: kernels/norm/rmsnorm.py), and
-        # the q8_K layout (Q8K) of weights on q8_K activations
-        self._orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
-                                           for w, i8, f in zip(self.weights, self.i8, self._mma)
-                                           if i8 and (f is None or f.order is not None)))
-        self._dp4a_orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
-        self._dp4a_one = len(self.weights) == 1 and self.i8[0]
-        self._runs = split_runs(self.weights[0]) if split and self._dp4a_one else 1
-        # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
-        self._ones = torch.ones((MAX_W, self._runs), dtype=torch.float32, device=device) if self._runs > 1 else None
-
-    def _dp4a_at(self, W: int) -> bool:
-        """Does a round of W rows run every weight as if there were no mma (fast mode's narrow rounds)?"""
-        return not any(self.mma) or (self._hybrid and W <= self._narrow)
+        runs = max(s.runs for s in self.plan.steps)
+        # the runs' unit weights for the norm's add (norm.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
+        self._ones = torch.ones((MAX_W, runs), dtype=torch.float32, device=device) if runs > 1 else None
 
     def orders(self, W: int) -> tuple:
         """The activation layouts a round of W rows reads (its producer can emit them)."""
-        return self._dp4a_orders if self._dp4a_at(W) else self._orders
+        return self.plan.at(W).orders
 
     def adds(self, W: int) -> bool:
         """Can add_into run at width W: one weight on dp4a (its epilogue adds)."""
-        return self._dp4a_one and self._dp4a_at(W)
+        return self.plan.at(W).adds
 
     def runs(self, W: int) -> int:
         """parts()'s partial sums at width W (1: one [W, N] sum)."""
-        return self._runs if self.adds(W) else 1
+        return self.plan.at(W).runs
 
     def add_into(self, x: torch.Tensor, q8: dict | None, out: torch.Tensor, pdl: bool = False) -> None:
         """out += x @ w^T in the GEMV's epilogue (one weight, i8: self.adds): the residual
@@ -202,32 +148,19 @@ class Linear:
         return part, self._ones[:x.shape[0]]
 
     def __call__(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> torch.Tensor:
-        """x [W, K] -> [W, N] fp32; q8: x's int8 activations by lane order, if its producer
-        made them (else they are made here, one prepare launch per order)."""
+        """x [W, K] -> [W, N] fp32; q8: x's int8 activations by layout, if its producer
+        made them (else they are made here, one prepare launch per layout)."""
         if not any(self.i8):
             outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
-        prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = dict(q8 or {})
-        dp4a = self._dp4a_at(x.shape[0])
+        prepared: dict = dict(q8 or {})
         n0 = 0
-        for w, i8, form, planes in zip(self.weights, self.i8, self._mma, self._planes):
-            part = out[:, n0:n0 + w.N]
-            if form is not None and not dp4a:
-                key = form.order or ("q8k", w.fmt.slot)    # one q8_K layout per slot width
-                if key not in prepared:
-                    prepared[key] = form.prepare(x, w.n_slots, pdl)
-                if form.narrow is not None and x.shape[0] <= self._narrow:
-                    form.narrow(x, w, out=part, prepared=prepared[key], pdl=pdl)
-                else:
-                    form.gemv(x, w, planes=planes, out=part, prepared=prepared[key], pdl=pdl)
-            elif i8:
-                key = lane_order(w)
-                if key not in prepared:
-                    prepared[key] = prepare_i8(x, w, pdl)
-                qgemv_i8(x, w, out=part, prepared=prepared[key], pdl=pdl)
-            else:
-                part.copy_(qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD))
+        for w, k, planes in zip(self.weights, self.plan.at(x.shape[0]).kernels, self._planes):
+            key = k.key(w)
+            if key is not None and key not in prepared:
+                prepared[key] = k.prepare(x, w, pdl)
+            k.run(x, w, out[:, n0:n0 + w.N], prepared.get(key), planes, pdl)
             n0 += w.N
         return out
 
@@ -349,7 +282,8 @@ class GPUModel:
                  pdl: bool | None = None,
                  combine_in_norm: bool | None = None,
                  norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, fast: bool = False):
+                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, fast: bool = False,
+                 kernels: Kernels = DEFAULT_KERNELS):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
@@ -361,7 +295,8 @@ class GPUModel:
         fast: the model serves fast mode (--fast): without gemv_mma, verify rounds wider than
         engine.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
         "dp4a": narrower rounds, plain decode among them, are the default's bits); an
-        exact verify on it then runs its rows one at a time."""
+        exact verify on it then runs its rows one at a time. kernels: the registry's entries the
+        plans pick from (bench/ passes variants)."""
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
@@ -406,15 +341,17 @@ class GPUModel:
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv,
-                           mma=mma),
+                           mma=mma, kernels=kernels),
                 qkv_bias=bias,
                 q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split, mma=mma),
+                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split, mma=mma, kernels=kernels),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv, mma=mma)
+                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv, mma=mma,
+                               kernels=kernels)
                 if dense else None,
-                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split, mma=mma) if dense else None,
+                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split, mma=mma, kernels=kernels)
+                if dense else None,
                 moe=moe,
             ))
             if progress is not None:
@@ -426,7 +363,8 @@ class GPUModel:
         if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
             self._start_cpu_tier(cpu_threads, progress)
         self.output_norm = vec("output_norm.weight")
-        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv, mma=mma)
+        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv, mma=mma,
+                             kernels=kernels)
         emb = t["token_embd.weight"]
         self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
         # planes, gathered by one kernel (a tied head's own planes); a format without
@@ -442,7 +380,7 @@ class GPUModel:
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
         # fast mode's hybrid: wide rounds are not the bits of narrow ones (verify)
-        self.hybrid = any(lin._hybrid for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down, self.output)
+        self.hybrid = any(lin.hybrid for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down, self.output)
                           if lin is not None)
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
@@ -469,6 +407,8 @@ class GPUModel:
         sdt = self.act_dtype
         self.scratch = Scratch((e.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
                                self.device)
+        # the round of every width, made once (runtime/round.py): what each producer emits, which add
+        self.round_plans = tuple(plan_round(self, W) for W in range(1, MAX_W + 1))
 
     def _start_cpu_tier(self, threads: int | None, progress) -> None:
         """CPU workers for the host tier, if every MoE layer fits the expert contract;
@@ -520,57 +460,7 @@ class GPUModel:
 
     def _rows(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
-        c = self.cfg
-        x = self.embed(tokens)                                                      # [W, D]
-        kv_len = cache.k.shape[2]
-        W = tokens.shape[0]
-        act = self.act_dtype
-        pdl = self.pdl
-        # each norm, the SiLU and the attention combine also emit the int8 activations of
-        # the GEMVs that read their output (q8: {lane order: (xp, xsd)}, Linear.orders)
-        h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
-        for i, L in enumerate(self.layers):
-            qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
-            q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
-                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
-            # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
-            # take a super-block's two heads (head_dim 128)
-            o_in = L.o.orders(W)
-            lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
-                ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
-            if lanes and self._fuse_q8:
-                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes, pdl,
-                                            early=self.early_kv)                       # [W, H*hd]
-            else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
-            logits = None
-            if self._norm_router(L, W):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
-                parts, x_in = None, x
-                if L.o.runs(W) > 1:       # o's runs, added by the norm into a new residual tensor
-                    parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
-                else:
-                    L.o.add_into(a, q8, x, pdl)
-                m, x_out = L.moe, x if parts is not None else None
-                h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
-                                                  m.orders(W)[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
-            else:
-                o = L.o.parts(a, q8, pdl)
-                h, q8 = self._norm(x, o, L.ffn_norm, L.gate_up or L.moe)                 # x += o(a)
-            if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
-            else:
-                gu = L.gate_up(h, q8, pdl)                                         # [W, 2F]
-                if L.down.orders(W) and self._fuse_q8:
-                    s, q8 = silu_mul_q8(gu, act, L.down.orders(W), pdl)               # [W, F]
-                else:
-                    s, q8 = silu_mul(gu, act, pdl), None
-                d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
-            last = i + 1 == len(self.layers)
-            nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
-                                                                          self.layers[i + 1].qkv)
-            h, q8 = self._norm(x, d, nxt, consumer)
-        logits = self.output(h, q8, pdl)
-        return logits, x
+        return round_rows(self, tokens, pos, cache)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] int64 -> their embedding rows [T, D] float32 (the residual)."""
@@ -580,19 +470,7 @@ class GPUModel:
 
     def _norm_router(self, L: GPULayer, W: int) -> bool:
         """Does layer L's FFN norm compute its router's logits at width W (engine.norm_router)?"""
-        m = L.moe
-        return (self.norm_router and m is not None and m.i8 and m.link is None
-                and m.router_rows is not None and self._fuse_q8 and L.o.adds(W))
-
-    def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
-              consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
-        """x += y (y: a tensor, or MoE ranks to sum); rmsnorm(x) * w, with the int8
-        activations `consumer` takes (if any)."""
-        c = self.cfg
-        orders = consumer.orders(x.shape[0]) if consumer is not None else ()
-        if not orders or not self._fuse_q8:
-            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl), None
-        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, orders[:2], self.pdl)
+        return self.round_plans[W - 1].layers[self.layers.index(L)].norm_router
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
