@@ -198,8 +198,8 @@ def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = Fals
         except Exception as e:  # noqa: BLE001
             out[f"profile_{name}_512"] = {"error": repr(e)}
     # the defaults from here on (the generation check below runs the engine's settings)
-    from alphallama.config import DEFAULTS
-    model.scratch.overlap, model.scratch.graphs = DEFAULTS.engine.prefill_overlap, DEFAULTS.engine.prefill_graphs
+    from alphallama.runtime.overrides import PRODUCT
+    model.scratch.overlap, model.scratch.graphs = PRODUCT.prefill_overlap, PRODUCT.prefill_graphs
     model.scratch.captured.clear()
     # greedy continuation of one prompt (prompt rows but the last by the path, the last
     # row and every generated token by W = 1 rounds, as engine.prefill does)

@@ -85,20 +85,18 @@ def _split(w, slots):
     return QuantWeight(w.qtype, w.shape, host), bank
 
 
-def test_paired_gate_up_keeps_the_bits(monkeypatch):
+def test_paired_gate_up_keeps_the_bits():
     """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED, the
     default) gives the bits of two walks, from the host planes and from a bank slot."""
-    from alphallama.kernels.moe import moe_i8
     gate_up, _, x, experts, _ = _setup()
     q8 = prepare_i8(x, gate_up.expert(0))
     table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
     hgu, bgu = _split(gate_up, [4, 0])
-    monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", False)
-    want = moe_gate_up_i8(q8, gate_up, experts, torch.float32)
-    want_tiers = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu)
-    monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", True)
-    assert_same_bits(moe_gate_up_i8(q8, gate_up, experts, torch.float32), want, "paired")
-    assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu), want_tiers, "paired, tiers")
+    want = moe_gate_up_i8(q8, gate_up, experts, torch.float32, paired=False)
+    want_tiers = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, paired=False)
+    assert_same_bits(moe_gate_up_i8(q8, gate_up, experts, torch.float32, paired=True), want, "paired")
+    assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, paired=True), want_tiers,
+                     "paired, tiers")
 
 
 def test_order_is_the_gate_up_weights():

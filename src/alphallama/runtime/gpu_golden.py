@@ -45,7 +45,6 @@ from typing import Any
 import torch
 from gguf import GGMLQuantizationType as T
 
-from ..config import DEFAULTS
 from ..gguf.reader import GGUFFile
 from ..gguf.synth_spec import PRESETS, SyntheticSpec
 from ..gguf.writer import write_synthetic
@@ -54,6 +53,7 @@ from ..kernels.moe.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, expert_consts
 from ..kernels.prefill.qgemm import units_of
 from ..kernels.gemv.qmatmul import tile as qmatmul_tile
 from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
+from .overrides import PRODUCT, Overrides
 from .gpu_prefill import GRAPH_MIN_ROWS, capturable, moe_fused, graph_rows
 
 WIDTHS = tuple(range(1, MAX_W + 1))
@@ -255,12 +255,12 @@ def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_b
     del m
     fast = GPUModel(f, max_len, device=device, fast=True)
     if fast.hybrid:
-        rec["fast"] = {"narrow": DEFAULTS.engine.fast_mma_narrow, "plan": plan(fast, f),
+        rec["fast"] = {"narrow": PRODUCT.fast_mma_narrow, "plan": plan(fast, f),
                        "bits": bits(fast, widths, exact=False)}
     del fast
-    mma = GPUModel(f, max_len, device=device, gemv_mma=True)
+    mma = GPUModel(f, max_len, device=device, overrides=Overrides(gemv_mma=True))
     if any(any(lin.mma) for L in mma.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None):
-        rec["gemv_mma"] = {"narrow": DEFAULTS.engine.gemv_mma_narrow, "plan": plan(mma, f)}
+        rec["gemv_mma"] = {"narrow": PRODUCT.gemv_mma_narrow, "plan": plan(mma, f)}
         if mma_bits:
             rec["gemv_mma"]["bits"] = bits(mma, widths)
     return rec

@@ -61,6 +61,7 @@ from ..offload.store import ExpertStore, pack_experts
 from .capture import collector_paused
 from .gpu_prefill import prefill_rows
 from .kv_cache import KVCache
+from .overrides import PRODUCT, Overrides
 from .round import plan_round
 from .round import rows as round_rows
 
@@ -89,7 +90,8 @@ class Linear:
     integer form (F16, F32) take qmatmul."""
 
     def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False,
-                 mma: MmaChoice | None = None, kernels: Kernels = DEFAULT_KERNELS):
+                 mma: MmaChoice | None = None, kernels: Kernels = DEFAULT_KERNELS,
+                 split_limits: tuple[int, int] = PRODUCT.split_limits):
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
         mma: the weights qgemv_mma_k (Q4_K) covers run there (engine.gemv_mma), on q8_K
         activations (one scale a super-block) that its producer emits (orders:
@@ -106,7 +108,7 @@ class Linear:
             raw, shape = _concat_rows(g)
             self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
         self.nbytes = sum(w.nbytes for w in self.weights)
-        self.plan = plan_linear(self.weights, gemv, split, mma, MAX_W, kernels=kernels)
+        self.plan = plan_linear(self.weights, gemv, split, mma, MAX_W, kernels=kernels, split_limits=split_limits)
         self.i8, self.mma = list(self.plan.i8), list(self.plan.mma)
         # fast mode's hybrid: rounds of up to mma.narrow rows run as if there were no mma at all
         self.hybrid = self.plan.hybrid
@@ -172,7 +174,8 @@ class MoE:
     experts live there: the kernels take each from its VRAM slot or the host tier."""
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
-                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32"):
+                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
+                 prefill_fused: bool = PRODUCT.moe_prefill_fused):
         E = gate.shape[0]
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
@@ -188,6 +191,7 @@ class MoE:
             v = store.layer(layer)
             expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
         self.top_k, self.norm = top_k, norm
+        self.prefill_fused = prefill_fused   # resident experts' prefill chunks through moe_gemm.moe_prefill
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
@@ -276,36 +280,27 @@ class GPUModel:
     """Same interface as the reference Transformer: new_cache, forward, verify."""
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
-                 progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
-                 prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
-                 decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None,
-                 combine_in_norm: bool | None = None,
-                 norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, fast: bool = False,
-                 kernels: Kernels = DEFAULT_KERNELS):
+                 progress=None, expert_slots: int | None = None, prefill_chunk: int | None = None,
+                 cpu_threads: int | None = None, cpu_tier: bool | None = None, fast: bool = False,
+                 overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
-        prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
+        prefill_chunk: rows a call of more than 64 rows runs at a time (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
-        decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default).
         fast: the model serves fast mode (--fast): without gemv_mma, verify rounds wider than
-        engine.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
+        overrides.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
         "dp4a": narrower rounds, plain decode among them, are the default's bits); an
-        exact verify on it then runs its rows one at a time. kernels: the registry's entries the
-        plans pick from (bench/ passes variants)."""
+        exact verify on it then runs its rows one at a time.
+        overrides: the kept experiments' choices (runtime/overrides.py; bench/ and tests pass
+        variants); kernels: the registry's entries the plans pick from."""
+        o = self.overrides = overrides
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
         self.cfg: ModelConfig = cfg
         self.device = torch.device(device)
-        gemv = self.decode_gemv = decode_gemv or DEFAULTS.engine.decode_gemv
-        moe_gemv = moe_gemv or DEFAULTS.engine.moe_gemv
-        if gemv not in ("i8", "f32") or moe_gemv not in ("i8", "f32"):
-            raise ValueError(f"decode_gemv and moe_gemv are 'i8' or 'f32', got {gemv!r}, {moe_gemv!r}")
+        gemv, moe_gemv = self.decode_gemv, self.moe_gemv = o.decode_gemv, o.moe_gemv
         self.max_len = max_len
         t = f.tensors
         vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
@@ -315,18 +310,16 @@ class GPUModel:
             self.store = ExpertStore({i: tuple(t[f"blk.{i}.{n}.weight"] for n in exps) for i in range(cfg.n_layers)},
                                      cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
                                      MAX_W, progress)
-        fuse_q8 = DEFAULTS.engine.fuse_q8 if fuse_q8 is None else fuse_q8
-        self._fuse_q8 = (fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
+        self._fuse_q8 = (o.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts)
-        split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
+        split = o.gemv_split and gemv == "i8"
         # Q4_K dense weights on the tensor cores (Linear; emulated under the interpreter)
-        E = DEFAULTS.engine
         mma = None
-        if (E.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8":
-            mma = MmaChoice(E.gemv_mma_narrow if gemv_mma_narrow is None else gemv_mma_narrow)
-        elif fast and gemv == "i8" and E.fast_mma_narrow < MAX_W:
-            mma = MmaChoice(E.fast_mma_narrow, partner="dp4a")
+        if o.gemv_mma and gemv == "i8":
+            mma = MmaChoice(o.gemv_mma_narrow)
+        elif fast and gemv == "i8" and o.fast_mma_narrow < MAX_W:
+            mma = MmaChoice(o.fast_mma_narrow, partner="dp4a")
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -337,7 +330,7 @@ class GPUModel:
             if cfg.is_moe:
                 moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
                           t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i, moe_gemv)
+                          self.store, i, moe_gemv, o.moe_prefill_fused)
             self.layers.append(GPULayer(
                 attn_norm=vec(p + "attn_norm.weight"),
                 qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv,
@@ -345,12 +338,14 @@ class GPUModel:
                 qkv_bias=bias,
                 q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split, mma=mma, kernels=kernels),
+                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split, mma=mma, kernels=kernels,
+                         split_limits=o.split_limits),
                 ffn_norm=vec(p + "ffn_norm.weight"),
                 gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv, mma=mma,
                                kernels=kernels)
                 if dense else None,
-                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split, mma=mma, kernels=kernels)
+                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split, mma=mma, kernels=kernels,
+                            split_limits=o.split_limits)
                 if dense else None,
                 moe=moe,
             ))
@@ -393,20 +388,16 @@ class GPUModel:
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow
         # programmatic dependent launch between the round's kernels (kernels/pdl.py)
-        self.pdl = (DEFAULTS.engine.pdl if pdl is None else pdl) and self.device.type == "cuda"
+        self.pdl = o.pdl and self.device.type == "cuda"
         self.capture_s = 0.0
-        e = DEFAULTS.engine
-        self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
-        self.norm_router = e.norm_router if norm_router is None else norm_router
-        self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
-        self.prefill_path = prefill_path or e.prefill_path
-        if self.prefill_path not in ("dequant", "gemv"):
-            raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
-        self.prefill_chunk = prefill_chunk or e.prefill_chunk
+        self.combine_in_norm, self.norm_router = o.combine_in_norm, o.norm_router
+        self.early_kv = o.early_kv    # (the decode round qualifies: kernels/attention/decode.py)
+        self.prefill_path = o.prefill_path
+        self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
         # the dequantized-weight buffer of the prefill GEMMs (allocated on first use)
         sdt = self.act_dtype
-        self.scratch = Scratch((e.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
-                               self.device)
+        self.scratch = Scratch((o.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
+                               self.device, overlap=o.prefill_overlap, graphs=o.prefill_graphs)
         # the round of every width, made once (runtime/round.py): what each producer emits, which add
         self.round_plans = tuple(plan_round(self, W) for W in range(1, MAX_W + 1))
 

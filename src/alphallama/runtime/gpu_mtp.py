@@ -90,19 +90,22 @@ def pick_ref(logits: torch.Tensor, ids: torch.Tensor) -> tuple[int, float]:
     return int(ids[i]), float(p[i])
 
 
-def _layer(t, p: str, cfg: ModelConfig, hc: MTPHeadConfig, vec, device) -> GPULayer:
+def _layer(t, p: str, cfg: ModelConfig, hc: MTPHeadConfig, vec, device, gemv: str, moe_gemv: str) -> GPULayer:
+    """The head's block on the model's GEMVs (decode_gemv / moe_gemv; no split runs, no
+    tensor cores: the block calls each Linear whole)."""
     return GPULayer(
         attn_norm=vec(p + "attn_norm.weight"),
-        qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], device),
+        qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], device, gemv),
         qkv_bias=torch.cat([vec(p + f"attn_{n}.bias") for n in "qkv"]) if cfg.qkv_bias else None,
         q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
         k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-        o=Linear([t[p + "attn_output.weight"]], device),
+        o=Linear([t[p + "attn_output.weight"]], device, gemv),
         ffn_norm=vec(p + "ffn_norm.weight"),
-        gate_up=None if hc.moe else Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], device),
-        down=None if hc.moe else Linear([t[p + "ffn_down.weight"]], device),
+        gate_up=None if hc.moe else Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], device, gemv),
+        down=None if hc.moe else Linear([t[p + "ffn_down.weight"]], device, gemv),
         moe=MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
-                t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, device) if hc.moe else None,
+                t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, device,
+                gemv=moe_gemv) if hc.moe else None,
     )
 
 
@@ -118,7 +121,9 @@ class GPUMTPHead:
         self.enorm, self.hnorm = vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight")
         self.head_norm = vec(p + "nextn.shared_head_norm.weight")
         self.eh = Linear([t[p + "nextn.eh_proj.weight"]], dev)
-        self.layer = _layer(t, p, self.cfg, hc, vec, dev)
+        # fp32 GEMVs (qmatmul, the control arm), not the model's plan: on int8 activations
+        # tests/runtime/test_gpu_mtp's MoE chain flips a near tie against the reference
+        self.layer = _layer(t, p, self.cfg, hc, vec, dev, "f32", "f32")
         self.max_len = max_len
         cos, sin = rope_tables(max_len + SPARE, self.cfg.rope_dim, self.cfg.rope_base)
         self.cos, self.sin = cos.to(dev), sin.to(dev)                             # [max_len+SPARE, hd/2]

@@ -10,7 +10,7 @@ scratch as a plan: each weight is dequantized while the GEMM before it runs.
 
 MoE layers: the router and the top-k are the decode kernels (a GEMV: the router is
 small). With every expert resident the experts run as two grouped GEMMs that
-dequantize weight tiles on the fly (kernels/moe/moe_gemm.py, MOE_FUSED): the pairs are
+dequantize weight tiles on the fly (kernels/moe/moe_gemm.py, Overrides.moe_prefill_fused): the pairs are
 put into padded per-expert blocks on the device, no host sync, so such a model's
 chunks are captured as CUDA graphs like a dense model's (H200, 30B-A3B shape, 512
 rows: 36 ms; the earlier batches of dequantized experts with one host sync a layer
@@ -45,9 +45,6 @@ from .scratch import Scratch
 from ..kernels.gemv.qmatmul import qmatmul
 from .capture import collector_paused
 
-# Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (grouped GEMMs
-# dequantizing on the fly, no host sync); False: the per-expert loop (moe_loop)
-MOE_FUSED = True
 GRAPH_DEVICES = ("cuda",)   # where prefill chunks are captured (tests stand in for the capture on the CPU)
 GRAPH_MIN_ROWS = 128        # graph_rows: the smallest captured chunk
 
@@ -94,7 +91,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
     """A gpu_model.MoE over a chunk: [T, D] -> [T, D] fp32. Resident experts through
-    moe_gemm.moe_prefill (MOE_FUSED: no host sync); an expert store's (or MOE_FUSED off)
+    moe_gemm.moe_prefill (moe.prefill_fused: no host sync); an expert store's (or prefill_fused off)
     through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
@@ -105,7 +102,7 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
 
 def moe_fused(moe) -> bool:
     """Does this MoE layer's chunk go through moe_prefill (no host sync) rather than moe_loop?"""
-    return MOE_FUSED and moe.store is None
+    return moe.prefill_fused and moe.store is None
 
 
 def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, scratch: Scratch) -> torch.Tensor:

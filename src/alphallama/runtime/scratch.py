@@ -6,10 +6,10 @@ from collections import deque
 
 import torch
 
-from ..config import DEFAULTS
 from ..kernels.formats.dequant import DEQ_TILE
 from ..kernels.formats.qweight import QuantWeight
 from ..kernels.prefill.qgemm import Unit, units_of
+from .overrides import PRODUCT
 
 
 class Scratch:
@@ -25,13 +25,13 @@ class Scratch:
     in the plan (MoE experts before `expect`) is dequantized when asked for. Without
     overlap, one buffer and one stream: dequantize, multiply, in turn."""
 
-    def __init__(self, elements: int, dtype: torch.dtype, device: torch.device, overlap: bool | None = None,
-                 tile: tuple = DEQ_TILE, graphs: bool | None = None):
+    def __init__(self, elements: int, dtype: torch.dtype, device: torch.device, overlap: bool = PRODUCT.prefill_overlap,
+                 tile: tuple = DEQ_TILE, graphs: bool = PRODUCT.prefill_graphs):
         self.elements, self.dtype, self.device = elements, dtype, torch.device(device)
-        self.overlap = DEFAULTS.engine.prefill_overlap if overlap is None else overlap
+        self.overlap = overlap
         # prefill chunks replayed as CUDA graphs (runtime/gpu_prefill.ChunkGraphs), the one
         # captured last kept here: the buffers its GEMMs read are these
-        self.graphs = DEFAULTS.engine.prefill_graphs if graphs is None else graphs
+        self.graphs = graphs
         self.captured: dict = {}
         self.tile = tile
         self._out_fp32: dict = {}                # op -> does op(out_dtype=float32) work here? (probed once)

@@ -26,6 +26,8 @@ width, the row's column or the cache's capacity.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -42,13 +44,22 @@ NUM_WARPS = 4
 COMBINE_WARPS = 4  # the combine (one program per row and query head)
 
 
-def split_size(length: int) -> int:
+class Tiles(NamedTuple):
+    """(keys a tile, splits at most): a float order of a row's length alone (tests pass small ones)."""
+    block_n: int = BLOCK_N
+    max_splits: int = MAX_SPLITS
+
+
+TILES = Tiles()
+
+
+def split_size(length: int, tiles: Tiles = TILES) -> int:
     """Keys per split for a row that sees `length` keys: the kernels' rule, in Python."""
-    return BLOCK_N * triton.cdiv(length, BLOCK_N * MAX_SPLITS)
+    return tiles.block_n * triton.cdiv(length, tiles.block_n * tiles.max_splits)
 
 
-def live_splits(length: int) -> int:
-    return triton.cdiv(length, split_size(length))
+def live_splits(length: int, tiles: Tiles = TILES) -> int:
+    return triton.cdiv(length, split_size(length, tiles))
 
 
 @triton.jit
@@ -217,28 +228,30 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-                     early: bool = False) -> torch.Tensor:
+                     early: bool = False, tiles: Tiles = TILES) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity.
     Two launches: split, combine. early: the split launch loads the rows below pos before
-    its PDL wait (_split_partials says when that is valid); the same bits either way."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early)[0]
+    its PDL wait (_split_partials says when that is valid); the same bits either way.
+    tiles: (BLOCK_N, MAX_SPLITS)."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early, tiles)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
-                        early: bool = False) -> tuple[torch.Tensor, dict]:
+                        early: bool = False, tiles: Tiles = TILES) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine (bit for bit prepare_i8 of the output; the launch that
     combines is compiled without fp fusion, as the quantization needs). early: as in
     decode_attention. -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early)
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early, tiles)
 
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
-               early: bool = False) -> tuple[torch.Tensor, dict]:
+               early: bool = False, tiles: Tiles = TILES) -> tuple[torch.Tensor, dict]:
+    BLOCK_N, MAX_SPLITS = tiles
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
         raise ValueError(f"int8 attention output needs head_dim % 32 == 0 and one lane order, got {hd}, {orders}")

@@ -253,7 +253,7 @@ def split_nt(w: QuantWeight, runs: int) -> int:
     return min(gemv_tile(w).NT, 1 << (per_run.bit_length() - 1))
 
 
-def split_runs(w: QuantWeight) -> int:
+def split_runs(w: QuantWeight, min_k: int = SPLIT_MIN_K, max_n: int = SPLIT_MAX_N) -> int:
     """Runs to cut a weight's slots into where its consumer adds partial sums (Linear.parts,
     engine.gemv_split): 2 for rows of >= 4096 values in matrices of <= 4096 rows, whose row
     tiles alone are too few programs for the H200's SMs. H200, us at W = 1 / 4 / 8, PDL, one
@@ -261,10 +261,10 @@ def split_runs(w: QuantWeight) -> int:
     16.3 / 17.5 / 30.6 -> 11.9 / 20.5 / 36.9, down Q4_K 11.7 / 17.3 / 30.9 -> 9.1 / 19.4 / 28.0,
     o 4.0 / 6.8 / 11.1 -> 3.6 / 7.6 / 11.5, 30B-A3B o 3.5 / 6.3 / 10.6 -> 2.4 / 5.0 / 9.0; the
     qkv (6144 rows, or K = 2048) and the gate|up (24576 rows) lose. A one-step row
-    (one_step_row: the 30B-A3B o since 20261202) is not split."""
+    (one_step_row: the 30B-A3B o since 20261202) is not split. min_k / max_n: the thresholds."""
     if one_step_row(w):
         return 1
-    return 2 if w.K >= SPLIT_MIN_K and w.N <= SPLIT_MAX_N and _whole_runs(w, 2, split_nt(w, 2)) else 1
+    return 2 if w.K >= min_k and w.N <= max_n and _whole_runs(w, 2, split_nt(w, 2)) else 1
 
 
 def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,

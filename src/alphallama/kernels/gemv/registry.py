@@ -23,7 +23,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from ..formats.qweight import QuantWeight
 from ..moe.expert_q8 import supports as has_int8_form
 from .qgemv_i8 import MAX_BW as I8_BW
-from .qgemv_i8 import gemv_tile, qgemv_i8, split_nt, split_runs
+from .qgemv_i8 import SPLIT_MAX_N, SPLIT_MIN_K, gemv_tile, qgemv_i8, split_nt, split_runs
 from .qgemv_mma import COLS, Q8K, mma_groups, mma_planes, mma_tile, prepare_q8k, qgemv_mma_k, supports_mma
 from .qgemv_q8k import q8k_tile, qgemv_q8k
 from .qmatmul import MAX_BW as QM_BW
@@ -195,10 +195,11 @@ class LinearPlan:
 
 
 def plan_linear(weights: list[QuantWeight], gemv: str = "f32", split: bool = False, mma: MmaChoice | None = None,
-                max_w: int = 64, exact: bool | None = None, kernels: Kernels = DEFAULT_KERNELS) -> LinearPlan:
+                max_w: int = 64, exact: bool | None = None, kernels: Kernels = DEFAULT_KERNELS,
+                split_limits: tuple[int, int] = (SPLIT_MIN_K, SPLIT_MAX_N)) -> LinearPlan:
     """The plan of weights applied to one input (a Linear): gemv "i8" runs each weight with
     an int8 form on int8 activations (else qmatmul); split: one dp4a weight gives its sums
-    in split_runs parts; mma: the Q4_K weights the tensor cores take. exact (default: any
+    in split_runs parts (split_limits: its (min K, max N)); mma: the Q4_K weights the tensor cores take. exact (default: any
     plan but fast mode's hybrid) asserts one bits family per weight across every width."""
     if gemv not in ("i8", "f32"):
         raise ValueError(f"gemv is 'i8' or 'f32', got {gemv!r}")
@@ -206,7 +207,7 @@ def plan_linear(weights: list[QuantWeight], gemv: str = "f32", split: bool = Fal
     on_mma = tuple(mma is not None and ok and kernels.mma.supports(w) is None for w, ok in zip(weights, i8))
     hybrid = mma is not None and mma.partner == "dp4a" and any(on_mma)
     dp4a_one = len(weights) == 1 and i8[0]
-    split_n = split_runs(weights[0]) if split and dp4a_one else 1
+    split_n = split_runs(weights[0], *split_limits) if split and dp4a_one else 1
     steps = []
     for W in range(1, max_w + 1):
         dp4a = not any(on_mma) or (hybrid and W <= mma.narrow)

@@ -176,10 +176,11 @@ def moe_i8_order(gate_up) -> tuple[int, int, int]:
 
 
 def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torch.Tensor, act_dtype: torch.dtype,
-                   table: torch.Tensor | None = None, bank=None, pdl: bool = False) -> torch.Tensor:
+                   table: torch.Tensor | None = None, bank=None, pdl: bool = False,
+                   paired: bool = GATE_UP_PAIRED) -> torch.Tensor:
     """q8: the rows' int8 input in gate_up's lane order (moe_i8_order), gate_up [E, 2F, K],
     experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype. pdl: programmatic
-    dependent launch (kernels/pdl.py)."""
+    dependent launch (kernels/pdl.py). paired: gate and up rows walked together (the same bits)."""
     check_bank(gate_up, table, bank)
     xp, xsd = q8
     W, k = experts.shape
@@ -189,7 +190,7 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     c = expert_consts(gate_up, F, dev.type == "cuda")
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, act, experts.contiguous(), *bank_args(gate_up, table, bank), F, 1, TOP_K=k,
-        TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=GATE_UP_PAIRED, **c,
+        TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=paired, **c,
         **pdl_kwargs(pdl, dev))
     return act
 
