@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
-from ..runtime.kv_cache import KVCache
+from ..kv_cache import KVCache
 from .layers import apply_rope, attention, moe, rms_norm, rope_tables, swiglu
 
 

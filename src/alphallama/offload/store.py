@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -107,6 +108,22 @@ class LayerView:
     bank_gate_up: QuantWeight
     bank_down: QuantWeight
     table: torch.Tensor         # [E] int32, a row of the store's table
+
+
+class Tiers(NamedTuple):
+    """Where one MoE layer's experts are read in a round: the host planes (all experts,
+    resident or not), the bank and the slot table (None: every expert resident), and the
+    round's route record (the store's admission policy reads it; None: not kept)."""
+    gate_up: QuantWeight        # [E, 2F, K]
+    down: QuantWeight           # [E, D, F]
+    table: torch.Tensor | None
+    bank_gate_up: QuantWeight | None
+    bank_down: QuantWeight | None
+    routes: torch.Tensor | None
+
+    @classmethod
+    def resident(cls, gate_up: QuantWeight, down: QuantWeight) -> "Tiers":
+        return cls(gate_up, down, None, None, None, None)
 
 
 @dataclass
@@ -219,6 +236,11 @@ class ExpertStore:
         a, b = j * self.E, (j + 1) * self.E
         return LayerView(_sub(c.host_gate_up, a, b), _sub(c.host_down, a, b), c.bank_gate_up, c.bank_down,
                          self.table[i])
+
+    def tiers(self, i: int, rows: int) -> Tiers:
+        """Layer i's experts as a round of `rows` rows reads them (the kernels' table dispatch)."""
+        v = self.layer(i)
+        return Tiers(v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down, self.routes[i, :rows])
 
     @property
     def bank_bytes(self) -> int:

@@ -52,7 +52,11 @@ from ..kernels.attention.decode import BLOCK_N, MAX_SPLITS, live_splits, split_s
 from ..kernels.moe.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, expert_consts
 from ..kernels.prefill.qgemm import units_of
 from ..kernels.gemv.qmatmul import tile as qmatmul_tile
-from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
+from ..kernels.gemv.registry import ROWS_PER_THREAD
+from .gpu_model import GPUModel
+from .linear import Linear
+from .moe import MoE
+from .widths import BUCKETS, MAX_W, bucket_of
 from .overrides import PRODUCT, Overrides
 from .gpu_prefill import GRAPH_MIN_ROWS, capturable, moe_fused, graph_rows
 

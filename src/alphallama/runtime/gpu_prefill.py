@@ -50,7 +50,7 @@ GRAPH_MIN_ROWS = 128        # graph_rows: the smallest captured chunk
 
 
 def gemm_linear(lin, x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
-    """A gpu_model.Linear through the scratch's GEMMs: x [T, K] -> [T, sum N] float32
+    """A runtime.linear.Linear through the scratch's GEMMs: x [T, K] -> [T, sum N] float32
     (its matrices of different types share one buffer and one GEMM where they fit)."""
     return scratch.gemm(x, scratch.units(lin.weights))
 
@@ -90,7 +90,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
 
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
-    """A gpu_model.MoE over a chunk: [T, D] -> [T, D] fp32. Resident experts through
+    """A runtime.moe.MoE over a chunk: [T, D] -> [T, D] fp32. Resident experts through
     moe_gemm.moe_prefill (moe.prefill_fused: no host sync); an expert store's (or prefill_fused off)
     through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]

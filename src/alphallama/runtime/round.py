@@ -22,7 +22,7 @@ from ..kernels.attention.decode import decode_attention, decode_attention_q8
 from ..kernels.attention.rope import qkv_rope
 from ..kernels.gemv.qgemv_mma import Q8K
 from ..kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_q8, rmsnorm_router_q8
-from .kv_cache import KVCache
+from ..kv_cache import KVCache
 
 if TYPE_CHECKING:
     from .gpu_model import GPUModel
