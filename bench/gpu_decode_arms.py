@@ -6,17 +6,15 @@ arm without PDL (same kernels, only the launch differs).
 
     GIT_COMMIT=... PYTHONUNBUFFERED=1 python bench/gpu_decode_arms.py --preset qwen3-8b [--layers N]
 
-Arms (GPUModel keywords): f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs,
-a prepare launch per input), i8+fuse (the producers emit the int8 activations),
-i8+fuse+pdl (programmatic dependent launch: the default), i8+fuse+pdl/old-tiles (the
-GEMV tiles before 20261130: a same-session control), and for MoE shapes +moe_i8 (the routed experts
-on int8 activations). Writes $OUT/gpu_decode_arms-*.json.
+Arms (runtime/overrides.Overrides fields, fast mode, registry variants, passed to GPUModel):
+f32 (qmatmul GEMVs: the control), i8 (int8-activation GEMVs, a prepare launch per input),
+i8+fuse (the producers emit the int8 activations), i8+fuse+pdl (programmatic dependent
+launch), for MoE shapes +moe_i8 (the routed experts on int8 activations), and the
+defaults with one change each. Writes $OUT/gpu_decode_arms-*.json.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import os
 import sys
@@ -24,165 +22,66 @@ import time
 from pathlib import Path
 
 import torch
-import triton
-from gguf.constants import GGMLQuantizationType
 
 from alphallama.bench.engine_bench import copy_bandwidth, kv_bytes_per_token, time_cuda
 from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
-from alphallama.gguf.quants import dequantize
-from alphallama.kernels import attention, fused, moe, moe_i8
-from alphallama.kernels import qgemv_i8 as qgemv_i8_mod
-from alphallama.kernels.qgemv_i8 import GemvTile
-from alphallama.kernels.qgemv_mma import qgemv_mma_k
-from alphallama.runtime import gpu_model
+from alphallama.kernels.gemv.registry import DEFAULT_KERNELS
 from alphallama.runtime.gpu_model import GPUModel
+from alphallama.runtime.overrides import Overrides
 
 ARMS = {"f32": dict(decode_gemv="f32", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=False, pdl=False),
         "i8+fuse": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=False),
-        "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True),
-        "i8+fuse+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True, old_tiles=True)}
+        "i8+fuse+pdl": dict(decode_gemv="i8", moe_gemv="f32", fuse_q8=True, pdl=True)}
 MOE_ARMS = {"i8+fuse+moe_i8": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=False),
-            "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True),
-            "i8+fuse+moe_i8+pdl/old-tiles": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True,
-                                                 old_tiles=True)}
-# the defaults (config.py) and one-change variants of them: the embedding lookup in plain
-# torch (~25 graph nodes, before qgemm.gather_rows), the norms at other warp counts, MoE
-# routing inside gate_up (engine.fuse_route: removed 20261201), the GEMVs loading two steps ahead and the
-# experts' gate_up walking gate and up rows apart, the MoE ranks summed in the next norm
-# (all three: same bits), the dense gate|up GEMV with SiLU and the down's int8 input in its
-# epilogue (64-row tiles, 8 or 16 warps), GEMV programs of at most 4 or 2 x rows (same bits),
-# the experts' GEMVs in 16-row programs (4 rows now; moe's launches keep 4 warps), the experts'
-# gate_up in 32-row programs emitting the down's int8 input (engine.moe_emit_q8: slower, removed 20261201), the GEMV
-# tiles before 20261130 (W=1-leaning), routing and attention combine at other warp counts,
-# the FFN norm computing the router's logits (engine.norm_router), one step of NT = all
-# slots for rows of <= 64 slots (K = 2048 Q4_K: the 30B-A3B qkv and experts' gate_up; the
-# dense weights' steps then all load before the PDL wait), attention tiles of 64 keys, the
-# attention's old keys loaded before its PDL wait (engine.early_kv, same bits; on since 20261130
-# with norm_router: the no- arms are their controls), the experts' down quantizing its own act
-# (engine.moe_down_quant: slower, removed 20261201), o and down GEMVs in 2 runs of their slots
-# whose partials the next norm adds (engine.gemv_split), the FFN norm's launch also routing (engine.route_in_norm:
-# slower, removed 20261201), the Q4_K dense weights on the tensor cores with activations scaled a super-block
-# (engine.gemv_mma: kernels/qgemv_mma.qgemv_mma_k; not the default's bits; the Q6_K weights and head too:
-# slower, removed 20261201, W = 1 3.135 ms against 1.930, gpu_decode_arms-qwen3-8b-20261201-214103.json)
-DEFAULT_ARMS = {"default": {}, "default/torch-embed": dict(torch_embed=True),
-                "default/norm4": dict(norm_warps=4), "default/norm8": dict(norm_warps=8),
-                "default/prefetch2": dict(prefetch=2),
-                "default/gate-up-unpaired": dict(gate_up_paired=False),
+            "i8+fuse+moe_i8+pdl": dict(decode_gemv="i8", moe_gemv="i8", fuse_q8=True, pdl=True)}
+# the defaults (runtime/overrides.py) and one-change variants of them, each an Overrides
+# field (or fast mode, or a registry variant: qgemv_mma_k's row groups); the lost ones
+# (tile and warp-count variants, fusions measured slower) are in docs/decisions/lost-experiments.md
+DEFAULT_ARMS = {"default": {},
                 "default/combine-launch": dict(combine_in_norm=False),
-                "default/maxbw8": dict(max_bw=8), "default/maxbw2": dict(max_bw=2),
-                "default/moe-bn4": dict(moe_bn=4),
-                "default/old-tiles": dict(old_tiles=True), "default/route4": dict(route_warps=4),
-                "default/route2": dict(route_warps=2), "default/combine2": dict(combine_warps=2),
-                "default/combine8": dict(combine_warps=8),
-                "default/norm-router": dict(norm_router=True), "default/nt-short": dict(nt_short=True),
-                "default/attn-bn64": dict(attn_block=64),
-                "default/norm-router+nt-short": dict(norm_router=True, nt_short=True),
-                "default/early-kv": dict(early_kv=True), "default/no-early-kv": dict(early_kv=False),
+                "default/no-early-kv": dict(early_kv=False),
                 "default/no-norm-router": dict(norm_router=False),
-                "default/split": dict(gemv_split=True),
                 "default/no-split": dict(gemv_split=False),
                 # the Q4_K weights on the mma at every width (Q6_K and the head on dp4a)
                 "default/mma-k": dict(gemv_mma=True, gemv_mma_narrow=0),
-                # Q4_K: qgemv_q8k at W <= 4, the mma wider (the same bits); Q6_K and the head on dp4a
+                # Q4_K: qgemv_q8k at W <= 4 (or 1, 2), the mma wider (the same bits); Q6_K and the head on dp4a
                 "default/mma-wide": dict(gemv_mma=True, gemv_mma_narrow=4),
                 "default/mma-wide1": dict(gemv_mma=True, gemv_mma_narrow=1),
                 "default/mma-wide2": dict(gemv_mma=True, gemv_mma_narrow=2),
-                # fast mode's hybrid (--fast; engine.fast_mma_narrow): the default's kernels up to narrow rows,
+                # fast mode's hybrid (--fast; fast_mma_narrow): the default's kernels up to narrow rows,
                 # the mma family wider; not rotation-exact by design, W = 8 the mma family's bits
                 "default/fast": dict(fast=True),
                 # the same with one row group a warp at every width (qgemv_mma.mma_groups' control; the same bits)
                 "default/fast-g1": dict(fast=True, mma_groups=1),
-                # the same with qgemv_mma_k's two row groups a warp (session 25, untimed; the same bits)
                 "default/mma-wide2-g2": dict(gemv_mma=True, gemv_mma_narrow=2, mma_groups=2),
                 # Q4_K through qgemv_q8k (dp4a on q8_K activations) at every width: no tensor cores
-                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64),
-                # one step a row (bench/gpu_gemv_chain.py): Q4_K rows of 4096 (and shorter) whole
-                "default/row128": dict(row_step=(128, None, None)),
-                "default/row128-bn8w4": dict(row_step=(128, 8, 4)),
-                "default/row128-bn16w8": dict(row_step=(128, 16, 8)),
-                "default/row128-bn4w4": dict(row_step=(128, 4, 4)),
-                # the control of qgemv_i8.one_step_row (the per-matrix arms it came from, rows-qkv and
-                # rows-qkv-o, ran at 48195f6: gpu_decode_arms-*-20261202-125520.json / -125759.json)
-                "default/looped": dict(looped=True)}
+                "default/q8k": dict(gemv_mma=True, gemv_mma_narrow=64)}
 # arms that must give another arm's logits bit for bit (only the launches differ)
-SAME_BITS = {"default/torch-embed": "default", "default/early-kv": "default", "default/prefetch2": "default",
-             "default/no-early-kv": "default",
-             "default/gate-up-unpaired": "default", "default/maxbw8": "default", "default/maxbw2": "default",
-             "default/combine-launch": "default", "i8+fuse+pdl": "i8+fuse",
+SAME_BITS = {"default/combine-launch": "default", "default/no-early-kv": "default", "i8+fuse+pdl": "i8+fuse",
              "default/mma-wide2-g2": "default/mma-wide2", "default/fast": "default/mma-wide2",
-             "default/fast-g1": "default/fast",
-             "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}
+             "default/fast-g1": "default/fast", "i8+fuse+moe_i8+pdl": "i8+fuse+moe_i8"}
 WIDTHS = (1, 2, 4, 8, 16)
-
-
-def old_gemv_tile(w):
-    """qgemv_i8's tile rule before 20261130 (4-row programs below 32768 rows): the
-    control arm for the tile change, same session."""
-    wide = w.qtype == GGMLQuantizationType.Q6_K and w.n_slots >= 512
-    return GemvTile(BN=4 if w.N <= 32768 else 16, NT=min(64 if wide else 32, triton.next_power_of_2(w.n_slots)))
 
 
 def run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str = "cuda",
             widths: tuple[int, ...] = WIDTHS) -> dict:
+    """One arm: its Overrides, fast mode, and a registry variant, passed to the model (no
+    product module is patched)."""
     kw = dict(kw)
-    saved = (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-             qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS, attention.BLOCK_N,
-             moe_i8.step_slots, qgemv_i8_mod.one_step_row, dict(gpu_model._MMA_FORMS))
+    fast = kw.pop("fast", False)
     groups = kw.pop("mma_groups", None)   # qgemv_mma_k's row groups a warp (not in the float order; None: its rule)
-    if groups is not None:
-        gpu_model._MMA_FORMS.update({q: f._replace(gemv=functools.partial(qgemv_mma_k, groups=groups))
-                                     for q, f in gpu_model._MMA_FORMS.items()})
-    if kw.pop("old_tiles", False):
-        qgemv_i8_mod.gemv_tile = old_gemv_tile
-    steps = kw.pop("prefetch", None)
-    if steps is not None:          # the same tiles, loading `steps` steps ahead (same bits)
-        qgemv_i8_mod.gemv_tile = lambda w, _t=qgemv_i8_mod.gemv_tile: dataclasses.replace(_t(w), prefetch=steps)
-    fused.NORM_WARPS = kw.pop("norm_warps", fused.NORM_WARPS)
-    moe_i8.GATE_UP_PAIRED = kw.pop("gate_up_paired", moe_i8.GATE_UP_PAIRED)
-    qgemv_i8_mod.MAX_BW = kw.pop("max_bw", qgemv_i8_mod.MAX_BW)   # x rows a program: not in the float order
-    moe.ROUTE_WARPS = kw.pop("route_warps", moe.ROUTE_WARPS)                # a new float order in the softmax sums
-    attention.COMBINE_WARPS = kw.pop("combine_warps", attention.COMBINE_WARPS)   # the same or a new order
-    moe_i8.EXPERT_BN = kw.pop("moe_bn", moe_i8.EXPERT_BN)   # the experts' tile (a float order, the same at every W)
-    attention.BLOCK_N = kw.pop("attn_block", attention.BLOCK_N)   # keys a tile and the smallest split (a float order of L)
-    if kw.pop("nt_short", False):  # rows of <= 64 slots in one step (a float order of the weight alone)
-        def one_step(w, _t=qgemv_i8_mod.gemv_tile):
-            t = _t(w)
-            return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots)) if w.n_slots <= 64 else t
-        qgemv_i8_mod.gemv_tile = one_step
-        moe_i8.step_slots = lambda w, _s=moe_i8.step_slots: triton.next_power_of_2(w.n_slots) if w.n_slots <= 64 else _s(w)
-    if kw.pop("looped", False):    # the control of 20261202's one-step rows: every dense tile loops
-        qgemv_i8_mod.one_step_row = lambda w: False
-    rows = kw.pop("row_step", None)   # (max slots, BN, warps): dense rows of <= max slots in one step, loaded
-    if rows is not None:              # before the PDL wait (a float order of the weight alone; the head keeps its tile)
-        def row_step(w, _t=qgemv_i8_mod.gemv_tile, most=rows[0], bn=rows[1], nw=rows[2]):
-            t = _t(w)
-            if w.n_slots > most or w.N > 32768:
-                return t
-            return dataclasses.replace(t, NT=triton.next_power_of_2(w.n_slots), BN=bn or t.BN,
-                                       num_warps=nw or t.num_warps)
-        qgemv_i8_mod.gemv_tile = row_step
-    if kw.pop("torch_embed", False):
-        emb = f.tensors["token_embd.weight"]
-        raw = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)   # [V, row_bytes]
-        GPUModel.embed = lambda self, tokens: dequantize(raw[tokens], self.embd_qtype,
-                                                         (tokens.shape[0], self.cfg.d_model))
-    try:
-        return _run_arm(f, kw, depth, reps, toks, device, widths)
-    finally:
-        (qgemv_i8_mod.gemv_tile, fused.NORM_WARPS, GPUModel.embed, moe_i8.GATE_UP_PAIRED,
-         qgemv_i8_mod.MAX_BW, moe_i8.EXPERT_BN, moe.ROUTE_WARPS, attention.COMBINE_WARPS,
-         attention.BLOCK_N, moe_i8.step_slots, qgemv_i8_mod.one_step_row, forms) = saved
-        gpu_model._MMA_FORMS.clear()
-        gpu_model._MMA_FORMS.update(forms)
+    kernels = DEFAULT_KERNELS.with_mma_groups(groups) if groups is not None else DEFAULT_KERNELS
+    model = GPUModel(f, 4096 if device == "cuda" else 256, device, fast=fast, overrides=Overrides(**kw),
+                     kernels=kernels)
+    return _run_arm(model, depth, reps, toks, device, widths)
 
 
-def _run_arm(f: GGUFFile, kw: dict, depth: int, reps: int, toks: torch.Tensor, device: str,
+def _run_arm(model: GPUModel, depth: int, reps: int, toks: torch.Tensor, device: str,
              widths: tuple[int, ...]) -> dict:
-    model = GPUModel(f, 4096 if device == "cuda" else 256, device, **kw)
     cache = model.new_cache()
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)

@@ -26,6 +26,7 @@ from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.runtime.gpu_model import GPUModel
+from alphallama.runtime.overrides import Overrides
 
 
 def kernel_table(replay, reps: int) -> dict:
@@ -53,7 +54,7 @@ def profile_preset(preset: str, layers: int, reps: int, depth: int, fuse_q8: boo
     if not os.path.exists(path):
         write_synthetic(PRESETS[preset](n_layers=layers), path)
     # fuse off: a prepare launch per GEMV input; mma: engine.gemv_mma (qgemv_q8k up to gemv_mma_narrow rows)
-    model = GPUModel(GGUFFile(path), 4096, "cuda", fuse_q8=fuse_q8, pdl=pdl, gemv_mma=mma or None)
+    model = GPUModel(GGUFFile(path), 4096, "cuda", overrides=Overrides(fuse_q8=fuse_q8, pdl=pdl, gemv_mma=mma))
     cache = model.new_cache(4096)
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)

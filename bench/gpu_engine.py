@@ -50,7 +50,7 @@ def spec_exactness(path: str, n_prompts: int = 6, n_tokens: int = 200) -> dict:
     return {"prompts": out, "all_equal": all(o["equal"] for o in out)}
 
 
-# the dequantize kernel's (rows, slots, warps, whole-slot stores, GPU bf16 convert), qgemm.DEQ_TILE;
+# the dequantize kernel's (rows, slots, warps, whole-slot stores, GPU bf16 convert), formats/dequant.DEQ_TILE;
 # OLD_TILE: the serial path's before the overlap
 OLD_TILE = (4, 64, 4, False, False)
 TILES = [OLD_TILE, (2, 128, 4, False, False), (2, 128, 4, False, True), (2, 128, 4, True, False),
@@ -77,7 +77,7 @@ def _graph_ms(fn, reps: int = 5) -> float:
 def dequant_sweep(model) -> dict:
     """Every layer weight dequantized once (units as the overlap path cuts them), per
     tile: GPU time (graph replay) and with the host's launches (eager)."""
-    from alphallama.kernels.qgemm import units_of
+    from alphallama.kernels.prefill.qgemm import units_of
     lins = [lin.weights for L in model.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None]
     rows = model.scratch.buffer_elements
     units = [u for ws in lins for u in units_of(ws, rows // ws[0].K)]
@@ -198,8 +198,8 @@ def prefill_arms(path: str, sizes: list[int], n_gen: int = 16, gemv: bool = Fals
         except Exception as e:  # noqa: BLE001
             out[f"profile_{name}_512"] = {"error": repr(e)}
     # the defaults from here on (the generation check below runs the engine's settings)
-    from alphallama.config import DEFAULTS
-    model.scratch.overlap, model.scratch.graphs = DEFAULTS.engine.prefill_overlap, DEFAULTS.engine.prefill_graphs
+    from alphallama.runtime.overrides import PRODUCT
+    model.scratch.overlap, model.scratch.graphs = PRODUCT.prefill_overlap, PRODUCT.prefill_graphs
     model.scratch.captured.clear()
     # greedy continuation of one prompt (prompt rows but the last by the path, the last
     # row and every generated token by W = 1 rounds, as engine.prefill does)

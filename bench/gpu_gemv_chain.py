@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import decode_weight, run_header, time_graph  # noqa: E402
 from gpu_pdl_overlap import _spin_kernel  # noqa: E402
 
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8, split_runs  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8, split_runs  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 # (BN, NT, warps, prefetch) beside each weight's default (with its split runs, as the engine runs it)
 TILES = {"qkv": [(8, 128, 4, 1), (16, 128, 8, 1), (16, 128, 4, 1), (32, 128, 8, 1)],

@@ -33,7 +33,9 @@ from gguf import quants as gguf_quants  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.bench.hostinfo import host_state  # noqa: E402
-from alphallama.kernels import QuantWeight, qmatmul, tile  # noqa: E402
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import tile  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
 
 QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0]
 SHAPES = [(4096, 4096), (4096, 12288), (12288, 4096)]

@@ -43,7 +43,7 @@ from gpu_kernels import copy_bandwidth, run_header, time_graph  # noqa: E402
 from gpu_pdl_overlap import _now  # noqa: E402
 
 from alphallama.kernels.pdl import pdl_trigger, pdl_wait  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import _dp4a  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import dp4a  # noqa: E402
 
 SUB = 4096                              # int32 words a sub-block (16 KB: R = 8 rows of 2 KB)
 R = 8
@@ -81,8 +81,8 @@ def _gemv_k(w, out, xsrc, SUB: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr,
     if DP4A:
         xa = tl.load(xsrc + tl.arange(0, KW), cache_modifier=".cg")          # [KW]
         xb = tl.load(xsrc + KW + tl.arange(0, KW), cache_modifier=".cg")
-        t = _dp4a(v & 0x0F0F0F0F, xa[None, :], tl.zeros_like(v), True)
-        t = _dp4a((v >> 4) & 0x0F0F0F0F, xb[None, :], t, True)
+        t = dp4a(v & 0x0F0F0F0F, xa[None, :], tl.zeros_like(v), True)
+        t = dp4a((v >> 4) & 0x0F0F0F0F, xb[None, :], t, True)
     else:
         xw = tl.load(xsrc, cache_modifier=".cg") & 7
         t = (v & 0xFF) + ((v >> 8) & 0xFF) * xw

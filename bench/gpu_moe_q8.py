@@ -1,9 +1,9 @@
 """One MoE layer of the Qwen3-30B-A3B shape (128 experts, top-8, D 2048, F 768, gate|up
 Q4_K, down Q6_K), timed as a captured CUDA graph at W = 1 and 8, in four arms:
 
-    moe       kernels/moe.py (the resident path), experts in VRAM
-    q8        the expert contract (kernels/moe_q8.py), experts in the bank
-    moe-pcie  kernels/moe.py, every expert in pinned host RAM read in place over PCIe
+    moe       kernels/moe/moe_f32.py (the resident path), experts in VRAM
+    q8        the expert contract (kernels/moe/moe_q8.py), experts in the bank
+    moe-pcie  kernels/moe/moe_f32.py, every expert in pinned host RAM read in place over PCIe
     q8-pcie   the contract, the same host tier
     q8-cpuN   the contract, every host pair computed by N native CPU workers (several N)
 
@@ -26,11 +26,11 @@ from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.bench.engine_bench import time_cuda
 from alphallama.bench.hostinfo import host_state
-from alphallama.kernels.expert_q8 import moe_q8 as moe_q8_ref
-from alphallama.kernels.moe import moe_down, moe_gate_up
-from alphallama.kernels.moe_q8 import moe_q8
-from alphallama.kernels.qweight import QuantWeight
-from alphallama.offload.store import _pin
+from alphallama.kernels.moe.expert_q8 import moe_q8 as moe_q8_ref
+from alphallama.kernels.moe.moe_f32 import moe_down, moe_gate_up
+from alphallama.kernels.moe.moe_q8 import moe_q8
+from alphallama.kernels.formats.qweight import QuantWeight
+from alphallama.offload.store import pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import random_raw  # noqa: E402
@@ -43,7 +43,7 @@ def random_weight(qtype: T, shape: tuple[int, ...], seed: int, device) -> QuantW
 
 
 def host_copy(w: QuantWeight) -> QuantWeight:
-    return QuantWeight(w.qtype, w.shape, {n: _pin(p.cpu().clone()) for n, p in w.planes.items()})
+    return QuantWeight(w.qtype, w.shape, {n: pin(p.cpu().clone()) for n, p in w.planes.items()})
 
 
 def graph_ms(fn, reps: int) -> float:

@@ -20,7 +20,8 @@ from gguf.constants import GGMLQuantizationType as T
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import random_raw, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels import QuantWeight, qmatmul  # noqa: E402
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
 
 LAYER = [("qkv", T.Q4_K, 6144, 4096), ("o", T.Q4_K, 4096, 4096), ("gate_up", T.Q4_K, 24576, 4096),
          ("down", T.Q6_K, 4096, 12288)]

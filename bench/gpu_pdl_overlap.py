@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import L2_BYTES, run_header, time_graph  # noqa: E402
 
 from alphallama.kernels.pdl import pdl_trigger, pdl_wait  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import _dp4a  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import dp4a  # noqa: E402
 
 
 @triton.jit
@@ -63,8 +63,8 @@ def _spin(ts, pid, P, SPIN: tl.constexpr, PDL: tl.constexpr):
 
 @triton.jit
 def _consume(v, acc):
-    acc = _dp4a(v & 0x0F0F0F0F, tl.full(v.shape, 0x01010101, tl.int32), acc, True)
-    return _dp4a((v >> 4) & 0x0F0F0F0F, tl.full(v.shape, 0x01020102, tl.int32), acc, True)
+    acc = dp4a(v & 0x0F0F0F0F, tl.full(v.shape, 0x01010101, tl.int32), acc, True)
+    return dp4a((v >> 4) & 0x0F0F0F0F, tl.full(v.shape, 0x01020102, tl.int32), acc, True)
 
 
 @triton.jit

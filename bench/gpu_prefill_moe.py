@@ -63,6 +63,7 @@ def main() -> int:
     from alphallama.gguf.reader import GGUFFile
     from alphallama.runtime import gpu_prefill as gp
     from alphallama.runtime.gpu_model import GPUModel
+    from alphallama.runtime.overrides import Overrides
     path = "/tmp/synth_moe.gguf"
     overrides = {"n_layers": args.layers} if args.layers else {}
     t0 = time.perf_counter()
@@ -72,7 +73,7 @@ def main() -> int:
     out = Path(os.environ.get("OUT", ".")) / f"gpu_prefill_moe-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     save = lambda: out.write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
     ctx = 4096 + 128
-    model = GPUModel(GGUFFile(path), ctx, "cuda", prefill_path="dequant")
+    model = GPUModel(GGUFFile(path), ctx, "cuda", overrides=Overrides(prefill_path="dequant"))
     cache = model.new_cache(ctx)
     ids = torch.randint(model.cfg.vocab_size, (4096,), generator=torch.Generator().manual_seed(11))
     res["cases"] = []
@@ -119,9 +120,9 @@ def main() -> int:
     save()
     # one MoE layer alone at T rows: host issue time and device time; moe_prefill's tiles at 512
     L = next(L for L in model.layers if L.moe is not None)
-    from alphallama.kernels.moe import moe_route
-    from alphallama.kernels.moe_gemm import moe_prefill
-    from alphallama.kernels.qmatmul import qmatmul
+    from alphallama.kernels.moe.route import moe_route
+    from alphallama.kernels.moe.moe_gemm import moe_prefill
+    from alphallama.kernels.gemv.qmatmul import qmatmul
     h = torch.randn(512, model.cfg.d_model, device="cuda").to(model.scratch.dtype)
     wts, exps = moe_route(qmatmul(h, L.moe.router, rows_per_thread=4), L.moe.top_k, L.moe.norm)
     res["tiles_512"] = {}

@@ -22,10 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
-from alphallama.kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k  # noqa: E402
-from alphallama.kernels.qgemv_q8k import q8k_tile, qgemv_q8k  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k  # noqa: E402
+from alphallama.kernels.gemv.qgemv_q8k import q8k_tile, qgemv_q8k  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 TILES = [(rows, warps) for rows in (8, 16, 32) for warps in (1, 2, 4, 8)]
 

@@ -18,10 +18,11 @@ from gguf.constants import GGMLQuantizationType as T
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import copies_for, random_raw, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels import QuantWeight, qmatmul  # noqa: E402
-from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, qgemv_i8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import quantize_q8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile, qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 SHAPES = [("gate_up", T.Q4_K, 24576, 4096), ("down_q6", T.Q6_K, 4096, 12288), ("down_q4", T.Q4_K, 4096, 12288),
           ("o", T.Q4_K, 4096, 4096), ("head", T.Q6_K, 151936, 4096)]

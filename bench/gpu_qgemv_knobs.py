@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import random_raw, run_header  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
 
 KNOBS = [(4, 4, True), (16, 4, True), (8, 4, True), (4, 2, True), (16, 8, True), (4, 4, False), (16, 16, True)]
 

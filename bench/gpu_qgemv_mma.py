@@ -26,10 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
-from alphallama.kernels.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k  # noqa: E402
-from alphallama.kernels.qgemv_q8k import qgemv_q8k  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_mma import mma_planes, prepare_q8k, qgemv_mma_k  # noqa: E402
+from alphallama.kernels.gemv.qgemv_q8k import qgemv_q8k  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 # "k": qgemv_mma_k, activations with one scale a super-block (another quantization than the
 # engine's: its error against dp4a is that, not a bug), with runs (warps a row group, K cut

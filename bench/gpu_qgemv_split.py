@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import DECODE_SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 SPLITS = (1, 2, 3, 4, 6, 8)
 

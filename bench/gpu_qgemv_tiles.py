@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import DECODE_SHAPES as SHAPES, decode_weight, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 TILES = [(8, 32, 4), (16, 32, 4), (16, 32, 8), (32, 32, 8), (32, 32, 4), (64, 32, 8), (32, 64, 8), (16, 64, 4),
          (4, 64, 4), (4, 32, 4), (16, 64, 8), (8, 32, 8)]

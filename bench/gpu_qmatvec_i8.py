@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from gpu_kernels import copies_for, copy_bandwidth, random_raw, run_header, time_graph  # noqa: E402
-from alphallama.kernels import QuantWeight, qmatmul  # noqa: E402
-from alphallama.kernels.expert_q8 import matvec_q8, quantize_q8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import Tile, qmatvec_i8, tile_i8  # noqa: E402
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import matvec_q8, quantize_q8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import Tile, qmatvec_i8, tile_i8  # noqa: E402
 
 DEV = "cuda"
 CASES = [(T.Q4_K, 4096, 12288), (T.Q6_K, 4096, 12288), (T.Q4_K, 4096, 4096)]   # (type, N, K)

@@ -100,7 +100,7 @@ def layer_bytes(L) -> int:
 
 def check(L, xs, dumps, cs, kc0, vc0) -> dict:
     """Layer 0's stages against float64 and qgemv_i8's bits."""
-    from alphallama.kernels.qgemv_i8 import GemvTile, qgemv_i8
+    from alphallama.kernels.gemv.qgemv_i8 import GemvTile, qgemv_i8
     s, out = L.s, {}
     tile = GemvTile(BN=16, NT=32, num_warps=8)
 

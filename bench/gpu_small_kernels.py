@@ -6,8 +6,8 @@ Each case is REPS launches captured back to back in one CUDA graph (each launch 
 what the previous one wrote, as in a round), replayed; us per launch = the replay's
 time / REPS, with and without PDL. Cases: an empty kernel (the floor of a graph node),
 add+RMSNorm at the 8B and 30B-A3B widths with 0, 1 and 2 int8 lane orders emitted, at
-several warp counts (fused.NORM_WARPS); the embedding lookup as one kernel
-(qgemm.gather_rows) against the plain-torch dequantize it replaced. Also checks that
+several warp counts (norm.NORM_WARPS); the embedding lookup as one kernel
+(formats/dequant.gather_rows) against the plain-torch dequantize it replaced. Also checks that
 every warp count gives the same h to within rounding (the bits may differ: the sum of
 squares' layout follows the warps). Writes $OUT/gpu_small_kernels-*.json; table last.
 """
@@ -27,11 +27,11 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.quants import dequantize, random_blocks
-from alphallama.kernels import fused
+from alphallama.kernels.norm import rmsnorm as norm
 from alphallama.kernels.pdl import pdl_kwargs, pdl_start
-from alphallama.kernels.qgemm import gather_rows
-from alphallama.kernels.qmatvec_i8 import lane_order
-from alphallama.kernels.qweight import QuantWeight
+from alphallama.kernels.formats.dequant import gather_rows
+from alphallama.kernels.gemv.qmatvec_i8 import lane_order
+from alphallama.kernels.formats.qweight import QuantWeight
 
 REPS = 64
 
@@ -83,18 +83,18 @@ def norm_cases(dev, pdl: bool) -> list[dict]:
         xfix = x.clone()                 # the timed launches add y into x: check on a fixed row
         ref = None
         for warps in (1, 2, 4, 8, 16):
-            fused.NORM_WARPS = warps
+            norm.NORM_WARPS = warps
             for orders in ((), (q4,), (q4, q6)):
                 if orders:
-                    fn = lambda: fused.add_rmsnorm_q8(x, y, w, 1e-6, torch.bfloat16, orders, pdl)   # noqa: E731
+                    fn = lambda: norm.add_rmsnorm_q8(x, y, w, 1e-6, torch.bfloat16, orders, pdl)   # noqa: E731
                 else:
-                    fn = lambda: fused.add_rmsnorm(x, y, w, 1e-6, torch.bfloat16, pdl)               # noqa: E731
+                    fn = lambda: norm.add_rmsnorm(x, y, w, 1e-6, torch.bfloat16, pdl)               # noqa: E731
                 us = per_launch_us(fn)
-                h = fused.add_rmsnorm(xfix.clone(), None, w, 1e-6, torch.float32)
+                h = norm.add_rmsnorm(xfix.clone(), None, w, 1e-6, torch.float32)
                 ref = h if ref is None or ref.shape != h.shape else ref
                 rows.append({"case": f"norm D={D} orders={len(orders)} warps={warps}", "pdl": pdl, "us": us,
                              "max_rel_vs_first": float(((h - ref).abs().max() / ref.abs().max()).item())})
-    fused.NORM_WARPS = 4
+    norm.NORM_WARPS = 4
     return rows
 
 

@@ -36,15 +36,15 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import DECODE_SHAPES, L2_BYTES, copy_bandwidth, decode_weight, run_header, time_graph  # noqa: E402
 
-from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import _dp4a, prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import dp4a, prepare_i8  # noqa: E402
 
 
 @triton.jit
 def _consume(acc, w, xv, DP4A: tl.constexpr):
     """A Q4_K word's pair of dp4a (low and high nibbles) into acc [BN, BK]."""
-    acc = _dp4a(w & 0x0F0F0F0F, xv, acc, DP4A)
-    return _dp4a((w >> 4) & 0x0F0F0F0F, xv, acc, DP4A)
+    acc = dp4a(w & 0x0F0F0F0F, xv, acc, DP4A)
+    return dp4a((w >> 4) & 0x0F0F0F0F, xv, acc, DP4A)
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """What it costs to leave a hybrid's recurrent state at the accepted prefix of a verify round,
-on the CPU reference: per-row snapshots against replay (runtime/hybrid_cache.py).
+on the CPU reference: per-row snapshots against replay (hybrid_cache.py).
 
 A round runs W rows through every recurrent layer's delta rule. Then either
   snapshot: a copy of every layer's (conv, ssm) state was kept after each row; the commit

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_kernels  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 
 SHAPES = {"gate_up": (T.Q4_K, 24576, 4096), "down_q6k": (T.Q6_K, 4096, 12288), "down_q4k": (T.Q4_K, 4096, 12288),
           "qkv": (T.Q4_K, 6144, 4096), "o": (T.Q4_K, 4096, 4096)}

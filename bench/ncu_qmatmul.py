@@ -19,7 +19,8 @@ from gguf.constants import GGMLQuantizationType as T
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import random_raw  # noqa: E402
 
-from alphallama.kernels import QuantWeight, qmatmul  # noqa: E402
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
 
 
 def main() -> None:

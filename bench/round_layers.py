@@ -10,8 +10,8 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels.cuda.schedule import EPI, MODES, PRO, Instr, Schedule, f32_bits
-from alphallama.kernels.formats import torch_fields
-from alphallama.kernels.qweight import QuantWeight
+from alphallama.kernels.formats.format import torch_fields
+from alphallama.kernels.formats.qweight import QuantWeight
 
 EPS = 1e-6
 CH = 64          # keys a split (round_layer.cu)

@@ -11,7 +11,7 @@ import torch
 
 from alphallama.engine import Engine, Generation
 from alphallama.gguf.writer import PRESETS, write_synthetic
-from alphallama.runtime.hybrid_cache import REPLAY, SNAPSHOT
+from alphallama.hybrid_cache import REPLAY, SNAPSHOT
 from alphallama.spec.config import SpecConfig
 from alphallama.spec.drafter import Draft
 

@@ -17,86 +17,10 @@ class SamplingDefaults:
 
 @dataclass(frozen=True)
 class EngineDefaults:
+    """What a user sets about the engine. The GPU runtime's kept experiments (GEMV forms,
+    launch cuts, the tensor cores' widths, the prefill path) are runtime/overrides.py."""
     ctx_size: int = 4096          # capped by the model's own context length
     prefill_chunk: int = 512      # rows per prefill forward pass
-    decode_gemv: str = "i8"       # GPU decode GEMVs: "i8" (int8 activations, dp4a: kernels/qgemv_i8.py; 1.3-1.75x
-                                  # qmatmul on the H200) | "f32" (kernels/qmatmul.py: fp32 dequantize + FMA)
-    moe_gemv: str = "i8"          # routed experts (resident or bank/host tiers, not the CPU workers): "i8" runs them
-                                  # on int8 activations (kernels/moe_i8.py; H200 30B-A3B shape: 2.82 -> 2.39 ms a
-                                  # round at W=1, 8.89 -> 5.89 at W=8) | "f32" (kernels/moe.py)
-    pdl: bool = True              # GPU decode kernels with programmatic dependent launch (kernels/pdl.py): each may
-                                  # start during the previous one's tail (H200, W=1: 8B shape 2.37 -> 2.11 ms a
-                                  # round, 30B-A3B 2.39 -> 2.15; same bits as without)
-    combine_in_norm: bool = True   # "i8" experts: the next norm sums the MoE ranks itself
-                                   # (moe's combine code, the same bits), no combine launch. H200 30B-A3B W=1
-                                   # 1.952 -> 1.935 ms, W=8 5.507 -> 5.470 (gpu_decode_arms-*-20261130-142422)
-    norm_router: bool = True      # "i8" experts, a float router: the attention's o GEMV adds into the residual in
-                                  # its epilogue and the FFN norm computes the router's logits (fused.
-                                  # rmsnorm_router_q8): one launch fewer a MoE layer; a new float order for the
-                                  # logits, the same at every W. H200 30B-A3B W=1 1.834 -> 1.713 ms, W=8 4.339 ->
-                                  # 4.322 (gpu_decode_arms-qwen3-30b-a3b-20261130-173344.json)
-    early_kv: bool = True         # the decode round's attention loads the cache rows below pos before its PDL wait
-                                  # (kernels/attention.py: valid in a decode round; the same bits). H200 W=1:
-                                  # 8B 2.136 -> 2.093 ms, 30B-A3B 1.834 -> 1.793 (gpu_decode_arms-*-20261130-17*)
-    gemv_split: bool = True       # "i8": the o and dense down GEMVs of <= 4096 rows of >= 4096 values cut their
-                                  # slots into 2 runs (twice the programs), the next norm adds the partials
-                                  # (qgemv_i8.split_runs). A new float order, the same at every W. H200, ms at
-                                  # W = 1 / 8: 8B 2.099 / 4.743 -> 1.983 / 4.850, 30B-A3B 1.670 / 4.285 -> 1.625 /
-                                  # 4.183 (gpu_decode_arms-*-20261201-132*.json)
-    gemv_mma: bool = False        # "i8": Q4_K dense weights through kernels/qgemv_mma.qgemv_mma_k (the isums on the
-                                  # tensor cores, activations with one scale a 256-value super-block, prepared in a
-                                  # launch of their own; the weights also held in fragment order). Another float
-                                  # order and activation rounding, the same at every W. H200 8B, all dense weights
-                                  # and the head on the mma (narrow 0, Q6_K too): W=1 / 8 1.933 / 4.772 -> 3.068 / 3.984
-                                  # ms (gpu_decode_arms-qwen3-8b-20261201-184043.json); Q4_K only, narrow 4: W=1 / 5 / 8
-                                  # / 64 1.930 / 4.580 / 4.805 / 30.561 -> 2.256 / 3.562 / 3.918 / 23.666
-                                  # (gpu_decode_arms-qwen3-8b-20261201-214103.json); with qgemv_q8k's W-aware tile
-                                  # W=1 / 2 / 4 / 5 / 8 1.938 / 2.465 / 3.024 / 4.553 / 4.783 -> 2.138 / 2.686 / 3.528 /
-                                  # 3.540 / 3.904 (gpu_decode_arms-qwen3-8b-20261202-040314.json). Off: plain decode
-                                  # loses 10%; priced on the public suite's n-gram rounds (Qwen 0.5B's widths, the 8B's
-                                  # costs) set A -9%, V +6%, R +23% (price_widths-20261202.json). Where the W = 1 time goes
-                                  # (gpu_decode_profile-20261202-040129.json, 6 layers, no PDL): q8k GEMVs +3.2 us a
-                                  # layer over dp4a, the combine's q8_K emission +1.8 (two heads a program), the norm +1
-    fast_mma_narrow: int = 4      # fast mode (--fast), without gemv_mma: verify rounds of more than this many rows
-                                  # run the Q4_K dense weights on the tensor cores (qgemv_mma_k), narrower ones (plain
-                                  # decode among them) on dp4a exactly as without it (runtime/gpu_model.MmaChoice "dp4a").
-                                  # Not plain decode's bits (fast mode only); the Q4_K codes held twice (~+3.5 GB on an
-                                  # 8B Q4_K_M). 4: dp4a's W = 4 costs what the mma's does, W = 5 jumps (8B ms, dp4a /
-                                  # mma: W=4 3.024 / 3.007, W=5 4.553 / 3.540; gpu_decode_arms-qwen3-8b-20261202-040314).
-                                  # 64: off
-    gemv_mma_narrow: int = 2      # with gemv_mma: rounds of up to this many rows take qgemv_q8k (dp4a on the same
-                                  # activations, the mma's bits: exact mode holds) for Q4_K; 0: the mma at every W.
-                                  # 2: the mma wins from W = 3 (W=3 / 4 2.875 / 3.007 against q8k's 3.439 / 3.5,
-                                  # gpu_decode_arms-qwen3-8b-20261201-214103 / -20261202-040314)
-    # removed, slower on the H200 (gpu_qgemv_mma-20261201-213840.json, gpu_decode_arms-qwen3-8b-20261201-214103):
-    # gemv_mma's Q6_K option (Q6_K weights and head on the tensor cores, a dp4a partner up to narrow rows): us at
-    # W = 1 on the 8B down / head 31.2 / 234 (mma) and 41 / 309 (dp4a partner) against dp4a's 16.4 / 138; rounds
-    # at W = 1 3.135 ms against the default's 1.930
-    # removed, measured slower on the H200 (30B-A3B, ms W=1 / W=8, gpu_decode_arms-qwen3-30b-a3b-20261201-154856):
-    # moe_emit_q8 (experts' gate_up emitting the down's int8 input): 1.625 / 4.178 -> 1.672 / 4.329
-    # route_in_norm (the FFN norm's last-arriving program routing, same bits): 1.625 / 4.178 -> 1.664 / 4.290
-    # rope_in_attention (the attention's split launch doing qkv_rope's work from the projection, writing the
-    # round's K/V rows itself: one launch a layer fewer, a new float order on the GPU): ms W=1 / W=8, 8B
-    # 1.935 / 4.843 -> 1.908 / 4.898, 30B-A3B 1.625 / 4.205 -> 1.621 / 4.260 (gpu_decode_arms-*-20261202-005*)
-    # l2_warm_mb (a side-stream kernel reading the next dense weights into L2 while the small kernels
-    # run, same bits; 8B W=1 ms 1.938 -> 2.888 / 4.302 / 4.968 at 8 / 16 / 32 MB): gpu_decode_arms-*-20261202-00*
-    # routing in the experts' gate_up launch (no route launch, same bits): removed, 30B-A3B W1/4/8 ms
-    # 1.624/3.100/5.085 vs 1.628/2.721/4.182 (gpu_decode_arms-qwen3-30b-a3b-20261202-035229.json)
-    # L2 prefetch in the dense / expert / mma GEMVs (prefetch.global.L2 before the PDL wait): removed, slower
-    # (8B W1 1.937 -> 2.231, 30B W1 1.628 -> 1.730, mma-wide-t W1 2.166 -> 2.240 ms; gpu_decode_arms-*-20261202-
-    # 034823, -035229, -035630)
-    fuse_q8: bool = True          # "i8": the norms, the SiLU and the attention combine emit the next GEMV's int8
-                                  # activations in their own launch (kernels/fused.py); off: a prepare launch each
-    prefill_path: str = "dequant"  # GPU chunks > 64 rows: "dequant" (Triton dequantize + cuBLAS; resident MoE
-                                   # experts as grouped GEMMs, kernels/moe_gemm.py) | "gemv" (decode graphs).
-                                   # H200 30B-A3B shape, 512 rows: 36 ms against 278 ms through the graphs
-    prefill_scratch_mib: int = 512   # GPU scratch for dequantized weight row blocks (prefill_path "dequant")
-    prefill_overlap: bool = False    # dequantize the next weight on a side stream during each GEMM (scratch: 2 halves);
-                                     # off: the H200 prefill is host-bound and the events cost more than they hide
-    prefill_graphs: bool = True      # prefill chunks replayed as CUDA graphs between attentions (dense and
-                                     # resident-expert MoE models); a shorter chunk padded to 128, 256, .. rows
-                                     # (gpu_prefill.graph_rows; the padded shapes not yet timed on a GPU)
-                                     # (H200, 8B shape: 26.3k tok/s at 512 against 15.1k eager, same bits)
     device: str = "auto"          # cpu | cuda | auto
     default_model: str = "alphallama-embedded.gguf"   # embedded in alphallama/data (+ its .mtp.gguf head), used when no -m is given
 

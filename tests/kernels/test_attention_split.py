@@ -1,4 +1,4 @@
-"""Split-KV decode attention (kernels/attention.py): the split rule, exact-mode bits of a
+"""Split-KV decode attention (kernels/attention/decode.py): the split rule, exact-mode bits of a
 row against the round's width, the row's column, the cache's capacity and what lies past
 the row's keys, at lengths that straddle the split size's changes; the float64 reference;
 and the sm_90 compile of both kernels (offline: tests/kernels/sm90.py)."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 import triton
 
-from alphallama.kernels import attention as A
-from alphallama.kernels.attention import decode_attention, decode_attention_ref, live_splits, split_size
+from alphallama.kernels.attention import decode as A
+from alphallama.kernels.attention.decode import decode_attention, decode_attention_ref, live_splits, split_size
 from tests.kernels.sm90 import run_in_child
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,15 +28,15 @@ def test_split_rule():
 
 
 @pytest.fixture
-def small_splits(monkeypatch):
-    """Small constants (the launcher reads them at each call): the split size then changes
-    every 64 keys, so a few cheap interpreter runs cross several changes. The invariance
-    argument does not depend on the constants' values."""
-    monkeypatch.setattr(A, "BLOCK_N", 16)
-    monkeypatch.setattr(A, "MAX_SPLITS", 4)
+def small_splits():
+    """Small tiles (decode_attention's `tiles`): the split size then changes every 64 keys,
+    so a few cheap interpreter runs cross several changes. The invariance argument does not
+    depend on the constants' values."""
+    return A.Tiles(block_n=16, max_splits=4)
 
 
-def _row_alone_and_in_rounds(length: int, H: int, n_kv: int, hd: int, rounds, out_dtype=torch.float32, tol=2e-3):
+def _row_alone_and_in_rounds(length: int, H: int, n_kv: int, hd: int, rounds, out_dtype=torch.float32, tol=2e-3,
+                             tiles: A.Tiles = A.TILES):
     """The row at position length-1 with fixed query and keys, in each round (W, the row's
     column, spare capacity past the round); every other row's query, every key past the
     row's own and the capacity change from round to round. -> the row's outputs."""
@@ -55,7 +55,7 @@ def _row_alone_and_in_rounds(length: int, H: int, n_kv: int, hd: int, rounds, ou
         q = torch.randn(W, H, hd, generator=g)
         q[col] = q_row
         out = decode_attention(q.to(DEV), kc.to(DEV), vc.to(DEV), torch.tensor([pos], dtype=torch.int32, device=DEV),
-                               cap, out_dtype).cpu()
+                               cap, out_dtype, tiles=tiles).cpu()
         ref = decode_attention_ref(q.half().float(), kc, vc, pos)
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
         got.append(out[col])
@@ -63,19 +63,20 @@ def _row_alone_and_in_rounds(length: int, H: int, n_kv: int, hd: int, rounds, ou
     return got
 
 
-def _changes(limit: int) -> list[int]:
-    return [n for n in range(2, limit) if split_size(n) != split_size(n - 1)]
+def _changes(limit: int, tiles: A.Tiles) -> list[int]:
+    return [n for n in range(2, limit) if split_size(n, tiles) != split_size(n - 1, tiles)]
 
 
 @pytest.mark.parametrize("at", ["short", "change"])
 def test_row_bits_depend_on_its_length_only(small_splits, at):
     if at == "short":     # one tile, one split, a split boundary
-        lengths = [1, A.BLOCK_N, A.BLOCK_N + 1]
+        lengths = [1, small_splits.block_n, small_splits.block_n + 1]
     else:                 # the last length before and the first after each of the first two changes
-        lengths = [n + d for n in _changes(2 * A.BLOCK_N * A.MAX_SPLITS + 2) for d in (-1, 0)]
+        lengths = [n + d for n in _changes(2 * small_splits.block_n * small_splits.max_splits + 2, small_splits)
+                   for d in (-1, 0)]
         assert len(lengths) == 4
     for length in lengths:
-        got = _row_alone_and_in_rounds(length, 4, 2, 32, ((1, 0, 0), (3, 2, 5), (4, 0, 300)))
+        got = _row_alone_and_in_rounds(length, 4, 2, 32, ((1, 0, 0), (3, 2, 5), (4, 0, 300)), tiles=small_splits)
         for o in got[1:]:
             assert torch.equal(o, got[0]), length
 
@@ -102,7 +103,7 @@ def test_old_keys_loaded_early_give_the_same_bits(small_splits, pos):
     p = torch.tensor([pos], dtype=torch.int32, device=DEV)
     outs = []
     for early in (False, True):
-        outs.append(decode_attention(q, kc, vc, p, kc.shape[1], early=early))
+        outs.append(decode_attention(q, kc, vc, p, kc.shape[1], early=early, tiles=small_splits))
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[1].cpu(), decode_attention_ref(q.half().float().cpu(), kc.cpu(), vc.cpu(), pos),
                                atol=2e-3, rtol=2e-3)

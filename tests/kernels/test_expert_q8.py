@@ -1,4 +1,4 @@
-"""The expert contract's plain-torch reference (kernels/expert_q8.py) against float64:
+"""The expert contract's plain-torch reference (kernels/moe/expert_q8.py) against float64:
 its quantization, its exp, and its products within float32 rounding of the exact
 math on the quantized activations. (The Triton kernels and the CPU workers are then
 held to this reference bit for bit, in their own tests.)"""
@@ -12,8 +12,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels import QuantWeight
-from alphallama.kernels.expert_q8 import (QBLOCK, combine, exp_c, expert_ffn, matvec_q8, quantize_q8,
-                                          silu_mul_c)
+from alphallama.kernels.moe.expert_q8 import QBLOCK, combine, exp_c, expert_ffn, matvec_q8, quantize_q8, silu_mul_c
 from tests.kernels.test_qmatmul import gguf_dequant, random_raw
 
 QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0]

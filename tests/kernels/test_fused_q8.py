@@ -14,10 +14,11 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.attention import decode_attention_q8, decode_attention_ref  # noqa: E402
-from alphallama.kernels.fused import add_rmsnorm_q8, add_rmsnorm_ref, silu_mul_q8, silu_mul_ref  # noqa: E402
-from alphallama.kernels.qgemv_mma import Q8K, prepare_q8k  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
+from alphallama.kernels.attention.decode import decode_attention_q8, decode_attention_ref  # noqa: E402
+from alphallama.kernels.norm.rmsnorm import add_rmsnorm_q8, add_rmsnorm_ref  # noqa: E402
+from alphallama.kernels.activations.silu import silu_mul_q8, silu_mul_ref  # noqa: E402
+from alphallama.kernels.gemv.qgemv_mma import Q8K, prepare_q8k  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
 
@@ -59,8 +60,8 @@ def test_norm_sums_the_moe_ranks_as_the_combine_does(q8):
     """add_rmsnorm(x, (part, weights)): the ranks summed by moe's combine code in the norm's
     launch give the bits of the combine kernel's sum added as y (the residual, h and the
     int8 activations), with D past a power of two (masked lanes)."""
-    from alphallama.kernels.fused import add_rmsnorm
-    from alphallama.kernels.moe import BD_COMBINE, _down_combine_kernel
+    from alphallama.kernels.norm.rmsnorm import add_rmsnorm
+    from alphallama.kernels.moe.moe_f32 import BD_COMBINE, down_combine_kernel
     W, k, D = 3, 4, 896
     g = torch.Generator().manual_seed(9)
     x = torch.randn(W, D, generator=g).to(DEV)
@@ -68,7 +69,7 @@ def test_norm_sums_the_moe_ranks_as_the_combine_does(q8):
     weights = torch.rand(W, k, generator=g).to(DEV)
     w = (torch.rand(D, generator=g) + 0.5).to(DEV)
     y = torch.empty(W, D, device=DEV)
-    _down_combine_kernel[(W * -(-D // BD_COMBINE),)](part, weights, y, D, TOP_K=k, BD=BD_COMBINE, num_warps=2,
+    down_combine_kernel[(W * -(-D // BD_COMBINE),)](part, weights, y, D, TOP_K=k, BD=BD_COMBINE, num_warps=2,
                                                       enable_fp_fusion=False)
     x_two, x_one = x.clone(), x.clone()
     if q8:
@@ -157,7 +158,7 @@ def test_attention_q8_equals_prepare_and_is_row_invariant():
 def test_attention_emits_prepare_q8k_two_heads_a_program():
     """Q8K: the combine takes the two heads of a 256-value super-block a program; its output
     is the one-head-a-program combine's, bit for bit, and its q8_K activations prepare_q8k's."""
-    from alphallama.kernels.attention import decode_attention
+    from alphallama.kernels.attention.decode import decode_attention
     n_heads, hd, W = 4, 128, 3
     q, k, v, pos_t = _attention_inputs(8, hd, n_heads, W=W)
     out, q8 = decode_attention_q8(q, k, v, pos_t, ACT, (Q8K,))
@@ -172,27 +173,29 @@ def compile_sm90() -> None:
     """Both producers and the attention combine with their q8 outputs, for sm_90."""
     import triton
 
-    from alphallama.kernels import attention, fused
+    from alphallama.kernels.attention import decode as attention
+    from alphallama.kernels.norm import rmsnorm
+    from alphallama.kernels.activations import silu
     from tests.kernels.sm90 import compile_sm90 as build
 
     for D in (4096, 896):
-        build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"],
+        build(rmsnorm._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"],
               dict(D=D, BLOCK=triton.next_power_of_2(D), HAS_Y=True, NQ=2, SLOT1=32, V1=4, BITS1=4,
                    SLOT2=16, V2=2, BITS2=4))
     # the norm summing the MoE ranks (PART, PW after the PDL flag), with its two lane orders
-    build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
+    build(rmsnorm._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
           + ["*fp32", "*fp32"], dict(D=2048, BLOCK=2048, HAS_Y=True, NQ=2, SLOT1=32, V1=4, BITS1=4, SLOT2=16, V2=2,
                                      BITS2=4, PDL=False, TOP_K=8), num_warps=16)
     for F in (12288, 4864):
-        build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
+        build(silu._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))
     # with q8_K activations (qgemv_mma.Q8K) beside a lane order: the 8B shape's norm and SiLU
     q8k = ["*i8", "*i32", "*fp32", "*i8"]
     lanes = dict(SLOT1=16, V1=2, BITS1=4, SLOT2=32, V2=4, BITS2=4)
-    build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
+    build(rmsnorm._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]
           + ["*fp32", "*fp32"] + q8k, dict(D=4096, BLOCK=4096, HAS_Y=True, NQ=1, PDL=True, TOP_K=0, Q8K=True, **lanes),
           num_warps=16)
-    build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,      # the 8B down's input for qgemv_q8k
+    build(silu._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"] + q8k,      # the 8B down's input for qgemv_q8k
           dict(F=12288, BLOCK=1024, NQ=0, SLOT1=16, V1=2, BITS1=4, PDL=True, Q8K=True))
     types, const = combine_q8_sm90_q8k()
     build(attention._attn_combine_kernel, types, const)
@@ -202,7 +205,7 @@ def compile_sm90() -> None:
 
 def combine_q8_sm90_q8k() -> tuple[list[str], dict]:
     """The combine emitting q8_K activations at the Qwen3-8B shape (two heads a program)."""
-    from alphallama.kernels import attention as A
+    from alphallama.kernels.attention import decode as A
     return (["*fp32", "*fp32", "*fp32", "*bf16", "*i32"] + ["i32"] * 4 + ["*i8", "*i32"] + ["*i8", "*i32", "*fp32", "*i8"],
             dict(N_HEADS=32, HD=128, BLOCK_N=A.BLOCK_N, MAX_SPLITS=A.MAX_SPLITS, NQ=0, SLOT1=32, V1=4, BITS1=4,
                  PDL=True, Q8K=True))

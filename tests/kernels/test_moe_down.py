@@ -1,4 +1,4 @@
-"""kernels/moe.py's down projection, split into (row, rank, n block) programs and a rank
+"""kernels/moe/moe_f32.py's down projection, split into (row, rank, n block) programs and a rank
 sum, gives the bits of the kernel it replaced (one program per (row, n block) walking the
 ranks), kept here as the reference: resident, through an expert table (bank slots and
 host tier mixed), ragged D, every rows_per_thread the runtime uses; and a row's bits do
@@ -18,9 +18,10 @@ import triton.language as tl  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.quants import QUANTS  # noqa: E402
-from alphallama.kernels.moe import NUM_WARPS, _acc_row, _bank_args, moe_down, moe_down_ref, moe_route  # noqa: E402
-from alphallama.kernels.qmatmul import tile  # noqa: E402
-from alphallama.kernels.qweight import QuantWeight  # noqa: E402
+from alphallama.kernels.moe.moe_f32 import NUM_WARPS, _acc_row, bank_args, moe_down, moe_down_ref  # noqa: E402
+from alphallama.kernels.moe.route import moe_route  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import tile  # noqa: E402
+from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -64,7 +65,7 @@ def down_v1(act, down, experts, weights, rows_per_thread, table=None, bank=None)
     fmt = down.fmt
     _down_v1_kernel[(W * triton.cdiv(D, BN),)](
         act.contiguous(), out, weights.float().contiguous(), experts.contiguous(),
-        *_bank_args(down, table, bank), D, 1, TOP_K=k, TABLE=table is not None, n_slots=down.n_slots,
+        *bank_args(down, table, bank), D, 1, TOP_K=k, TABLE=table is not None, n_slots=down.n_slots,
         LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT, num_warps=num_warps,
         enable_fp_fusion=False)
     return out

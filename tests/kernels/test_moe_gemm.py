@@ -1,4 +1,4 @@
-"""kernels/moe_gemm.py: the grouped expert GEMMs of MoE prefill (dequantizing on the fly)
+"""kernels/moe/moe_gemm.py: the grouped expert GEMMs of MoE prefill (dequantizing on the fly)
 against a float64 reference built from the weights' own plain-torch dequantization;
 moe_align's padded blocks against a hand-built routing."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.moe_gemm import block_rows, moe_align, moe_prefill  # noqa: E402
-from alphallama.kernels.qweight import QuantWeight  # noqa: E402
+from alphallama.kernels.moe.moe_gemm import block_rows, moe_align, moe_prefill  # noqa: E402
+from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
 try:                                                           # pytest puts tests/kernels on the path
     from test_qmatmul import random_raw  # noqa: E402
 except ImportError:                                            # sm90.run_in_child imports from the root
@@ -83,8 +83,8 @@ def test_moe_prefill_shape_check():
 
 def compile_sm90() -> None:
     """The grouped GEMM for sm_90 in bf16: gated Q4_K gate|up, Q6_K and Q8_0 down."""
-    from alphallama.kernels import moe_gemm
-    from alphallama.kernels.qweight import FORMATS
+    from alphallama.kernels.moe import moe_gemm
+    from alphallama.kernels.formats.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as build
 
     planes = {T.Q4_K: ["*i32", "*i32", "*i16", "*fp16"], T.Q6_K: ["*i32", "*i32", "*i8", "*fp16"],

@@ -14,13 +14,9 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.moe_i8 import (  # noqa: E402
-    moe_down_i8,
-    moe_gate_up_i8,
-    moe_i8_order,
-)
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import quantize_q8  # noqa: E402
+from alphallama.kernels.moe.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_order
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits  # noqa: E402
@@ -89,20 +85,18 @@ def _split(w, slots):
     return QuantWeight(w.qtype, w.shape, host), bank
 
 
-def test_paired_gate_up_keeps_the_bits(monkeypatch):
+def test_paired_gate_up_keeps_the_bits():
     """gate_up walking K once for gate and up rows together (moe_i8.GATE_UP_PAIRED, the
     default) gives the bits of two walks, from the host planes and from a bank slot."""
-    from alphallama.kernels import moe_i8
     gate_up, _, x, experts, _ = _setup()
     q8 = prepare_i8(x, gate_up.expert(0))
     table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
     hgu, bgu = _split(gate_up, [4, 0])
-    monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", False)
-    want = moe_gate_up_i8(q8, gate_up, experts, torch.float32)
-    want_tiers = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu)
-    monkeypatch.setattr(moe_i8, "GATE_UP_PAIRED", True)
-    assert_same_bits(moe_gate_up_i8(q8, gate_up, experts, torch.float32), want, "paired")
-    assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu), want_tiers, "paired, tiers")
+    want = moe_gate_up_i8(q8, gate_up, experts, torch.float32, paired=False)
+    want_tiers = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, paired=False)
+    assert_same_bits(moe_gate_up_i8(q8, gate_up, experts, torch.float32, paired=True), want, "paired")
+    assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, paired=True), want_tiers,
+                     "paired, tiers")
 
 
 def test_order_is_the_gate_up_weights():
@@ -112,9 +106,9 @@ def test_order_is_the_gate_up_weights():
 
 def _sm90_args(qtype, K, kern, table):
     """(types, constexprs) of one of the kernels on a [8, 64, K] weight, for sm90.compile_sm90."""
-    from alphallama.kernels import moe_i8
-    from alphallama.kernels.formats import PLANES
-    from alphallama.kernels.qweight import FORMATS
+    from alphallama.kernels.moe import moe_i8
+    from alphallama.kernels.formats.format import PLANES
+    from alphallama.kernels.formats.qweight import FORMATS
 
     ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
     f = FORMATS[qtype]
@@ -122,14 +116,14 @@ def _sm90_args(qtype, K, kern, table):
     planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES] * 2
     w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
     gate_up = kern is moe_i8._gate_up_i8_kernel
-    const = {**moe_i8._consts(w, 64, True), "TABLE": table, **({"TOP_K": 8} if gate_up else {})}
+    const = {**moe_i8.expert_consts(w, 64, True), "TABLE": table, **({"TOP_K": 8} if gate_up else {})}
     types = ["*i32", "*i32", "*bf16" if gate_up else "*fp32", "*i32", "*i32", *planes, "i32", "i32"]
     return types, const
 
 
 def compile_sm90() -> None:
     """Both kernels for sm_90, with and without the expert table (child process)."""
-    from alphallama.kernels import moe_i8
+    from alphallama.kernels.moe import moe_i8
     from tests.kernels.sm90 import compile_sm90 as build
 
     for qtype, K, kern in ((T.Q4_K, 2048, moe_i8._gate_up_i8_kernel), (T.Q6_K, 768, moe_i8._down_i8_kernel)):

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.expert_q8 import moe_q8 as moe_q8_ref  # noqa: E402
-from alphallama.kernels.moe_q8 import moe_q8  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import moe_q8 as moe_q8_ref  # noqa: E402
+from alphallama.kernels.moe.moe_q8 import moe_q8  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,7 +58,7 @@ def test_moe_q8_matches_reference(gt, dt, chunks):
 
 @pytest.mark.skipif(DEV == "cuda", reason="the plain-torch path is taken for CPU tensors without the interpreter")
 def test_without_triton_the_reference_and_no_cpu_tier(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")   # read at call time (qmatmul._use_triton)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")   # read at call time (qmatmul.use_triton)
     gu, dn = _layer(T.Q4_K, T.Q6_K, 3, 256, 256, seed=13)
     table = torch.tensor([0, -1, -1], dtype=torch.int32)
     h = torch.randn(2, 256, generator=torch.Generator().manual_seed(14))

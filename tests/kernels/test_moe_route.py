@@ -1,4 +1,4 @@
-"""kernels/moe.py's router (softmax, top-k, renormalise) gives the bits of the kernel it
+"""kernels/moe/moe_f32.py's router (softmax, top-k, renormalise) gives the bits of the kernel it
 replaced (an argmax and a max per round, two reductions; now one reduction returning
 both), kept here as the reference and launched at the same warp count (the softmax sums'
 layout follows the warps), and breaks ties toward the lower expert id."""
@@ -14,7 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' imp
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from alphallama.kernels.moe import ROUTE_WARPS, moe_route, moe_route_ref  # noqa: E402
+from alphallama.kernels.moe.route import ROUTE_WARPS, moe_route, moe_route_ref  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

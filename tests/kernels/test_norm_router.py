@@ -1,4 +1,4 @@
-"""The FFN norm that also computes the MoE router's logits (fused.rmsnorm_router_q8), and
+"""The FFN norm that also computes the MoE router's logits (norm/rmsnorm.rmsnorm_router_q8), and
 the GEMV that adds into the residual (qgemv_i8(accumulate=True)): together they stand in
 for the o GEMV, add_rmsnorm_q8 and the router GEMV (engine.norm_router).
 
@@ -19,9 +19,9 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.fused import add_rmsnorm_q8, rmsnorm_router_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import qgemv_i8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
+from alphallama.kernels.norm.rmsnorm import add_rmsnorm_q8, rmsnorm_router_q8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
 
@@ -94,12 +94,12 @@ def test_gemv_adds_into_its_output():
 
 
 def compile_sm90() -> None:
-    from alphallama.kernels import fused
+    from alphallama.kernels.norm import rmsnorm
     from tests.kernels.sm90 import compile_sm90 as compile_kernel
 
-    ptx = compile_kernel(fused._norm_router_kernel, ["*fp32", "*fp32", "*bf16", "*fp32", "*fp32", "i32", "fp32",
+    ptx = compile_kernel(rmsnorm._norm_router_kernel, ["*fp32", "*fp32", "*bf16", "*fp32", "*fp32", "i32", "fp32",
                                                      "*i8", "*i32"],
-                         dict(D=2048, BLOCK=2048, RB=fused.ROUTER_ROWS, XP2=None, XS2=None, NQ=1, SLOT1=32, V1=4,
+                         dict(D=2048, BLOCK=2048, RB=rmsnorm.ROUTER_ROWS, XP2=None, XS2=None, NQ=1, SLOT1=32, V1=4,
                               BITS1=4, SLOT2=32, V2=4, BITS2=4, PDL=True), num_warps=16).asm["ptx"]
     body = ptx[ptx.index(".entry"):]
     # the router rows are asked for before the wait

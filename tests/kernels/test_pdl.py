@@ -19,11 +19,17 @@ def test_no_pdl_off_cuda():
 def compile_sm90() -> None:
     from gguf.constants import GGMLQuantizationType as T
 
-    from alphallama.kernels import attention, fused, moe, qgemv_i8, qmatvec_i8
-    from alphallama.kernels.qmatmul import _qmatmul_kernel, tile as qmatmul_tile
-    from alphallama.kernels.expert_q8_gpu import CODES
-    from alphallama.kernels.formats import PLANES
-    from alphallama.kernels.qweight import FORMATS
+    from alphallama.kernels.attention import decode as attention
+    from alphallama.kernels.norm import rmsnorm
+    from alphallama.kernels.activations import silu
+    from alphallama.kernels.attention import rope
+    from alphallama.kernels.moe import route
+    from alphallama.kernels.moe import moe_f32 as moe
+    from alphallama.kernels.gemv import qgemv_i8, qmatvec_i8
+    from alphallama.kernels.gemv.qmatmul import _qmatmul_kernel, tile as qmatmul_tile
+    from alphallama.kernels.moe.expert_q8_gpu import CODES
+    from alphallama.kernels.formats.format import PLANES
+    from alphallama.kernels.formats.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as compile_kernel
 
     def build(kern, types, const) -> str:
@@ -53,19 +59,19 @@ def compile_sm90() -> None:
                                NT=NT, BW=1, PDL=2)).asm["ptx"]
     body = rptx[rptx.index(".entry"):]
     assert body.index("ld.global") < body.index("griddepcontrol.wait"), "router weights not fetched before the wait"
-    build(moe._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
-    build(moe._down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
-    from alphallama.kernels import moe_i8
+    build(route._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
+    build(moe.down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
+    from alphallama.kernels.moe import moe_i8
     from tests.kernels.test_moe_i8 import _sm90_args
     build(moe_i8._gate_up_i8_kernel, *_sm90_args(T.Q4_K, 2048, moe_i8._gate_up_i8_kernel, True))
     build(moe_i8._down_i8_kernel, *_sm90_args(T.Q6_K, 768, moe_i8._down_i8_kernel, True))
     build(qmatvec_i8._prepare_kernel, ["*bf16", "*i8", "*i32", "i32"], dict(K=4096, BQ=256, SLOT=32, V=4, BITS=4))
-    build(fused._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32"],
+    build(rmsnorm._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32"],
           dict(D=4096, BLOCK=4096, HAS_Y=True, XP2=None, XS2=None, NQ=1, SLOT1=32, V1=4, BITS1=4, SLOT2=32, V2=4,
                BITS2=4))
-    build(fused._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=12288, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
+    build(silu._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=12288, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                         BITS1=4))
-    build(fused._qkv_rope_kernel, ["*fp32"] * 7 + ["*fp16", "*fp16", "*i32", "fp32"] + ["i32"] * 4,
+    build(rope._qkv_rope_kernel, ["*fp32"] * 7 + ["*fp16", "*fp16", "*i32", "fp32"] + ["i32"] * 4,
           dict(N_HEADS=32, N_KV=8, HD=128, HAS_BIAS=False, QK_NORM=True, NEOX=True))
     build(attention._attn_split_kernel, ["*fp32", "*fp16", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "fp32"]
           + ["i32"] * 9, dict(N_HEADS=32, GROUP=4, G_PAD=16, HD=128, BLOCK_N=attention.BLOCK_N,

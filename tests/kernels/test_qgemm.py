@@ -14,8 +14,10 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.quants import dequantize  # noqa: E402
-from alphallama.kernels.qgemm import Scratch, dequantize_into, gather_rows, qgemm, qgemm_ref, units_of  # noqa: E402
-from alphallama.kernels.qweight import QuantWeight  # noqa: E402
+from alphallama.runtime.scratch import Scratch  # noqa: E402
+from alphallama.kernels.formats.dequant import dequantize_into, gather_rows  # noqa: E402
+from alphallama.kernels.prefill.qgemm import qgemm, qgemm_ref, units_of  # noqa: E402
+from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
 
 try:                                                           # pytest puts tests/kernels on the path
     from test_qmatmul import random_raw  # noqa: E402  (random GGUF bytes, finite scales)
@@ -130,9 +132,9 @@ def test_planned_gemms_in_any_order_match(overlap):
 def compile_sm90() -> None:
     """The dequantize kernel as the embedding lookup (GATHER: int64 ids, the row clamp) for
     sm_90, for the formats of Q4_K_M files and Qwen2.5-Coder (child process)."""
-    from alphallama.kernels import qgemm
-    from alphallama.kernels.formats import PLANES
-    from alphallama.kernels.qweight import FORMATS
+    from alphallama.kernels.formats import dequant
+    from alphallama.kernels.formats.format import PLANES
+    from alphallama.kernels.formats.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as build
 
     ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
@@ -140,7 +142,7 @@ def compile_sm90() -> None:
         f = FORMATS[qt]
         packed = f.pack(torch.zeros((1, 4096 // f.block_size, f.type_size), dtype=torch.uint8))
         planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES]
-        build(qgemm._dequant_kernel, ["*fp32", *planes, "i32", "i32", "*i64", "i32"],
+        build(dequant._dequant_kernel, ["*fp32", *planes, "i32", "i32", "*i64", "i32"],
               dict(n_slots=4096 // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, SLOT=f.slot,
                    BN=1, NT=128, WHOLE=True, HW=True, GATHER=True))
 

@@ -14,9 +14,9 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.expert_q8 import quantize_q8  # noqa: E402
-from alphallama.kernels.qgemv_i8 import GemvTile, gemv_tile, one_step_row, qgemv_i8, split_runs  # noqa: E402
-from alphallama.kernels.qweight import QuantWeight  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import quantize_q8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, one_step_row, qgemv_i8, split_runs  # noqa: E402
+from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import QTYPES, IDS, _weight, _x, assert_same_bits  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
@@ -175,10 +175,10 @@ def test_rows_are_invariant_to_width_and_column(qtype):
 
 def compile_sm90() -> None:
     """The GEMV for sm_90 at the 8B shape's K, W=1, 2 and 8 (child process)."""
-    from alphallama.kernels import qgemv_i8 as mod
-    from alphallama.kernels.expert_q8_gpu import CODES
-    from alphallama.kernels.formats import PLANES
-    from alphallama.kernels.qweight import FORMATS
+    from alphallama.kernels.gemv import qgemv_i8 as mod
+    from alphallama.kernels.moe.expert_q8_gpu import CODES
+    from alphallama.kernels.formats.format import PLANES
+    from alphallama.kernels.formats.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as build
 
     ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}

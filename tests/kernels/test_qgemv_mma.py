@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.qgemv_mma import COLS, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import prepare_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_mma import COLS, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
@@ -25,7 +25,7 @@ from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
 def q8k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [W, K] int32, dx [W, K/256]) with expert_q8's rounding rule, one scale a super-block."""
-    from alphallama.kernels.expert_q8 import rne
+    from alphallama.kernels.moe.expert_q8 import rne
     W, K = x.shape
     xb = x.cpu().float().reshape(W, K // 256, 256)
     amax = xb.abs().amax(-1)
@@ -109,7 +109,7 @@ def test_two_row_groups_a_warp_give_the_same_bits(warps, runs, ahead):
     with pytest.raises(ValueError, match="groups"):
         qgemv_mma_k(x, w, groups=3)
     # the rule the engine takes (groups=None): two from W = 5 on matrices of <= 8192 rows
-    from alphallama.kernels.qgemv_mma import mma_groups
+    from alphallama.kernels.gemv.qgemv_mma import mma_groups
     assert [mma_groups(w, W) for W in (1, 4, 5, 8, 16)] == [1, 1, 2, 2, 2]
     _, wide = _weight(T.Q4_K, 8192 + 16, 256, seed=7)
     assert mma_groups(wide, 8) == 1
@@ -120,7 +120,7 @@ def test_prepare_q8k_bytes_land_in_fragment_order():
     scale a 256-value super-block, prepare_i8's lane order inside each slot, mma_x's order of
     words (the padding columns of the last 8-column block are not written: not compared), and
     the row-order copy for qgemv_q8k: prepare_i8's words exactly."""
-    from alphallama.kernels.qmatvec_i8 import lane_perm
+    from alphallama.kernels.gemv.qmatvec_i8 import lane_perm
     W, K = 11, 512
     n_slots = K // 32
     x = _x(W, K, seed=9)
@@ -150,7 +150,7 @@ def compile_sm90() -> None:
     fragments), and nothing goes through shared memory."""
     import re
 
-    from alphallama.kernels.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel
+    from alphallama.kernels.gemv.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
     build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "*i8", "i32"], dict(n_slots=128, PDL=True))

@@ -11,8 +11,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' imp
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.qgemv_mma import mma_tile, prepare_q8k, qgemv_mma_k  # noqa: E402
-from alphallama.kernels.qgemv_q8k import qgemv_q8k  # noqa: E402
+from alphallama.kernels.gemv.qgemv_mma import mma_tile, prepare_q8k, qgemv_mma_k  # noqa: E402
+from alphallama.kernels.gemv.qgemv_q8k import qgemv_q8k  # noqa: E402
 from tests.kernels.test_qgemv_mma import _rel_err, q8k_reference64  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight, _x  # noqa: E402
 
@@ -48,7 +48,7 @@ def test_refuses_what_it_does_not_cover():
 
 def compile_sm90() -> None:
     """The kernel for sm_90 (child process): dp4a in the PTX, at the tiles the bench times."""
-    from alphallama.kernels.qgemv_q8k import _q8k_dp4a_kernel
+    from alphallama.kernels.gemv.qgemv_q8k import _q8k_dp4a_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
     args = ["*i32", "*i32", "*fp32", "*fp32", "*i32", "*i16", "*fp16", "i32", "i32", "i32", "i32"]

@@ -17,7 +17,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: 
 
 from alphallama.gguf.quants import QUANTS  # noqa: E402
 from alphallama.kernels import FORMATS, QuantWeight  # noqa: E402
-from alphallama.kernels.qmatmul import qmatmul, qmatmul_ref, tile  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul, qmatmul_ref, tile  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEV == "cuda"
@@ -171,8 +171,8 @@ def test_registry_and_errors():
 def test_gemv_wrappers_check_x_and_out(name):
     """The checks the GEMV wrappers share (qweight.check_gemv_args): a ValueError naming
     the kernel for a wrong x shape or out dtype; only qgemv_i8 takes a column slice as out."""
-    from alphallama.kernels.qgemv_i8 import qgemv_i8
-    from alphallama.kernels.qmatvec_i8 import qmatvec_i8
+    from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8
+    from alphallama.kernels.gemv.qmatvec_i8 import qmatvec_i8
     fn = {"qmatmul": qmatmul, "qmatvec_i8": qmatvec_i8, "qgemv_i8": qgemv_i8}[name]
     _, w = _weight(T.Q8_0, 8, 64)
     x = torch.zeros(2, 64, device=DEV)

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.expert_q8 import QBLOCK, matvec_q8, quantize_q8  # noqa: E402
-from alphallama.kernels.qmatvec_i8 import Tile, lane_perm, qmatvec_i8  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import QBLOCK, matvec_q8, quantize_q8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import Tile, lane_perm, qmatvec_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant, random_raw  # noqa: E402
 
@@ -134,9 +134,9 @@ def test_compiles_for_sm90():
 
 
 def compile_sm90() -> None:
-    from alphallama.kernels import qmatvec_i8 as mod
-    from alphallama.kernels.expert_q8_gpu import CODES
-    from alphallama.kernels.qweight import FORMATS
+    from alphallama.kernels.gemv import qmatvec_i8 as mod
+    from alphallama.kernels.moe.expert_q8_gpu import CODES
+    from alphallama.kernels.formats.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as build
 
     for qtype, K, BW in ((T.Q4_K, 4096, 8), (T.Q6_K, 4096, 1)):

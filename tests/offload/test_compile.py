@@ -11,10 +11,10 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from alphallama.kernels import moe
-from alphallama.kernels.formats import PLANES
-from alphallama.kernels.qmatmul import tile
-from alphallama.kernels.qweight import FORMATS, QuantWeight
+from alphallama.kernels.moe import moe_f32 as moe
+from alphallama.kernels.formats.format import PLANES
+from alphallama.kernels.gemv.qmatmul import tile
+from alphallama.kernels.formats.qweight import FORMATS, QuantWeight
 from tests.kernels.sm90 import compile_sm90, run_in_child
 
 _PTR = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.uint8: "*u8", torch.int8: "*i8",
@@ -45,7 +45,7 @@ def compile_all(table: bool) -> None:
         else:
             const.pop("TOP_K")
             _compile(moe._down_part_kernel, ["*bf16", "*fp32", "*i32", "*i32", *planes, "i32", "i32"], const)
-    _compile(moe._down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
+    _compile(moe.down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
     _compile(moe._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
 
 
@@ -55,8 +55,8 @@ def test_moe_kernels_compile_for_sm90(table):
 
 
 def compile_contract() -> None:
-    """The expert contract's kernels (kernels/expert_q8_gpu.py) with the mailbox words."""
-    from alphallama.kernels import expert_q8_gpu as q8
+    """The expert contract's kernels (kernels/moe/expert_q8_gpu.py) with the mailbox words."""
+    from alphallama.kernels.moe import expert_q8_gpu as q8
     from alphallama.offload.mailbox import DONE, ERR, LAYER, REQ, ROWS
 
     def build(kernel, types, const):
@@ -67,13 +67,13 @@ def compile_contract() -> None:
         planes = _plane_types(qtype, K) * 2
         const = dict(q8.layout_args(w), BN=q8.BN_GATE)
         acts = ["*i8", "*fp32", "*i32"]
-        build(q8._gate_up_kernel, [*acts, *acts, "*i32", "*i32", "*i32", *planes, "i32", "i32"], dict(const, TOP_K=8))
-        build(q8._down_kernel, [*acts, "*fp32", "*i32", "*i32", "*i32", *planes, "i32", "i32"], const)
-    build(q8._quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
+        build(q8.q8_gate_up_kernel, [*acts, *acts, "*i32", "*i32", "*i32", *planes, "i32", "i32"], dict(const, TOP_K=8))
+        build(q8.q8_down_kernel, [*acts, "*fp32", "*i32", "*i32", "*i32", *planes, "i32", "i32"], const)
+    build(q8.q8_quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
           dict(K=2048, POST=True))
-    build(q8._post_kernel, ["*i32"] * 8 + ["i32"] * 3,
+    build(q8.q8_post_kernel, ["*i32"] * 8 + ["i32"] * 3,
           dict(BP=512, POST=True, GPU=True, REQ=REQ, LAYER=LAYER, ROWS=ROWS))
-    build(q8._combine_kernel, ["*fp32", "*fp32", "*fp32", "*i32", "*fp32", "*i32", "*i32", "i32"],
+    build(q8.q8_combine_kernel, ["*fp32", "*fp32", "*fp32", "*i32", "*fp32", "*i32", "*i32", "i32"],
           dict(TOP_K=8, BD=q8.BD_COMBINE, WAIT=True, LIMIT=q8.SPIN_LIMIT, DONE=DONE, ERR=ERR))
 
 

@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.expert_q8 import expert_ffn_q8, moe_q8 as moe_q8_ref  # noqa: E402
-from alphallama.kernels.moe_q8 import moe_q8, tiers_torch  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import expert_ffn_q8, moe_q8 as moe_q8_ref  # noqa: E402
+from alphallama.kernels.moe.moe_q8 import moe_q8, tiers_torch  # noqa: E402
 from alphallama.offload.cpu_tier import CpuLink  # noqa: E402
 from alphallama.offload.mailbox import DONE, LAYER, REQ, ROWS, Mailbox  # noqa: E402
 from tests.kernels.test_moe_q8 import _bank, _layer  # noqa: E402

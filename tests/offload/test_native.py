@@ -1,5 +1,5 @@
 """The C expert workers (offload/native) against the expert contract's plain-torch
-reference (kernels/expert_q8.py), bit for bit: the kernels one call at a time, the
+reference (kernels/moe/expert_q8.py), bit for bit: the kernels one call at a time, the
 expert FFN, and the thread pool driven through a Mailbox filled the way the GPU would."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels import QuantWeight
-from alphallama.kernels import expert_q8 as ref
+from alphallama.kernels.moe import expert_q8 as ref
 from alphallama.offload.mailbox import DONE, LAYER, REQ, ROWS, STOP, Mailbox
 from alphallama.offload.native import build, kernels as nk
 from alphallama.offload.native.probe import probe, usable_cpus

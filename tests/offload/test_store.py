@@ -11,6 +11,7 @@ import torch
 from alphallama.gguf.reader import GGUFFile
 from alphallama.offload.mailbox import DONE
 from alphallama.runtime.gpu_model import GPUModel
+from alphallama.runtime.overrides import Overrides
 
 TOKENS = [5, 9, 100, 7, 42, 3, 250, 17]
 
@@ -152,18 +153,17 @@ def test_reset_returns_to_the_start_layout(micro_moe):
                 assert torch.equal(c.bank_down.planes[n][slot], p[e])
 
 
-def test_long_prompt_prefill_through_the_store(micro_moe, monkeypatch):
+def test_long_prompt_prefill_through_the_store(micro_moe):
     """More than 64 rows take the GEMM prefill also with a store: each hit expert from its
     slot or straight from the host tier, the same bits as the resident model's per-expert
     prefill (the store's algorithm), close to its grouped GEMMs (another summation: equal
     on some CPUs' BLAS, 3e-5 apart on an AMD EPYC's), and the bank untouched."""
-    from alphallama.runtime import gpu_prefill
     f = GGUFFile(micro_moe)
     prompt = torch.tensor([(7 * i + 3) % 250 for i in range(80)])
     want = {}
     for fused in (True, False):
-        monkeypatch.setattr(gpu_prefill, "MOE_FUSED", fused)
-        ref = GPUModel(f, 128, device="cpu", prefill_path="dequant")   # resident MoE defaults to the decode graphs
+        # resident MoE defaults to the decode graphs
+        ref = GPUModel(f, 128, device="cpu", overrides=Overrides(prefill_path="dequant", moe_prefill_fused=fused))
         want[fused] = ref.forward(prompt, 0, ref.new_cache(128))[0].clone()
     m = GPUModel(f, 128, device="cpu", expert_slots=5, cpu_tier=False)
     assert m.prefill_path == "dequant"

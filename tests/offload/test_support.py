@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as T
 from alphallama.cli import main
 from alphallama.gguf.reader import GGUFFile, TensorInfo
 from alphallama.gguf.writer import SyntheticSpec, uniform_mix, write_synthetic
-from alphallama.kernels.qweight import format_of
+from alphallama.kernels.formats.qweight import format_of
 from alphallama.model.loader import load_model
 from alphallama.offload.apply import engine_kwargs
 from alphallama.offload.plan import PlanError, make_plan

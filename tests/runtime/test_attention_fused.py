@@ -9,9 +9,10 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the first kernel launch
 
-from alphallama.kernels.attention import decode_attention, decode_attention_ref  # noqa: E402
-from alphallama.kernels.fused import (add_rmsnorm, add_rmsnorm_ref, qkv_rope, silu_mul,  # noqa: E402
-                                      silu_mul_ref)
+from alphallama.kernels.attention.decode import decode_attention, decode_attention_ref  # noqa: E402
+from alphallama.kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_ref
+from alphallama.kernels.attention.rope import qkv_rope
+from alphallama.kernels.activations.silu import silu_mul, silu_mul_ref
 from alphallama.model.layers import apply_rope, rms_norm, rope_tables  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,14 +11,14 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from alphallama.config import DEFAULTS  # noqa: E402
 from alphallama.gguf.reader import GGUFFile  # noqa: E402
 from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
 from alphallama.model.loader import load_model  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
+from alphallama.runtime.overrides import PRODUCT, Overrides  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-NARROW = DEFAULTS.engine.fast_mma_narrow
+NARROW = PRODUCT.fast_mma_narrow
 
 
 def _model(tmp_path_factory, preset: str) -> GGUFFile:
@@ -52,7 +52,7 @@ def test_narrow_rounds_are_the_defaults_and_wide_ones_the_tensor_cores(q4k_any):
     toks = torch.randint(0, 64, (NARROW + 1,), generator=torch.Generator().manual_seed(29))
     fast = GPUModel(q4k, 64, device=DEV, fast=True)
     plain = GPUModel(q4k, 64, device=DEV)
-    family = GPUModel(q4k, 64, device=DEV, gemv_mma=True, gemv_mma_narrow=NARROW)
+    family = GPUModel(q4k, 64, device=DEV, overrides=Overrides(gemv_mma=True, gemv_mma_narrow=NARROW))
     assert fast.hybrid and not plain.hybrid and not family.hybrid
     L = fast.layers[0]
     assert any(L.o.mma) and L.o.adds(1) and not L.o.adds(NARROW + 1)   # o adds/splits as dp4a when narrow

@@ -13,6 +13,7 @@ from alphallama.gguf.reader import GGUFFile  # noqa: E402
 from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
 from alphallama.model.loader import load_model  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
+from alphallama.runtime.overrides import Overrides  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -34,7 +35,7 @@ def test_logits_match_reference(models):
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     lg, _ = gpu.forward(toks, 0, gpu.new_cache(128))
     # fp16 K/V and fp16 attention inputs against an fp32 reference; the dense GEMVs take
-    # int8 activations (one scale per 32 values, as llama.cpp's q8_1: kernels/qgemv_i8.py),
+    # int8 activations (one scale per 32 values, as llama.cpp's q8_1: kernels/gemv/qgemv_i8.py),
     # a relative error of up to 2**-8 per activation, so 4% of the largest logit
     atol = 4e-2 * lr.abs().max().item()
     torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
@@ -51,7 +52,7 @@ def test_moe_on_int8_activations(tmp_path):
     path = tmp_path / "moe.gguf"
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=3), path)
     f = GGUFFile(path)
-    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV, moe_gemv="i8")
+    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV, overrides=Overrides(moe_gemv="i8"))
     assert all(L.moe.i8 for L in gpu.layers)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
@@ -81,19 +82,19 @@ def test_moe_ranks_summed_in_the_next_norm_give_the_same_bits(tmp_path, monkeypa
     """engine.combine_in_norm: the MoE layers return their ranks unsummed and the next
     norm sums them (no combine launch): the logits are the combine kernel's path's bit for
     bit, no combine launch runs, and a round still equals its rows run alone."""
-    from alphallama.kernels import moe_i8
+    from alphallama.kernels.moe import moe_i8
     path = tmp_path / "moe.gguf"
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant="Q4_K", seed=6), path)
     f = GGUFFile(path)
     toks = torch.randint(0, 200, (3,), generator=torch.Generator().manual_seed(2))
     launches = []
-    real = moe_i8._down_combine_kernel
-    monkeypatch.setattr(moe_i8, "_down_combine_kernel", type("K", (), {
+    real = moe_i8.down_combine_kernel
+    monkeypatch.setattr(moe_i8, "down_combine_kernel", type("K", (), {
         "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
     logits = {}
     for fused in (False, True):
         launches.clear()
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", combine_in_norm=fused, graphs=False)
+        gpu = GPUModel(f, 128, device=DEV, graphs=False, overrides=Overrides(moe_gemv="i8", combine_in_norm=fused))
         cache = gpu.new_cache(128)
         logits[fused] = gpu.forward(toks, 0, cache)[0].clone()
         assert (len(launches) == 0) == fused
@@ -118,7 +119,7 @@ def _option_on_and_off(tmp_path, option: str, seed: int, applies, preset: str = 
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
     logits = {}
     for on in (False, True):
-        gpu = GPUModel(f, 128, device=DEV, moe_gemv="i8", **{option: on}, **(extra or {}))
+        gpu = GPUModel(f, 128, device=DEV, overrides=Overrides(moe_gemv="i8", **{option: on}, **(extra or {})))
         assert applies(gpu) == on
         cache = gpu.new_cache(128)
         logits[on] = gpu.forward(toks, 0, cache)[0].clone()
@@ -138,21 +139,19 @@ def test_moe_norm_computing_the_router_logits(tmp_path):
 
 
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")])
-def test_o_and_down_in_runs_added_by_the_norm(tmp_path, monkeypatch, preset, quant):
+def test_o_and_down_in_runs_added_by_the_norm(tmp_path, preset, quant):
     """engine.gemv_split: the o and dense down GEMVs cut their slots into 2 runs and the
     next norm adds the partials (the MoE model's through the norm that computes the router
     logits, into a new residual tensor). Thresholds lowered so the tiny weights split:
     against the reference, close to the unsplit model, a round equals its rows alone."""
-    from alphallama.kernels import qgemv_i8 as mod
-    monkeypatch.setattr(mod, "SPLIT_MIN_K", 1)
-    monkeypatch.setattr(mod, "SPLIT_MAX_N", 1 << 30)
 
     def split(gpu) -> bool:
         runs = [L.o.runs(1) for L in gpu.layers] + [L.down.runs(1) for L in gpu.layers if L.down is not None]
         assert len(set(runs)) == 1, runs
         return runs[0] == 2
     # 8 heads: the o's rows of 512 values are 2 whole blocks of every quant, so they split too
-    logits = _option_on_and_off(tmp_path, "gemv_split", 13, split, preset, quant, n_layers=2, n_heads=8)
+    logits = _option_on_and_off(tmp_path, "gemv_split", 13, split, preset, quant, n_layers=2, n_heads=8,
+                                extra={"split_limits": (1, 1 << 30)})
     torch.testing.assert_close(logits[True], logits[False], atol=1e-3 * logits[False].abs().max().item(), rtol=0)
 
 
@@ -175,7 +174,7 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     """engine.gemv_mma_narrow: a 3-row round through qgemv_q8k (narrow 4) and through the mma
     (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width.
     The producers emit the q8_K activations (the norms, the SiLU, the attention combine)."""
-    from alphallama.kernels.qgemv_mma import Q8K
+    from alphallama.kernels.gemv.qgemv_mma import Q8K
     path = tmp_path / "m.gguf"
     # head_dim 128: the attention combine emits o's q8_K activations, two heads a program
     write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=4, head_dim=128), path)
@@ -183,7 +182,7 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     toks = torch.randint(0, 64, (3,), generator=torch.Generator().manual_seed(19))
     out = {}
     for narrow in (0, 4):
-        gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=narrow)
+        gpu = GPUModel(f, 128, device=DEV, overrides=Overrides(gemv_mma=True, gemv_mma_narrow=narrow))
         L = gpu.layers[0]
         assert any(L.gate_up.mma) and gpu._fuse_q8
         assert all(Q8K in lin.orders(3) for lin in (L.qkv, L.gate_up, L.o))   # their producers emit them
@@ -204,7 +203,7 @@ def test_exact_speculation_with_the_kernel_chosen_by_width(tmp_path):
     path = tmp_path / "m.gguf"
     write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q4_K", seed=23, n_heads=4, head_dim=128), path)
     f = GGUFFile(path)
-    gpu = GPUModel(f, 128, device=DEV, gemv_mma=True, gemv_mma_narrow=1)
+    gpu = GPUModel(f, 128, device=DEV, overrides=Overrides(gemv_mma=True, gemv_mma_narrow=1))
     assert any(gpu.layers[0].qkv.mma)
     engine = Engine(f, gpu, Tokenizer.from_metadata(f.metadata), None, 128)
     base = torch.randint(gpu.cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(23)).tolist()

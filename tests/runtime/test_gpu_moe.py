@@ -1,4 +1,4 @@
-"""The fused MoE kernels (kernels/moe.py) against their plain-torch references, their
+"""The fused MoE kernels (kernels/moe/moe_f32.py) against their plain-torch references, their
 row invariance, and the GPU runtime on a tiny qwen3moe against the reference model."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' imp
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.quants import QUANTS  # noqa: E402
-from alphallama.kernels.moe import (moe_down, moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_route,  # noqa: E402
-                                    moe_route_ref)
-from alphallama.kernels.qweight import QuantWeight  # noqa: E402
+from alphallama.kernels.moe.moe_f32 import moe_down, moe_down_ref, moe_gate_up, moe_gate_up_ref
+from alphallama.kernels.moe.route import moe_route, moe_route_ref
+from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 QTYPES = [T.Q4_K, T.Q6_K, T.Q8_0]

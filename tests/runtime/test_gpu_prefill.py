@@ -1,4 +1,4 @@
-"""The tensor-core prefill path (calls of more than 64 rows: kernels/qgemm.py + SDPA,
+"""The tensor-core prefill path (calls of more than 64 rows: kernels/prefill/qgemm.py + SDPA,
 runtime/gpu_prefill.py) against the reference transformer, from an empty cache and
 after a cached prefix, for a dense and an MoE model; and exact speculative == plain
 greedy decoding with a prompt long enough to take that path."""
@@ -16,6 +16,7 @@ from alphallama.gguf.reader import GGUFFile  # noqa: E402
 from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
 from alphallama.model.loader import load_model  # noqa: E402
 from alphallama.runtime.gpu_model import MAX_W, GPUModel  # noqa: E402
+from alphallama.runtime.overrides import Overrides  # noqa: E402
 from alphallama.spec.config import SpecConfig  # noqa: E402
 from alphallama.tokenizer import Tokenizer  # noqa: E402
 
@@ -29,7 +30,8 @@ def _load(tmp_path_factory, preset, quant):
     write_synthetic(PRESETS[preset](n_layers=1, quant=quant, seed=3), path)
     f = GGUFFile(path)
     # chunks of 48: the 70 rows are 48 + 22 (a chunk boundary inside one call)
-    return f, load_model(f, CTX), GPUModel(f, CTX, device=DEV, prefill_chunk=48, prefill_path="dequant")
+    gpu = GPUModel(f, CTX, device=DEV, prefill_chunk=48, overrides=Overrides(prefill_path="dequant"))
+    return f, load_model(f, CTX), gpu
 
 
 @pytest.fixture(scope="module", params=[("tiny-qwen3", "Q4_K"), ("tiny-qwen3moe", "Q8_0")],
@@ -188,14 +190,15 @@ def test_every_model_prefills_through_the_tensor_cores(tmp_path):
         write_synthetic(PRESETS[preset](n_layers=1, quant="Q8_0", seed=3), paths[preset])
     assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV).prefill_path == "dequant"
     assert GPUModel(GGUFFile(paths["tiny-qwen3"]), CTX, device=DEV).prefill_path == "dequant"
-    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV, prefill_path="gemv").prefill_path == "gemv"
+    gemv = Overrides(prefill_path="gemv")
+    assert GPUModel(GGUFFile(paths["tiny-qwen3moe"]), CTX, device=DEV, overrides=gemv).prefill_path == "gemv"
 
 
 @pytest.fixture(scope="module", params=["Q8_0", "Q4_K"])
 def moe_layer(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("moe") / f"moe-{request.param}.gguf"
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant=request.param, seed=3), path)
-    return GPUModel(GGUFFile(path), CTX, device=DEV, prefill_path="dequant").layers[0].moe
+    return GPUModel(GGUFFile(path), CTX, device=DEV, overrides=Overrides(prefill_path="dequant")).layers[0].moe
 
 
 def _routing(case: str, T: int, g: torch.Generator) -> torch.Tensor:
@@ -220,8 +223,8 @@ def test_moe_prefill_matches_loop(moe_layer, case, dtype):
     """moe_gemm.moe_prefill (padded per-expert blocks) against moe_loop on the same
     routing: unused experts, a run of unused ones, one expert taking every row (more
     than one block), in the scratch dtype of the CPU (fp32) and of the GPU (bf16)."""
-    from alphallama.kernels.moe_gemm import moe_prefill
-    from alphallama.kernels.qgemm import Scratch
+    from alphallama.kernels.moe.moe_gemm import moe_prefill
+    from alphallama.runtime.scratch import Scratch
     from alphallama.runtime import gpu_prefill as gp
     g = torch.Generator().manual_seed(11)
     T, D = 20, moe_layer.down.N
@@ -240,8 +243,8 @@ def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
     (one call a layer and chunk, no host sync), close to the per-expert loop; an expert
     store's layers never do (their experts are not all on the device)."""
     from alphallama.runtime import gpu_prefill as gp
-    _, _, gpu = _load(tmp_path_factory, "tiny-qwen3moe", "Q8_0")
-    assert gp.MOE_FUSED and gp._capturable(gpu.layers[0])
+    f, _, gpu = _load(tmp_path_factory, "tiny-qwen3moe", "Q8_0")
+    assert gpu.layers[0].moe.prefill_fused and gp.capturable(gpu.layers[0])
     calls = []
     real = gp.moe_prefill
     monkeypatch.setattr(gp, "moe_prefill", lambda *a: calls.append(a[0].shape[0]) or real(*a))
@@ -251,8 +254,9 @@ def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
     # chunks of 48 + 22, one MoE layer; where chunks are captured, the short one runs padded
     graphs = gpu.device.type in gp.GRAPH_DEVICES and gpu.scratch.graphs
     assert calls == [48, gp.graph_rows(22, 48) if graphs else 22]
-    monkeypatch.setattr(gp, "MOE_FUSED", False)
-    _, hl = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
+    loop = GPUModel(f, CTX, device=DEV, prefill_chunk=48,
+                    overrides=Overrides(prefill_path="dequant", moe_prefill_fused=False))
+    _, hl = loop.forward(toks, 0, loop.new_cache(CTX), logits=False)
     assert len(calls) == 2
     # the GPU's bf16 scratch: the two paths round their products apart (the H200 moved 8 of
     # 17,920 values by 1.1e-4 of the largest)

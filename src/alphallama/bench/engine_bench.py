@@ -82,7 +82,8 @@ def rotation_check(model, cache, depth: int, widths: list[int], vocab: int) -> d
 def control_gemv(f, ctx: int, depth: int, reps: int, gemv: str) -> dict:
     """ms per round at W=1 and W=8 with the other dense GEMV (the same-session control arm)."""
     from ..runtime.gpu_model import GPUModel
-    model = GPUModel(f, ctx, "cuda", decode_gemv=gemv)
+    from ..runtime.overrides import Overrides
+    model = GPUModel(f, ctx, "cuda", overrides=Overrides(decode_gemv=gemv))
     cache = model.new_cache(ctx)
     g = torch.Generator().manual_seed(1)
     model.forward(torch.randint(model.cfg.vocab_size, (depth,), generator=g), 0, cache)

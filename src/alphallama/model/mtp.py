@@ -27,7 +27,7 @@ from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, MTPHeadConfig, mtp_tensors
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile
-from ..runtime.kv_cache import KVCache
+from ..kv_cache import KVCache
 from .layers import apply_rope, attention, moe, rms_norm, rope_tables, swiglu
 
 

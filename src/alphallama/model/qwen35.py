@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gguf.arch_qwen35 import HybridConfig
-from ..runtime.hybrid_cache import REPLAY, SNAPSHOT, HybridCache, State
+from ..hybrid_cache import REPLAY, SNAPSHOT, HybridCache, State
 from .deltanet import RecurrentInputs, causal_conv, delta_rule, l2_normalize, replay
 from .layers import apply_rope, attention, moe, rms_norm, swiglu
 

@@ -24,7 +24,7 @@ from ..gguf.arch import MTPHeadConfig
 from ..gguf.arch_qwen35 import hybrid_mtp_tensors
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile
-from ..runtime.kv_cache import KVCache
+from ..kv_cache import KVCache
 from .layers import rms_norm
 from .mtp import MTPHead
 from .qwen35 import HybridTransformer, gated_attention, hybrid_ffn, hybrid_rope_tables

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
-from ..runtime.kv_cache import KVCache
+from ..kv_cache import KVCache
 from .layers import ACTIVATIONS, apply_rope, attention, moe, rms_norm
 from .rope import layer_tables
 

@@ -2,12 +2,14 @@
 workers, and the host-side half of the mailbox protocol (offload/mailbox.py).
 
 On the GPU the post, the sequence number and the wait all happen inside the round's
-graph (kernels/expert_q8_gpu.py); `seq` and `share` are device tensors (graph inputs).
+graph (kernels/moe/expert_q8_gpu.py); `seq` and `share` are device tensors (graph inputs).
 Under the Triton interpreter the kernels post, and the host waits (`wait_host`): an
 interpreted kernel cannot spin on memory another thread writes.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import torch
@@ -51,3 +53,44 @@ class CpuLink:
         """After a round: did the GPU give up waiting for the workers?"""
         if int(self.mailbox.ctl[ERR]) != 0:
             raise CpuWorkersError("the GPU gave up waiting for the CPU expert workers (are they running?)")
+
+
+class CpuTier:
+    """The CPU workers serving a store's host tier, their link, and the cpus they leave
+    to the thread that launches rounds (kept apart: never a core shared with a worker)."""
+
+    def __init__(self, link: CpuLink, experts, launch_cpus: set[int]):
+        self.link, self.experts, self.launch_cpus = link, experts, launch_cpus
+        self._pinned: set[int] = set()
+
+    def keep_launch_thread_apart(self) -> None:
+        """Pin the calling (round-launching) thread, once, to the cpus the workers do not
+        use (Linux; elsewhere a no-op)."""
+        tid = threading.get_ident()
+        if tid in self._pinned or not self.launch_cpus or not hasattr(os, "sched_setaffinity"):
+            return
+        os.sched_setaffinity(0, self.launch_cpus)    # 0: this thread
+        self._pinned.add(tid)
+
+
+def start_cpu_tier(store, d_model: int, top_k: int, max_w: int, device, threads: int | None, share: float,
+                   progress=None) -> CpuTier | None:
+    """CPU workers for the store's host tier, if every MoE layer fits the expert contract;
+    else (or without a C compiler) None: the host tier stays read in place over PCIe."""
+    from ..kernels.moe.moe_q8 import contract_ok
+    from .native.build import NativeBuildError
+    from .native.probe import allowed_cpus
+    from .native.workers import CpuExperts
+    views = [store.layer(i) for i in store.moe_layers.tolist()]
+    if not all(contract_ok(v.host_gate_up, v.host_down) for v in views):
+        if progress is not None:
+            progress("CPU expert workers off: an expert format outside the contract (host tier over PCIe)", 0)
+        return None
+    mailbox = Mailbox.new(max_w, d_model, top_k)
+    try:
+        experts = CpuExperts.from_store(store, mailbox, threads).start()
+    except (NativeBuildError, OSError) as e:
+        if progress is not None:
+            progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)
+        return None
+    return CpuTier(CpuLink(mailbox, device, share), experts, set(allowed_cpus()) - set(experts.cpus))

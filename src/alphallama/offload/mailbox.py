@@ -2,7 +2,7 @@
 
 One block of pinned, device-mapped host memory per model. Inside the round's graph,
 at each MoE layer, the GPU posts the layer's quantized activations (the expert
-contract's xq / dx / xs, kernels/expert_q8.py), the ranks' expert ids and which ranks
+contract's xq / dx / xs, kernels/moe/expert_q8.py), the ranks' expert ids and which ranks
 the CPU computes, then the sequence number `req` last (a system-scope release store).
 The workers (offload/native) see `req` change, compute their ranks' experts from the
 host tier where the weights sit, write `y`, then `done = req`. The GPU's combine
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .store import _pin
+from ..kernels.moe.mailbox_layout import CTL_WORDS, DONE, ERR, LAYER, REQ, ROWS, STOP
+from .store import pin
 
-REQ, LAYER, ROWS, DONE, STOP, ERR = 0, 1, 2, 16, 32, 40
-CTL_WORDS = 48
+__all__ = ["CTL_WORDS", "DONE", "ERR", "LAYER", "REQ", "ROWS", "STOP", "Mailbox"]   # the words: kernels/moe/mailbox_layout.py
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Mailbox:
             raise ValueError(f"the expert contract needs d_model % 32 == 0, got {d_model}")
 
         def buf(shape, dtype):
-            return _pin(torch.zeros(shape, dtype=dtype))
+            return pin(torch.zeros(shape, dtype=dtype))
         return cls(buf((CTL_WORDS,), torch.int32), buf((max_w, d_model), torch.int8),
                    buf((max_w, d_model // 32), torch.float32), buf((max_w, d_model // 16), torch.int32),
                    buf((max_w, top_k), torch.int32), buf((max_w, top_k), torch.int32),

@@ -3,7 +3,7 @@
 Only the GGUF header is read (metadata and the tensor table; tensor data stays on disk),
 and the free device memory comes from torch.cuda.mem_get_info, or from --gpu-mem where
 given (which also caps it: emulating a smaller card). Sizes are the bytes the GPU
-runtime will hold: weight planes (kernels/formats.py) re-laid from the file's blocks,
+runtime will hold: weight planes (kernels/formats/format.py) re-laid from the file's blocks,
 norms as fp32, the embedding's raw rows, the f16 KV cache at the chosen context.
 
 Layouts: `resident` (everything on the device), `offload` (the dense part, the KV cache
@@ -24,8 +24,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.mma_layout import mma_shape_ok
-from ..kernels.qweight import embedding_planes
+from ..kernels.gemv.mma_layout import mma_shape_ok
+from ..kernels.formats.qweight import embedding_planes
 from .support import TypeUse, cpu_problems, gpu_problems, type_uses
 
 GiB = 1 << 30
@@ -48,7 +48,7 @@ class PlanError(ValueError):
 def row_bytes(qtype: int, K: int) -> int:
     """Device bytes of one weight row of K values: its planes (formats.py), or the
     file's bytes for a type the GPU kernels do not take."""
-    from ..kernels.qweight import FORMATS
+    from ..kernels.formats.qweight import FORMATS
     block, type_size = GGML_QUANT_SIZES[qtype]
     fmt = FORMATS.get(qtype)
     if fmt is None or K % block or K % fmt.slot:
@@ -92,7 +92,7 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
         head_or_layer = name != "token_embd.weight" or tied
         if (len(t.shape) == 2 and head_or_layer and not name.endswith(_EXPERT_SUFFIXES)
                 and mma_shape_ok(t.qtype, *t.shape)):
-            fast += math.prod(t.shape) // 2          # the qs plane again (runtime/gpu_model.MmaChoice "dp4a")
+            fast += math.prod(t.shape) // 2          # the qs plane again (kernels/gemv/registry.MmaChoice "dp4a")
         # an embedding without planes is held as its raw rows (gpu_model.GPUModel.embed)
         n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
         if name.endswith(_EXPERT_SUFFIXES):

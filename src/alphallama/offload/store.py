@@ -8,7 +8,7 @@
 
 A class is the layers whose experts have the same formats and shapes (a Q4_K_M file
 has Q6_K ffn_down in some layers and Q4_K in the others: two classes); its slots are a
-share of the bank proportional to its layers. The round's MoE kernels (kernels/moe.py)
+share of the bank proportional to its layers. The round's MoE kernels (kernels/moe/moe_f32.py)
 read the table on the device and take each expert from its slot, or from the host tier
 in place over PCIe where it has none, with the same arithmetic either way: where an
 expert lives never changes the bits, and the table is a graph input, so residency
@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..config import DEFAULTS
 from ..gguf.reader import TensorInfo
-from ..kernels.qweight import QuantWeight
+from ..kernels.formats.qweight import QuantWeight
 from .policy import UsagePolicy
 
 
@@ -56,7 +57,7 @@ def pack_experts(gate: TensorInfo, up: TensorInfo, down: TensorInfo, device) -> 
     return gate_up, QuantWeight.from_raw(down.data, down.qtype, tuple(down.shape), device)
 
 
-def _pin(t: torch.Tensor) -> torch.Tensor:
+def pin(t: torch.Tensor) -> torch.Tensor:
     """Page-lock and map `t` (cudaHostRegister) so kernels read it in place and copies
     from it are asynchronous DMA; unregistered when `t` is freed. A no-op without CUDA."""
     if not torch.cuda.is_available() or t.numel() == 0:
@@ -72,7 +73,7 @@ def _pin(t: torch.Tensor) -> torch.Tensor:
 
 def _host_like(w: QuantWeight, rows: int) -> QuantWeight:
     """Empty pinned host planes for `rows` experts shaped like w's."""
-    planes = {n: _pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
+    planes = {n: pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
     return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes)
 
 
@@ -107,6 +108,22 @@ class LayerView:
     bank_gate_up: QuantWeight
     bank_down: QuantWeight
     table: torch.Tensor         # [E] int32, a row of the store's table
+
+
+class Tiers(NamedTuple):
+    """Where one MoE layer's experts are read in a round: the host planes (all experts,
+    resident or not), the bank and the slot table (None: every expert resident), and the
+    round's route record (the store's admission policy reads it; None: not kept)."""
+    gate_up: QuantWeight        # [E, 2F, K]
+    down: QuantWeight           # [E, D, F]
+    table: torch.Tensor | None
+    bank_gate_up: QuantWeight | None
+    bank_down: QuantWeight | None
+    routes: torch.Tensor | None
+
+    @classmethod
+    def resident(cls, gate_up: QuantWeight, down: QuantWeight) -> "Tiers":
+        return cls(gate_up, down, None, None, None, None)
 
 
 @dataclass
@@ -219,6 +236,11 @@ class ExpertStore:
         a, b = j * self.E, (j + 1) * self.E
         return LayerView(_sub(c.host_gate_up, a, b), _sub(c.host_down, a, b), c.bank_gate_up, c.bank_down,
                          self.table[i])
+
+    def tiers(self, i: int, rows: int) -> Tiers:
+        """Layer i's experts as a round of `rows` rows reads them (the kernels' table dispatch)."""
+        v = self.layer(i)
+        return Tiers(v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down, self.routes[i, :rows])
 
     @property
     def bank_bytes(self) -> int:

@@ -1,5 +1,5 @@
 """Which runtime can compute each tensor of a file: the CPU reference (gguf/quants.py
-dequantizes it to float32) and the GPU runtime (its weight formats, kernels/qweight.py).
+dequantizes it to float32) and the GPU runtime (its weight formats, kernels/formats/qweight.py).
 
 Both verdicts ask the runtimes' own registries (quant_type, format_of) and repeat their
 refusal messages; nothing here lists types. What the GPU runtime does with a tensor:
@@ -18,7 +18,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from ..gguf.quants import quant_type
 from ..gguf.reader import TensorInfo
-from ..kernels.qweight import format_of
+from ..kernels.formats.qweight import format_of
 
 
 @dataclass(frozen=True)

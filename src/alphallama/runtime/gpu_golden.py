@@ -50,23 +50,21 @@ from typing import Any
 import torch
 from gguf import GGMLQuantizationType as T
 
-from ..config import DEFAULTS
 from ..gguf.reader import GGUFFile
 from ..gguf.synth_spec import PRESETS, SyntheticSpec
 from ..gguf.writer import write_synthetic
-from ..kernels.attention import BLOCK_N, MAX_SPLITS, live_splits, split_size
-from ..kernels.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, _consts
-from ..kernels.qgemm import units_of
-from ..kernels.qgemv_i8 import MAX_BW as I8_BW
-from ..kernels.qgemv_i8 import gemv_tile, split_nt
-from ..kernels.qgemv_mma import COLS, Q8K, mma_groups, mma_tile
-from ..kernels.qgemv_q8k import q8k_tile
-from ..kernels.qmatmul import MAX_BW as QM_BW
-from ..kernels.qmatmul import tile as qmatmul_tile
-from ..kernels.qmatvec_i8 import lane_order
+from ..kernels.attention.decode import BLOCK_N, MAX_SPLITS, live_splits, split_size
+from ..kernels.moe.moe_i8 import EXPERT_BN, GATE_UP_PAIRED, expert_consts
+from ..kernels.prefill.qgemm import units_of
+from ..kernels.gemv.qmatmul import tile as qmatmul_tile
+from ..kernels.gemv.registry import ROWS_PER_THREAD
+from .gpu_model import GPUModel
+from .linear import Linear
+from .moe import MoE
+from .widths import BUCKETS, MAX_W, bucket_of
+from .overrides import PRODUCT, Overrides
+from .gpu_prefill import GRAPH_MIN_ROWS, capturable, moe_fused, graph_rows
 from . import gpu_golden_host as golden_host
-from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPUModel, Linear, MoE, bucket_of
-from .gpu_prefill import GRAPH_MIN_ROWS, _capturable, _fused, graph_rows
 
 WIDTHS = tuple(range(1, MAX_W + 1))
 CPU_WIDTHS = (1, 2, 5)
@@ -136,26 +134,10 @@ def _weight_names(f: GGUFFile, names: list[str], lin: Linear) -> list[str]:
 
 
 def _kernel_at(lin: Linear, j: int, W: int) -> dict:
-    """The launch of weight j of `lin` in a round of W rows (Linear.__call__ / parts / add_into)."""
-    w = lin.weights[j]
-    form = lin._mma[j]
-    if form is not None and not lin._dp4a_at(W):
-        warps, runs = mma_tile(w)
-        if form.narrow is not None and W <= lin._narrow:
-            rows, rwarps = q8k_tile(w, W)
-            return {"kernel": "qgemv_q8k", "BN": rows, "R": runs, "BW": 1 if W == 1 else 2 if W == 2 else 4,
-                    "num_warps": rwarps}
-        return {"kernel": "qgemv_mma_k", "WARPS": warps, "KW": runs, "GR": mma_groups(w, W), "COLS": COLS}
-    if lin.i8[j]:
-        t = gemv_tile(w)
-        split = lin.runs(W)
-        nt = min(t.NT, split_nt(w, split)) if split > 1 else t.NT
-        return {"kernel": "qgemv_i8", "BN": t.BN, "NT": nt, "num_warps": t.num_warps, "prefetch": t.prefetch,
-                "split": split, "BW": min(I8_BW, 1 << (W - 1).bit_length()), "lane_order": lane_order(w),
-                "add_into": lin.adds(W)}
-    BN, NT, warps = qmatmul_tile(w, ROWS_PER_THREAD)
-    return {"kernel": "qmatmul", "BN": BN, "NT": NT, "num_warps": warps,
-            "BW": min(QM_BW, 16 // ROWS_PER_THREAD, 1 << (W - 1).bit_length())}
+    """The launch of weight j of `lin` in a round of W rows: its plan's kernel and that
+    kernel's tile of record (kernels/gemv/registry.py)."""
+    s = lin.plan.at(W)
+    return s.kernels[j].tile(lin.weights[j], W, s.runs, s.adds)
 
 
 def _linear(f: GGUFFile, names: list[str], lin: Linear, m: GPUModel) -> dict:
@@ -175,7 +157,7 @@ def _linear(f: GGUFFile, names: list[str], lin: Linear, m: GPUModel) -> dict:
 
 def _consts_of(w, n: int) -> dict:
     """moe_i8's constexprs for a weight on the GPU (DP4A), its format's loader by name."""
-    return {k: getattr(v, "__name__", v) for k, v in _consts(w, n, True).items()}
+    return {k: getattr(v, "__name__", v) for k, v in expert_consts(w, n, True).items()}
 
 
 def _moe(m: GPUModel, L, moe: MoE) -> dict:
@@ -183,7 +165,7 @@ def _moe(m: GPUModel, L, moe: MoE) -> dict:
     rec = {"i8": moe.i8, "top_k": moe.top_k, "norm": moe.norm, "store": moe.store is not None,
            "link": moe.link is not None, "router": moe.router.qtype.name,
            "router_rows": moe.router_rows is not None, "router_tile": qmatmul_tile(moe.router, ROWS_PER_THREAD),
-           "orders": moe.orders(1), "prefill_fused": _fused(moe)}
+           "orders": moe.orders(1), "prefill_fused": moe_fused(moe)}
     if moe.i8 and gu is not None:   # the tiles of record (the GPU's, DP4A)
         rec |= {"EXPERT_BN": EXPERT_BN, "GATE_UP_PAIRED": GATE_UP_PAIRED,
                 "gate_up": {"qtype": gu.qtype.name, "shape": list(gu.shape), **_consts_of(gu, gu.N // 2)},
@@ -192,20 +174,15 @@ def _moe(m: GPUModel, L, moe: MoE) -> dict:
     return _json(rec)
 
 
-def _round(m: GPUModel, L, nxt) -> dict:
-    """Layer L's producers at each W (GPUModel._rows): which attention, SiLU and norms
-    emit int8 / q8_K activations, in which layouts."""
-    c = m.cfg
-
+def _round(m: GPUModel, i: int) -> dict:
+    """Layer i's producers at each W (the model's round plans, runtime/round.py): which
+    attention, SiLU and norms emit int8 / q8_K activations, in which layouts."""
     def at(W: int) -> dict:
-        o_in = L.o.orders(W)
-        lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
-            ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
-        r = {"attention": ["decode_attention_q8", lanes] if lanes and m._fuse_q8 else ["decode_attention"],
-             "ffn_norm": (L.gate_up or L.moe).orders(W)[:2] if m._fuse_q8 else (),
-             "next_norm": nxt.orders(W)[:2] if m._fuse_q8 else ()}
-        if L.moe is None:
-            r["silu"] = ["silu_mul_q8", L.down.orders(W)] if L.down.orders(W) and m._fuse_q8 else ["silu_mul"]
+        s = m.round_plans[W - 1].layers[i]
+        r = {"attention": ["decode_attention_q8", s.attention] if s.attention else ["decode_attention"],
+             "ffn_norm": s.ffn_norm, "next_norm": s.next_norm}
+        if m.layers[i].moe is None:
+            r["silu"] = ["silu_mul_q8", s.silu] if s.silu else ["silu_mul"]
         return _json(r)
     return _ranges({W: at(W) for W in WIDTHS})
 
@@ -218,7 +195,7 @@ def plan(m: GPUModel, f: GGUFFile) -> dict:
         p = f"blk.{i}."
         rec = {"qkv": _linear(f, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], L.qkv, m),
                "o": _linear(f, [p + "attn_output.weight"], L.o, m),
-               "round": _round(m, L, m.layers[i + 1].qkv if i + 1 < len(m.layers) else m.output)}
+               "round": _round(m, i)}
         if L.moe is None:
             rec["gate_up"] = _linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], L.gate_up, m)
             rec["down"] = _linear(f, [p + "ffn_down.weight"], L.down, m)
@@ -239,7 +216,7 @@ def plan(m: GPUModel, f: GGUFFile) -> dict:
                       "split_size": {str(n): [split_size(n), live_splits(n)] for n in lengths}},
         "prefill": {"path": m.prefill_path, "chunk": m.prefill_chunk, "scratch_elements": m.scratch.elements,
                     "scratch_dtype": str(m.scratch.dtype), "overlap": m.scratch.overlap, "graphs": m.scratch.graphs,
-                    "capturable": all(map(_capturable, m.layers)), "GRAPH_MIN_ROWS": GRAPH_MIN_ROWS,
+                    "capturable": all(map(capturable, m.layers)), "GRAPH_MIN_ROWS": GRAPH_MIN_ROWS,
                     "graph_rows": {str(t): graph_rows(t, m.prefill_chunk)
                                    for t in (65, PROMPT - 1, 128, 129, 300, 512, 1000)}},
         "graph_buckets": list(BUCKETS),
@@ -319,14 +296,14 @@ def record(name: str, device: str, widths: tuple[int, ...], workdir: Path, mma_b
     fast = GPUModel(f, max_len, device=device, fast=True)
     if fast.hybrid:
         kept = {} if values else None
-        rec["fast"] = {"narrow": DEFAULTS.engine.fast_mma_narrow, "plan": plan(fast, f),
+        rec["fast"] = {"narrow": PRODUCT.fast_mma_narrow, "plan": plan(fast, f),
                        "bits": bits(fast, widths, exact=False, values=kept)}
         if values:
             rec["fast"]["values"] = kept
     del fast
-    mma = GPUModel(f, max_len, device=device, gemv_mma=True)
+    mma = GPUModel(f, max_len, device=device, overrides=Overrides(gemv_mma=True))
     if any(any(lin.mma) for L in mma.layers for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None):
-        rec["gemv_mma"] = {"narrow": DEFAULTS.engine.gemv_mma_narrow, "plan": plan(mma, f)}
+        rec["gemv_mma"] = {"narrow": PRODUCT.gemv_mma_narrow, "plan": plan(mma, f)}
         if mma_bits:
             rec["gemv_mma"]["bits"] = bits(mma, widths)
     return rec

@@ -8,7 +8,7 @@ size); nothing is dequantized to bf16 ahead of time. A round of W rows is
           -> SiLU*up -> down qmatmul -> ... -> [add+RMSNorm] -> output qmatmul
 
 (an MoE layer's FFN is: router qmatmul -> softmax/top-k -> gate|up+SiLU of its k
-experts -> down + weighted sum, kernels/moe.py, the expert ids never leaving the device)
+experts -> down + weighted sum, kernels/moe/moe_f32.py, the expert ids never leaving the device)
 
 and every kernel gives a row the same bits whatever W and its column, so verify and
 plain decode agree bit for bit: exact mode needs no per-row loop here.
@@ -30,399 +30,94 @@ position buffers copied into before replay, captured once at load). Without CUDA
 """
 from __future__ import annotations
 
-import os
-import threading
-import time
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
-
 import torch
-from gguf.constants import GGMLQuantizationType as QT
 
+from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
-from ..gguf.reader import GGUFFile, TensorInfo
-from ..kernels.attention import decode_attention, decode_attention_q8
-from ..kernels.fused import (MoEParts, add_rmsnorm, add_rmsnorm_q8, qkv_rope, rmsnorm_router_q8, silu_mul,
-                             silu_mul_q8)
-from ..kernels.moe import moe_down, moe_gate_up, moe_route
-from ..kernels.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
-from ..kernels.moe_q8 import contract_ok, moe_q8
-from ..kernels.expert_q8 import supports as i8_supports
-from ..kernels.qgemv_i8 import qgemv_i8, split_runs
-from ..kernels.qgemv_mma import Q8K, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma
-from ..kernels.qgemv_q8k import qgemv_q8k
-from ..kernels.qmatmul import qmatmul
-from ..kernels.qmatvec_i8 import lane_order, prepare_i8
-from ..kernels.qweight import QuantWeight, embedding_planes
+from ..gguf.reader import GGUFFile
+from ..kernels.formats.dequant import gather_rows
+from ..kernels.formats.qweight import QuantWeight, embedding_planes
+from ..kernels.gemv.registry import DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice
+from ..kv_cache import KVCache
 from ..model.layers import rope_tables
-from ..config import DEFAULTS
-from ..kernels.qgemm import Scratch, gather_rows
-from ..offload.cpu_tier import CpuLink
-from ..offload.mailbox import Mailbox
-from ..offload.store import ExpertStore, pack_experts
-from .capture import collector_paused
+from ..offload.cpu_tier import CpuLink, start_cpu_tier
+from ..offload.store import ExpertStore
+from . import graphs as round_graphs
 from .gpu_prefill import prefill_rows
-from .kv_cache import KVCache
+from .linear import Linear
+from .moe import MoE
+from .overrides import PRODUCT, Overrides
+from .round import plan_round
+from .round import rows as round_rows
+from .scratch import Scratch
+from .weights import BlockNames, GPULayer, build_layer, vectors
+from .widths import BUCKETS, MAX_W, bucket_of
 
-BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
-# weight rows per GEMV thread: 4 beats 2 at W=1 and W=8 on the H200 (kernels/NOTES.md);
-# it is part of a weight's summation order, so one model always uses one value
-ROWS_PER_THREAD = 4
-MAX_W = BUCKETS[-1]
-
-
-def bucket_of(w: int) -> int:
-    return next(b for b in BUCKETS if b >= w)
-
-
-def _concat_rows(parts: list[TensorInfo]) -> tuple[torch.Tensor, tuple[int, int]]:
-    """GGUF rows are independent runs of blocks: stacking the bytes stacks the matrices."""
-    raw = torch.cat([torch.from_numpy(p.data.reshape(p.shape[0], -1).view("uint8").copy()) for p in parts])
-    return raw, (sum(p.shape[0] for p in parts), parts[0].shape[1])
-
-
-class MmaForm(NamedTuple):
-    """A weight format engine.gemv_mma runs on the tensor cores, on q8_K activations."""
-    supports: Callable[[QuantWeight], bool]
-    planes: Callable[[QuantWeight], torch.Tensor]         # its codes in fragment order
-    prepare: Callable                                     # (x, n_slots, pdl) -> the activations
-    gemv: Callable                                        # (x, w, planes=, out=, prepared=, pdl=)
-    narrow: Callable | None                               # dp4a with gemv's bits (x, w, out=, prepared=, pdl=)
-    order: tuple | None                                   # the key a producer emits its activations under
-
-
-# (Q6_K had one: 1.7-1.9x dp4a at W = 1 on the 8B down and head, removed; gpu_qgemv_mma-20261201-213840.json)
-_MMA_FORMS = {QT.Q4_K: MmaForm(supports_mma, mma_planes, prepare_q8k, qgemv_mma_k, qgemv_q8k, Q8K)}
-
-
-@dataclass(frozen=True)
-class MmaChoice:
-    """Where the tensor cores run (config.py): widths up to `narrow` take a dp4a kernel,
-    wider ones the mma. partner "q8k": engine.gemv_mma, the format's dp4a partner on the
-    same q8_K activations (the mma's bits at every width: exact). "dp4a": fast mode's
-    hybrid (engine.fast_mma_narrow), narrow rounds exactly as without the mma (qgemv_i8
-    on its lane orders, split runs, the o GEMV's residual add), so plain decode keeps the
-    default's bits and speed while wider verify rounds take the mma's (not the same bits:
-    fast mode only)."""
-    narrow: int = 4
-    partner: str = "q8k"
-
-
-def _mma_form(w: QuantWeight) -> MmaForm | None:
-    f = _MMA_FORMS.get(w.qtype)
-    if f is None or not f.supports(w):
-        return None
-    return f
-
-
-class Linear:
-    """One or more GGUF matrices applied to the same input; outputs concatenated.
-    Matrices of the same type are fused into one weight (one launch).
-
-    gemv "i8": the input is quantized to int8 once per lane order (kernels/qmatvec_i8:
-    one order per slot shape, shared by e.g. Q4_K and Q5_K) and each weight's dp4a GEMV
-    writes its columns of one output buffer (no concatenation); weights without an
-    integer form (F16, F32) take qmatmul."""
-
-    def __init__(self, parts: list[TensorInfo], device, gemv: str = "f32", split: bool = False,
-                 mma: MmaChoice | None = None):
-        """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
-        mma: the weights qgemv_mma_k (Q4_K) covers run there (engine.gemv_mma), on q8_K
-        activations (one scale a super-block) that its producer emits (orders:
-        qgemv_mma.Q8K) or this Linear prepares; rounds of up to mma.narrow rows take the
-        format's dp4a partner (qgemv_q8k: the same bits)."""
-        groups: list[list[TensorInfo]] = []
-        for p in parts:
-            if groups and groups[-1][0].qtype == p.qtype:
-                groups[-1].append(p)
-            else:
-                groups.append([p])
-        self.weights = []
-        for g in groups:
-            raw, shape = _concat_rows(g)
-            self.weights.append(QuantWeight.from_raw(raw, g[0].qtype, shape, device))
-        self.nbytes = sum(w.nbytes for w in self.weights)
-        self.i8 = [gemv == "i8" and i8_supports(w) for w in self.weights]
-        self._mma = [_mma_form(w) if mma is not None and i8 else None for w, i8 in zip(self.weights, self.i8)]
-        self._narrow = mma.narrow if mma is not None else 0
-        # fast mode's hybrid: rounds of up to _narrow rows run as if there were no mma at all
-        self._hybrid = mma is not None and mma.partner == "dp4a" and any(f is not None for f in self._mma)
-        self.mma = [f is not None for f in self._mma]
-        # the code planes again in the mma's fragment order (the prefill path reads the planes as they
-        # are): more memory held, the same bytes read a round (nbytes, the floor's numerator)
-        self._planes = [f.planes(w) if f is not None else None for w, f in zip(self.weights, self._mma)]
-        self.N = sum(w.N for w in self.weights)
-        # the lane orders its int8 input comes in (a producer can emit them: kernels/fused.py), and
-        # the q8_K layout (Q8K) of weights on q8_K activations
-        self._orders = tuple(dict.fromkeys(lane_order(w) if f is None else f.order
-                                           for w, i8, f in zip(self.weights, self.i8, self._mma)
-                                           if i8 and (f is None or f.order is not None)))
-        self._dp4a_orders = tuple(dict.fromkeys(lane_order(w) for w, i8 in zip(self.weights, self.i8) if i8))
-        self._dp4a_one = len(self.weights) == 1 and self.i8[0]
-        self._runs = split_runs(self.weights[0]) if split and self._dp4a_one else 1
-        # the runs' unit weights for the norm's add (fused.add_rmsnorm's MoE-ranks path): [MAX_W, runs]
-        self._ones = torch.ones((MAX_W, self._runs), dtype=torch.float32, device=device) if self._runs > 1 else None
-
-    def _dp4a_at(self, W: int) -> bool:
-        """Does a round of W rows run every weight as if there were no mma (fast mode's narrow rounds)?"""
-        return not any(self.mma) or (self._hybrid and W <= self._narrow)
-
-    def orders(self, W: int) -> tuple:
-        """The activation layouts a round of W rows reads (its producer can emit them)."""
-        return self._dp4a_orders if self._dp4a_at(W) else self._orders
-
-    def adds(self, W: int) -> bool:
-        """Can add_into run at width W: one weight on dp4a (its epilogue adds)."""
-        return self._dp4a_one and self._dp4a_at(W)
-
-    def runs(self, W: int) -> int:
-        """parts()'s partial sums at width W (1: one [W, N] sum)."""
-        return self._runs if self.adds(W) else 1
-
-    def add_into(self, x: torch.Tensor, q8: dict | None, out: torch.Tensor, pdl: bool = False) -> None:
-        """out += x @ w^T in the GEMV's epilogue (one weight, i8: self.adds): the residual
-        stream's add, bit for bit the norm's x + y."""
-        w = self.weights[0]
-        qgemv_i8(x, w, out=out, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, accumulate=True)
-
-    def parts(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> "torch.Tensor | MoEParts":
-        """x @ w^T for a norm to add into the residual: [W, N], or with runs (self.runs > 1)
-        (the runs' partial sums [W, runs, N], their unit weights [W, runs]), which the norm
-        adds in run order as it adds MoE ranks (more programs for a short matrix)."""
-        runs = self.runs(x.shape[0])
-        if runs == 1:
-            return self(x, q8, pdl)
-        w = self.weights[0]
-        part = qgemv_i8(x, w, prepared=(q8 or {}).get(lane_order(w)), pdl=pdl, split=runs)   # [W, runs, N]
-        return part, self._ones[:x.shape[0]]
-
-    def __call__(self, x: torch.Tensor, q8: dict | None = None, pdl: bool = False) -> torch.Tensor:
-        """x [W, K] -> [W, N] fp32; q8: x's int8 activations by lane order, if its producer
-        made them (else they are made here, one prepare launch per order)."""
-        if not any(self.i8):
-            outs = [qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD) for w in self.weights]
-            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        out = torch.empty((x.shape[0], self.N), dtype=torch.float32, device=x.device)   # [W, N]
-        prepared: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = dict(q8 or {})
-        dp4a = self._dp4a_at(x.shape[0])
-        n0 = 0
-        for w, i8, form, planes in zip(self.weights, self.i8, self._mma, self._planes):
-            part = out[:, n0:n0 + w.N]
-            if form is not None and not dp4a:
-                key = form.order or ("q8k", w.fmt.slot)    # one q8_K layout per slot width
-                if key not in prepared:
-                    prepared[key] = form.prepare(x, w.n_slots, pdl)
-                if form.narrow is not None and x.shape[0] <= self._narrow:
-                    form.narrow(x, w, out=part, prepared=prepared[key], pdl=pdl)
-                else:
-                    form.gemv(x, w, planes=planes, out=part, prepared=prepared[key], pdl=pdl)
-            elif i8:
-                key = lane_order(w)
-                if key not in prepared:
-                    prepared[key] = prepare_i8(x, w, pdl)
-                qgemv_i8(x, w, out=part, prepared=prepared[key], pdl=pdl)
-            else:
-                part.copy_(qmatmul(x, w, rows_per_thread=ROWS_PER_THREAD))
-            n0 += w.N
-        return out
-
-
-class MoE:
-    """Routed experts: router [E, D] (F32 in GGUF files, through qmatmul: row-invariant,
-    unlike a cuBLAS GEMM whose kernel may change with W), gate|up fused along N per
-    expert [E, 2F, D], down [E, D, F]. With an expert store (offload/store.py) the
-    experts live there: the kernels take each from its VRAM slot or the host tier."""
-
-    def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
-                 norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32"):
-        E = gate.shape[0]
-        self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
-        # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
-        # for the norm that computes the logits itself (engine.norm_router)
-        qs = self.router.planes["qs"]
-        self.router_rows = qs if qs.dtype.is_floating_point and tuple(qs.shape) == tuple(router.shape) else None
-        self.store, self.layer = store, layer
-        self.link: CpuLink | None = None   # set by GPUModel when the CPU workers serve the host tier
-        if store is None:
-            self.gate_up, self.down = pack_experts(gate, up, down, device)
-            expert_bytes = self.gate_up.nbytes + self.down.nbytes
-        else:
-            v = store.layer(layer)
-            expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
-        self.top_k, self.norm = top_k, norm
-        # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe_i8.py), the layer's
-        # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
-        gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
-        self.i8 = gemv == "i8" and moe_i8_ok(gu, dn)
-        self._orders = (moe_i8_order(gu),) if self.i8 else ()
-        # what one row reads: the router and k of the E experts
-        self.nbytes = self.router.nbytes + expert_bytes * top_k // E
-
-    def orders(self, W: int) -> tuple:
-        """The activation layouts its norm emits (gate_up's lane order), at every W."""
-        return self._orders
-
-    def expert_weights(self, e: int, slot: int = -1) -> tuple[QuantWeight, QuantWeight]:
-        """Expert e's (gate_up [2F, D], down [D, F]): resident, else from bank slot `slot`
-        (>= 0) or the store's host tier."""
-        if self.store is None:
-            return self.gate_up.expert(e), self.down.expert(e)
-        v = self.store.layer(self.layer)
-        if slot >= 0:
-            return v.bank_gate_up.expert(slot), v.bank_down.expert(slot)
-        return v.host_gate_up.expert(e), v.host_down.expert(e)
-
-    def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
-                 pdl: bool = False, combine: bool = True,
-                 logits: torch.Tensor | None = None) -> "torch.Tensor | MoEParts":
-        """h [W, D] -> [W, D] fp32; q8: h's int8 activations by lane order, if made. pdl:
-        the int8 path's kernels launch with programmatic dependent launch (kernels/pdl.py;
-        the router asks for its weights before it waits: PDL mode 2). combine=False: the
-        int8 path may return its ranks unsummed, (part [W, k, D],
-        weights [W, k]), for the next norm to sum (fused.add_rmsnorm). logits: the router's [W, E], if the
-        norm made them (engine.norm_router; the int8 path only)."""
-        if self.i8 and self.link is None:
-            if logits is None:
-                logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD, pdl=2 if pdl else 0)   # [W, E]
-            return self._experts_i8(h, logits, act_dtype, q8, pdl, combine)
-        logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
-        if self.store is None:
-            weights, experts = moe_route(logits, self.top_k, self.norm)           # [W, k] each
-            act = moe_gate_up(h, self.gate_up, experts, act_dtype, rows_per_thread=ROWS_PER_THREAD)  # [W, k, F]
-            return moe_down(act, self.down, experts, weights, rows_per_thread=ROWS_PER_THREAD)
-        v = self.store.layer(self.layer)
-        # the ids also land in the store's record of the round (its admission policy)
-        weights, experts = moe_route(logits, self.top_k, self.norm,
-                                     experts_out=self.store.routes[self.layer, :h.shape[0]])
-        if self.link is not None:   # the expert contract: the CPU takes host pairs, same bits as the GPU
-            return moe_q8(h, weights, experts, v.host_gate_up, v.host_down, v.bank_gate_up, v.bank_down, v.table,
-                          self.layer, self.link)
-        act = moe_gate_up(h, v.host_gate_up, experts, act_dtype, ROWS_PER_THREAD, v.table, v.bank_gate_up)
-        return moe_down(act, v.host_down, experts, weights, ROWS_PER_THREAD, v.table, v.bank_down)
-
-    def _experts_i8(self, h: torch.Tensor, logits: torch.Tensor, act_dtype: torch.dtype,
-                    q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
-        x8 = (q8 or {}).get(self._orders[0])
-        if self.store is None:
-            gu, dn, table, bgu, bdn, record = self.gate_up, self.down, None, None, None, None
-        else:       # the ids also land in the store's record of the round
-            v = self.store.layer(self.layer)
-            gu, dn, table, bgu, bdn = v.host_gate_up, v.host_down, v.table, v.bank_gate_up, v.bank_down
-            record = self.store.routes[self.layer, :h.shape[0]]
-        weights, experts = moe_route(logits, self.top_k, self.norm, experts_out=record, pdl=pdl)   # [W, k] each
-        x8 = x8 or prepare_i8(h, gu.expert(0), pdl)
-        act = moe_gate_up_i8(x8, gu, experts, act_dtype, table, bgu, pdl)        # [W, k, F]
-        return moe_down_i8(act, dn, experts, weights, table, bdn, pdl, combine)
-
-
-@dataclass
-class GPULayer:
-    attn_norm: torch.Tensor
-    qkv: Linear
-    qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    o: Linear
-    ffn_norm: torch.Tensor
-    gate_up: Linear | None       # dense FFN
-    down: Linear | None
-    moe: MoE | None = None       # routed experts instead
-
-    @property
-    def nbytes(self) -> int:
-        ffn = self.moe.nbytes if self.moe is not None else self.gate_up.nbytes + self.down.nbytes
-        return self.qkv.nbytes + self.o.nbytes + ffn
+__all__ = ["BUCKETS", "MAX_W", "ROWS_PER_THREAD", "GPULayer", "GPUModel", "Linear", "MmaChoice", "MoE", "bucket_of"]
 
 
 class GPUModel:
     """Same interface as the reference Transformer: new_cache, forward, verify."""
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
-                 progress=None, expert_slots: int | None = None, prefill_path: str | None = None,
-                 prefill_chunk: int | None = None, cpu_threads: int | None = None, cpu_tier: bool | None = None,
-                 decode_gemv: str | None = None, moe_gemv: str | None = None, fuse_q8: bool | None = None,
-                 pdl: bool | None = None,
-                 combine_in_norm: bool | None = None,
-                 norm_router: bool | None = None, early_kv: bool | None = None, gemv_split: bool | None = None,
-                 gemv_mma: bool | None = None, gemv_mma_narrow: int | None = None, fast: bool = False):
+                 progress=None, expert_slots: int | None = None, prefill_chunk: int | None = None,
+                 cpu_threads: int | None = None, cpu_tier: bool | None = None, fast: bool = False,
+                 overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
-        prefill_path / prefill_chunk: how calls of more than 64 rows run (config.py).
+        prefill_chunk: rows a call of more than 64 rows runs at a time (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
-        decode_gemv / moe_gemv: "i8" | "f32", the dense layers' and the routed experts' GEMVs
-        (config.py; Linear, MoE). fuse_q8 / pdl / combine_in_norm /
-        norm_router / early_kv / gemv_split / gemv_mma (_narrow): config.py (None: its default).
         fast: the model serves fast mode (--fast): without gemv_mma, verify rounds wider than
-        engine.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
+        overrides.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
         "dp4a": narrower rounds, plain decode among them, are the default's bits); an
-        exact verify on it then runs its rows one at a time."""
+        exact verify on it then runs its rows one at a time.
+        overrides: the kept experiments' choices (runtime/overrides.py; bench/ and tests pass
+        variants); kernels: the registry's entries the plans pick from."""
+        o = self.overrides = overrides
         cfg = load_config(f)
         if cfg.rope_dim != cfg.head_dim or cfg.head_dim < 16:
             raise NotImplementedError("the GPU runtime needs full-width RoPE and head_dim >= 16")
         self.cfg: ModelConfig = cfg
         self.device = torch.device(device)
-        gemv = self.decode_gemv = decode_gemv or DEFAULTS.engine.decode_gemv
-        moe_gemv = moe_gemv or DEFAULTS.engine.moe_gemv
-        if gemv not in ("i8", "f32") or moe_gemv not in ("i8", "f32"):
-            raise ValueError(f"decode_gemv and moe_gemv are 'i8' or 'f32', got {gemv!r}, {moe_gemv!r}")
+        gemv, moe_gemv = self.decode_gemv, self.moe_gemv = o.decode_gemv, o.moe_gemv
         self.max_len = max_len
         t = f.tensors
-        vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(self.device)  # noqa: E731
         self.store: ExpertStore | None = None
         if cfg.is_moe and expert_slots is not None:
-            exps = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-            self.store = ExpertStore({i: tuple(t[f"blk.{i}.{n}.weight"] for n in exps) for i in range(cfg.n_layers)},
+            self.store = ExpertStore({i: tuple(t[x] for x in BlockNames(f"blk.{i}.").experts)
+                                      for i in range(cfg.n_layers)},
                                      cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
                                      MAX_W, progress)
-        fuse_q8 = DEFAULTS.engine.fuse_q8 if fuse_q8 is None else fuse_q8
-        self._fuse_q8 = (fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
+        self._fuse_q8 = (o.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts)
-        split = (DEFAULTS.engine.gemv_split if gemv_split is None else gemv_split) and gemv == "i8"
+        split = o.gemv_split and gemv == "i8"
         # Q4_K dense weights on the tensor cores (Linear; emulated under the interpreter)
-        E = DEFAULTS.engine
         mma = None
-        if (E.gemv_mma if gemv_mma is None else gemv_mma) and gemv == "i8":
-            mma = MmaChoice(E.gemv_mma_narrow if gemv_mma_narrow is None else gemv_mma_narrow)
-        elif fast and gemv == "i8" and E.fast_mma_narrow < MAX_W:
-            mma = MmaChoice(E.fast_mma_narrow, partner="dp4a")
+        if o.gemv_mma and gemv == "i8":
+            mma = MmaChoice(o.gemv_mma_narrow)
+        elif fast and gemv == "i8" and o.fast_mma_narrow < MAX_W:
+            mma = MmaChoice(o.fast_mma_narrow, partner="dp4a")
         self.layers = []
         for i in range(cfg.n_layers):
-            p = f"blk.{i}."
-            bias = None
-            if cfg.qkv_bias:
-                bias = torch.cat([vec(p + f"attn_{n}.bias") for n in "qkv"])
-            moe, dense = None, not cfg.is_moe
-            if cfg.is_moe:
-                moe = MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
-                          t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, self.device,
-                          self.store, i, moe_gemv)
-            self.layers.append(GPULayer(
-                attn_norm=vec(p + "attn_norm.weight"),
-                qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], self.device, gemv,
-                           mma=mma),
-                qkv_bias=bias,
-                q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
-                k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                o=Linear([t[p + "attn_output.weight"]], self.device, gemv, split=split, mma=mma),
-                ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], self.device, gemv, mma=mma)
-                if dense else None,
-                down=Linear([t[p + "ffn_down.weight"]], self.device, gemv, split=split, mma=mma) if dense else None,
-                moe=moe,
-            ))
+            self.layers.append(build_layer(t, BlockNames(f"blk.{i}."), cfg, self.device, cfg.is_moe, gemv, moe_gemv,
+                                           split, mma, kernels, o, self.store, i))
             if progress is not None:
                 progress(f"layer {i}", 0)
-        self.cpu_link: CpuLink | None = None
-        self.cpu_experts = None
-        self._launch_cpus: set[int] = set()
-        self._pinned_threads: set[int] = set()
+        self.cpu_tier = None
         if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
-            self._start_cpu_tier(cpu_threads, progress)
-        self.output_norm = vec("output_norm.weight")
-        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv, mma=mma)
+            self.cpu_tier = start_cpu_tier(self.store, cfg.d_model, cfg.n_experts_used, MAX_W, self.device,
+                                           cpu_threads, DEFAULTS.offload.cpu_share, progress)
+        self.cpu_link: CpuLink | None = self.cpu_tier.link if self.cpu_tier is not None else None
+        self.cpu_experts = self.cpu_tier.experts if self.cpu_tier is not None else None
+        for L in self.layers:
+            if L.moe is not None:
+                L.moe.link = self.cpu_link
+        self.output_norm = vectors(t, self.device)("output_norm.weight")
+        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv, mma=mma,
+                             kernels=kernels)
         emb = t["token_embd.weight"]
         self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
         # planes, gathered by one kernel (a tied head's own planes); a format without
@@ -438,7 +133,7 @@ class GPUModel:
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
         # fast mode's hybrid: wide rounds are not the bits of narrow ones (verify)
-        self.hybrid = any(lin._hybrid for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down, self.output)
+        self.hybrid = any(lin.hybrid for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down, self.output)
                           if lin is not None)
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
@@ -451,55 +146,23 @@ class GPUModel:
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow
         # programmatic dependent launch between the round's kernels (kernels/pdl.py)
-        self.pdl = (DEFAULTS.engine.pdl if pdl is None else pdl) and self.device.type == "cuda"
+        self.pdl = o.pdl and self.device.type == "cuda"
         self.capture_s = 0.0
-        e = DEFAULTS.engine
-        self.combine_in_norm = e.combine_in_norm if combine_in_norm is None else combine_in_norm
-        self.norm_router = e.norm_router if norm_router is None else norm_router
-        self.early_kv = e.early_kv if early_kv is None else early_kv    # (the decode round qualifies: attention.py)
-        self.prefill_path = prefill_path or e.prefill_path
-        if self.prefill_path not in ("dequant", "gemv"):
-            raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
-        self.prefill_chunk = prefill_chunk or e.prefill_chunk
+        self.combine_in_norm, self.norm_router = o.combine_in_norm, o.norm_router
+        self.early_kv = o.early_kv    # (the decode round qualifies: kernels/attention/decode.py)
+        self.prefill_path = o.prefill_path
+        self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
         # the dequantized-weight buffer of the prefill GEMMs (allocated on first use)
         sdt = self.act_dtype
-        self.scratch = Scratch((e.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
-                               self.device)
-
-    def _start_cpu_tier(self, threads: int | None, progress) -> None:
-        """CPU workers for the host tier, if every MoE layer fits the expert contract;
-        else (or without a C compiler) the host tier stays read in place over PCIe."""
-        from ..offload.native.workers import CpuExperts
-        from ..offload.native.build import NativeBuildError
-        from ..offload.native.probe import allowed_cpus
-        views = [self.store.layer(i) for i in self.store.moe_layers.tolist()]
-        if not all(contract_ok(v.host_gate_up, v.host_down) for v in views):
-            if progress is not None:
-                progress("CPU expert workers off: an expert format outside the contract (host tier over PCIe)", 0)
-            return
-        c = self.cfg
-        mailbox = Mailbox.new(MAX_W, c.d_model, c.n_experts_used)
-        try:
-            self.cpu_experts = CpuExperts.from_store(self.store, mailbox, threads).start()
-        except (NativeBuildError, OSError) as e:
-            if progress is not None:
-                progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)
-            return
-        self.cpu_link = CpuLink(mailbox, self.device, DEFAULTS.offload.cpu_share)
-        # the thread that launches rounds keeps to the cpus the workers left free
-        self._launch_cpus = set(allowed_cpus()) - set(self.cpu_experts.cpus)
-        for L in self.layers:
-            if L.moe is not None:
-                L.moe.link = self.cpu_link
+        self.scratch = Scratch((o.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
+                               self.device, overlap=o.prefill_overlap, graphs=o.prefill_graphs)
+        # the round of every width, made once (runtime/round.py): what each producer emits, which add
+        self.round_plans = tuple(plan_round(self, W) for W in range(1, MAX_W + 1))
 
     def _keep_launch_thread_apart(self) -> None:
-        """Pin the calling (round-launching) thread, once, to the cpus the CPU workers do
-        not use, so they never share a core with it (Linux; elsewhere a no-op)."""
-        tid = threading.get_ident()
-        if tid in self._pinned_threads or not self._launch_cpus or not hasattr(os, "sched_setaffinity"):
-            return
-        os.sched_setaffinity(0, self._launch_cpus)    # 0: this thread
-        self._pinned_threads.add(tid)
+        """The round-launching thread off the CPU workers' cpus (offload/cpu_tier.CpuTier)."""
+        if self.cpu_tier is not None:
+            self.cpu_tier.keep_launch_thread_apart()
 
     # -- the round ---------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> KVCache:
@@ -516,57 +179,7 @@ class GPUModel:
 
     def _rows(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
-        c = self.cfg
-        x = self.embed(tokens)                                                      # [W, D]
-        kv_len = cache.k.shape[2]
-        W = tokens.shape[0]
-        act = self.act_dtype
-        pdl = self.pdl
-        # each norm, the SiLU and the attention combine also emit the int8 activations of
-        # the GEMVs that read their output (q8: {lane order: (xp, xsd)}, Linear.orders)
-        h, q8 = self._norm(x, None, self.layers[0].attn_norm, self.layers[0].qkv)
-        for i, L in enumerate(self.layers):
-            qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
-            q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[i], cache.v[i], pos,
-                         c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
-            # the o GEMV's activations from the combine: a lane order, or q8_K where a program can
-            # take a super-block's two heads (head_dim 128)
-            o_in = L.o.orders(W)
-            lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
-                ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
-            if lanes and self._fuse_q8:
-                a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, lanes, pdl,
-                                            early=self.early_kv)                       # [W, H*hd]
-            else:
-                a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=self.early_kv), None
-            logits = None
-            if self._norm_router(L, W):   # x += o(a) in the GEMV; one launch: the norm and the router's logits
-                parts, x_in = None, x
-                if L.o.runs(W) > 1:       # o's runs, added by the norm into a new residual tensor
-                    parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
-                else:
-                    L.o.add_into(a, q8, x, pdl)
-                m, x_out = L.moe, x if parts is not None else None
-                h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, m.router_rows, c.norm_eps, act,
-                                                  m.orders(W)[:2], pdl, parts, x_out)   # [W, D], q8, [W, E]
-            else:
-                o = L.o.parts(a, q8, pdl)
-                h, q8 = self._norm(x, o, L.ffn_norm, L.gate_up or L.moe)                 # x += o(a)
-            if L.moe is not None:   # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-                d = L.moe(h, act, q8, pdl, combine=not self.combine_in_norm, logits=logits)
-            else:
-                gu = L.gate_up(h, q8, pdl)                                         # [W, 2F]
-                if L.down.orders(W) and self._fuse_q8:
-                    s, q8 = silu_mul_q8(gu, act, L.down.orders(W), pdl)               # [W, F]
-                else:
-                    s, q8 = silu_mul(gu, act, pdl), None
-                d = L.down.parts(s, q8, pdl)                                       # [W, D] (or its runs)
-            last = i + 1 == len(self.layers)
-            nxt, consumer = (self.output_norm, self.output) if last else (self.layers[i + 1].attn_norm,
-                                                                          self.layers[i + 1].qkv)
-            h, q8 = self._norm(x, d, nxt, consumer)
-        logits = self.output(h, q8, pdl)
-        return logits, x
+        return round_rows(self, tokens, pos, cache)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] int64 -> their embedding rows [T, D] float32 (the residual)."""
@@ -575,43 +188,12 @@ class GPUModel:
         return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
 
     def _norm_router(self, L: GPULayer, W: int) -> bool:
-        """Does layer L's FFN norm compute its router's logits at width W (engine.norm_router)?"""
-        m = L.moe
-        return (self.norm_router and m is not None and m.i8 and m.link is None
-                and m.router_rows is not None and self._fuse_q8 and L.o.adds(W))
-
-    def _norm(self, x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor,
-              consumer: "Linear | MoE | None") -> tuple[torch.Tensor, dict | None]:
-        """x += y (y: a tensor, or MoE ranks to sum); rmsnorm(x) * w, with the int8
-        activations `consumer` takes (if any)."""
-        c = self.cfg
-        orders = consumer.orders(x.shape[0]) if consumer is not None else ()
-        if not orders or not self._fuse_q8:
-            return add_rmsnorm(x, y, w, c.norm_eps, self.act_dtype, self.pdl), None
-        return add_rmsnorm_q8(x, y, w, c.norm_eps, self.act_dtype, orders[:2], self.pdl)
+        """Does layer L's FFN norm compute its router's logits at width W (overrides.norm_router)?"""
+        return self.round_plans[W - 1].layers[self.layers.index(L)].norm_router
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
-        t0 = time.perf_counter()
-        cache = self.cache
-        pool = torch.cuda.graph_pool_handle()
-        self._pos.zero_()
-        self._tokens.zero_()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for b in BUCKETS:                 # compile every kernel at every width first
-                self._rows(self._tokens[:b], self._pos, cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        with collector_paused(collect=True):      # no graph's reset mid-capture (runtime/capture.py)
-            for b in reversed(BUCKETS):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    logits, hidden = self._rows(self._tokens[:b], self._pos, cache)
-                self.graphs[b] = (g, logits, hidden)
-        torch.cuda.synchronize()
-        self.capture_s = time.perf_counter() - t0
+        self.capture_s = round_graphs.capture(self)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos: int, cache: KVCache,
@@ -640,14 +222,9 @@ class GPUModel:
                     if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
                         self._keep_launch_thread_apart()
             if self.use_graphs and cache is self.cache:
-                b = bucket_of(W)
-                self._tokens[:W].copy_(part)
-                if b > W:   # padding rows: any token; their K/V land past the real rows and are overwritten later
-                    self._tokens[W:b].fill_(0)
-                g, g_logits, g_hidden = self.graphs[b]
-                g.replay()
+                lg, hd = round_graphs.replay(self, part)
                 # the graph's outputs are static buffers: later chunks would overwrite them
-                outs.append((g_logits[:W], g_hidden[:W]) if T <= MAX_W else (g_logits[:W].clone(), g_hidden[:W].clone()))
+                outs.append((lg, hd) if T <= MAX_W else (lg.clone(), hd.clone()))
             else:
                 outs.append(self._rows(part, self._pos, cache))
             if self.store is not None:

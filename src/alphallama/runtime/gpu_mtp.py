@@ -33,17 +33,22 @@ import triton
 import triton.language as tl
 
 from ..config import DEFAULTS
-from ..gguf.arch import ModelConfig, MTPHeadConfig
-from ..gguf.quants import dequantize
+from ..gguf.arch import MTPHeadConfig
 from ..gguf.reader import GGUFFile
-from ..kernels.attention import decode_attention
-from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
-from ..kernels.qmatmul import qmatmul
-from ..kernels.qweight import QuantWeight
+from ..kernels.attention.decode import decode_attention
+from ..kernels.norm.rmsnorm import add_rmsnorm
+from ..kernels.attention.rope import qkv_rope
+from ..kernels.activations.silu import silu_mul
+from ..kernels.gemv.qmatmul import qmatmul
+from ..kernels.formats.qweight import QuantWeight
 from ..model.layers import rope_tables
 from .capture import collector_paused
-from .gpu_model import BUCKETS, MAX_W, ROWS_PER_THREAD, GPULayer, GPUModel, Linear, MoE, bucket_of
-from .kv_cache import KVCache
+from ..kernels.gemv.registry import ROWS_PER_THREAD
+from .gpu_model import GPUModel
+from .linear import Linear
+from .widths import BUCKETS, MAX_W, bucket_of
+from .weights import BlockNames, build_layer, vectors
+from ..kv_cache import KVCache
 
 SPARE = MAX_W + DEFAULTS.mtp.max_depth + 3     # slots past the context: a padded bucket and a chain
 
@@ -88,22 +93,6 @@ def pick_ref(logits: torch.Tensor, ids: torch.Tensor) -> tuple[int, float]:
     return int(ids[i]), float(p[i])
 
 
-def _layer(t, p: str, cfg: ModelConfig, hc: MTPHeadConfig, vec, device) -> GPULayer:
-    return GPULayer(
-        attn_norm=vec(p + "attn_norm.weight"),
-        qkv=Linear([t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"]], device),
-        qkv_bias=torch.cat([vec(p + f"attn_{n}.bias") for n in "qkv"]) if cfg.qkv_bias else None,
-        q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
-        k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-        o=Linear([t[p + "attn_output.weight"]], device),
-        ffn_norm=vec(p + "ffn_norm.weight"),
-        gate_up=None if hc.moe else Linear([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]], device),
-        down=None if hc.moe else Linear([t[p + "ffn_down.weight"]], device),
-        moe=MoE(t[p + "ffn_gate_inp.weight"], t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"],
-                t[p + "ffn_down_exps.weight"], cfg.n_experts_used, cfg.norm_topk_prob, device) if hc.moe else None,
-    )
-
-
 class GPUMTPHead:
     """Same interface as model.mtp.MTPHead: new_cache, set_vocab, extend, draft (+ prepare)."""
 
@@ -112,11 +101,14 @@ class GPUMTPHead:
         self.model, self.cfg, self.hc = model, model.cfg, hc
         dev = self.device = model.device
         t, p = head_file.tensors, hc.prefix
-        vec = lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(dev)  # noqa: E731
+        vec = vectors(t, dev)
         self.enorm, self.hnorm = vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight")
         self.head_norm = vec(p + "nextn.shared_head_norm.weight")
         self.eh = Linear([t[p + "nextn.eh_proj.weight"]], dev)
-        self.layer = _layer(t, p, self.cfg, hc, vec, dev)
+        # the head's block on the model's GEMVs (no split runs, no tensor cores: the block calls each Linear whole)
+        # fp32 GEMVs (qmatmul, the control arm), not the model's plan: on int8 activations
+        # tests/runtime/test_gpu_mtp's MoE chain flips a near tie against the reference
+        self.layer = build_layer(t, BlockNames(p), self.cfg, dev, hc.moe, "f32", "f32")
         self.max_len = max_len
         cos, sin = rope_tables(max_len + SPARE, self.cfg.rope_dim, self.cfg.rope_base)
         self.cos, self.sin = cos.to(dev), sin.to(dev)                             # [max_len+SPARE, hd/2]

@@ -3,14 +3,14 @@
 The decode round (gpu_model._rows) is a GEMV per weight: right for W <= 64 rows, but a
 512-row chunk through it re-reads every weight 8 times on the CUDA cores. Here the
 same layer sequence runs eagerly with each quantized matrix dequantized into the
-model's scratch and multiplied by cuBLAS (kernels/qgemm.py), attention by torch SDPA
+model's scratch and multiplied by cuBLAS (kernels/prefill/qgemm.py), attention by torch SDPA
 over the cache prefix (flash, causal aligned bottom-right), and the small fused
 kernels as in decode. The chunk's GEMMs are known ahead, so they are handed to the
 scratch as a plan: each weight is dequantized while the GEMM before it runs.
 
 MoE layers: the router and the top-k are the decode kernels (a GEMV: the router is
 small). With every expert resident the experts run as two grouped GEMMs that
-dequantize weight tiles on the fly (kernels/moe_gemm.py, MOE_FUSED): the pairs are
+dequantize weight tiles on the fly (kernels/moe/moe_gemm.py, Overrides.moe_prefill_fused): the pairs are
 put into padded per-expert blocks on the device, no host sync, so such a model's
 chunks are captured as CUDA graphs like a dense model's (H200, 30B-A3B shape, 512
 rows: 36 ms; the earlier batches of dequantized experts with one host sync a layer
@@ -36,22 +36,21 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from ..kernels.fused import add_rmsnorm, qkv_rope, silu_mul
-from ..kernels.moe import moe_route
-from ..kernels.moe_gemm import moe_prefill
-from ..kernels.qgemm import Scratch
-from ..kernels.qmatmul import qmatmul
+from ..kernels.norm.rmsnorm import add_rmsnorm
+from ..kernels.attention.rope import qkv_rope
+from ..kernels.activations.silu import silu_mul
+from ..kernels.moe.route import moe_route
+from ..kernels.moe.moe_gemm import moe_prefill
+from .scratch import Scratch
+from ..kernels.gemv.qmatmul import qmatmul
 from .capture import collector_paused
 
-# Resident experts (moe.store is None) through kernels/moe_gemm.moe_prefill (grouped GEMMs
-# dequantizing on the fly, no host sync); False: the per-expert loop (moe_loop)
-MOE_FUSED = True
 GRAPH_DEVICES = ("cuda",)   # where prefill chunks are captured (tests stand in for the capture on the CPU)
 GRAPH_MIN_ROWS = 128        # graph_rows: the smallest captured chunk
 
 
 def gemm_linear(lin, x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
-    """A gpu_model.Linear through the scratch's GEMMs: x [T, K] -> [T, sum N] float32
+    """A runtime.linear.Linear through the scratch's GEMMs: x [T, K] -> [T, sum N] float32
     (its matrices of different types share one buffer and one GEMM where they fit)."""
     return scratch.gemm(x, scratch.units(lin.weights))
 
@@ -91,19 +90,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
 
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
-    """A gpu_model.MoE over a chunk: [T, D] -> [T, D] fp32. Resident experts through
-    moe_gemm.moe_prefill (MOE_FUSED: no host sync); an expert store's (or MOE_FUSED off)
+    """A runtime.moe.MoE over a chunk: [T, D] -> [T, D] fp32. Resident experts through
+    moe_gemm.moe_prefill (moe.prefill_fused: no host sync); an expert store's (or prefill_fused off)
     through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
     weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
-    if _fused(moe):
+    if moe_fused(moe):
         return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down)
     return moe_loop(moe, h, weights, experts, scratch)
 
 
-def _fused(moe) -> bool:
+def moe_fused(moe) -> bool:
     """Does this MoE layer's chunk go through moe_prefill (no host sync) rather than moe_loop?"""
-    return MOE_FUSED and moe.store is None
+    return moe.prefill_fused and moe.store is None
 
 
 def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, scratch: Scratch) -> torch.Tensor:
@@ -261,9 +260,9 @@ class ChunkGraphs:
         return (logits.clone() if logits is not None else None), self.x.clone()
 
 
-def _capturable(L) -> bool:
+def capturable(L) -> bool:
     """A layer whose chunk needs no host sync: dense, or MoE through moe_prefill."""
-    return L.moe is None or _fused(L.moe)
+    return L.moe is None or moe_fused(L.moe)
 
 
 def graph_rows(T: int, chunk: int) -> int:
@@ -278,7 +277,7 @@ def _graphs_for(m, cache, T: int, logits: bool, pos: int, rows_per_thread: int) 
     """The captured chunk of graph_rows(T) rows for these shapes and this cache (captured
     on first use; kept per shape for one cache), or None where graphs do not apply."""
     s = m.scratch
-    if not (s.graphs and m.device.type in GRAPH_DEVICES and all(map(_capturable, m.layers))):
+    if not (s.graphs and m.device.type in GRAPH_DEVICES and all(map(capturable, m.layers))):
         return None
     Tg = graph_rows(T, m.prefill_chunk)
     if pos + Tg > cache.max_len:                         # the padding would pass the cache's end

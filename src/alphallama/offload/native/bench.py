@@ -16,8 +16,8 @@ import time
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from ...kernels.formats import PLANES
-from ...kernels.qweight import FORMATS, QuantWeight
+from ...kernels.formats.format import PLANES
+from ...kernels.formats.qweight import FORMATS, QuantWeight
 from ..mailbox import DONE, LAYER, REQ, ROWS, Mailbox
 from .probe import probe
 from .workers import CpuExperts

@@ -1,5 +1,5 @@
 """ctypes views of the C side: plane descriptors, and the contract's functions one call
-at a time (what the tests hold bit-equal to kernels/expert_q8.py; the pool runs the same
+at a time (what the tests hold bit-equal to kernels/moe/expert_q8.py; the pool runs the same
 C functions)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import ctypes
 
 import torch
 
-from ...kernels.expert_q8 import supports
-from ...kernels.qweight import QuantWeight
+from ...kernels.moe.expert_q8 import supports
+from ...kernels.formats.qweight import QuantWeight
 from .build import lib
 
 _P = ctypes.c_void_p

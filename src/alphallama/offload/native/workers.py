@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-from ...kernels.qweight import QuantWeight
+from ...kernels.formats.qweight import QuantWeight
 from ..mailbox import Mailbox
 from .build import lib
 from .kernels import LayerDesc, qmat

@@ -1,0 +1,1 @@
+"""Activation functions of the FFN (SiLU(gate) * up)."""

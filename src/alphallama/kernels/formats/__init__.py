@@ -1,0 +1,1 @@
+"""Weight formats: GGUF blocks re-laid as planes (QuantWeight), their decoders, dequantization."""

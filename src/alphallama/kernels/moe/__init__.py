@@ -1,0 +1,1 @@
+"""Routed experts: routing, the experts' GEMVs (fp32, int8, the CPU-tier contract), the prefill grouped GEMM."""

@@ -1,0 +1,1 @@
+"""Prefill: weights dequantized into scratch row blocks and multiplied by cuBLAS."""

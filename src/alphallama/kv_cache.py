@@ -1,0 +1,33 @@
+"""The KV cache: preallocated per-layer K and V, and a committed length.
+
+Rows are written at their positions by the forward pass; `length` says how many are
+committed. Rolling back a rejected speculative suffix is `truncate(n)`: attention only
+ever reads positions below the current row, so rows past `length` leave no trace and
+are simply overwritten later. (A recurrent state cannot forget rows: hybrid_cache.py
+keeps the positions it can return to; `restorable` and `checkpoint` are the common interface.)
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        shape = (n_layers, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, n_kv, max_len, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, n_kv, max_len, head_dim]
+        self.max_len = max_len
+        self.length = 0
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} rows to {n}")
+        self.length = n
+
+    def restorable(self, n: int) -> int:
+        """The longest prefix of at most n rows the cache can return to (any, up to its length)."""
+        return min(n, self.length)
+
+    def checkpoint(self) -> None:
+        """Nothing to remember: any prefix of the rows is restorable."""

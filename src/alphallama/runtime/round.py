@@ -1,0 +1,121 @@
+"""The decode round: a straight line over the plan made at load.
+
+What each producer emits for the GEMV that reads its output (the norms, the SiLU and the
+attention combine emit its int8 / q8_K activations) and which form a layer's residual
+add takes is decided once per width (RoundPlan, from each Linear's plan:
+kernels/gemv/registry.py); `rows` only reads it:
+
+    embed -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write
+          -> split-KV attention -> o GEMV -> [add+RMSNorm (+ the router's logits)]
+          -> gate|up GEMV -> SiLU*up -> down GEMV (or the MoE layer) -> ...
+          -> [add+RMSNorm] -> output GEMV
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..kernels.activations.silu import silu_mul, silu_mul_q8
+from ..kernels.attention.decode import decode_attention, decode_attention_q8
+from ..kernels.attention.rope import qkv_rope
+from ..kernels.gemv.qgemv_mma import Q8K
+from ..kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_q8, rmsnorm_router_q8
+from ..kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .gpu_model import GPUModel
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """One layer at one width: the layouts each producer emits (() : none, plain kernel)."""
+    attention: tuple          # the combine's (one lane order, or Q8K where head_dim is 128)
+    norm_router: bool         # o adds into the residual in its epilogue, the FFN norm makes the router's logits
+    o_runs: bool              # ... with o's partial-sum runs, added by the norm into a new residual
+    ffn_norm: tuple           # the FFN norm's (gate|up's, or the experts')
+    silu: tuple               # the SiLU's (the down's; dense layers)
+    next_norm: tuple          # the next layer's attention norm's (or the output norm's, the head's)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    first_norm: tuple                  # layer 0's attention norm's
+    layers: tuple[LayerStep, ...]
+
+
+def _emitted(consumer, W: int, fuse: bool) -> tuple:
+    """What a norm emits for `consumer` at width W: at most two of its layouts."""
+    return consumer.orders(W)[:2] if fuse and consumer is not None else ()
+
+
+def plan_round(m: "GPUModel", W: int) -> RoundPlan:
+    """The round of W rows of model m (its Linears' and MoE layers' plans, m's options)."""
+    c, fuse = m.cfg, m._fuse_q8
+    layers = []
+    for i, L in enumerate(m.layers):
+        o_in = L.o.orders(W)
+        lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
+            ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
+        mo = L.moe
+        router = (m.norm_router and mo is not None and mo.i8 and mo.link is None
+                  and mo.router_rows is not None and fuse and L.o.adds(W))
+        nxt = m.layers[i + 1].qkv if i + 1 < len(m.layers) else m.output
+        layers.append(LayerStep(
+            attention=lanes if fuse else (), norm_router=router, o_runs=router and L.o.runs(W) > 1,
+            ffn_norm=_emitted(L.gate_up or mo, W, fuse),
+            silu=L.down.orders(W) if mo is None and fuse else (), next_norm=_emitted(nxt, W, fuse)))
+    return RoundPlan(_emitted(m.layers[0].qkv, W, fuse), tuple(layers))
+
+
+def _norm(m: "GPUModel", x, y, w, orders: tuple):
+    """x += y; rmsnorm(x) * w, with the activations `orders` name (if any)."""
+    if not orders:
+        return add_rmsnorm(x, y, w, m.cfg.norm_eps, m.act_dtype, m.pdl), None
+    return add_rmsnorm_q8(x, y, w, m.cfg.norm_eps, m.act_dtype, orders, m.pdl)
+
+
+def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
+    c = m.cfg
+    x = m.embed(tokens)                                                         # [W, D]
+    kv_len = cache.k.shape[2]
+    plan = m.round_plans[tokens.shape[0] - 1]
+    act, pdl = m.act_dtype, m.pdl
+    # each norm, the SiLU and the attention combine also emit the int8 activations of
+    # the GEMVs that read their output (q8: {layout: activations})
+    h, q8 = _norm(m, x, None, m.layers[0].attn_norm, plan.first_norm)
+    for i, (L, s) in enumerate(zip(m.layers, plan.layers)):
+        qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
+        q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, m.cos, m.sin, cache.k[i], cache.v[i], pos,
+                     c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
+        if s.attention:
+            a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl,
+                                        early=m.early_kv)                       # [W, H*hd]
+        else:
+            a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=m.early_kv), None
+        logits = None
+        if s.norm_router:         # x += o(a) in the GEMV; one launch: the norm and the router's logits
+            parts, x_in = None, x
+            if s.o_runs:          # o's runs, added by the norm into a new residual tensor
+                parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
+            else:
+                L.o.add_into(a, q8, x, pdl)
+            x_out = x if parts is not None else None
+            h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, L.moe.router_rows, c.norm_eps, act,
+                                              s.ffn_norm, pdl, parts, x_out)   # [W, D], q8, [W, E]
+        else:
+            h, q8 = _norm(m, x, L.o.parts(a, q8, pdl), L.ffn_norm, s.ffn_norm)   # x += o(a)
+        if L.moe is not None:     # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
+            d = L.moe(h, act, q8, pdl, combine=not m.combine_in_norm, logits=logits)
+        else:
+            gu = L.gate_up(h, q8, pdl)                                          # [W, 2F]
+            if s.silu:
+                sm, q8 = silu_mul_q8(gu, act, s.silu, pdl)                      # [W, F]
+            else:
+                sm, q8 = silu_mul(gu, act, pdl), None
+            d = L.down.parts(sm, q8, pdl)                                       # [W, D] (or its runs)
+        nxt = m.output_norm if i + 1 == len(m.layers) else m.layers[i + 1].attn_norm
+        h, q8 = _norm(m, x, d, nxt, s.next_norm)
+    return m.output(h, q8, pdl), x

@@ -1,0 +1,91 @@
+"""GGUF tensors -> the GPU runtime's layers: one map of a block's tensor names, used by the
+model's loader and the MTP head's (gpu_mtp), and the layer built from it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..gguf.arch import ModelConfig
+from ..gguf.quants import dequantize
+from ..gguf.reader import TensorInfo
+from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels, MmaChoice
+from ..offload.store import ExpertStore
+from .linear import Linear
+from .moe import MoE
+from .overrides import PRODUCT, Overrides
+
+
+@dataclass(frozen=True)
+class BlockNames:
+    """A transformer block's GGUF tensor names under prefix p ("blk.3.", an MTP head's own)."""
+    p: str
+
+    def __getattr__(self, part: str) -> str:
+        if part.startswith("_"):
+            raise AttributeError(part)
+        return f"{self.p}{part}.weight"
+
+    def bias(self, part: str) -> str:
+        return f"{self.p}{part}.bias"
+
+    @property
+    def qkv(self) -> tuple[str, str, str]:
+        return self.attn_q, self.attn_k, self.attn_v
+
+    @property
+    def experts(self) -> tuple[str, str, str]:
+        return self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
+
+
+@dataclass
+class GPULayer:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear | None       # dense FFN
+    down: Linear | None
+    moe: MoE | None = None       # routed experts instead
+
+    @property
+    def nbytes(self) -> int:
+        ffn = self.moe.nbytes if self.moe is not None else self.gate_up.nbytes + self.down.nbytes
+        return self.qkv.nbytes + self.o.nbytes + ffn
+
+
+def vectors(t: dict[str, TensorInfo], device) -> Callable[[str], torch.Tensor]:
+    """name -> that (small) tensor dequantized to float32 on the device (norms, biases)."""
+    return lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(device)
+
+
+def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, device, moe: bool,
+                gemv: str = "f32", moe_gemv: str = "f32", split: bool = False, mma: MmaChoice | None = None,
+                kernels: Kernels = DEFAULT_KERNELS, o: Overrides = PRODUCT, store: ExpertStore | None = None,
+                layer: int = 0) -> GPULayer:
+    """Block `n`'s layer: its dense weights on their plans (gemv, split runs for o and down,
+    the tensor cores' choice), its experts resident or in `store` (as layer `layer`)."""
+    vec = vectors(t, device)
+    experts = None
+    if moe:
+        experts = MoE(t[n.ffn_gate_inp], *(t[x] for x in n.experts), cfg.n_experts_used, cfg.norm_topk_prob,
+                      device, store, layer, moe_gemv, o.moe_prefill_fused)
+
+    def lin(names, split_runs: bool = False) -> Linear:
+        return Linear([t[x] for x in names], device, gemv, split=split_runs, mma=mma, kernels=kernels,
+                      split_limits=o.split_limits)
+    return GPULayer(
+        attn_norm=vec(n.attn_norm),
+        qkv=lin(n.qkv),
+        qkv_bias=torch.cat([vec(n.bias(f"attn_{x}")) for x in "qkv"]) if cfg.qkv_bias else None,
+        q_norm=vec(n.attn_q_norm) if cfg.qk_norm else None,
+        k_norm=vec(n.attn_k_norm) if cfg.qk_norm else None,
+        o=lin([n.attn_output], split),
+        ffn_norm=vec(n.ffn_norm),
+        gate_up=None if moe else lin([n.ffn_gate, n.ffn_up]),
+        down=None if moe else lin([n.ffn_down], split),
+        moe=experts)
