@@ -12,6 +12,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels.moe import moe_f32 as moe
+from alphallama.kernels.moe import route
 from alphallama.kernels.formats.format import PLANES
 from alphallama.kernels.gemv.qmatmul import tile
 from alphallama.kernels.formats.qweight import FORMATS, QuantWeight
@@ -46,7 +47,7 @@ def compile_all(table: bool) -> None:
             const.pop("TOP_K")
             _compile(moe._down_part_kernel, ["*bf16", "*fp32", "*i32", "*i32", *planes, "i32", "i32"], const)
     _compile(moe.down_combine_kernel, ["*fp32", "*fp32", "*fp32", "i32"], dict(TOP_K=8, BD=moe.BD_COMBINE))
-    _compile(moe._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
+    _compile(route._route_kernel, ["*fp32", "*fp32", "*i32", "i32"], dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, NORM=True))
 
 
 @pytest.mark.parametrize("table", [False, True], ids=["resident", "table"])

@@ -24,8 +24,20 @@ ARCH_PRESETS = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "qwen3": "tiny-qwe
 CTX = 256
 
 
-def test_every_architecture_has_a_preset_here():
-    assert set(ARCH_PRESETS) == set(ARCHS)
+def test_every_architecture_the_gpu_runs_has_a_preset_here(tmp_path):
+    """The plan is the GPU runtime's: an architecture it refuses (a hybrid, or a variant
+    with pieces the GPU path lacks) has no plan to size; every other one is tested here."""
+    from alphallama.gguf.arch import load_config
+    from alphallama.gguf.arch_qwen35 import HybridConfig
+    from alphallama.gguf.arch_variants import gpu_departures
+    runs = set()
+    for arch in ARCHS:
+        path = tmp_path / f"{arch}.gguf"
+        write_synthetic(PRESETS[f"tiny-{arch}"](n_layers=2), path)
+        cfg = load_config(GGUFFile(str(path)))
+        if not isinstance(cfg, HybridConfig) and not gpu_departures(cfg):
+            runs.add(arch)
+    assert set(ARCH_PRESETS) == runs
 
 
 @pytest.fixture(scope="module", params=sorted(ARCH_PRESETS))

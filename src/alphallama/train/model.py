@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
+from ..gguf.arch_variants import RopeScaling, Variant
 from ..model.layers import apply_rope, rope_tables
 from .mtp import rms
 
@@ -46,7 +47,8 @@ class MoEConfig:
             vocab_size=self.vocab_size, ctx_len=self.ctx_len, norm_eps=float(np.float32(self.norm_eps)),
             rope_base=float(np.float32(self.rope_base)), rope_dim=self.head_dim, rope_neox=True,
             qk_norm=True, n_experts=self.n_experts, n_experts_used=self.n_experts_used,
-            d_ff_expert=self.d_ff_expert, tied_embeddings=True)
+            d_ff_expert=self.d_ff_expert, tied_embeddings=True,
+            variant=Variant(rope=RopeScaling(orig_ctx=self.ctx_len)))   # the reader's default: the training context
 
 
 class Block(nn.Module):
