@@ -225,7 +225,7 @@ def global_tensors(cfg) -> dict[str, tuple[int, ...]]:
 def gpu_departures(cfg) -> list[str]:
     """What the GPU runtime (runtime/gpu_model.py) does not implement for this model."""
     v = cfg.variant
-    checks = [(v.rope.kind != "none", f"rope scaling ({v.rope.kind})"), (bool(v.rope_factors), "rope frequency factors"),
+    checks = [(v.rope.kind == "longrope", "longrope scaling"), (len(v.rope_factors) > 1, "long/short rope factors"),
               (v.sliding_window > 0, "sliding-window attention"), (v.attn_sinks, "attention sinks"),
               (v.attn_scale != 0.0, "a custom attention scale"), (v.attn_temp_scale != 0.0, "query temperature"),
               (v.attn_out_bias, "attention output bias"), (v.fused_qkv, "fused qkv"),

@@ -40,7 +40,7 @@ from ..kernels.formats.dequant import gather_rows
 from ..kernels.formats.qweight import QuantWeight, embedding_planes
 from ..kernels.gemv.registry import DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice
 from ..kv_cache import KVCache
-from ..model.layers import rope_tables
+from ..model.rope import layer_tables
 from ..offload.cpu_tier import CpuLink, start_cpu_tier
 from ..offload.store import ExpertStore
 from . import graphs as round_graphs
@@ -128,7 +128,10 @@ class GPUModel:
             self.embd = self.output.weights[0]
         else:
             self.embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), self.device)
-        cos, sin = rope_tables(max_len + MAX_W, cfg.rope_dim, cfg.rope_base)
+        # the reference model's tables (model/rope.py: linear / YaRN scaling, Llama 3.1's
+        # rope_freqs, the magnitude scale); one for all layers: the GPU runs no sliding window
+        factors = {name: vectors(t, "cpu")(name) for name in cfg.variant.rope_factors}
+        cos, sin = layer_tables(cfg, max_len + MAX_W, factors)[0]
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes

@@ -1,0 +1,62 @@
+"""RoPE scaling on the GPU runtime: Llama 3.1's rope_freqs, YaRN and linear scaling.
+
+The GPU runtime takes its cos/sin tables from the reference model's model/rope.py, which
+tests/model/test_archs_vs_llamacpp.py proves against llama.cpp (~2e-6 relative on these
+presets). So: the tables must be the reference's, bit for bit, with the scaling applied
+(not the plain tables); and the runtime's logits must follow the scaled reference, not
+the unscaled one (Triton kernels; the interpreter on CPU)."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from alphallama.gguf.arch_variants import RopeScaling, gpu_departures  # noqa: E402
+from alphallama.gguf.reader import GGUFFile  # noqa: E402
+from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
+from alphallama.model.layers import rope_tables  # noqa: E402
+from alphallama.model.loader import load_model  # noqa: E402
+from alphallama.model.transformer import Transformer  # noqa: E402
+from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+CTX = 64
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _models(tmp_path, preset: str):
+    path = tmp_path / f"{preset}.gguf"
+    write_synthetic(PRESETS[preset](n_layers=1, quant="Q8_0", seed=3), path)
+    f = GGUFFile(path)
+    return load_model(f, CTX), GPUModel(f, CTX, device=DEV)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear"])
+def test_tables_are_the_references(tmp_path, preset):
+    ref, gpu = _models(tmp_path, preset)
+    assert gpu_departures(ref.cfg) == []
+    cos, sin = ref.ropes[0]                                                  # [CTX, rope_dim/2]
+    assert torch.equal(gpu.cos[:CTX].cpu(), cos) and torch.equal(gpu.sin[:CTX].cpu(), sin)
+    plain_cos, _ = rope_tables(CTX, ref.cfg.rope_dim, ref.cfg.rope_base)
+    assert (cos - plain_cos).abs().max() > 1e-3, "the scaling was not applied"
+
+
+def test_logits_follow_the_scaled_reference(tmp_path):
+    """YaRN (frequency ramp and magnitude scale): the runtime's logits are within the GPU
+    tests' tolerance of the scaled reference (int8 activations, fp16 K/V:
+    test_gpu_model.py), and the unscaled reference is far outside it."""
+    ref, gpu = _models(tmp_path, "tiny-llama-yarn")
+    cfg = ref.cfg
+    plain = Transformer(replace(cfg, variant=replace(cfg.variant, rope=RopeScaling(), rope_factors=())),
+                        ref.w, ref.max_len)
+    toks = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))                         # [12, V]
+    lp, _ = plain.forward(toks, 0, plain.new_cache(CTX))
+    lg, _ = gpu.forward(toks, 0, gpu.new_cache(CTX))
+    atol = 4e-2 * lr.abs().max().item()
+    torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
+    assert (lp - lr).abs().max() > 3 * atol          # measured: 0.25 of the max logit, against <= 0.02
