@@ -15,13 +15,13 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from alphallama.gguf.arch_variants import RopeScaling, gpu_departures  # noqa: E402
-from alphallama.gguf.reader import GGUFFile  # noqa: E402
-from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
-from alphallama.model.layers import rope_tables  # noqa: E402
-from alphallama.model.loader import load_model  # noqa: E402
-from alphallama.model.transformer import Transformer  # noqa: E402
-from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
+from alphallama.gguf.arch_variants import RopeScaling, gpu_departures
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.model.layers import rope_tables
+from alphallama.model.loader import load_model
+from alphallama.model.transformer import Transformer
+from alphallama.runtime.gpu_model import GPUModel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 64

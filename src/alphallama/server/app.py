@@ -12,9 +12,9 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import Engine
