@@ -23,7 +23,8 @@ from alphallama.model.loader import load_model
 NEW = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear", "tiny-gemma3", "tiny-gpt-oss", "tiny-phi3",
        "tiny-mistral3", "tiny-qwen2moe")
 
-ON_GPU = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear")   # rope scaling: the reference's tables
+ON_GPU = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear",   # rope scaling: the reference's tables
+          "tiny-qwen2moe")                                            # the shared expert (runtime/shared_expert.py)
 
 
 def _meta(**keys) -> Meta:

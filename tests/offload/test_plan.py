@@ -20,7 +20,8 @@ from alphallama.offload.apply import engine_kwargs, parse_bytes, plan_from_args
 from alphallama.offload.plan import PlanError, make_plan
 from alphallama.runtime.gpu_model import GPUModel
 
-ARCH_PRESETS = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "qwen3moe": "tiny-qwen3moe"}
+ARCH_PRESETS = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "qwen3moe": "tiny-qwen3moe",
+                "qwen2moe": "tiny-qwen2moe"}
 CTX = 256
 
 
@@ -57,6 +58,8 @@ def _held_bytes(m: GPUModel) -> tuple[int, int]:
         vecs = [L.attn_norm, L.ffn_norm, L.qkv_bias, L.q_norm, L.k_norm]
         dense += sum(v.numel() * 4 for v in vecs if v is not None)
         dense += sum(qw(w) for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None for w in lin.weights)
+        if L.shared is not None:
+            dense += sum(qw(w) for lin in (L.shared.gate_up, L.shared.down) for w in lin.weights) + qw(L.shared.gate)
         if L.moe is not None:
             dense += qw(L.moe.router)
             experts += qw(L.moe.gate_up) + qw(L.moe.down)

@@ -232,8 +232,7 @@ def gpu_departures(cfg) -> list[str]:
               (v.embed_scale != 1.0, "embedding scale"), (v.post_norms, "post norms"),
               (v.ffn_norm != "ffn_norm", f"pre-FFN norm {v.ffn_norm}"), (v.ffn_act != "silu", f"{v.ffn_act} FFN"),
               (v.fused_gate_up, "fused gate/up"), (v.final_softcap != 0.0, "logit softcapping"),
-              (v.moe_gating != "softmax", f"{v.moe_gating} expert gating"), (v.expert_bias, "expert biases"),
-              (v.shared_expert_ff > 0, "a shared expert")]
+              (v.moe_gating != "softmax", f"{v.moe_gating} expert gating"), (v.expert_bias, "expert biases")]
     return [what for bad, what in checks if bad]
 
 

@@ -181,6 +181,8 @@ class GPUMTPHead:
         att = decode_attention(q, cache.k[0], cache.v[0], pos, cache.k.shape[2], act)  # [W, H*hd]
         h = add_rmsnorm(x, L.o(att), L.ffn_norm, c.norm_eps, act)                  # x += o(att)
         d = L.moe(h, act) if L.moe is not None else L.down(silu_mul(L.gate_up(h), act))   # [W, D]
+        if L.shared is not None:
+            d = d + L.shared(h, act)
         hn = add_rmsnorm(x, d, self.head_norm, c.norm_eps, act)                    # x += ffn: h'
         return x, hn
 

@@ -62,9 +62,15 @@ def plan_from(m, i: int, logits: bool, scratch: Scratch) -> list:
     for L in m.layers[i:]:
         units += scratch.units(L.qkv.weights) + scratch.units(L.o.weights)
         if L.moe is not None:
-            return units
+            return units + shared_units(L, scratch)
         units += scratch.units(L.gate_up.weights) + scratch.units(L.down.weights)
     return units + (scratch.units(m.output.weights) if logits else [])
+
+
+def shared_units(L, scratch: Scratch) -> list:
+    """The GEMM units of a layer's shared expert (none without one), in call order."""
+    sh = L.shared
+    return [] if sh is None else scratch.units(sh.gate_up.weights) + scratch.units(sh.down.weights)
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
@@ -149,6 +155,10 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         h = add_rmsnorm(x, gemm_linear(L.o, a, s), L.ffn_norm, c.norm_eps, act)          # x += o(a)
         if L.moe is not None:
             d = moe_grouped(L.moe, h, s, rows_per_thread)                                 # [T, D]
+            if L.shared is not None:
+                sh = L.shared
+                y = gemm_linear(sh.down, silu_mul(gemm_linear(sh.gate_up, h, s), act), s)    # [T, D]
+                d = d + sh.scale(h) * y
         else:
             gu = gemm_linear(L.gate_up, h, s)                                              # [T, 2F]
             d = gemm_linear(L.down, silu_mul(gu, act), s)                                  # [T, D]
@@ -205,6 +215,7 @@ def _stretch_units(m, i: int, logits: bool, s: Scratch) -> list:
         units += s.units(L.o.weights)
         if L.moe is None:
             units += s.units(L.gate_up.weights) + s.units(L.down.weights)
+        units += shared_units(L, s)
     if i < len(m.layers):
         return units + s.units(m.layers[i].qkv.weights)
     return units + (s.units(m.output.weights) if logits else [])

@@ -7,7 +7,7 @@ kernels/gemv/registry.py); `rows` only reads it:
 
     embed -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write
           -> split-KV attention -> o GEMV -> [add+RMSNorm (+ the router's logits)]
-          -> gate|up GEMV -> SiLU*up -> down GEMV (or the MoE layer) -> ...
+          -> gate|up GEMV -> SiLU*up -> down GEMV (or the MoE layer, + its shared expert) -> ...
           -> [add+RMSNorm] -> output GEMV
 """
 from __future__ import annotations
@@ -108,7 +108,9 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
         else:
             h, q8 = _norm(m, x, L.o.parts(a, q8, pdl), L.ffn_norm, s.ffn_norm)   # x += o(a)
         if L.moe is not None:     # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-            d = L.moe(h, act, q8, pdl, combine=not m.combine_in_norm, logits=logits)
+            d = L.moe(h, act, q8, pdl, combine=not m.combine_in_norm or L.shared is not None, logits=logits)
+            if L.shared is not None:
+                d = d + L.shared(h, act, q8, pdl)                               # [W, D]
         else:
             gu = L.gate_up(h, q8, pdl)                                          # [W, 2F]
             if s.silu:

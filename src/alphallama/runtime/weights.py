@@ -15,6 +15,7 @@ from ..offload.store import ExpertStore
 from .linear import Linear
 from .moe import MoE
 from .overrides import PRODUCT, Overrides
+from .shared_expert import SharedExpert
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,12 @@ class GPULayer:
     gate_up: Linear | None       # dense FFN
     down: Linear | None
     moe: MoE | None = None       # routed experts instead
+    shared: SharedExpert | None = None   # beside the routed experts (qwen2moe)
 
     @property
     def nbytes(self) -> int:
         ffn = self.moe.nbytes if self.moe is not None else self.gate_up.nbytes + self.down.nbytes
-        return self.qkv.nbytes + self.o.nbytes + ffn
+        return self.qkv.nbytes + self.o.nbytes + ffn + (self.shared.nbytes if self.shared is not None else 0)
 
 
 def vectors(t: dict[str, TensorInfo], device) -> Callable[[str], torch.Tensor]:
@@ -88,4 +90,6 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
         ffn_norm=vec(n.ffn_norm),
         gate_up=None if moe else lin([n.ffn_gate, n.ffn_up]),
         down=None if moe else lin([n.ffn_down], split),
-        moe=experts)
+        moe=experts,
+        shared=SharedExpert(lin([n.ffn_gate_shexp, n.ffn_up_shexp]), lin([n.ffn_down_shexp]), t[n.ffn_gate_inp_shexp],
+                            device) if moe and cfg.variant.shared_expert_ff else None)
