@@ -1,4 +1,5 @@
-"""RoPE scaling on the GPU runtime: Llama 3.1's rope_freqs, YaRN and linear scaling.
+"""RoPE scaling on the GPU runtime (Llama 3.1's rope_freqs, YaRN, linear) and the query
+temperature (mistral3, llama4): the position-dependent parts of attention.
 
 The GPU runtime takes its cos/sin tables from the reference model's model/rope.py, which
 tests/model/test_archs_vs_llamacpp.py proves against llama.cpp (~2e-6 relative on these
@@ -24,7 +25,7 @@ from alphallama.model.transformer import Transformer
 from alphallama.runtime.gpu_model import GPUModel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-CTX = 64
+CTX = 128
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -60,3 +61,20 @@ def test_logits_follow_the_scaled_reference(tmp_path):
     atol = 4e-2 * lr.abs().max().item()
     torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
     assert (lp - lr).abs().max() > 3 * atol          # measured: 0.25 of the max logit, against <= 0.02
+
+
+def test_query_temperature_follows_the_reference(tmp_path):
+    """mistral3 / llama4: q scaled by 1 + s log(floor(p / floor) + 1) (the tiny preset: floor
+    16, s 0.5), in the decode rounds (positions 16..23 here) and a prefill chunk."""
+    ref, gpu = _models(tmp_path, "tiny-mistral3")
+    cfg = ref.cfg
+    assert gpu_departures(cfg) == [] and gpu.q_temp == (0.5, 16)
+    plain = Transformer(replace(cfg, variant=replace(cfg.variant, attn_temp_scale=0.0)), ref.w, ref.max_len)
+    for n, seed in ((24, 0), (70, 1)):                                        # decode rows; a prefill chunk
+        toks = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+        lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))
+        lp, _ = plain.forward(toks, 0, plain.new_cache(CTX))
+        lg, _ = gpu.forward(toks, 0, gpu.new_cache(CTX))
+        atol = 4e-2 * lr.abs().max().item()
+        torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
+        assert (lp - lr).abs().max() > 3 * atol       # measured: ~0.48 of the max logit, against <= 0.02

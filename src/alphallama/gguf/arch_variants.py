@@ -227,7 +227,7 @@ def gpu_departures(cfg) -> list[str]:
     v = cfg.variant
     checks = [(v.rope.kind == "longrope", "longrope scaling"), (len(v.rope_factors) > 1, "long/short rope factors"),
               (v.sliding_window > 0, "sliding-window attention"), (v.attn_sinks, "attention sinks"),
-              (v.attn_scale != 0.0, "a custom attention scale"), (v.attn_temp_scale != 0.0, "query temperature"),
+              (v.attn_scale != 0.0, "a custom attention scale"),
               (v.attn_out_bias, "attention output bias"), (v.fused_qkv, "fused qkv"),
               (v.embed_scale != 1.0, "embedding scale"), (v.post_norms, "post norms"),
               (v.ffn_norm != "ffn_norm", f"pre-FFN norm {v.ffn_norm}"), (v.ffn_act != "silu", f"{v.ffn_act} FFN"),

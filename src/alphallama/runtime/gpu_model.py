@@ -133,6 +133,8 @@ class GPUModel:
         factors = {name: vectors(t, "cpu")(name) for name in cfg.variant.rope_factors}
         cos, sin = layer_tables(cfg, max_len + MAX_W, factors)[0]
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
+        v = cfg.variant     # llama4 / mistral3's query temperature (round.query_temperature)
+        self.q_temp = (v.attn_temp_scale, v.attn_temp_floor) if v.attn_temp_scale else None
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
         # fast mode's hybrid: wide rounds are not the bits of narrow ones (verify)

@@ -41,6 +41,7 @@ from ..kernels.attention.rope import qkv_rope
 from ..kernels.activations.silu import silu_mul
 from ..kernels.moe.route import moe_route
 from ..kernels.moe.moe_gemm import moe_prefill
+from .round import query_temperature
 from .scratch import Scratch
 from ..kernels.gemv.qmatmul import qmatmul
 from .capture import collector_paused
@@ -170,8 +171,9 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         return gemm_linear(m.output, h, s) if logits else None
     L = m.layers[i]
     qkv = gemm_linear(L.qkv, h, s)                                                       # [T, (H + 2 n_kv) hd]
-    return qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, m.cos, m.sin, cache.k[i], cache.v[i], pos_t,
-                    c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)         # [T, H, hd]
+    q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, m.cos, m.sin, cache.k[i], cache.v[i], pos_t,
+                 c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)            # [T, H, hd]
+    return q if m.q_temp is None else query_temperature(q, pos_t, *m.q_temp)
 
 
 def _warm_up(fn, device) -> None:

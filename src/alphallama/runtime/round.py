@@ -5,7 +5,7 @@ attention combine emit its int8 / q8_K activations) and which form a layer's res
 add takes is decided once per width (RoundPlan, from each Linear's plan:
 kernels/gemv/registry.py); `rows` only reads it:
 
-    embed -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write
+    embed -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write (-> q temperature)
           -> split-KV attention -> o GEMV -> [add+RMSNorm (+ the router's logits)]
           -> gate|up GEMV -> SiLU*up -> down GEMV (or the MoE layer, + its shared expert) -> ...
           -> [add+RMSNorm] -> output GEMV
@@ -69,6 +69,15 @@ def plan_round(m: "GPUModel", W: int) -> RoundPlan:
     return RoundPlan(_emitted(m.layers[0].qkv, W, fuse), tuple(layers))
 
 
+def query_temperature(q: torch.Tensor, pos: torch.Tensor, scale: float, floor: int) -> torch.Tensor:
+    """llama4 / mistral3: row r's q [W, H, hd] times 1 + scale * log(floor((pos + r) / floor) + 1),
+    by absolute position (pos int32 [1] on the device: no host sync, graph-captured), the
+    factor in float64 then float32 as the reference computes it."""
+    p = (pos.double() + torch.arange(q.shape[0], device=q.device, dtype=torch.float64))   # [W]
+    f = (torch.log(torch.floor(p / floor) + 1) * scale + 1).float()                   # [W]
+    return q * f[:, None, None]
+
+
 def _norm(m: "GPUModel", x, y, w, orders: tuple):
     """x += y; rmsnorm(x) * w, with the activations `orders` name (if any)."""
     if not orders:
@@ -90,6 +99,8 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
         qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
         q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, m.cos, m.sin, cache.k[i], cache.v[i], pos,
                      c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
+        if m.q_temp is not None:
+            q = query_temperature(q, pos, *m.q_temp)
         if s.attention:
             a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl,
                                         early=m.early_kv)                       # [W, H*hd]
