@@ -24,6 +24,7 @@ NEW = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear", "tiny-gemma3", "t
        "tiny-mistral3", "tiny-qwen2moe")
 
 ON_GPU = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear",   # rope scaling: the reference's tables
+          "tiny-phi3",                                                # longrope, fused projections
           "tiny-mistral3",                                            # the query temperature (round.query_temperature)
           "tiny-qwen2moe")                                            # the shared expert (runtime/shared_expert.py)
 

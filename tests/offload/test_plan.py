@@ -21,7 +21,8 @@ from alphallama.offload.plan import PlanError, make_plan
 from alphallama.runtime.gpu_model import GPUModel
 
 ARCH_PRESETS = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "qwen3moe": "tiny-qwen3moe",
-                "qwen2moe": "tiny-qwen2moe", "mistral3": "tiny-mistral3"}
+                "qwen2moe": "tiny-qwen2moe", "mistral3": "tiny-mistral3",
+                "phi3": "tiny-phi3"}
 CTX = 256
 
 

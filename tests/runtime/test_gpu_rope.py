@@ -1,5 +1,5 @@
-"""RoPE scaling on the GPU runtime (Llama 3.1's rope_freqs, YaRN, linear) and the query
-temperature (mistral3, llama4): the position-dependent parts of attention.
+"""RoPE scaling on the GPU runtime (Llama 3.1's rope_freqs, YaRN, linear, phi3's longrope with
+its fused projections) and the query temperature (mistral3, llama4).
 
 The GPU runtime takes its cos/sin tables from the reference model's model/rope.py, which
 tests/model/test_archs_vs_llamacpp.py proves against llama.cpp (~2e-6 relative on these
@@ -78,3 +78,20 @@ def test_query_temperature_follows_the_reference(tmp_path):
         atol = 4e-2 * lr.abs().max().item()
         torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
         assert (lp - lr).abs().max() > 3 * atol       # measured: ~0.48 of the max logit, against <= 0.02
+
+
+def test_phi3_longrope_and_fused_projections(tmp_path):
+    """phi3: longrope's short factors within the original context (64 in the tiny preset)
+    and its long ones past it, the reference's tables at both; q/k/v and gate/up from their
+    fused matrices (attn_qkv; ffn_up = [gate; up]) through the same Linears."""
+    path = tmp_path / "phi3.gguf"
+    write_synthetic(PRESETS["tiny-phi3"](n_layers=1, quant="Q8_0", seed=3), path)
+    f = GGUFFile(path)
+    for ctx in (32, CTX):
+        ref, gpu = load_model(f, ctx), GPUModel(f, ctx, device=DEV)
+        assert gpu_departures(ref.cfg) == []
+        assert torch.equal(gpu.cos[:ctx].cpu(), ref.ropes[0][0]) and torch.equal(gpu.sin[:ctx].cpu(), ref.ropes[0][1])
+    toks = torch.randint(0, ref.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))
+    lg, _ = gpu.forward(toks, 0, gpu.new_cache(CTX))
+    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)   # measured 0.017

@@ -225,13 +225,11 @@ def global_tensors(cfg) -> dict[str, tuple[int, ...]]:
 def gpu_departures(cfg) -> list[str]:
     """What the GPU runtime (runtime/gpu_model.py) does not implement for this model."""
     v = cfg.variant
-    checks = [(v.rope.kind == "longrope", "longrope scaling"), (len(v.rope_factors) > 1, "long/short rope factors"),
-              (v.sliding_window > 0, "sliding-window attention"), (v.attn_sinks, "attention sinks"),
-              (v.attn_scale != 0.0, "a custom attention scale"),
-              (v.attn_out_bias, "attention output bias"), (v.fused_qkv, "fused qkv"),
+    checks = [(v.sliding_window > 0, "sliding-window attention"), (v.attn_sinks, "attention sinks"),
+              (v.attn_scale != 0.0, "a custom attention scale"), (v.attn_out_bias, "attention output bias"),
               (v.embed_scale != 1.0, "embedding scale"), (v.post_norms, "post norms"),
               (v.ffn_norm != "ffn_norm", f"pre-FFN norm {v.ffn_norm}"), (v.ffn_act != "silu", f"{v.ffn_act} FFN"),
-              (v.fused_gate_up, "fused gate/up"), (v.final_softcap != 0.0, "logit softcapping"),
+              (v.final_softcap != 0.0, "logit softcapping"),
               (v.moe_gating != "softmax", f"{v.moe_gating} expert gating"), (v.expert_bias, "expert biases")]
     return [what for bad, what in checks if bad]
 

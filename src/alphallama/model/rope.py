@@ -58,14 +58,16 @@ def scaled_tables(max_len: int, n_dims: int, base: float, rope: RopeScaling, sca
     return (theta.cos() * mscale).float(), (theta.sin() * mscale).float()
 
 
-def layer_tables(cfg: ModelConfig, max_len: int, weights: dict[str, torch.Tensor]
+def layer_tables(cfg: ModelConfig, max_len: int, weights: dict[str, torch.Tensor], ctx: int | None = None
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One (cos, sin) per layer; layers that share a table share the tensors.
-    longrope takes its long factors when the context exceeds the original one."""
+    """One (cos, sin) [max_len, rope_dim/2] per layer; layers that share a table share the
+    tensors. longrope takes its long factors when the context (ctx, default max_len: a
+    runtime's tables may run past its context) exceeds the original one."""
     v = cfg.variant
     factors = None
     if v.rope_factors:
-        name = v.rope_factors[0] if len(v.rope_factors) == 1 or max_len > v.rope.orig_ctx else v.rope_factors[1]
+        long = (max_len if ctx is None else ctx) > v.rope.orig_ctx
+        name = v.rope_factors[0] if len(v.rope_factors) == 1 or long else v.rope_factors[1]
         factors = weights[name]
     full = scaled_tables(max_len, cfg.rope_dim, cfg.rope_base, v.rope, True, factors)
     if not v.sliding_window:

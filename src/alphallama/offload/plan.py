@@ -88,7 +88,10 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     dense = experts = slot = fast = 0
     per_layer: dict[str, int] = {}
     tied = "output.weight" not in f.tensors      # the embedding is then the head, a Linear too
+    into_tables = set(getattr(getattr(cfg, "variant", None), "rope_factors", ()))   # read into RoPE tables, not held
     for name, t in f.tensors.items():
+        if name in into_tables:
+            continue
         head_or_layer = name != "token_embd.weight" or tied
         if (len(t.shape) == 2 and head_or_layer and not name.endswith(_EXPERT_SUFFIXES)
                 and mma_shape_ok(t.qtype, *t.shape)):

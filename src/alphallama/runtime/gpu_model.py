@@ -128,10 +128,10 @@ class GPUModel:
             self.embd = self.output.weights[0]
         else:
             self.embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), self.device)
-        # the reference model's tables (model/rope.py: linear / YaRN scaling, Llama 3.1's
-        # rope_freqs, the magnitude scale); one for all layers: the GPU runs no sliding window
+        # the reference model's tables (model/rope.py: linear / YaRN / longrope scaling, Llama
+        # 3.1's rope_freqs, the magnitude scale); one for all layers: the GPU runs no sliding window
         factors = {name: vectors(t, "cpu")(name) for name in cfg.variant.rope_factors}
-        cos, sin = layer_tables(cfg, max_len + MAX_W, factors)[0]
+        cos, sin = layer_tables(cfg, max_len + MAX_W, factors, ctx=max_len)[0]
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
         v = cfg.variant     # llama4 / mistral3's query temperature (round.query_temperature)
         self.q_temp = (v.attn_temp_scale, v.attn_temp_floor) if v.attn_temp_scale else None

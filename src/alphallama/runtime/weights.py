@@ -71,7 +71,7 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
                 layer: int = 0) -> GPULayer:
     """Block `n`'s layer: its dense weights on their plans (gemv, split runs for o and down,
     the tensor cores' choice), its experts resident or in `store` (as layer `layer`)."""
-    vec = vectors(t, device)
+    vec, v = vectors(t, device), cfg.variant
     experts = None
     if moe:
         experts = MoE(t[n.ffn_gate_inp], *(t[x] for x in n.experts), cfg.n_experts_used, cfg.norm_topk_prob,
@@ -82,13 +82,13 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
                       split_limits=o.split_limits)
     return GPULayer(
         attn_norm=vec(n.attn_norm),
-        qkv=lin(n.qkv),
+        qkv=lin([n.attn_qkv] if v.fused_qkv else n.qkv),                      # phi3: q, k, v in one matrix
         qkv_bias=torch.cat([vec(n.bias(f"attn_{x}")) for x in "qkv"]) if cfg.qkv_bias else None,
         q_norm=vec(n.attn_q_norm) if cfg.qk_norm else None,
         k_norm=vec(n.attn_k_norm) if cfg.qk_norm else None,
         o=lin([n.attn_output], split),
         ffn_norm=vec(n.ffn_norm),
-        gate_up=None if moe else lin([n.ffn_gate, n.ffn_up]),
+        gate_up=None if moe else lin([n.ffn_up] if v.fused_gate_up else [n.ffn_gate, n.ffn_up]),   # phi3: [gate; up]
         down=None if moe else lin([n.ffn_down], split),
         moe=experts,
         shared=SharedExpert(lin([n.ffn_gate_shexp, n.ffn_up_shexp]), lin([n.ffn_down_shexp]), t[n.ffn_gate_inp_shexp],
