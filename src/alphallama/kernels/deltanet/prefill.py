@@ -1,0 +1,128 @@
+"""Chunked prefill of a Gated DeltaNet layer: the conv over a prompt's rows, then the delta
+rule a chunk of BT = 64 rows at a time in the WY (UT-transform) form.
+
+Within a chunk, per value head, with G_t the cumulative log-decay from the chunk's start
+(G_t = g_1 + .. + g_t), Gamma_t = exp(G_t), D[t, s] = exp(G_t - G_s) for s <= t (else 0)
+and S0 the state before the chunk, the recurrence (step.py) unrolls to
+
+    u_t = beta_t (v_t - Gamma_t S0^T k_t - sum_{s<t} D[t, s] (k_t . k_s) u_s)
+
+a unit lower-triangular system (I + B) U = beta V - beta Gamma K S0, B[t, s] =
+beta_t D[t, s] (k_t . k_s) for s < t. With A = (I + B)^-1 (forward substitution, row by
+row: A's row t = e_t - sum_{s<t} B[t, s] A[s, :]) it reads U = A (beta V) - (A (beta Gamma
+K)) S0 = U~ - W S0 (W: the WY factor), and then
+
+    O  = (diag(Gamma) Q S0 + (D * Q K^T) U) / sqrt(dk)
+    S' = Gamma_C S0 + (K * exp(G_C - G))^T U
+
+Every exponent is <= 0 (decays only), so nothing overflows. The products are tl.dot at
+float32 ("ieee": no TF32), so the result is the recurrence's to float32 rounding, not its
+bits: prefill is not under the row contract (design.md §7: the prompt's last row goes
+through the W = 1 step, step.py).
+
+Grid: the conv (T, 2 hk + hv), one program per row and head (q and k L2-normalised there);
+the chunks (hv, dv / BV), a program walking the chunks of one head's state columns in order.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import DeltaNetShape, check_ring, conv_silu, gates, key_head, l2_normalize
+from .step import BLOCK_V, DeltaNetWeights, _check, _gate_strides
+
+CHUNK = 64         # rows of a chunk (BT)
+NUM_WARPS = 4
+
+
+@triton.jit
+def _conv_kernel(MIX, RING, CONVW, XC, pos, R, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                 DV: tl.constexpr, BLOCK: tl.constexpr, D_CONV: tl.constexpr):
+    """Program (row t, head h): h < hk a q head, < 2 hk a k head (both normalised), else a
+    v head; XC [T, C] the conv output in the mix's channel order."""
+    C: tl.constexpr = 2 * HK * DK + HV * DV
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    if h < 2 * HK:
+        ch = h * DK + i
+        mask = i < DK
+    else:
+        ch = 2 * HK * DK + (h - 2 * HK) * DV + i
+        mask = i < DV
+    x = conv_silu(MIX, RING, CONVW, pos + t, pos, R, C, ch, mask, D_CONV, False)     # [BLOCK]
+    if h < 2 * HK:
+        x = l2_normalize(x, eps)
+    tl.store(XC + t * C + ch, x, mask=mask)
+
+
+@triton.jit
+def _chunk_kernel(XC, ALPHA, BETA, DTB, SSMA, STATE, OUT, T, stride_ab, scale,
+                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  BV: tl.constexpr, BT: tl.constexpr, TILED: tl.constexpr):
+    C: tl.constexpr = 2 * HK * DK + HV * DV
+    j = tl.program_id(0)
+    vi = tl.program_id(1) * BV + tl.arange(0, BV)                # [BV] state columns
+    kh = key_head(j, HK, HV, TILED)
+    dki = tl.arange(0, DK)
+    r = tl.arange(0, BT)
+    causal = r[:, None] >= r[None, :]                            # [BT, BT] s <= t
+    strict = r[:, None] > r[None, :]
+    eye = r[:, None] == r[None, :]
+    s_off = j * DK * DV + dki[:, None] * DV + vi[None, :]        # [DK, BV]
+    S = tl.load(STATE + s_off)                                   # [DK, BV]
+    c0 = 0
+    while c0 < T:                                                # a while loop: the interpreter takes no run-time range()
+        rows = c0 + r                                            # [BT]
+        live = rows < T
+        Q = tl.load(XC + rows[:, None] * C + (kh * DK + dki)[None, :], mask=live[:, None], other=0.0)           # [BT, DK]
+        K = tl.load(XC + rows[:, None] * C + (HK * DK + kh * DK + dki)[None, :], mask=live[:, None], other=0.0)
+        V = tl.load(XC + rows[:, None] * C + (2 * HK * DK + j * DV + vi)[None, :], mask=live[:, None], other=0.0)  # [BT, BV]
+        g, beta = gates(ALPHA, BETA, DTB, SSMA, rows, j, stride_ab, live)                                       # [BT]
+        G = tl.cumsum(g, 0)                                      # [BT]
+        D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)   # [BT, BT]
+        B = tl.where(strict, beta[:, None] * tl.dot(K, tl.trans(K), input_precision="ieee") * D, 0.0)
+        A = tl.where(eye, 1.0, 0.0)                              # [BT, BT] -> (I + B)^-1
+        for i in range(1, BT):
+            b_i = tl.sum(tl.where(r[:, None] == i, B, 0.0), 0)   # [BT] row i of B (zero from column i on)
+            a_i = -tl.sum(b_i[:, None] * A, 0)                   # [BT] -sum_s B[i, s] A[s, :]
+            A = tl.where(r[:, None] == i, a_i[None, :] + tl.where(r == i, 1.0, 0.0)[None, :], A)
+        gam = tl.exp(G)                                          # [BT]
+        Wf = tl.dot(A, K * (beta * gam)[:, None], input_precision="ieee")                     # [BT, DK]
+        U = tl.dot(A, V * beta[:, None], input_precision="ieee") - tl.dot(Wf, S, input_precision="ieee")  # [BT, BV]
+        M = tl.dot(Q, tl.trans(K), input_precision="ieee") * D   # [BT, BT]
+        O = tl.dot(Q * gam[:, None], S, input_precision="ieee") + tl.dot(M, U, input_precision="ieee")   # [BT, BV]
+        tl.store(OUT + rows[:, None] * HV * DV + j * DV + vi[None, :], O * scale, mask=live[:, None])
+        g_c = tl.sum(tl.where(r == BT - 1, G, 0.0), 0)           # G at the chunk's end (dead rows add 0)
+        S = S * tl.exp(g_c) + tl.dot(tl.trans(K * tl.exp(g_c - G)[:, None]), U, input_precision="ieee")  # [DK, BV]
+        c0 += BT
+    tl.store(STATE + s_off, S)
+
+
+def deltanet_prefill(mix: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, w: DeltaNetWeights,
+                     ring: torch.Tensor, state: torch.Tensor, pos: int, shape: DeltaNetShape, *,
+                     block_v: int = BLOCK_V) -> torch.Tensor:
+    """T prompt rows of one layer at positions pos..pos+T-1 (any T), from the conv ring and
+    the state before them (the step kernel's layouts): state updated in place, the last
+    d_conv - 1 mix rows written into the ring. -> out [T, Hv, dv]."""
+    _check(shape, w, state, block_v)
+    T, C = mix.shape
+    check_ring(ring, shape, 1)
+    if C != shape.channels or alpha.shape != (T, shape.hv) or beta.shape != alpha.shape or \
+            not mix.is_contiguous() or not ring.is_contiguous():
+        raise ValueError(f"mix [T, {shape.channels}], alpha, beta [T, {shape.hv}], got {tuple(mix.shape)}, "
+                         f"{tuple(alpha.shape)}, {tuple(beta.shape)}")
+    R = ring.shape[0]
+    xc = torch.empty_like(mix)                                                   # [T, C]
+    _conv_kernel[(T, 2 * shape.hk + shape.hv)](mix, ring, w.conv_w, xc, pos, R, shape.eps, shape.hk, shape.hv,
+                                                shape.dk, shape.dv, max(shape.dk, shape.dv), shape.d_conv,
+                                                num_warps=NUM_WARPS)
+    out = torch.empty(T, shape.hv, shape.dv, device=mix.device, dtype=torch.float32)
+    _chunk_kernel[(shape.hv, shape.dv // block_v)](xc, alpha, beta, w.dt_bias, w.ssm_a, state, out, T,
+                                                   _gate_strides(alpha, beta), shape.dk ** -0.5, shape.hk,
+                                                   shape.hv, shape.dk, shape.dv, block_v, CHUNK, shape.tiled,
+                                                   num_warps=NUM_WARPS)
+    first = max(0, T - (shape.d_conv - 1))                                       # the rows the conv state keeps
+    ring[(torch.arange(pos + first, pos + T) % R).to(ring.device)] = mix[first:]
+    return out
