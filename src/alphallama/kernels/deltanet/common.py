@@ -74,20 +74,21 @@ def state_from_ring(ring: torch.Tensor, pos: int, d_conv: int) -> torch.Tensor:
 
 @triton.jit
 def mix_row(MIX, RING, p, pos, R, C, ch, mask, FROM_RING: tl.constexpr):
-    """Channels `ch` of mix row p: from the round's rows MIX [*, C] (row p - pos) when
-    p >= pos and not FROM_RING, else from the ring slot p mod R (zeros below position 0)."""
+    """Channels `ch` of mix row(s) p (a scalar, or rows [BR, 1] against ch [1, BLOCK]): from
+    the round's rows MIX [*, C] (row p - pos) when p >= pos and not FROM_RING, else from
+    the ring slot p mod R (zeros below position 0). A select, not an add: the value's bits."""
+    old = tl.load(RING + ((p + R) % R) * C + ch, mask=mask & (p >= 0), other=0.0)
     if FROM_RING:
-        x = tl.load(RING + ((p + R) % R) * C + ch, mask=mask & (p >= 0), other=0.0)
-    elif p >= pos:
-        x = tl.load(MIX + (p - pos) * C + ch, mask=mask, other=0.0)
+        x = old
     else:
-        x = tl.load(RING + ((p + R) % R) * C + ch, mask=mask & (p >= 0), other=0.0)
+        new = tl.load(MIX + (p - pos) * C + ch, mask=mask & (p >= pos), other=0.0)
+        x = tl.where(p >= pos, new, old)
     return x
 
 
 @triton.jit
 def conv_silu(MIX, RING, CONVW, p, pos, R, C, ch, mask, D_CONV: tl.constexpr, FROM_RING: tl.constexpr):
-    """silu(sum_i w[ch, i] * x[p - D_CONV + 1 + i]) for channels ch of row p, the taps in
+    """silu(sum_i w[ch, i] * x[p - D_CONV + 1 + i]) for channels ch of row(s) p, the taps in
     a fixed order (i = 0 first): a row's bits do not depend on where its taps come from."""
     acc = mix_row(MIX, RING, p - D_CONV + 1, pos, R, C, ch, mask, FROM_RING) * \
         tl.load(CONVW + ch * D_CONV, mask=mask, other=0.0)
@@ -98,9 +99,9 @@ def conv_silu(MIX, RING, CONVW, p, pos, R, C, ch, mask, D_CONV: tl.constexpr, FR
 
 
 @triton.jit
-def l2_normalize(x, eps):
-    """x / sqrt(sum(x^2) + eps) over a head (model.deltanet.l2_normalize)."""
-    return x * tl.rsqrt(tl.sum(x * x, 0) + eps)
+def l2_normalize(x, eps, AXIS: tl.constexpr):
+    """x / sqrt(sum(x^2) + eps) over a head along AXIS (model.deltanet.l2_normalize)."""
+    return x * tl.expand_dims(tl.rsqrt(tl.sum(x * x, AXIS) + eps), AXIS)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ float32 ("ieee": no TF32), so the result is the recurrence's to float32 rounding
 bits: prefill is not under the row contract (design.md §7: the prompt's last row goes
 through the W = 1 step, step.py).
 
-Grid: the conv (T, 2 hk + hv), one program per row and head (q and k L2-normalised there);
+Grid: the conv (T / 16, 2 hk + hv), a program per 16 rows and head (q and k L2-normalised there);
 the chunks (hv, dv / BV), a program walking the chunks of one head's state columns in order.
 """
 from __future__ import annotations
@@ -33,27 +33,28 @@ from .common import DeltaNetShape, check_ring, conv_silu, gates, key_head, l2_no
 from .step import BLOCK_V, DeltaNetWeights, _check, _gate_strides
 
 CHUNK = 64         # rows of a chunk (BT)
+CONV_ROWS = 16     # rows of a conv program
 NUM_WARPS = 4
 
 
 @triton.jit
-def _conv_kernel(MIX, RING, CONVW, XC, pos, R, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                 DV: tl.constexpr, BLOCK: tl.constexpr, D_CONV: tl.constexpr):
-    """Program (row t, head h): h < hk a q head, < 2 hk a k head (both normalised), else a
-    v head; XC [T, C] the conv output in the mix's channel order."""
+def _conv_kernel(MIX, RING, CONVW, XC, pos, T, R, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                 DV: tl.constexpr, BLOCK: tl.constexpr, BR: tl.constexpr, D_CONV: tl.constexpr):
+    """Program (rows BR*i.., head h): h < hk a q head, < 2 hk a k head (both normalised),
+    else a v head; XC [T, C] the conv output in the mix's channel order."""
     C: tl.constexpr = 2 * HK * DK + HV * DV
-    t = tl.program_id(0)
+    t = tl.program_id(0) * BR + tl.arange(0, BR)[:, None]       # [BR, 1]
     h = tl.program_id(1)
-    i = tl.arange(0, BLOCK)
+    i = tl.arange(0, BLOCK)[None, :]                             # [1, BLOCK]
     if h < 2 * HK:
         ch = h * DK + i
-        mask = i < DK
+        mask = (i < DK) & (t < T)
     else:
         ch = 2 * HK * DK + (h - 2 * HK) * DV + i
-        mask = i < DV
-    x = conv_silu(MIX, RING, CONVW, pos + t, pos, R, C, ch, mask, D_CONV, False)     # [BLOCK]
+        mask = (i < DV) & (t < T)
+    x = conv_silu(MIX, RING, CONVW, pos + t, pos, R, C, ch, mask, D_CONV, False)     # [BR, BLOCK]
     if h < 2 * HK:
-        x = l2_normalize(x, eps)
+        x = l2_normalize(x, eps, 1)
     tl.store(XC + t * C + ch, x, mask=mask)
 
 
@@ -115,9 +116,9 @@ def deltanet_prefill(mix: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
                          f"{tuple(alpha.shape)}, {tuple(beta.shape)}")
     R = ring.shape[0]
     xc = torch.empty_like(mix)                                                   # [T, C]
-    _conv_kernel[(T, 2 * shape.hk + shape.hv)](mix, ring, w.conv_w, xc, pos, R, shape.eps, shape.hk, shape.hv,
-                                                shape.dk, shape.dv, max(shape.dk, shape.dv), shape.d_conv,
-                                                num_warps=NUM_WARPS)
+    _conv_kernel[(triton.cdiv(T, CONV_ROWS), 2 * shape.hk + shape.hv)](
+        mix, ring, w.conv_w, xc, pos, T, R, shape.eps, shape.hk, shape.hv, shape.dk, shape.dv,
+        max(shape.dk, shape.dv), CONV_ROWS, shape.d_conv, num_warps=NUM_WARPS)
     out = torch.empty(T, shape.hv, shape.dv, device=mix.device, dtype=torch.float32)
     _chunk_kernel[(shape.hv, shape.dv // block_v)](xc, alpha, beta, w.dt_bias, w.ssm_a, state, out, T,
                                                    _gate_strides(alpha, beta), shape.dk ** -0.5, shape.hk,

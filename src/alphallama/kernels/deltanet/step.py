@@ -27,7 +27,8 @@ Row invariance (exact mode): a row's arithmetic is the loop body, whose float or
 depends only on constexprs (dk, BV, d_conv, the warps), never on W, the row's column or
 the mode; the state between rows stays in fp32 registers, exactly what a W = 1 launch
 stores and the next one loads. Launched with enable_fp_fusion=False, so the compiler
-cannot contract a row's mul + add differently by context. So W rows in one launch give
+cannot contract a row's mul + add differently by context, and W is not specialised (a
+W = 1 launch runs the same compiled loop as a W = 64 one). So W rows in one launch give
 the bits of W launches of one row, and a commit of n rows the state of n steps.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ class DeltaNetWeights(NamedTuple):
     ssm_a: torch.Tensor      # [Hv]         ssm_a (= -exp(A_log))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W"])     # W = 1 must not compile a kernel of its own: one code for every width
 def _step_kernel(MIX, ALPHA, BETA, RING, CONVW, DTB, SSMA, STATE, OUT, SNAP, POS, NROWS,
                  W, R, stride_ab, ls_ab, ls_ring, ls_convw, ls_gate, ls_state, scale, eps,
                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -100,8 +101,8 @@ def _step_kernel(MIX, ALPHA, BETA, RING, CONVW, DTB, SSMA, STATE, OUT, SNAP, POS
             tl.store(slot + vch, tl.load(MIX + t * C + vch))
             tl.store(slot + qch, tl.load(MIX + t * C + qch), mask=true_k & owns_qk)
             tl.store(slot + kch, tl.load(MIX + t * C + kch), mask=true_k & owns_qk)
-        q = l2_normalize(q, eps)
-        k = l2_normalize(k, eps)
+        q = l2_normalize(q, eps, 0)
+        k = l2_normalize(k, eps, 0)
         g, beta = gates(ALPHA, BETA, DTB, SSMA, t, j, stride_ab, t < n)
         S = S * tl.exp(g)
         pred = tl.sum(S * k[:, None], 0)                         # [BV] S^T k
