@@ -3,8 +3,8 @@ float64 (kernels/deltanet/reference.py on model.deltanet), and their contracts:
 
 - step: outputs, state and conv state of W rows to float32 rounding, key heads tiled
   (qwen35) and grouped (qwen3next), from a non-zero state and from position 0;
-- the row contract: a round of W rows gives every row the bits of W rounds of one row,
-  whatever its column; a verify round's snapshots are the states those rows leave, and it
+- the row contract: a round of W rows (up to 64) gives every row the bits of W rounds of
+  one row, whatever its column; a verify round's snapshots are the states those rows leave, and it
   leaves the state itself untouched;
 - commit: the first n rows of a verify round, every layer in one launch, leave the bits of
   n single steps (state and conv ring);
@@ -20,7 +20,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
-from alphallama.kernels.deltanet.common import DeltaNetShape, ring_from_state, state_from_ring  # noqa: E402
+from alphallama.kernels.deltanet.common import W_MAX, DeltaNetShape, ring_from_state, state_from_ring  # noqa: E402
 from alphallama.kernels.deltanet.prefill import deltanet_prefill  # noqa: E402
 from alphallama.kernels.deltanet.reference import layer_ref  # noqa: E402
 from alphallama.kernels.deltanet.step import DeltaNetWeights, deltanet_commit, deltanet_step  # noqa: E402
@@ -82,15 +82,22 @@ def test_step_matches_the_float64_recurrence(shape, pos):
 
 
 def test_a_row_has_the_same_bits_in_any_round():
-    """The row contract: one round of 8 rows, 8 rounds of one row, rounds of 3 + 5 (each row in
+    """The row contract: one round of 5 rows, 5 rounds of one row, rounds of 2 + 3 (each row in
     another column): the same outputs, states and rings to the bit; a verify round's
-    snapshots are the states after each row, and the verify round writes no state."""
-    shape, pos, W = GROUPED, 11, 8
+    snapshots are the states the single rows leave, and the verify round writes no state."""
+    shape, pos, W = TILED, 11, 5
     mix, alpha, beta, w, conv, S0 = _layer(shape, W, seed=3)
-    runs = {}
-    for widths in ((W,), (1,) * W, (3, 5)):
+    runs, after = {}, []
+    for widths in ((W,), (1,) * W, (2, 3)):
         ring, state = ring_from_state(conv, pos), S0.clone()
-        runs[widths] = (_steps(mix, alpha, beta, w, ring, state, pos, shape, widths), state, ring)
+        if widths == (1,) * W:                                    # the state after each row, from single steps
+            outs = []
+            for t in range(W):
+                outs.append(_steps(mix[t:t + 1], alpha[t:t + 1], beta[t:t + 1], w, ring, state, pos + t, shape, (1,)))
+                after.append(state.clone())
+            runs[widths] = (torch.cat(outs), state, ring)
+        else:
+            runs[widths] = (_steps(mix, alpha, beta, w, ring, state, pos, shape, widths), state, ring)
     base = runs[(W,)]
     for widths, run in runs.items():
         assert all(torch.equal(a, b) for a, b in zip(run, base)), widths
@@ -98,41 +105,59 @@ def test_a_row_has_the_same_bits_in_any_round():
     snaps = torch.empty(W, *S0.shape, device=DEV)
     out = deltanet_step(mix, alpha, beta, w, ring, state, _pos(pos), shape, write_state=False, snaps=snaps, block_v=BV)
     assert torch.equal(out, base[0]) and torch.equal(state, S0) and torch.equal(ring, base[2])
-    ring, after = ring_from_state(conv, pos), S0.clone()
-    for t in range(W):                                            # the state after row t, from single steps
-        _steps(mix[t:t + 1], alpha[t:t + 1], beta[t:t + 1], w, ring, after, pos + t, shape, (1,))
-        assert torch.equal(snaps[t], after), t
+    assert all(torch.equal(snaps[t], after[t]) for t in range(W))
+
+
+def test_a_round_of_64_rows():
+    """The widest round (W_MAX = 64, the ring's bound) against rounds of 1, 1, 1 and 61 (a
+    small head: the interpreter's time goes by programs x rows)."""
+    shape, pos = DeltaNetShape(hk=1, hv=1, dk=16, dv=16), 70   # pos past the ring's 72 slots
+    mix, alpha, beta, w, conv, S0 = _layer(shape, W_MAX, seed=64)
+    runs = []
+    for widths in ((W_MAX,), (1, 1, 1, W_MAX - 3)):
+        ring, state = ring_from_state(conv, pos), S0.clone()
+        runs.append((_steps(mix, alpha, beta, w, ring, state, pos, shape, widths), state, ring))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    o, conv_ref, S_ref, _ = layer_ref(mix, alpha, beta, w, conv, S0, shape)
+    _close(runs[0][0], o)
+    _close(runs[0][1], S_ref)
+    assert torch.equal(state_from_ring(runs[0][2], pos + W_MAX, shape.d_conv).double(), conv_ref)
 
 
 def test_commit_keeps_the_accepted_prefix():
     """A verify round over two layers, then the commit of its first n rows in one launch: the
     state n single steps leave, to the bit, and the conv ring already holds their window."""
-    shape, pos, W, L = TILED, 9, 6, 2
+    shape, pos, W, L = TILED, 9, 5, 2
     layers = [_layer(shape, W, seed=20 + i) for i in range(L)]
     w = DeltaNetWeights(*(torch.stack([lay[3][f] for lay in layers]) for f in range(3)))          # [L, ...]
     rings = torch.stack([ring_from_state(lay[4], pos) for lay in layers])                          # [L, R, C]
     for i, (mix, alpha, beta, wi, _, S0) in enumerate(layers):    # the round: verify writes the rows, no state
         deltanet_step(mix, alpha, beta, wi, rings[i], S0.clone(), _pos(pos), shape, write_state=False, block_v=BV)
+    plain = []                                                    # per layer: (state, conv window) after each single step
+    for mix, alpha, beta, wi, conv, S0 in layers:
+        S, ring, after = S0.clone(), ring_from_state(conv, pos), []
+        for t in range(W):
+            _steps(mix[t:t + 1], alpha[t:t + 1], beta[t:t + 1], wi, ring, S, pos + t, shape, (1,))
+            after.append((S.clone(), state_from_ring(ring, pos + t + 1, shape.d_conv)))
+        plain.append(after)
     ab = torch.stack([torch.cat([lay[2], lay[1]], 1) for lay in layers])                          # [L, W, 2Hv]
-    for n in (1, 4, W):
+    for n in (1, 3, W):
         state = torch.stack([lay[5] for lay in layers])                                           # [L, Hv, dk, dv]
         deltanet_commit(ab[..., shape.hv:], ab[..., :shape.hv], w, rings, state, _pos(pos), _pos(n), shape, block_v=BV)
-        for i, (mix, alpha, beta, wi, conv, S0) in enumerate(layers):
-            plain, ring = S0.clone(), ring_from_state(conv, pos)
-            _steps(mix[:n].contiguous(), alpha[:n], beta[:n], wi, ring, plain, pos, shape, (1,) * n)
-            assert torch.equal(state[i], plain), (n, i)
-            assert torch.equal(state_from_ring(rings[i], pos + n, shape.d_conv),
-                               state_from_ring(ring, pos + n, shape.d_conv)), (n, i)
+        for i in range(L):
+            assert torch.equal(state[i], plain[i][n - 1][0]), (n, i)
+            assert torch.equal(state_from_ring(rings[i], pos + n, shape.d_conv), plain[i][n - 1][1]), (n, i)
 
 
 @pytest.mark.parametrize("shape,T,pos", [(GROUPED, 70, 5), (TILED, 2, 3)])
 def test_prefill_matches_the_recurrence_and_decode_continues(shape, T, pos):
     """T = 70 crosses a chunk of 64 (T = 2: fewer rows than the conv window), from a non-zero
-    state and conv state; then 3 decode rows from what the prefill left."""
+    state and conv state; then 3 decode rows from what the prefill left (the prefill with its
+    head whole, the step in blocks of BV: programs that split a head differently)."""
     n_dec = 3
     mix, alpha, beta, w, conv, S0 = _layer(shape, T + n_dec, seed=T)
     ring, state = ring_from_state(conv, pos), S0.clone()
-    out = deltanet_prefill(mix[:T].contiguous(), alpha[:T], beta[:T], w, ring, state, pos, shape, block_v=BV)
+    out = deltanet_prefill(mix[:T].contiguous(), alpha[:T], beta[:T], w, ring, state, pos, shape, block_v=shape.dv)
     o, conv_ref, S_ref, states = layer_ref(mix, alpha, beta, w, conv, S0, shape)
     _close(out, o[:T])
     _close(state, states[T - 1])
