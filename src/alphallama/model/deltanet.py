@@ -45,6 +45,13 @@ def gates(alpha: torch.Tensor, beta_logit: torch.Tensor, dt_bias: torch.Tensor,
     return F.softplus(alpha + dt_bias) * ssm_a, torch.sigmoid(beta_logit)
 
 
+def key_heads(n_v_heads: int, n_k_heads: int, tiled: bool) -> torch.Tensor:
+    """[Hv] the key head each value head reads: j % Hk (tiled, qwen35) or j // (Hv / Hk)
+    (grouped, qwen3next)."""
+    j = torch.arange(n_v_heads)
+    return j % n_k_heads if tiled else j // (n_v_heads // n_k_heads)
+
+
 def split_qkv(xc: torch.Tensor, n_k_heads: int, dk: int, k_head: torch.Tensor,
               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The conv output [T, C] = [q | k | v] -> q, k [T, Hv, dk] (L2-normalised per key head,

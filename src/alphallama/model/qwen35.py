@@ -18,7 +18,15 @@ import torch.nn.functional as F
 
 from ..gguf.arch_qwen35 import HybridConfig
 from ..hybrid_cache import REPLAY, SNAPSHOT, HybridCache, State
-from .deltanet import RecurrentInputs, causal_conv, delta_rule, gates, replay, split_qkv
+from .deltanet import (
+    RecurrentInputs,
+    causal_conv,
+    delta_rule,
+    gates,
+    key_heads,
+    replay,
+    split_qkv,
+)
 from .layers import apply_rope, attention, moe, rms_norm, swiglu
 
 
@@ -83,9 +91,7 @@ class HybridTransformer:
         self.output = weights.get("output.weight", weights["token_embd.weight"])   # [V, D]
         self.kv_slot = {layer: j for j, layer in enumerate(cfg.attn_layers)}
         self.rec_slot = {layer: j for j, layer in enumerate(cfg.recurrent_layers)}
-        r = cfg.ssm_v_heads // cfg.ssm_k_heads
-        heads = torch.arange(cfg.ssm_v_heads)
-        self.k_head = heads % cfg.ssm_k_heads if cfg.k_heads_tiled else heads // r   # [Hv] key head of each value head
+        self.k_head = key_heads(cfg.ssm_v_heads, cfg.ssm_k_heads, cfg.k_heads_tiled)   # [Hv]
 
     def new_cache(self, max_len: int | None = None) -> HybridCache:
         c = self.cfg

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...model.deltanet import key_heads
+
 RING_ROWS = 72     # >= W_MAX + d_conv - 1 = 64 + 3: a round's reads and writes never share a slot
 W_MAX = 64
 
@@ -50,9 +52,8 @@ class DeltaNetShape:
             raise ValueError(f"d_conv must be >= 2, got {self.d_conv}")
 
     def key_head(self) -> torch.Tensor:
-        """[hv] the key head of each value head (the reference model's k_head)."""
-        j = torch.arange(self.hv)
-        return j % self.hk if self.tiled else j // (self.hv // self.hk)
+        """[hv] the key head of each value head (model.deltanet.key_heads)."""
+        return key_heads(self.hv, self.hk, self.tiled)
 
 
 def ring_from_state(conv_state: torch.Tensor, pos: int, rows: int = RING_ROWS) -> torch.Tensor:

@@ -195,4 +195,4 @@ def compile_sm90() -> None:
 def test_kernels_compile_for_sm90():
     """The interpreter runs what the compiler may reject (the chunk kernel's compile takes
     ~25 s on a CPU and is left to the GPU run)."""
-    run_in_child("test_deltanet")
+    run_in_child("test_deltanet_kernels")
