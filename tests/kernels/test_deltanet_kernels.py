@@ -156,6 +156,9 @@ def test_prefill_matches_the_recurrence_and_decode_continues(shape, T, pos):
     head whole, the step in blocks of BV: programs that split a head differently)."""
     n_dec = 3
     mix, alpha, beta, w, conv, S0 = _layer(shape, T + n_dec, seed=T)
+    if shape.hv == 4:      # the regimes a chunk meets: a head decaying hard, one not at all, one writing at beta ~ 1
+        alpha = alpha + torch.tensor([30.0, -30.0, 0.0, 0.0], device=DEV)
+        beta = beta + torch.tensor([0.0, 0.0, 8.0, 0.0], device=DEV)
     ring, state = ring_from_state(conv, pos), S0.clone()
     out = deltanet_prefill(mix[:T].contiguous(), alpha[:T], beta[:T], w, ring, state, pos, shape, block_v=shape.dv)
     o, conv_ref, S_ref, states = layer_ref(mix, alpha, beta, w, conv, S0, shape)
@@ -173,6 +176,8 @@ def test_shapes_are_checked():
     mix, alpha, beta, w, _, S0 = _layer(GROUPED, 2, seed=0)
     with pytest.raises(ValueError, match="ring"):
         deltanet_step(mix, alpha, beta, w, torch.zeros(4, GROUPED.channels, device=DEV), S0, _pos(0), GROUPED)
+    with pytest.raises(ValueError, match="below position 0"):
+        ring_from_state(torch.ones(GROUPED.d_conv - 1, GROUPED.channels), 1)
     with pytest.raises(ValueError, match="power of two"):
         DeltaNetShape(hk=1, hv=1, dk=24, dv=16).check()
 

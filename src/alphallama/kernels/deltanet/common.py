@@ -58,8 +58,11 @@ class DeltaNetShape:
 
 def ring_from_state(conv_state: torch.Tensor, pos: int, rows: int = RING_ROWS) -> torch.Tensor:
     """A ring [rows, C] holding a [d_conv-1, C] conv state as the rows before `pos` (the
-    other slots zero): how a checkpoint or a CPU cache's state enters the kernels."""
+    other slots zero): how a checkpoint or a CPU cache's state enters the kernels. The
+    kernels read zeros below position 0, so the state's rows there must be zero."""
     d1, C = conv_state.shape
+    if pos < d1 and conv_state[:d1 - pos].any():
+        raise ValueError(f"a conv state before position {pos} has non-zero rows below position 0")
     ring = torch.zeros(rows, C, dtype=conv_state.dtype, device=conv_state.device)
     ring[(torch.arange(pos - d1, pos) % rows).to(conv_state.device)] = conv_state
     return ring
