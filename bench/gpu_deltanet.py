@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernels import run_header, time_graph  # noqa: E402
 
 from alphallama.kernels.deltanet.common import RING_ROWS, DeltaNetShape  # noqa: E402
-from alphallama.kernels.deltanet.prefill import CHUNK, _chunk_kernel, deltanet_prefill  # noqa: E402
+from alphallama.kernels.deltanet.prefill import chunk_delta_rule, deltanet_prefill  # noqa: E402
 from alphallama.kernels.deltanet.reference import layer_ref  # noqa: E402
-from alphallama.kernels.deltanet.step import BLOCK_V, DeltaNetWeights, deltanet_commit, deltanet_step  # noqa: E402
+from alphallama.kernels.deltanet.step import DeltaNetWeights, deltanet_commit, deltanet_step  # noqa: E402
 
 SHAPE = DeltaNetShape(hk=16, hv=32, dk=128, dv=128, d_conv=4, tiled=False)
 LAYERS = 30
@@ -86,15 +86,12 @@ def prefill(res: dict, g: torch.Generator, fla) -> None:
         mix, ab, w, ring, state = _inputs(T, 1, g)
         w0, alpha, beta = _layer(w, 0), ab[0, :, SHAPE.hv:], ab[0, :, :SHAPE.hv]
         whole = time_events(lambda: deltanet_prefill(mix[0], alpha, beta, w0, ring[0], state[0].clone(), pos, SHAPE))
-        xc = torch.randn(T, SHAPE.channels, device=DEV, generator=g)
-        out = torch.empty(T, SHAPE.hv, SHAPE.dv, device=DEV)
+        xc = torch.randn(T, SHAPE.channels, device=DEV, generator=g)                # [T, C] conv outputs
+        qk = xc[:, :2 * SHAPE.hk * SHAPE.dk].view(T, 2 * SHAPE.hk, SHAPE.dk)
+        qk.copy_(torch.nn.functional.normalize(qk, dim=-1))
         st = state[0].clone()
-
-        def chunk():
-            _chunk_kernel[(SHAPE.hv, SHAPE.dv // BLOCK_V)](xc, alpha, beta, w0.dt_bias, w0.ssm_a, st, out, T,
-                                                           alpha.stride(0), SHAPE.dk ** -0.5, SHAPE.hk, SHAPE.hv,
-                                                           SHAPE.dk, SHAPE.dv, BLOCK_V, CHUNK, SHAPE.tiled)
-        row = {"T": T, "ours_ms": whole * 1e3, "ours_chunk_ms": time_events(chunk) * 1e3}
+        row = {"T": T, "ours_ms": whole * 1e3,
+               "ours_delta_rule_ms": time_events(lambda: chunk_delta_rule(xc, alpha, beta, w0, st, SHAPE)) * 1e3}
         if T == 512:
             o_ref, _, S_ref, _ = layer_ref(mix[0], alpha, beta, w0, torch.zeros(3, SHAPE.channels, device=DEV),
                                            state[0], SHAPE)

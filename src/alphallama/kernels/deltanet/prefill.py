@@ -20,8 +20,11 @@ float32 ("ieee": no TF32), so the result is the recurrence's to float32 rounding
 bits: prefill is not under the row contract (design.md §7: the prompt's last row goes
 through the W = 1 step, step.py).
 
-Grid: the conv (T / 16, 2 hk + hv), a program per 16 rows and head (q and k L2-normalised there);
-the chunks (hv, dv / BV), a program walking the chunks of one head's state columns in order.
+Three launches. The conv (T / 16, 2 hk + hv): a program per 16 rows and head, q and k
+L2-normalised there. The WY factors (T / 64, hv): a program per chunk and head, every chunk at
+once (nothing in them depends on the state): G, W and U~ into scratch rows. The state pass
+(hv, dv / BV): a program walking the chunks of one head's state columns in order, dots only.
+Dead rows of a last partial chunk load as zeros and are masked out of D.
 """
 from __future__ import annotations
 
@@ -59,46 +62,99 @@ def _conv_kernel(MIX, RING, CONVW, XC, pos, T, R, eps, HK: tl.constexpr, HV: tl.
 
 
 @triton.jit
-def _chunk_kernel(XC, ALPHA, BETA, DTB, SSMA, STATE, OUT, T, stride_ab, scale,
+def _rows(XC, rows, live, ch, C: tl.constexpr):
+    """XC[rows, ch]: [BT, N] conv outputs (channels ch [N]), dead rows zero."""
+    return tl.load(XC + rows[:, None] * C + ch[None, :], mask=live[:, None], other=0.0)
+
+
+@triton.jit
+def _decay(G, live, BT: tl.constexpr):
+    """D [BT, BT] = exp(G_t - G_s) for live s <= t, else 0 (exponents <= 0)."""
+    r = tl.arange(0, BT)
+    keep = (r[:, None] >= r[None, :]) & live[:, None] & live[None, :]
+    return tl.where(keep, tl.exp(tl.where(keep, G[:, None] - G[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _wy_kernel(XC, ALPHA, BETA, DTB, SSMA, GC, WYW, WYU, T, stride_ab,
+               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+               BT: tl.constexpr, TILED: tl.constexpr):
+    """Program (chunk, value head j): G [BT], W = A (beta Gamma K) [BT, DK] and U~ = A (beta V)
+    [BT, DV] into GC [T, HV], WYW [T, HV, DK], WYU [T, HV, DV]."""
+    C: tl.constexpr = 2 * HK * DK + HV * DV
+    j = tl.program_id(1)
+    r = tl.arange(0, BT)
+    rows = tl.program_id(0) * BT + r                             # [BT]
+    live = rows < T
+    dvi = tl.arange(0, DV)
+    K = _rows(XC, rows, live, HK * DK + key_head(j, HK, HV, TILED) * DK + tl.arange(0, DK), C)   # [BT, DK]
+    V = _rows(XC, rows, live, 2 * HK * DK + j * DV + dvi, C)                                 # [BT, DV]
+    g, beta = gates(ALPHA, BETA, DTB, SSMA, rows, j, stride_ab, live)                   # [BT], dead rows 0
+    G = tl.cumsum(g, 0)                                          # [BT]
+    B = tl.where(r[:, None] > r[None, :],
+                 beta[:, None] * tl.dot(K, tl.trans(K), input_precision="ieee") * _decay(G, live, BT), 0.0)
+    A = tl.where(r[:, None] == r[None, :], 1.0, 0.0)             # [BT, BT] -> (I + B)^-1
+    for i in range(1, BT):
+        b_i = tl.sum(tl.where(r[:, None] == i, B, 0.0), 0)       # [BT] row i of B (zero from column i on)
+        a_i = -tl.sum(b_i[:, None] * A, 0)                       # [BT] -sum_s B[i, s] A[s, :]
+        A = tl.where(r[:, None] == i, a_i[None, :] + tl.where(r == i, 1.0, 0.0)[None, :], A)
+    Wf = tl.dot(A, K * (beta * tl.exp(G))[:, None], input_precision="ieee")               # [BT, DK]
+    Ut = tl.dot(A, V * beta[:, None], input_precision="ieee")                             # [BT, DV]
+    tl.store(GC + rows * HV + j, G, mask=live)
+    tl.store(WYW + (rows[:, None] * HV + j) * DK + tl.arange(0, DK)[None, :], Wf, mask=live[:, None])
+    tl.store(WYU + (rows[:, None] * HV + j) * DV + dvi[None, :], Ut, mask=live[:, None])
+
+
+@triton.jit
+def _state_kernel(XC, GC, WYW, WYU, STATE, OUT, T, scale,
                   HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                   BV: tl.constexpr, BT: tl.constexpr, TILED: tl.constexpr):
+    """Program (value head j, column block): the chunks in order from the state S [DK, BV]:
+    U = U~ - W S, O = (Gamma Q S + (D * Q K^T) U) * scale, S = Gamma_C S + (K exp(G_C - G))^T U."""
     C: tl.constexpr = 2 * HK * DK + HV * DV
     j = tl.program_id(0)
     vi = tl.program_id(1) * BV + tl.arange(0, BV)                # [BV] state columns
-    kh = key_head(j, HK, HV, TILED)
     dki = tl.arange(0, DK)
+    kh = key_head(j, HK, HV, TILED)
     r = tl.arange(0, BT)
-    causal = r[:, None] >= r[None, :]                            # [BT, BT] s <= t
-    strict = r[:, None] > r[None, :]
-    eye = r[:, None] == r[None, :]
     s_off = j * DK * DV + dki[:, None] * DV + vi[None, :]        # [DK, BV]
     S = tl.load(STATE + s_off)                                   # [DK, BV]
     c0 = 0
     while c0 < T:                                                # a while loop: the interpreter takes no run-time range()
         rows = c0 + r                                            # [BT]
         live = rows < T
-        Q = tl.load(XC + rows[:, None] * C + (kh * DK + dki)[None, :], mask=live[:, None], other=0.0)           # [BT, DK]
-        K = tl.load(XC + rows[:, None] * C + (HK * DK + kh * DK + dki)[None, :], mask=live[:, None], other=0.0)
-        V = tl.load(XC + rows[:, None] * C + (2 * HK * DK + j * DV + vi)[None, :], mask=live[:, None], other=0.0)  # [BT, BV]
-        g, beta = gates(ALPHA, BETA, DTB, SSMA, rows, j, stride_ab, live)                                       # [BT]
-        G = tl.cumsum(g, 0)                                      # [BT]
-        D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)   # [BT, BT]
-        B = tl.where(strict, beta[:, None] * tl.dot(K, tl.trans(K), input_precision="ieee") * D, 0.0)
-        A = tl.where(eye, 1.0, 0.0)                              # [BT, BT] -> (I + B)^-1
-        for i in range(1, BT):
-            b_i = tl.sum(tl.where(r[:, None] == i, B, 0.0), 0)   # [BT] row i of B (zero from column i on)
-            a_i = -tl.sum(b_i[:, None] * A, 0)                   # [BT] -sum_s B[i, s] A[s, :]
-            A = tl.where(r[:, None] == i, a_i[None, :] + tl.where(r == i, 1.0, 0.0)[None, :], A)
-        gam = tl.exp(G)                                          # [BT]
-        Wf = tl.dot(A, K * (beta * gam)[:, None], input_precision="ieee")                     # [BT, DK]
-        U = tl.dot(A, V * beta[:, None], input_precision="ieee") - tl.dot(Wf, S, input_precision="ieee")  # [BT, BV]
-        M = tl.dot(Q, tl.trans(K), input_precision="ieee") * D   # [BT, BT]
-        O = tl.dot(Q * gam[:, None], S, input_precision="ieee") + tl.dot(M, U, input_precision="ieee")   # [BT, BV]
+        Q = _rows(XC, rows, live, kh * DK + dki, C)              # [BT, DK]
+        K = _rows(XC, rows, live, HK * DK + kh * DK + dki, C)    # [BT, DK]
+        G = tl.load(GC + rows * HV + j, mask=live, other=0.0)    # [BT]
+        Wf = tl.load(WYW + (rows[:, None] * HV + j) * DK + dki[None, :], mask=live[:, None], other=0.0)   # [BT, DK]
+        U = tl.load(WYU + (rows[:, None] * HV + j) * DV + vi[None, :], mask=live[:, None], other=0.0) \
+            - tl.dot(Wf, S, input_precision="ieee")              # [BT, BV]
+        M = tl.dot(Q, tl.trans(K), input_precision="ieee") * _decay(G, live, BT)          # [BT, BT]
+        O = tl.dot(Q * tl.exp(G)[:, None], S, input_precision="ieee") + tl.dot(M, U, input_precision="ieee")
         tl.store(OUT + rows[:, None] * HV * DV + j * DV + vi[None, :], O * scale, mask=live[:, None])
-        g_c = tl.sum(tl.where(r == BT - 1, G, 0.0), 0)           # G at the chunk's end (dead rows add 0)
-        S = S * tl.exp(g_c) + tl.dot(tl.trans(K * tl.exp(g_c - G)[:, None]), U, input_precision="ieee")  # [DK, BV]
+        g_c = tl.sum(tl.where(r == tl.minimum(T - c0, BT) - 1, G, 0.0), 0)               # G of the last live row
+        decay = tl.where(live, tl.exp(g_c - G), 0.0)             # [BT]
+        S = S * tl.exp(g_c) + tl.dot(tl.trans(K * decay[:, None]), U, input_precision="ieee")  # [DK, BV]
         c0 += BT
     tl.store(STATE + s_off, S)
+
+
+def chunk_delta_rule(xc: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, w: DeltaNetWeights,
+                     state: torch.Tensor, shape: DeltaNetShape, block_v: int = BLOCK_V) -> torch.Tensor:
+    """The delta rule over T rows of conv output xc [T, C] (q, k normalised), from and into
+    state [Hv, dk, dv]: the WY launch, then the state pass. -> out [T, Hv, dv]."""
+    T = xc.shape[0]
+    dev, hv = xc.device, shape.hv
+    gc = torch.empty(T, hv, device=dev)                                          # [T, Hv]
+    wyw = torch.empty(T, hv, shape.dk, device=dev)                               # [T, Hv, dk]
+    wyu = torch.empty(T, hv, shape.dv, device=dev)                               # [T, Hv, dv]
+    _wy_kernel[(triton.cdiv(T, CHUNK), hv)](xc, alpha, beta, w.dt_bias, w.ssm_a, gc, wyw, wyu, T,
+                                            _gate_strides(alpha, beta), shape.hk, hv, shape.dk, shape.dv, CHUNK,
+                                            shape.tiled, num_warps=NUM_WARPS)
+    out = torch.empty(T, hv, shape.dv, device=dev)
+    _state_kernel[(hv, shape.dv // block_v)](xc, gc, wyw, wyu, state, out, T, shape.dk ** -0.5, shape.hk, hv,
+                                             shape.dk, shape.dv, block_v, CHUNK, shape.tiled, num_warps=NUM_WARPS)
+    return out
 
 
 def deltanet_prefill(mix: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, w: DeltaNetWeights,
@@ -119,11 +175,7 @@ def deltanet_prefill(mix: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
     _conv_kernel[(triton.cdiv(T, CONV_ROWS), 2 * shape.hk + shape.hv)](
         mix, ring, w.conv_w, xc, pos, T, R, shape.eps, shape.hk, shape.hv, shape.dk, shape.dv,
         max(shape.dk, shape.dv), CONV_ROWS, shape.d_conv, num_warps=NUM_WARPS)
-    out = torch.empty(T, shape.hv, shape.dv, device=mix.device, dtype=torch.float32)
-    _chunk_kernel[(shape.hv, shape.dv // block_v)](xc, alpha, beta, w.dt_bias, w.ssm_a, state, out, T,
-                                                   _gate_strides(alpha, beta), shape.dk ** -0.5, shape.hk,
-                                                   shape.hv, shape.dk, shape.dv, block_v, CHUNK, shape.tiled,
-                                                   num_warps=NUM_WARPS)
+    out = chunk_delta_rule(xc, alpha, beta, w, state, shape, block_v)
     first = max(0, T - (shape.d_conv - 1))                                       # the rows the conv state keeps
     ring[(torch.arange(pos + first, pos + T) % R).to(ring.device)] = mix[first:]
     return out
