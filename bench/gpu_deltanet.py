@@ -120,8 +120,15 @@ def prefill(res: dict, g: torch.Generator, fla) -> None:
                 row["fla_state_rel_err"] = ((S[0].double() - S_ref).abs().max() / S_ref.abs().max()).item()
             if T == 512:
                 q1, k1, v1, g1, b1 = (t[:, :1].contiguous() for t in (q, k, v, gg, bb))
-                row["fla_fused_recurrent_W1_us"] = time_events(lambda: fla.fused_recurrent_gated_delta_rule(
-                    q1, k1, v1, g1, b1, initial_state=h0, output_final_state=True), reps=100) * 1e6
+
+                def step1():
+                    return fla.fused_recurrent_gated_delta_rule(q1, k1, v1, g1, b1, initial_state=h0,
+                                                                output_final_state=True)
+                try:                                   # in a graph, as our step is timed
+                    row["fla_fused_recurrent_W1_us_graph"] = time_graph([step1]) * 1e6
+                except Exception as e:                 # not capturable: eager, launch overhead included
+                    row["fla_fused_recurrent_W1_us_eager"] = time_events(step1, reps=100) * 1e6
+                    row["fla_graph_error"] = repr(e)[:300]
         res["prefill"].append(row)
         print(row, flush=True)
 
