@@ -38,6 +38,30 @@ def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
+def gates(alpha: torch.Tensor, beta_logit: torch.Tensor, dt_bias: torch.Tensor,
+          ssm_a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta) [T, Hv]: the log-decay softplus(alpha + dt_bias) * ssm_a (ssm_a < 0) and the
+    write strength sigmoid(beta_logit), from the layer's alpha and beta projections."""
+    return F.softplus(alpha + dt_bias) * ssm_a, torch.sigmoid(beta_logit)
+
+
+def key_heads(n_v_heads: int, n_k_heads: int, tiled: bool) -> torch.Tensor:
+    """[Hv] the key head each value head reads: j % Hk (tiled, qwen35) or j // (Hv / Hk)
+    (grouped, qwen3next)."""
+    j = torch.arange(n_v_heads)
+    return j % n_k_heads if tiled else j // (n_v_heads // n_k_heads)
+
+
+def split_qkv(xc: torch.Tensor, n_k_heads: int, dk: int, k_head: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The conv output [T, C] = [q | k | v] -> q, k [T, Hv, dk] (L2-normalised per key head,
+    then expanded to the value heads by k_head [Hv]) and v [T, Hv, dv]."""
+    T, K = xc.shape[0], n_k_heads * dk
+    q = l2_normalize(xc[:, :K].view(T, n_k_heads, dk), eps)[:, k_head]      # [T, Hv, dk]
+    k = l2_normalize(xc[:, K:2 * K].view(T, n_k_heads, dk), eps)[:, k_head]  # [T, Hv, dk]
+    return q, k, xc[:, 2 * K:].view(T, k_head.shape[0], -1)                 # v: [T, Hv, dv]
+
+
 def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                state: torch.Tensor, states_out: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over T tokens, in order.

@@ -18,7 +18,15 @@ import torch.nn.functional as F
 
 from ..gguf.arch_qwen35 import HybridConfig
 from ..hybrid_cache import REPLAY, SNAPSHOT, HybridCache, State
-from .deltanet import RecurrentInputs, causal_conv, delta_rule, l2_normalize, replay
+from .deltanet import (
+    RecurrentInputs,
+    causal_conv,
+    delta_rule,
+    gates,
+    key_heads,
+    replay,
+    split_qkv,
+)
 from .layers import apply_rope, attention, moe, rms_norm, swiglu
 
 
@@ -83,9 +91,7 @@ class HybridTransformer:
         self.output = weights.get("output.weight", weights["token_embd.weight"])   # [V, D]
         self.kv_slot = {layer: j for j, layer in enumerate(cfg.attn_layers)}
         self.rec_slot = {layer: j for j, layer in enumerate(cfg.recurrent_layers)}
-        r = cfg.ssm_v_heads // cfg.ssm_k_heads
-        heads = torch.arange(cfg.ssm_v_heads)
-        self.k_head = heads % cfg.ssm_k_heads if cfg.k_heads_tiled else heads // r   # [Hv] key head of each value head
+        self.k_head = key_heads(cfg.ssm_v_heads, cfg.ssm_k_heads, cfg.k_heads_tiled)   # [Hv]
 
     def new_cache(self, max_len: int | None = None) -> HybridCache:
         c = self.cfg
@@ -107,18 +113,15 @@ class HybridTransformer:
 
     def _deltanet(self, i: int, h: torch.Tensor, cache: HybridCache, log: dict) -> torch.Tensor:
         c, w, p = self.cfg, self.w, f"blk.{i}."
-        T, Hv, dh, K = h.shape[0], c.ssm_v_heads, c.ssm_head_dim, c.key_dim
+        T, Hv, dh = h.shape[0], c.ssm_v_heads, c.ssm_head_dim
         j = self.rec_slot[i]
         mix = F.linear(h, w[p + "attn_qkv.weight"])                                # [T, C]
         z = F.linear(h, w[p + "attn_gate.weight"]).view(T, Hv, dh)                 # [T, Hv, dv]
         b, a = self._beta_alpha(h, p)                                              # [T, Hv] each
-        beta = torch.sigmoid(b)
-        g = F.softplus(a + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]                  # [T, Hv] log-decay
+        g, beta = gates(a, b, w[p + "ssm_dt.bias"], w[p + "ssm_a"])                # [T, Hv] each
         conv_in = cache.conv[j].clone()                                            # [d-1, C]
         xc, cache.conv[j] = causal_conv(mix, conv_in, w[p + "ssm_conv1d.weight"])  # [T, C]
-        q = l2_normalize(xc[:, :K].view(T, c.ssm_k_heads, dh), c.norm_eps)[:, self.k_head]       # [T, Hv, dk]
-        k = l2_normalize(xc[:, K:2 * K].view(T, c.ssm_k_heads, dh), c.norm_eps)[:, self.k_head]  # [T, Hv, dk]
-        v = xc[:, 2 * K:].view(T, Hv, dh)                                          # [T, Hv, dv]
+        q, k, v = split_qkv(xc, c.ssm_k_heads, dh, self.k_head, c.norm_eps)       # [T, Hv, dk|dv]
         states: list[torch.Tensor] | None = [] if log["mode"] == SNAPSHOT else None
         o, cache.ssm[j] = delta_rule(q, k, v, g, beta, cache.ssm[j], states)
         if log["mode"] == SNAPSHOT:
