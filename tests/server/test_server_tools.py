@@ -202,3 +202,15 @@ def test_qwen_coder_tool_calls():
         jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
     finally:
         _stop(proc)
+
+
+def test_auto_with_a_strict_tool(embedded):
+    """tool_choice auto with a strict tool: the answer is text or calls, and a strict
+    tool's arguments validate (a lazy grammar: tool_formats.lazy_grammar)."""
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    for ask in (ASK, [{"role": "user", "content": "Use the add tool on 2 and 3."}]):
+        r = embedded.chat.completions.create(model="m", messages=ask, tools=strict, max_tokens=60)
+        c = r.choices[0]
+        assert c.finish_reason in ("stop", "length", "tool_calls") and (c.message.content or c.message.tool_calls)
+        for name, args in _calls(c.message):
+            jsonschema.validate(args, WEATHER if name == "get_weather" else ADD)

@@ -203,3 +203,31 @@ def test_forcing_grammars(vocab, fmt, one, two):
     named = fmt.grammar(TOOLS[1:], False, vocab)
     assert _accepts(vocab, named, one + close)
     assert not _accepts(vocab, named, one.replace('"name": "add"', '"name": "get_weather"') + close)
+
+
+# -- the lazy grammars (tool_choice auto with strict tools) -------------------------------
+
+@pytest.mark.parametrize("fmt, one, two", [
+    (HermesFormat(), '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+     '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    (Llama3Format(), '{"name": "add", "parameters": {"a": 1, "b": 2}}', None),
+    (MistralFormat(), '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}',
+     ', {"name": "get_weather", "arguments": {"city": "Paris"}}'),
+])
+def test_lazy_grammars(vocab, fmt, one, two):
+    """Free text is free; a call, alone or after text, follows its tool's schema; the
+    marker's first bytes in ordinary text ("a < b", "[TOOL") do not start a call."""
+    close = "]" if isinstance(fmt, MistralFormat) else ""
+    lazy = fmt.lazy_grammar(TOOLS, True, vocab)
+    for text in ("The weather is fine.", "a < b and <tool c [TOOL", one + close):
+        assert _accepts(vocab, lazy, text), text
+    assert not _accepts(vocab, lazy, one.replace('"a": 1', '"a": "one"') + close)    # arguments by schema
+    assert not _accepts(vocab, lazy, one.replace('"add"', '"launch"') + close)       # only the tools offered
+    if isinstance(fmt, Llama3Format):     # a call is the whole message: after text, JSON is text
+        assert _accepts(vocab, lazy, "Sure. " + one) and fmt.decode("Sure. " + one, NAMES) is None
+        return
+    lead = "Let me add that.\n" + one + close
+    assert _accepts(vocab, lazy, lead) and fmt.decode(lead[lead.index(one[:3]):], NAMES) is not None
+    assert not _accepts(vocab, lazy, "Let me add that.\n" + one.replace('"b": 2', '"b": 2.5') + close)
+    assert _accepts(vocab, lazy, one + two + close)
+    assert not _accepts(vocab, fmt.lazy_grammar(TOOLS, False, vocab), one + two + close)

@@ -9,7 +9,9 @@ model's own template, and builds the grammar constraint that decoding obeys:
 - tool_choice "required": one call or more (one with parallel_tool_calls false) of any
   tool, each tool's arguments by its `parameters` schema (objects closed where the schema
   is silent: `closed_objects`); a named function: one call of it;
-- tool_choice "auto" (the default with tools): no grammar, the output is parsed;
+- tool_choice "auto" (the default with tools): no grammar, the output is parsed; with a
+  tool marked `strict`, a lazy grammar: the text is free until a call's marker, and the calls
+  after it follow their tools' schemas (strict ones closed, the others any object);
 - tool_choice "none": the tools are neither rendered nor parsed;
 - llama-server's `grammar` (GBNF) and `json_schema` fields, as its chat route takes them.
 
@@ -34,6 +36,7 @@ from .tool_formats import ToolCall, ToolFormat, ToolSpec, format_for_template
 from .tool_stream import ToolStream
 
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+_ANY_ARGUMENTS = {"type": "object"}
 
 
 def closed_objects(schema):
@@ -98,7 +101,7 @@ class ChatOutput:
             grammar, param = native_grammar(body.grammar, body.json_schema), "grammar"
         if grammar is not None and choice not in ("none", "auto"):
             raise _bad(f"{param} cannot be combined with a forced tool_choice", param)
-        if grammar is None and render and choice != "auto":
+        if grammar is None and render and (choice != "auto" or any(t.function.strict for t in tools)):
             grammar, param = self._tools_grammar(engine, choice), "tools"
         self.constraint = make_constraint(engine, grammar, param)
         kw = {"tools": [t.model_dump(exclude_none=True) for t in render]} if render else {}
@@ -131,6 +134,11 @@ class ChatOutput:
         tools = self.body.tools
         if not isinstance(choice, str):
             tools = [t for t in tools if t.function.name == choice.function.name]
+        if choice == "auto":     # strict tools by their schema, the others' arguments any object
+            specs = [ToolSpec(t.function.name, closed_objects(t.function.parameters or _NO_ARGUMENTS)
+                              if t.function.strict else _ANY_ARGUMENTS) for t in tools]
+            return lark_grammar(self.tool_format.lazy_grammar(specs, self.body.parallel_tool_calls,
+                                                              engine.grammar_vocab))
         specs = [ToolSpec(t.function.name, closed_objects(t.function.parameters or _NO_ARGUMENTS)) for t in tools]
         parallel = choice == "required" and self.body.parallel_tool_calls
         return lark_grammar(self.tool_format.grammar(specs, parallel, engine.grammar_vocab))

@@ -15,6 +15,7 @@ and the Lark grammar that forces calls when tool_choice asks for them.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -100,6 +101,24 @@ def _call_rules(tools: list[ToolSpec], args_key: str) -> list[str]:
     return rules
 
 
+def _free_text(*markers: str) -> str:
+    """The TEXT lexeme of a lazy grammar: any non-empty text that never spells a call's marker."""
+    never = "|".join(re.escape(m) for m in markers)
+    return f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*({never})(.|\\n)*/"
+
+
+def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str]) -> str:
+    """Free text, or text up to a call's marker and then `after` (the calls past the marker).
+    A marker the vocabulary has as a control token cannot be spelled by text; a textual one
+    ends the free text as a `suffix` (llguidance: the text runs lazily until it, the marker
+    then part of the output): a greedy text lexeme would swallow the marker's first bytes."""
+    tid = vocab.special_token(marker)
+    if tid is not None:
+        return "\n".join([f"start: TEXT | TEXT? <[{tid}]> {after}", "TEXT: /(.|\\n)+/", *rules])
+    return "\n".join([f"start: TEXT | lead {after}", _free_text(marker),
+                      f"lead[suffix={_lit(marker)}]: /(.|\\n)*/", *rules])
+
+
 class ToolFormat(Protocol):
     name: str
 
@@ -112,7 +131,12 @@ class ToolFormat(Protocol):
 
     def decode(self, text: str, names: frozenset[str]) -> list[ToolCall] | None: ...
 
-    def grammar(self, tools: list[ToolSpec], parallel: bool, vocab: GrammarVocab) -> str: ...
+    def grammar(self, tools: list[ToolSpec], parallel: bool, vocab: GrammarVocab) -> str:
+        """Lark: the calls alone (tool_choice required or named)."""
+
+    def lazy_grammar(self, tools: list[ToolSpec], parallel: bool, vocab: GrammarVocab) -> str:
+        """Lark: free text, or (text and) the calls, each call as `grammar` takes it
+        (tool_choice auto with strict tools: the text is free until a call starts)."""
 
 
 class HermesFormat:
@@ -143,9 +167,16 @@ class HermesFormat:
         return None if call is None else [call]
 
     def grammar(self, tools, parallel, vocab):
+        return "\n".join(["start: calls", *self._rules(tools, parallel, vocab)])
+
+    def lazy_grammar(self, tools, parallel, vocab):
+        first = f'"\\n" call "\\n" {_marker(vocab, self.CLOSE)}' + (' ("\\n" tc)*' if parallel else "")
+        return _lazy(vocab, self.OPEN, first, self._rules(tools, parallel, vocab)[1:])
+
+    def _rules(self, tools, parallel, vocab) -> list[str]:
         one = f'{_marker(vocab, self.OPEN)} "\\n" call "\\n" {_marker(vocab, self.CLOSE)}'
-        start = 'start: tc ("\\n" tc)*' if parallel else "start: tc"
-        return "\n".join([start, f"tc: {one}", *_call_rules(tools, "arguments")])
+        calls = 'calls: tc ("\\n" tc)*' if parallel else "calls: tc"
+        return [calls, f"tc: {one}", *_call_rules(tools, "arguments")]
 
 
 class Llama3Format:
@@ -183,6 +214,12 @@ class Llama3Format:
         # Llama 3.1's template takes one call per assistant message: one call, parallel or not.
         return "\n".join(["start: call", *_call_rules(tools, "parameters")])
 
+    def lazy_grammar(self, tools, parallel, vocab):
+        # a call is the whole message (JSON from its first character, as span reads it): text
+        # is anything else, never starting with "{" nor spelling the python tag
+        text = _free_text(self.TAG).replace("TEXT: /(.|\\n)+/", "TEXT: /[^{\\s](.|\\n)*/", 1)
+        return "\n".join(["start: TEXT | call", text, *_call_rules(tools, "parameters")])
+
 
 class MistralFormat:
     name = "mistral"
@@ -216,8 +253,15 @@ class MistralFormat:
         return None if not calls or any(c is None for c in calls) else calls
 
     def grammar(self, tools, parallel, vocab):
+        return "\n".join(["start: calls", *self._rules(tools, parallel, vocab)])
+
+    def lazy_grammar(self, tools, parallel, vocab):
         items = 'call (", " call)*' if parallel else "call"
-        return "\n".join([f'start: {_marker(vocab, self.MARK)} "[" {items} "]"', *_call_rules(tools, "arguments")])
+        return _lazy(vocab, self.MARK, f'"[" {items} "]"', _call_rules(tools, "arguments"))
+
+    def _rules(self, tools, parallel, vocab) -> list[str]:
+        items = 'call (", " call)*' if parallel else "call"
+        return [f'calls: {_marker(vocab, self.MARK)} "[" {items} "]"', *_call_rules(tools, "arguments")]
 
 
 # Checked in order: the first whose markers the template emits is the model's format.
