@@ -60,6 +60,7 @@ class ServerDefaults:
     max_stop_chars: int = 1024    # per stop string (each generated token is checked against it)
     max_embedding_inputs: int = 256   # inputs per /v1/embeddings request (each is one queued forward pass)
     pooling: str = "mean"         # /v1/embeddings: mean | cls | last over the final hidden states
+    reasoning_format: str = "auto"   # a thinking model's <think> text: reasoning_content (auto, deepseek) | content (none)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ..grammar import (
 )
 from ..tokenizer import Tokenizer
 from .errors import APIError
+from .reasoning import ReasoningStream, ThinkTags, reasoning_tags
 from .responses import ChatFormat
 from .schemas import ChatRequest
 from .tool_formats import ToolCall, ToolFormat, ToolSpec, format_for_template
@@ -79,8 +80,10 @@ def make_constraint(engine: Engine, grammar: str | None, param: str) -> TokenCon
 
 
 class ChatOutput:
-    def __init__(self, body: ChatRequest):
+    def __init__(self, body: ChatRequest, reasoning_format: str = "auto"):
         self.body = body
+        self.reasoning_format = reasoning_format     # the server's --reasoning-format
+        self.think: tuple[ThinkTags, bool] | None = None   # (tags, the prompt left <think> open)
         self.tool_format: ToolFormat | None = None
         self.names: frozenset[str] = frozenset()
         self.constraint: TokenConstraint | None = None
@@ -105,7 +108,20 @@ class ChatOutput:
             grammar, param = self._tools_grammar(engine, choice), "tools"
         self.constraint = make_constraint(engine, grammar, param)
         kw = {"tools": [t.model_dump(exclude_none=True) for t in render]} if render else {}
-        return engine.encode_chat(body.conversation(), **kw)
+        ids = engine.encode_chat(body.conversation(), **kw, **self._template_kwargs())
+        tags = reasoning_tags(engine.chat_template.source, body.reasoning_format or self.reasoning_format)
+        if tags is not None:   # the answer starts in reasoning where the prompt left <think> open
+            self.think = (tags, tags.open_at_end(engine.tokenizer.decode(ids[-8:])))
+        return ids
+
+    def _template_kwargs(self) -> dict:
+        """llama-server's chat_template_kwargs (enable_thinking, ...): the template's own
+        variables, never the ones the server sets."""
+        kw = self.body.chat_template_kwargs or {}
+        taken = sorted(set(kw) & {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+        if taken:
+            raise _bad(f"chat_template_kwargs may not set {', '.join(taken)}", "chat_template_kwargs")
+        return kw
 
     @staticmethod
     def _choice_text(choice) -> str:
@@ -160,9 +176,10 @@ class ChatOutput:
 
     # -- the response ------------------------------------------------------------------
     def format(self, model: str, tokenizer: Tokenizer, want_logprobs: bool) -> ChatFormat:
+        thinking = None if self.think is None else ReasoningStream(*self.think)
         if self.tool_format is None:
-            return ChatFormat(model, tokenizer, want_logprobs)
-        return ToolChatFormat(model, tokenizer, want_logprobs, ToolStream(self.tool_format, self.names))
+            return ChatFormat(model, tokenizer, want_logprobs, thinking)
+        return ToolChatFormat(model, tokenizer, want_logprobs, ToolStream(self.tool_format, self.names), thinking)
 
 
 def _call_json(call: ToolCall) -> dict:
@@ -173,28 +190,31 @@ class ToolChatFormat(ChatFormat):
     """ChatFormat whose content goes through a ToolStream: calls come out as tool_calls
     (whole, in the delta of the chunk that completes them), finish_reason "tool_calls"."""
 
-    def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, stream: ToolStream):
-        super().__init__(model, tokenizer, want_logprobs)
+    def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, stream: ToolStream,
+                 thinking: ReasoningStream | None = None):
+        super().__init__(model, tokenizer, want_logprobs, thinking)
         self.stream = stream
 
     def _finish(self, finish_reason: str) -> str:
         return "tool_calls" if self.stream.calls and finish_reason == "stop" else finish_reason
 
-    def chunk(self, text, logprobs, finish_reason, role=False):
-        if role:
-            return super().chunk(text, logprobs, finish_reason, role=True)
+    def _content_chunk(self, reasoning, content, logprobs, finish_reason):
         first = len(self.stream.calls)
-        content, calls = self.stream.finish() if finish_reason is not None else self.stream.feed(text or "")
-        out = super().chunk(content or None, logprobs, None if finish_reason is None else self._finish(finish_reason))
+        content, calls = self.stream.feed(content or "")
+        if finish_reason is not None:
+            tail, more = self.stream.finish()
+            content, calls = content + tail, calls + more
+        out = super()._content_chunk(reasoning, content or None, logprobs,
+                                     None if finish_reason is None else self._finish(finish_reason))
         if calls:
             out["choices"][0]["delta"]["tool_calls"] = [{"index": first + i, **_call_json(c)}
                                                         for i, c in enumerate(calls)]
         return out
 
-    def response(self, text, logprobs, finish_reason, usage, timings):
-        head, _ = self.stream.feed(text)
+    def _response(self, reasoning, content, logprobs, finish_reason, usage, timings):
+        head, _ = self.stream.feed(content or "")
         tail, _ = self.stream.finish()
-        out = super().response((head + tail).strip(), logprobs, self._finish(finish_reason), usage, timings)
+        out = super()._response(reasoning, (head + tail).strip(), logprobs, self._finish(finish_reason), usage, timings)
         message = out["choices"][0]["message"]
         if self.stream.calls:
             message["tool_calls"] = [_call_json(c) for c in self.stream.calls]

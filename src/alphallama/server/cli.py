@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="web origins besides local pages whose browser requests are answered (*: any)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=d.pooling,
                    help="/v1/embeddings: how an input's final hidden states are pooled into one vector")
+    p.add_argument("--reasoning-format", choices=("auto", "deepseek", "none"), default=d.reasoning_format,
+                   help="a thinking model's <think> text: in reasoning_content (auto, deepseek) or left in content "
+                        "(none); a request's reasoning_format overrides it")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     add_spec_arguments(p)
     from ..cli_compat import add_compat_arguments
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model_names=ServerSettings.names_for(path, args.alias), api_key=args.api_key or None,
         n_predict=args.n_predict, sampling=sampling, spec=spec, queue_size=args.queue_size,
-        cors_origins=args.cors_origins, pooling=args.pooling)
+        cors_origins=args.cors_origins, pooling=args.pooling, reasoning_format=args.reasoning_format)
     failed: list[BaseException] = []
 
     def on_load_failed(e: BaseException) -> None:   # runs in the worker thread

@@ -58,6 +58,7 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None       # null when the answer is tool calls alone
+    reasoning_content: str | None = None   # a thinking model's <think> text (server/reasoning.py)
     tool_calls: list[ToolCall] | None = None
 
 

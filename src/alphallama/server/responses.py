@@ -12,6 +12,7 @@ import uuid
 from typing import Protocol
 
 from ..tokenizer import Tokenizer
+from .reasoning import ReasoningStream
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]]]   # id, log-prob, top k
 
@@ -55,7 +56,22 @@ class _Base:
 
 
 class ChatFormat(_Base):
+    """thinking: the reasoning splitter (server/reasoning.py) of a thinking model's answer."""
     object_full, object_chunk, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, thinking: ReasoningStream | None = None):
+        super().__init__(model, tokenizer, want_logprobs)
+        self.thinking = thinking
+
+    def _split(self, text: str | None, final: bool) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a piece; without a splitter the piece is content as it is."""
+        if self.thinking is None:
+            return None, text
+        r, c = self.thinking.feed(text) if text else ("", "")
+        if final:
+            r2, c2 = self.thinking.finish()
+            r, c = r + r2, c + c2
+        return r or None, c or None
 
     def _logprobs(self, entries: list[TokenLogprob]) -> dict | None:
         if not self.want_logprobs:
@@ -71,16 +87,34 @@ class ChatFormat(_Base):
         return self.chunk("", [], None, role=True)   # OpenAI's first chunk names the role
 
     def chunk(self, text, logprobs, finish_reason, role=False):
-        delta: dict = {"role": "assistant"} if role else {}
-        if text is not None:
-            delta["content"] = text
+        if role:
+            return self._chunk({"role": "assistant", "content": text}, logprobs, finish_reason)
+        reasoning, content = self._split(text, finish_reason is not None)
+        return self._content_chunk(reasoning, content, logprobs, finish_reason)
+
+    def _content_chunk(self, reasoning: str | None, content: str | None, logprobs, finish_reason) -> dict:
+        delta: dict = {} if reasoning is None else {"reasoning_content": reasoning}
+        if content is not None:
+            delta["content"] = content
+        return self._chunk(delta, logprobs, finish_reason)
+
+    def _chunk(self, delta: dict, logprobs, finish_reason) -> dict:
         choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(logprobs) if logprobs else None,
                   "finish_reason": finish_reason}
         return self._envelope(self.object_chunk, [choice])
 
     def response(self, text, logprobs, finish_reason, usage, timings):
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": self._logprobs(logprobs or []), "finish_reason": finish_reason}
+        reasoning, content = self._split(text, final=True)
+        if self.thinking is not None:
+            content = content or ""
+        return self._response(reasoning, content, logprobs, finish_reason, usage, timings)
+
+    def _response(self, reasoning: str | None, content: str | None, logprobs, finish_reason, usage, timings) -> dict:
+        message: dict = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        choice = {"index": 0, "message": message, "logprobs": self._logprobs(logprobs or []),
+                  "finish_reason": finish_reason}
         return {**self._envelope(self.object_full, [choice]), "usage": usage, "timings": timings}
 
 

@@ -33,7 +33,7 @@ _COMPLETION_ERRORS = error_responses(400, 401, 413, 429, 500, 503)
              responses={**streamed("the completion, or with stream: true its chunks as server-sent events"),
                         **_COMPLETION_ERRORS})
 async def chat_completions(body: ChatRequest, request: Request):
-    output = ChatOutput(body)   # tools, tool_choice, response_format
+    output = ChatOutput(body, app_state(request).settings.reasoning_format)   # tools, response_format, reasoning
     return await _complete(request, body, "chat", output.prompt_ids, output)
 
 

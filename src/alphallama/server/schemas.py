@@ -168,6 +168,8 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool = True
     grammar: Text | None = None          # llama-server's: GBNF
     json_schema: dict | None = None      # llama-server's: a schema without response_format
+    chat_template_kwargs: dict | None = None   # llama-server's: the template's variables (enable_thinking)
+    reasoning_format: Literal["auto", "deepseek", "none"] | None = None   # llama-server's; default --reasoning-format
 
     def check_supported(self) -> None:   # tools and response_format: server/chat_output.py
         self.check_common()

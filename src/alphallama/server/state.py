@@ -28,6 +28,7 @@ class ServerSettings:
     max_body_bytes: int = DEFAULTS.server.max_body_bytes
     cors_origins: tuple[str, ...] = ()                  # browser origins beyond the local ones ("*": all)
     pooling: str = DEFAULTS.server.pooling              # /v1/embeddings: a key of embeddings.POOLINGS
+    reasoning_format: str = DEFAULTS.server.reasoning_format   # <think> text: reasoning_content (auto) or content (none)
 
     @staticmethod
     def names_for(model_path: str | None, alias: str | None = None) -> tuple[str, ...]:
