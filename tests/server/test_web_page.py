@@ -130,3 +130,36 @@ def test_chat_page_streams_keeps_history_and_stops(browser, server):
     assert page.locator(".msg").count() == 2
     page.close()
 
+
+
+def test_a_thinking_models_reasoning_is_folded_above_its_answer(browser, tmp_path):
+    """A template that opens <think> in the generation prompt (server/reasoning.py): the
+    page shows the streamed reasoning_content in the folded "thinking" block, apart from
+    the answer, and keeps it across a reload."""
+    from test_reasoning import THINKING_TEMPLATE
+    tmpl = tmp_path / "thinking.jinja"
+    tmpl.write_text(THINKING_TEMPLATE)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "alphallama.cli", "serve", "--port", str(port), "-t", "1",
+                             "--device", "cpu", "--chat-template-file", str(tmpl)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(proc, port, 300, lambda: proc.stderr.read())
+        page = browser.new_page(viewport={"width": 1000, "height": 600})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.locator("#model", has_text="alphallama-embedded").wait_for()
+        page.fill("#max-tokens", "16")
+        page.fill("#prompt", "Write a function that adds two numbers.")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector(".msg.assistant.done", timeout=120_000)
+        assert page.is_visible(".msg.assistant .thinking")
+        assert page.text_content(".msg.assistant .thinking div").strip()   # 16 tokens, no </think>: all reasoning
+        assert page.text_content(".msg.assistant .bubble") == ""
+        page.click(".msg.assistant .thinking summary")
+        shot(page, "chat-thinking.png")
+        page.reload()
+        page.locator("#model", has_text="alphallama-embedded").wait_for()
+        assert page.is_visible(".msg.assistant .thinking")
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
