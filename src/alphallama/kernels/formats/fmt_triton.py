@@ -149,6 +149,14 @@ def _field_q8_0(words, h, d, s2, I: tl.constexpr, one):
     q = codes_f32(words, h, I, 8, 0, 128, one)  # [NT, BN, V]: q * 2**pos
     return q * (d * field_scale(I, 8))[:, :, None]
 
+@triton.jit
+def _load_dm(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Q4_1, Q5_1: words, qh words, d and -m per slot (the (A, B) of value = A q - B, as
+    the K-quants' loads give, so that their fields and the int8 kernels' min term serve)."""
+    d = slot_field(sc, row, s0, one, n_slots, NT, 1, 2, 0).to(tl.float32)  # [NT, BN]
+    m = slot_field(sc, row, s0, one, n_slots, NT, 1, 2, 1).to(tl.float32)  # [NT, BN]
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d, -m
+
 # --- Q4_K, Q5_K, Q6_K (fmt_kquant.py) ---------------------------------------------
 
 @triton.jit
@@ -193,7 +201,7 @@ class TritonFormat(NamedTuple):
     field: object   # @triton.jit (words, h, s1, s2, I, one) -> float32 [NT, BN, V]
 
 
-# Q4_K has no qh plane: its load passes qs in its place (the kernel gets qs for absent planes)
+# Q4_K and Q4_1 have no qh plane: their loads pass qs in its place (the kernel gets qs for absent planes)
 KERNELS: dict[T, TritonFormat] = {
     T.F32: TritonFormat(_load_float, _field_float),
     T.F16: TritonFormat(_load_float, _field_float),
@@ -201,6 +209,8 @@ KERNELS: dict[T, TritonFormat] = {
     T.Q4_0: TritonFormat(_load_d, _field_q4_0),
     T.Q5_0: TritonFormat(_load_q5_0, _field_q5_0),
     T.Q8_0: TritonFormat(_load_q8_0, _field_q8_0),
+    T.Q4_1: TritonFormat(_load_dm, _field_q4_k),   # fma(q, d, m): the K-quants' fields
+    T.Q5_1: TritonFormat(_load_dm, _field_q5_k),
     T.Q4_K: TritonFormat(_load_k_with_min, _field_q4_k),
     T.Q5_K: TritonFormat(_load_k_with_min, _field_q5_k),
     T.Q6_K: TritonFormat(_load_q6_k, _field_q6_k),

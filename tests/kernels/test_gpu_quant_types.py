@@ -1,0 +1,199 @@
+"""Issue 32's GPU quant types (Q4_1, Q5_1): each new format through every kernel family that
+takes it, at small sizes (the Triton interpreter on CPU; compiled on a GPU).
+
+  planes    the plain-torch dequantize of the planes equals gguf's, bit for bit
+  f32       qmatmul against float64, and its exact-mode rows (column and W invariant)
+  dequant   the prefill scratch and the embedding gather: gguf's values, bit for bit
+  int8      qmatvec_i8 / qgemv_i8 against the expert contract's plain-torch matvec, bit for bit
+  moe       the contract's MoE kernels against its reference, bit for bit
+  support   the registry and offload/support.py name the GPU for them; others are refused
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
+
+from alphallama.gguf.reader import TensorInfo  # noqa: E402
+from alphallama.kernels import QuantWeight  # noqa: E402
+from alphallama.kernels.formats.dequant import dequantize_into, gather_rows  # noqa: E402
+from alphallama.kernels.formats.qweight import format_of  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import qmatvec_i8  # noqa: E402
+from alphallama.kernels.gemv.registry import QGEMV_I8, QGEMV_MMA_K, QMATMUL, plan_linear  # noqa: E402
+from alphallama.kernels.moe.expert_q8 import moe_q8 as moe_q8_ref  # noqa: E402
+from alphallama.kernels.moe.moe_q8 import moe_q8  # noqa: E402
+from alphallama.offload.support import gpu_refusal, type_uses  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
+from tests.kernels.test_moe_q8 import _bank, _layer  # noqa: E402
+from tests.kernels.test_qmatmul import check_close, gguf_dequant, random_raw, rotation_check  # noqa: E402
+from tests.kernels.test_qgemv_i8 import reference64  # noqa: E402
+from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits, reference  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+NEW = [T.Q4_1, T.Q5_1]
+IDS = [t.name for t in NEW]
+STILL_CPU_ONLY = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
+
+
+def _weight(qtype: T, n: int, k: int, seed: int) -> tuple[np.ndarray, QuantWeight]:
+    raw = random_raw(qtype, n, k, seed)
+    return raw, QuantWeight.from_raw(raw, qtype, (n, k), DEV)
+
+
+def _info(qtype: T, n: int, k: int) -> TensorInfo:
+    """A [n, k] matrix of a file, as the reader describes it (zero bytes)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    return TensorInfo("blk.0.ffn_up.weight", qtype, (n, k), np.zeros((n, k // block * size), np.uint8), 0)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_planes_dequantize_as_gguf(qtype):
+    """2-D and 3-D (expert) tensors; the planes hold the file's bytes, no more."""
+    raw, w = _weight(qtype, 12, 512, seed=1)
+    ref = gguf_dequant(raw, qtype)                                     # [12, 512]
+    assert torch.equal(_bits(w.dequantize()), _bits(ref))
+    w3 = QuantWeight.from_raw(raw, qtype, (3, 4, 512), DEV)
+    assert torch.equal(_bits(w3.expert(2).dequantize()), _bits(ref[8:]))
+    assert w.nbytes == w.gguf_nbytes
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_qmatmul_against_float64(qtype):
+    """W = 1, 3 (bf16 x), 8; K = 288: 9 slots, not a multiple of the step; N = 37 ragged."""
+    for W, n, k in ((1, 64, 512), (3, 37, 288), (8, 64, 512)):
+        raw, w = _weight(qtype, n, k, seed=W)
+        x = torch.randn(W, k, generator=torch.Generator().manual_seed(W)).to(DEV)
+        if W % 2:
+            x = x.to(torch.bfloat16)
+        check_close(qmatmul(x, w), x.cpu(), gguf_dequant(raw, qtype))
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_qmatmul_rows_do_not_depend_on_column_or_width(qtype):
+    _, w = _weight(qtype, 16, 256, seed=7)
+    rotation_check(w, (1, 2, 5, 9), pool=9)
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_dequant_and_gather_bit_exact(qtype):
+    """The prefill scratch (fp32, and bf16 rounded once), a row block, and the embedding
+    lookup's rows in any order: gguf's values."""
+    n, k = 37, 512
+    raw, w = _weight(qtype, n, k, seed=3)
+    ref = gguf_dequant(raw, qtype)                                     # [n, k]
+    assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
+    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
+    assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
+    assert torch.equal(_bits(dequantize_into(w, torch.empty(3, k, device=DEV), 5, 8)), _bits(ref[5:8]))
+    idx = torch.tensor([36, 0, 5, 5, 17], device=DEV)
+    assert torch.equal(_bits(gather_rows(w, idx)), _bits(ref[idx.cpu()]))
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_qmatvec_i8_is_the_contract(qtype):
+    """qmatvec_i8 (the round's fused GEMV) gives the contract's bits: W = 9 (a partly masked
+    row program) and W = 1; K = 288 (a padded chunk), N = 37."""
+    n, k = 37, 288
+    _, w = _weight(qtype, n, k, seed=n)
+    x = _x(9, k, seed=2)
+    ref = reference(x, w)
+    out = torch.full((9, n), float("nan"), device=DEV)             # poisoned: every element must be written
+    qmatvec_i8(x, w, out=out)
+    assert_same_bits(out, ref, f"qmatvec_i8 {qtype.name} W=9")
+    assert_same_bits(qmatvec_i8(x[4:5], w), ref[4:5], f"qmatvec_i8 {qtype.name} W=1")
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_qgemv_i8_against_float64_and_row_invariant(qtype):
+    """qgemv_i8 against float64 of the same int8 activations; each row of W = 3 equals
+    that row alone (K = 288: a masked step)."""
+    n, k = 37, 288
+    raw, w = _weight(qtype, n, k, seed=3)
+    x = _x(3, k, seed=4)
+    out = qgemv_i8(x, w)
+    ref, scale = reference64(x, raw, qtype, n, k)
+    err = ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+    assert torch.isfinite(out).all() and err < 2e-6, err
+    for m in (0, 2):
+        assert_same_bits(qgemv_i8(x[m:m + 1], w), out[m:m + 1], f"qgemv_i8 {qtype.name} row {m} alone")
+
+
+def test_moe_contract_kernels():
+    """The expert contract's kernels (bank and host tiers; Q5_1 gate|up, Q4_1 down) against
+    its reference; a row alone gives the same bits."""
+    E, D, F, W = 4, 128, 128, 3
+    gu, dn = _layer(T.Q5_1, T.Q4_1, E, D, F, seed=11)
+    bank_gu, bank_dn = _bank(gu, [2, 0]), _bank(dn, [2, 0])
+    table = torch.tensor([1, -1, 0, -1], dtype=torch.int32, device=DEV)
+    g = torch.Generator().manual_seed(12)
+    h = (torch.randn(W, D, generator=g) * 3).to(DEV)
+    experts = torch.tensor([[0, 1], [3, 2], [2, 0]], dtype=torch.int32, device=DEV)
+    weights = torch.rand(W, 2, generator=g).to(DEV)
+    out = moe_q8(h, weights, experts, gu, dn, bank_gu, bank_dn, table, layer=0)
+    assert torch.equal(_bits(out), _bits(moe_q8_ref(h, gu, dn, experts, weights)))
+    one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0)
+    assert torch.equal(_bits(one[0]), _bits(out[2]))
+
+
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_registry_and_support_name_the_gpu(qtype):
+    _, w = _weight(qtype, 32, 256, seed=0)
+    assert QMATMUL.supports(w) is None and QGEMV_I8.supports(w) is None
+    assert "Q4_K only" in QGEMV_MMA_K.supports(w)
+    plan = plan_linear([w], "i8")
+    assert plan.i8 == (True,) and plan.at(1).kernels == (QGEMV_I8,)
+    assert plan_linear([w], "f32").at(1).kernels == (QMATMUL,)
+    t = _info(qtype, 64, 256)
+    tensors = {t.name: t}
+    assert gpu_refusal(t.name, t, tensors) is None
+    assert type_uses(tensors)[qtype.name].runs_on == "cpu+gpu"
+
+
+@pytest.mark.parametrize("qtype", STILL_CPU_ONLY, ids=[t.name for t in STILL_CPU_ONLY])
+def test_types_without_a_gpu_format_are_refused(qtype):
+    with pytest.raises(ValueError, match=f"no GPU kernel for {qtype.name}"):
+        format_of(qtype)
+    t = _info(qtype, 64, 256)
+    why = gpu_refusal(t.name, t, {t.name: t})
+    assert why is not None and f"no GPU kernel for {qtype.name}" in why
+    assert type_uses({t.name: t})[qtype.name].runs_on == "cpu only"
+
+
+def test_compiles_for_sm90():
+    """The interpreter runs what the compiler may reject: compile the fp32 GEMV, the
+    dequantize kernel and the int8 GEMV for sm_90 (no GPU needed)."""
+    run_in_child("test_gpu_quant_types")
+
+
+def compile_sm90() -> None:
+    from alphallama.kernels.formats import dequant
+    from alphallama.kernels.gemv import qmatvec_i8 as mod
+    from alphallama.kernels.moe.expert_q8_gpu import CODES
+    from tests.kernels.sm90 import compile_sm90 as build
+
+    dt = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
+    for qtype in NEW:
+        f, K = format_of(qtype), 4096
+        planes = {n: dt[p.dtype] for n, p in f.pack(torch.zeros((1, K // f.block_size, f.type_size),
+                                                                dtype=torch.uint8)).items()}
+        args = [planes.get(n, planes["qs"]) for n in ("qs", "qh", "sc", "sd")]   # absent planes: qs
+        bits, hbits, bias, has_min = CODES[qtype]
+        build(mod._qmatvec_i8_kernel, ["*i32", "*i32", "*fp32", *args, "i32", "i32", "i32"],
+              dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
+                   BN=16, NT=32, BW=8, PREFETCH=True, DP4A=True))
+        build(dequant._dequant_kernel, ["*bf16", *args, "i32", "i32"],
+              dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, SLOT=f.slot,
+                   BN=1, NT=128, WHOLE=True, HW=True))
