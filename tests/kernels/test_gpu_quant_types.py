@@ -5,7 +5,8 @@ takes it, at small sizes (the Triton interpreter on CPU; compiled on a GPU).
   f32       qmatmul against float64, and its exact-mode rows (column and W invariant)
   dequant   the prefill scratch and the embedding gather: gguf's values, bit for bit
   int8      qmatvec_i8 / qgemv_i8 against the expert contract's plain-torch matvec, bit for bit
-  moe       the contract's MoE kernels against its reference, bit for bit
+  moe       the contract's MoE kernels against its reference, bit for bit; the fp32 MoE
+            GEMVs and the prefill's grouped GEMM against float64
   support   the registry and offload/support.py name the GPU for them; others are refused
 """
 from __future__ import annotations
@@ -30,9 +31,12 @@ from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
 from alphallama.kernels.gemv.qmatvec_i8 import qmatvec_i8  # noqa: E402
 from alphallama.kernels.gemv.registry import QGEMV_I8, QGEMV_MMA_K, QMATMUL, plan_linear  # noqa: E402
 from alphallama.kernels.moe.expert_q8 import moe_q8 as moe_q8_ref  # noqa: E402
+from alphallama.kernels.moe.moe_f32 import moe_down, moe_gate_up  # noqa: E402
+from alphallama.kernels.moe.moe_gemm import moe_prefill  # noqa: E402
 from alphallama.kernels.moe.moe_q8 import moe_q8  # noqa: E402
 from alphallama.offload.support import gpu_refusal, type_uses  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
+from tests.kernels.test_moe_gemm import _reference as moe_prefill_ref  # noqa: E402
 from tests.kernels.test_moe_q8 import _bank, _layer  # noqa: E402
 from tests.kernels.test_qmatmul import check_close, gguf_dequant, random_raw, rotation_check  # noqa: E402
 from tests.kernels.test_qgemv_i8 import reference64  # noqa: E402
@@ -146,6 +150,24 @@ def test_moe_contract_kernels():
     assert torch.equal(_bits(out), _bits(moe_q8_ref(h, gu, dn, experts, weights)))
     one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0)
     assert torch.equal(_bits(one[0]), _bits(out[2]))
+
+
+def test_moe_f32_and_prefill_gemm_against_float64():
+    """The format-generic MoE kernels (fp32 decode GEMVs, the prefill's grouped GEMM) with
+    Q4_1 gate|up and Q5_1 down, against float64 of gguf's values."""
+    E, F, D, k = 4, 128, 128, 2
+    gu = QuantWeight.from_raw(random_raw(T.Q4_1, E * 2 * F, D, 1), T.Q4_1, (E, 2 * F, D), DEV)
+    dn = QuantWeight.from_raw(random_raw(T.Q5_1, E * D, F, 2), T.Q5_1, (E, D, F), DEV)
+    g = torch.Generator().manual_seed(3)
+    experts = torch.tensor([[0, 3], [2, 0], [1, 2], [3, 1], [2, 3]], dtype=torch.int32)
+    weights, h = torch.rand(5, k, generator=g), torch.randn(5, D, generator=g)
+    ref = moe_prefill_ref(h, weights, experts, gu, dn)                # float64 [5, D]
+    tol = 1e-4 * ref.abs().max().item()
+    act = moe_gate_up(h.to(DEV), gu, experts.to(DEV))                 # [5, k, F]
+    out = moe_down(act, dn, experts.to(DEV), weights.to(DEV))
+    assert (out.cpu().double() - ref).abs().max().item() <= tol
+    out = moe_prefill(h.to(DEV), weights.to(DEV), experts.to(DEV), gu, dn, tile=(32, 4, 2))
+    assert (out.cpu().double() - ref).abs().max().item() <= tol
 
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
