@@ -159,8 +159,8 @@ def test_expert_slices_give_the_same_bits():
 
 def test_registry_and_errors():
     assert set(QTYPES) == set(FORMATS)
-    with pytest.raises(ValueError, match="Q2_K"):
-        QuantWeight.from_raw(np.zeros(84, np.uint8), T.Q2_K, (1, 256))
+    with pytest.raises(ValueError, match="no GPU kernel for IQ2_XXS"):   # a type without a GPU format
+        QuantWeight.from_raw(np.zeros(66, np.uint8), T.IQ2_XXS, (1, 256))
     with pytest.raises(ValueError, match="bytes"):
         QuantWeight.from_raw(np.zeros(100, np.uint8), T.Q4_K, (1, 256))
     with pytest.raises(ValueError, match="multiple"):

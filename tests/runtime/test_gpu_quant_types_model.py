@@ -1,4 +1,4 @@
-"""Issue 32's GPU quant types in a whole model: a synthetic file in one of them loads into
+"""Issue 32's GPU quant types in a whole model: a synthetic file in them loads into
 the GPU runtime (Triton kernels; the interpreter on CPU), `plan`'s support check names the
 GPU for every tensor, the logits follow the reference transformer's, and a verify round
 equals its rows run alone (exact mode)."""
@@ -18,10 +18,11 @@ from alphallama.offload.support import gpu_problems, type_uses  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-# one MoE model holding both types: Q4_1 everywhere (the embedding's gather, the routed
-# experts), Q5_1 for the attention output, the experts' down and the output head
-MIX = {g: T.Q4_1 for g in ("embd", "attn_q", "attn_k", "attn_v", "ffn_gate_exps", "ffn_up_exps")} | \
-      {g: T.Q5_1 for g in ("attn_output", "ffn_down_exps", "output")}
+# one MoE model holding the four: Q4_1 for the embedding's gather, v and the routed experts'
+# gate|up, Q5_1 for the attention output, the experts' down and the head; q in Q2_K and k in
+# Q3_K (no int8 form: qmatmul beside qgemv_i8 in the q|k|v Linear)
+MIX = {g: T.Q4_1 for g in ("embd", "attn_v", "ffn_gate_exps", "ffn_up_exps")} | \
+      {g: T.Q5_1 for g in ("attn_output", "ffn_down_exps", "output")} | {"attn_q": T.Q2_K, "attn_k": T.Q3_K}
 
 
 def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path):
@@ -30,7 +31,7 @@ def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path):
     f = GGUFFile(path)
     assert gpu_problems(f.tensors) == []
     uses = type_uses(f.tensors)
-    assert uses["Q4_1"].runs_on == uses["Q5_1"].runs_on == "cpu+gpu"
+    assert all(uses[q].runs_on == "cpu+gpu" for q in ("Q4_1", "Q5_1", "Q2_K", "Q3_K"))
     ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))
