@@ -1,11 +1,12 @@
-"""Issue 32's GPU quant types (Q4_1, Q5_1, Q2_K, Q3_K): each new format through every kernel
-family that takes it, at small sizes (the Triton interpreter on CPU; compiled on a GPU).
+"""Issue 32's GPU quant types (Q4_1, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS): each new format
+through every kernel family that takes it, at small sizes (the Triton interpreter on CPU;
+compiled on a GPU).
 
   f32       qmatmul at ragged sizes against float64, and its exact-mode rows (column and W
             invariant); test_qmatmul.py's types include them (gguf's values, float64, GPU sizes)
   dequant   the prefill scratch and the embedding gather: gguf's values, bit for bit
   int8      (Q4_1, Q5_1) qmatvec_i8 against the expert contract's plain-torch matvec, bit for
-            bit; qgemv_i8 against float64. Q2_K, Q3_K have no int8 form: plans give them qmatmul
+            bit; qgemv_i8 against float64. The others have no int8 form: plans give them qmatmul
   moe       the contract's MoE kernels against its reference, bit for bit; the fp32 MoE
             GEMVs and the prefill's grouped GEMM against float64
   support   the registry and offload/support.py name the GPU for them; others are refused
@@ -21,11 +22,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
+from gguf import quants as gguf_quants  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.gguf.reader import TensorInfo  # noqa: E402
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.formats.dequant import dequantize_into, gather_rows  # noqa: E402
+from alphallama.kernels.formats.fmt_iq4 import LEVEL_WORDS, words_levels  # noqa: E402
 from alphallama.kernels.formats.qweight import format_of  # noqa: E402
 from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
 from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
@@ -45,12 +48,12 @@ from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits, reference  # noq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu_only = pytest.mark.skipif(DEV != "cuda", reason="too slow for the CPU interpreter; runs on a GPU")
-NEW = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K]
+NEW = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 IDS = [t.name for t in NEW]
 INT8 = [T.Q4_1, T.Q5_1]                    # the expert contract's integer form (expert_q8.SLOT_TERMS)
-F32_ONLY = [T.Q2_K, T.Q3_K]
-STILL_CPU_ONLY = [T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.TQ1_0]
-RAGGED_K = {T.Q4_1: 288, T.Q5_1: 288, T.Q2_K: 768, T.Q3_K: 768}   # slot counts not a multiple of the step
+STILL_CPU_ONLY = [T.IQ2_XXS, T.IQ3_S, T.TQ1_0, T.MXFP4]
+RAGGED_K = {T.Q4_1: 288, T.Q5_1: 288, T.Q2_K: 768, T.Q3_K: 768, T.IQ4_NL: 288, T.IQ4_XS: 768}   # slots: not
+                                                                                                 # a multiple of the step
 
 
 def _weight(qtype: T, n: int, k: int, seed: int) -> tuple[np.ndarray, QuantWeight]:
@@ -66,6 +69,12 @@ def _info(qtype: T, n: int, k: int) -> TensorInfo:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.cpu().contiguous().view(torch.int32)
+
+
+def test_iq4_level_words_are_gguf_levels():
+    """The kernels' packed IQ4 levels read back as the gguf package's 16 levels."""
+    assert words_levels(LEVEL_WORDS).tolist() == list(gguf_quants.IQ4_NL.kvalues)
+    assert all(-(1 << 31) <= w < 1 << 31 for w in LEVEL_WORDS)
 
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
@@ -103,8 +112,8 @@ def test_dequant_and_gather_bit_exact(qtype):
 @pytest.mark.parametrize("qtype", INT8, ids=[t.name for t in INT8])
 def test_qmatvec_i8_is_the_contract(qtype):
     """qmatvec_i8 (the round's fused GEMV) gives the contract's bits: W = 9 (a partly masked
-    row program) and W = 1; K = 288 (a padded chunk), N = 37."""
-    n, k = 37, 288
+    row program) and W = 1; K = 288 (a padded chunk), N = 20 (a partly masked row block)."""
+    n, k = 20, 288
     _, w = _weight(qtype, n, k, seed=n)
     x = _x(9, k, seed=2)
     ref = reference(x, w)
@@ -132,25 +141,26 @@ def test_qgemv_i8_against_float64_and_row_invariant(qtype):
 def test_moe_contract_kernels():
     """The expert contract's kernels (bank and host tiers; Q5_1 gate|up, Q4_1 down) against
     its reference; a row alone gives the same bits."""
-    E, D, F, W = 4, 128, 128, 3
+    E, D, F, W = 3, 128, 128, 2
     gu, dn = _layer(T.Q5_1, T.Q4_1, E, D, F, seed=11)
     bank_gu, bank_dn = _bank(gu, [2, 0]), _bank(dn, [2, 0])
-    table = torch.tensor([1, -1, 0, -1], dtype=torch.int32, device=DEV)
+    table = torch.tensor([1, -1, 0], dtype=torch.int32, device=DEV)            # experts 2, 0 in the bank
     g = torch.Generator().manual_seed(12)
     h = (torch.randn(W, D, generator=g) * 3).to(DEV)
-    experts = torch.tensor([[0, 1], [3, 2], [2, 0]], dtype=torch.int32, device=DEV)
+    experts = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device=DEV)
     weights = torch.rand(W, 2, generator=g).to(DEV)
     out = moe_q8(h, weights, experts, gu, dn, bank_gu, bank_dn, table, layer=0)
     assert torch.equal(_bits(out), _bits(moe_q8_ref(h, gu, dn, experts, weights)))
-    one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0)
-    assert torch.equal(_bits(one[0]), _bits(out[2]))
+    one = moe_q8(h[1:2], weights[1:2], experts[1:2], gu, dn, bank_gu, bank_dn, table, layer=0)
+    assert torch.equal(_bits(one[0]), _bits(out[1]))
 
 
-# the 2-bit K-quants' 16 fields a word cost the interpreter ~30 s here: a GPU run only (their
+# the K-quant sizes (K a multiple of 256) cost the interpreter ~30 s here: GPU runs only (their
 # LOAD / FIELD and slot_values are the ones qmatmul and the dequantize tests above run)
 @pytest.mark.parametrize("gt,dt,size", [(T.Q4_1, T.Q5_1, 128),
-                                        pytest.param(T.Q2_K, T.Q3_K, 256, marks=gpu_only)],
-                         ids=["Q4_1-Q5_1", "Q2_K-Q3_K"])
+                                        pytest.param(T.Q2_K, T.Q3_K, 256, marks=gpu_only),
+                                        pytest.param(T.IQ4_XS, T.IQ4_NL, 256, marks=gpu_only)],
+                         ids=["Q4_1-Q5_1", "Q2_K-Q3_K", "IQ4_XS-IQ4_NL"])
 def test_moe_f32_and_prefill_gemm_against_float64(gt, dt, size):
     """The format-generic MoE kernels (fp32 decode GEMVs, the prefill's grouped GEMM) with
     one new type as gate|up and another as down, against float64 of gguf's values."""
@@ -158,11 +168,11 @@ def test_moe_f32_and_prefill_gemm_against_float64(gt, dt, size):
     gu = QuantWeight.from_raw(random_raw(gt, E * 2 * F, D, 1), gt, (E, 2 * F, D), DEV)
     dn = QuantWeight.from_raw(random_raw(dt, E * D, F, 2), dt, (E, D, F), DEV)
     g = torch.Generator().manual_seed(3)
-    experts = torch.tensor([[0, 3], [2, 0], [1, 2], [3, 1], [2, 3]], dtype=torch.int32)
-    weights, h = torch.rand(5, k, generator=g), torch.randn(5, D, generator=g)
-    ref = moe_prefill_ref(h, weights, experts, gu, dn)                # float64 [5, D]
+    experts = torch.tensor([[0, 3], [2, 0], [1, 2]], dtype=torch.int32)
+    weights, h = torch.rand(3, k, generator=g), torch.randn(3, D, generator=g)
+    ref = moe_prefill_ref(h, weights, experts, gu, dn)                # float64 [3, D]
     tol = 1e-4 * ref.abs().max().item()
-    act = moe_gate_up(h.to(DEV), gu, experts.to(DEV))                 # [5, k, F]
+    act = moe_gate_up(h.to(DEV), gu, experts.to(DEV))                 # [3, k, F]
     out = moe_down(act, dn, experts.to(DEV), weights.to(DEV))
     assert (out.cpu().double() - ref).abs().max().item() <= tol
     out = moe_prefill(h.to(DEV), weights.to(DEV), experts.to(DEV), gu, dn, tile=(32, 4, 2))
@@ -200,10 +210,15 @@ def test_types_without_a_gpu_format_are_refused(qtype):
     assert type_uses({t.name: t})[qtype.name].runs_on == "cpu only"
 
 
+# each new load / field once (Q4_1 and IQ4_NL share theirs with Q5_1 and Q4_0 / IQ4_XS)
+COMPILED = {T.Q5_1: ("i8", "f32", "dequant"), T.Q3_K: ("f32", "dequant"), T.Q2_K: ("f32",),
+            T.IQ4_XS: ("f32", "dequant")}
+
+
 def test_compiles_for_sm90():
-    """The interpreter runs what the compiler may reject: compile the fp32 GEMV and the
-    dequantize kernel of every new type, and the int8 GEMV of those with an int8 form, for
-    sm_90 (no GPU needed)."""
+    """The interpreter runs what the compiler may reject: compile for sm_90 (no GPU needed)
+    each new load / field: the int8 GEMV, the fp32 GEMV and the dequantize kernel (the
+    2-bit types' 16-field slot_values) as COMPILED lists them."""
     run_in_child("test_gpu_quant_types")
 
 
@@ -215,18 +230,21 @@ def compile_sm90() -> None:
     from tests.kernels.sm90 import compile_sm90 as build
 
     dt = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
-    for qtype in NEW:
+    for qtype, kernels in COMPILED.items():
         f, K = format_of(qtype), 4096
         planes = {n: dt[p.dtype] for n, p in f.pack(torch.zeros((1, K // f.block_size, f.type_size),
                                                                 dtype=torch.uint8)).items()}
         args = [planes.get(n, planes["qs"]) for n in ("qs", "qh", "sc", "sd")]   # absent planes: qs
-        if qtype in INT8:
+        if "i8" in kernels:
             bits, hbits, bias, has_min = CODES[qtype]
             build(mod._qmatvec_i8_kernel, ["*i32", "*i32", "*fp32", *args, "i32", "i32", "i32"],
                   dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
                        HAS_MIN=has_min, BN=16, NT=32, BW=8, PREFETCH=True, DP4A=True))
-        build(qm._qmatmul_kernel, ["*bf16", "*fp32", *args, "i32", "i32", "i32", "i32"],
-              dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, BN=2, NT=128, BW=4))
-        build(dequant._dequant_kernel, ["*bf16", *args, "i32", "i32"],
-              dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, SLOT=f.slot,
-                   BN=1, NT=128, WHOLE=True, HW=True))
+        if "f32" in kernels:
+            build(qm._qmatmul_kernel, ["*bf16", "*fp32", *args, "i32", "i32", "i32", "i32"],
+                  dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, BN=2, NT=128,
+                       BW=4))
+        if "dequant" in kernels:
+            build(dequant._dequant_kernel, ["*bf16", *args, "i32", "i32"],
+                  dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, SLOT=f.slot,
+                       BN=1, NT=128, WHOLE=True, HW=True))

@@ -22,7 +22,8 @@ from alphallama.kernels.gemv.qmatmul import qmatmul, qmatmul_ref, tile  # noqa: 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEV == "cuda"
 gpu_only = pytest.mark.skipif(not GPU, reason="too slow for the CPU interpreter; runs on a GPU")
-QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.F16, T.BF16, T.F32, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K]
+QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.F16, T.BF16, T.F32, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K,
+          T.IQ4_NL, T.IQ4_XS]
 IDS = [t.name for t in QTYPES]
 # planes' bytes over the file's: 1.03 for every type but Q3_K, whose 12 scale bytes per
 # 110-byte block are 16 on the GPU (one int8 per 16-value slot): 114 / 110

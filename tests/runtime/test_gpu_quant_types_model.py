@@ -18,11 +18,12 @@ from alphallama.offload.support import gpu_problems, type_uses  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-# one MoE model holding the four: Q4_1 for the embedding's gather, v and the routed experts'
-# gate|up, Q5_1 for the attention output, the experts' down and the head; q in Q2_K and k in
-# Q3_K (no int8 form: qmatmul beside qgemv_i8 in the q|k|v Linear)
-MIX = {g: T.Q4_1 for g in ("embd", "attn_v", "ffn_gate_exps", "ffn_up_exps")} | \
-      {g: T.Q5_1 for g in ("attn_output", "ffn_down_exps", "output")} | {"attn_q": T.Q2_K, "attn_k": T.Q3_K}
+# one MoE model holding the six: Q4_1 for the embedding's gather and the routed experts'
+# gate|up, Q5_1 for the attention output and the experts' down, q in Q2_K, k in Q3_K, v in
+# IQ4_NL (no int8 form: each on qmatmul in the q|k|v Linear), the head in IQ4_XS
+MIX = {g: T.Q4_1 for g in ("embd", "ffn_gate_exps", "ffn_up_exps")} | \
+      {g: T.Q5_1 for g in ("attn_output", "ffn_down_exps")} | \
+      {"attn_q": T.Q2_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_NL, "output": T.IQ4_XS}
 
 
 def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path):
@@ -31,7 +32,7 @@ def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path):
     f = GGUFFile(path)
     assert gpu_problems(f.tensors) == []
     uses = type_uses(f.tensors)
-    assert all(uses[q].runs_on == "cpu+gpu" for q in ("Q4_1", "Q5_1", "Q2_K", "Q3_K"))
+    assert all(uses[q.name].runs_on == "cpu+gpu" for q in set(MIX.values()))
     ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(128))

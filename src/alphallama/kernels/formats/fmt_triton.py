@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from .fmt_iq4 import LEVEL_WORDS
+
 # --- device-side helpers (Triton) ----------------------------------------------------
 # Tiles are [NT slots, BN rows, V words]: slots first, so that where the compiler has
 # no reason to prefer a dimension it spreads slots over the threads, one slot per
@@ -124,7 +126,7 @@ def _field_float(w, h, s1, s2, I: tl.constexpr, one):
 
 @triton.jit
 def _load_d(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """Words and the per-slot d (as both scale outputs): Q4_0."""
+    """Words and the per-slot d (as both scale outputs): Q4_0, IQ4_NL."""
     d = slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
     return slot_words(qs, row, s0, n_slots, NT, V), d, d, d
 
@@ -241,6 +243,40 @@ def _field_q3_k(words, h, ds, s2, I: tl.constexpr, one):
     return q * (ds * field_scale(I, 2))[:, :, None]
 
 
+# --- IQ4_NL, IQ4_XS (fmt_iq4.py) ---------------------------------------------------
+# the 16 levels + 128 as bytes of four int32 words (fmt_iq4.level_words), compile-time constants
+_IQ4_W0: tl.constexpr = tl.constexpr(LEVEL_WORDS[0])
+_IQ4_W1: tl.constexpr = tl.constexpr(LEVEL_WORDS[1])
+_IQ4_W2: tl.constexpr = tl.constexpr(LEVEL_WORDS[2])
+_IQ4_W3: tl.constexpr = tl.constexpr(LEVEL_WORDS[3])
+
+
+@triton.jit
+def iq4_levels_f32(words, I: tl.constexpr, one):
+    """Field I (4 bits) of words [NT, BN, V] as its IQ4 level, an exact float [NT, BN, V]:
+    bits 2..3 of the code pick the word, bits 0..1 the byte."""
+    q = (words >> (4 * I)) & 0xF
+    lo = tl.where((q & 4) != 0, _IQ4_W1, _IQ4_W0)
+    hi = tl.where((q & 4) != 0, _IQ4_W3, _IQ4_W2)
+    biased = (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF  # level + 128
+    return small_f32(biased, one) - 128.0
+
+
+@triton.jit
+def _field_iq4(words, h, ds, s2, I: tl.constexpr, one):
+    """ds * level: IQ4_NL (ds = d, Q4_0's load), IQ4_XS (ds = d * sc)."""
+    return iq4_levels_f32(words, I, one) * ds[:, :, None]
+
+
+@triton.jit
+def _load_iq4_xs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words and d * sc per 32-value slot (8 slots per super-block)."""
+    d = slot_field(sd, row, s0, one, n_slots, NT, 8).to(tl.float32)  # [NT, BN]
+    ds = d * slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
+    words = slot_words(qs, row, s0, n_slots, NT, V)
+    return words, words, ds, ds
+
+
 class TritonFormat(NamedTuple):
     load: object    # @triton.jit (qs, qh, sc, sd, row, s0, one, n_slots, NT, V) -> (words, h, s1, s2)
     field: object   # @triton.jit (words, h, s1, s2, I, one) -> float32 [NT, BN, V]
@@ -261,4 +297,6 @@ KERNELS: dict[T, TritonFormat] = {
     T.Q6_K: TritonFormat(_load_q6_k, _field_q6_k),
     T.Q2_K: TritonFormat(_load_q2_k, _field_q2_k),
     T.Q3_K: TritonFormat(_load_q6_k, _field_q3_k),   # d * sc per slot, as Q6_K
+    T.IQ4_NL: TritonFormat(_load_d, _field_iq4),
+    T.IQ4_XS: TritonFormat(_load_iq4_xs, _field_iq4),
 }
