@@ -52,8 +52,8 @@ NEW = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 IDS = [t.name for t in NEW]
 INT8 = [T.Q4_1, T.Q5_1]                    # the expert contract's integer form (expert_q8.SLOT_TERMS)
 STILL_CPU_ONLY = [T.IQ2_XXS, T.IQ3_S, T.TQ1_0, T.MXFP4]
-RAGGED_K = {T.Q4_1: 288, T.Q5_1: 288, T.Q2_K: 768, T.Q3_K: 768, T.IQ4_NL: 288, T.IQ4_XS: 768}   # slots: not
-                                                                                                 # a multiple of the step
+# K whose slot count is not a multiple of the step (a masked last step)
+RAGGED_K = {T.Q4_1: 288, T.Q5_1: 288, T.Q2_K: 768, T.Q3_K: 768, T.IQ4_NL: 288, T.IQ4_XS: 768}
 
 
 def _weight(qtype: T, n: int, k: int, seed: int) -> tuple[np.ndarray, QuantWeight]:

@@ -11,8 +11,9 @@ spread over up to four *planes*, each a contiguous tensor with one row per outpu
 
 Field i (lowest bits first) of qs word v holds the value at k position
 slot_positions(V, P)[v, i] of the slot, and its top bits (if any) sit at bit
-HBITS (i V + v) of the slot's qh word (4 i + HBITS v for the 4-bit formats). One thread loads a slot's V words with one 8- or
-16-byte load; fields 2m and 2m+1 of its V words are 2V consecutive k, whose
+HBITS (i V + v) of the slot's qh word (4 i + HBITS v for the 4-bit formats). One
+thread loads a slot's V words with one 4- to 16-byte load; fields 2m and 2m+1 of its
+V words are 2V consecutive k, whose
 activations come in as one vector load and are split in registers. These are the same
 bits as the file, re-ordered (K-quants' 6-bit scales and mins are widened to a byte
 each: +4 bytes per 144-byte Q4_K block), so a token reads about the GGUF size.
