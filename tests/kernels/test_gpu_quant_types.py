@@ -96,8 +96,8 @@ def test_qmatmul_rows_do_not_depend_on_column_or_width(qtype):
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_dequant_and_gather_bit_exact(qtype):
-    """The prefill scratch (fp32, and bf16 rounded once), a row block, and the embedding
-    lookup's rows in any order: gguf's values."""
+    """The prefill scratch (fp32, and bf16 rounded once; whole-slot and pair stores), a row
+    block, and the embedding lookup's rows in any order: gguf's values."""
     n, k = 37, 512
     raw, w = _weight(qtype, n, k, seed=3)
     ref = gguf_dequant(raw, qtype)                                     # [n, k]
@@ -105,6 +105,9 @@ def test_dequant_and_gather_bit_exact(qtype):
     out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
     assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
     assert torch.equal(_bits(dequantize_into(w, torch.empty(3, k, device=DEV), 5, 8)), _bits(ref[5:8]))
+    # pairs of fields stored as they come (no whole-slot store): the same values
+    pairs = dequantize_into(w, torch.empty(n, k, device=DEV), tile=(2, 128, 4, False, False))
+    assert torch.equal(_bits(pairs), _bits(ref))
     idx = torch.tensor([36, 0, 5, 5, 17], device=DEV)
     assert torch.equal(_bits(gather_rows(w, idx)), _bits(ref[idx.cpu()]))
 
@@ -136,6 +139,27 @@ def test_qgemv_i8_against_float64_and_row_invariant(qtype):
     assert torch.isfinite(out).all() and err < 2e-6, err
     for m in (0, 2):
         assert_same_bits(qgemv_i8(x[m:m + 1], w), out[m:m + 1], f"qgemv_i8 {qtype.name} row {m} alone")
+
+
+@gpu_only
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_gpu_sizes(qtype):
+    """A 4096 x 4096 weight: the dequantize kernel gives gguf's values; with an int8 form,
+    qgemv_i8 at W = 8 against float64 and each row alone, qmatvec_i8 the contract's bits
+    (test_qmatmul.py runs qmatmul at these sizes)."""
+    n = k = 4096
+    raw, w = _weight(qtype, n, k, seed=3)
+    ref = gguf_dequant(raw, qtype)
+    assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
+    if qtype not in INT8:
+        return
+    x = _x(8, k, seed=4)
+    out = qgemv_i8(x, w)
+    ref64, scale = reference64(x, raw, qtype, n, k)
+    assert ((out.cpu().double() - ref64).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
+    for m in (0, 5):
+        assert_same_bits(qgemv_i8(x[m:m + 1], w), out[m:m + 1], f"qgemv_i8 row {m} alone")
+    assert_same_bits(qmatvec_i8(x, w), reference(x, w), f"qmatvec_i8 {qtype.name}")
 
 
 def test_moe_contract_kernels():
