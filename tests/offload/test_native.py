@@ -18,7 +18,7 @@ from alphallama.offload.native.probe import probe, usable_cpus
 from alphallama.offload.native.workers import CpuExperts
 from tests.kernels.test_qmatmul import random_raw
 
-QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0]
+QTYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_1, T.Q5_1]
 IDS = [t.name for t in QTYPES]
 KQUANT = {T.Q4_K, T.Q5_K, T.Q6_K}
 

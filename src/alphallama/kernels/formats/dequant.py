@@ -47,17 +47,28 @@ def _pair(words, h, s1, s2, FIELD: tl.constexpr, m: tl.constexpr, one):
 
 
 @triton.jit
+def _quad(words, h, s1, s2, FIELD: tl.constexpr, m: tl.constexpr, one):
+    """Pairs 2m, 2m+1 joined: [NT, BN, 2V, 2]."""
+    return tl.join(_pair(words, h, s1, s2, FIELD, 2 * m, one), _pair(words, h, s1, s2, FIELD, 2 * m + 1, one))
+
+
+@triton.jit
 def slot_values(words, h, s1, s2, FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, one):
-    """The values of NT slots of BN rows in k order: [NT, BN, SLOT] float32 (P in 1, 4, 8).
-    Pairs m = j2 * 2 + j1 (P = 8) are joined as [.., 2V, j1, j2], then put in (m, 2V) order."""
+    """The values of NT slots of BN rows in k order: [NT, BN, SLOT] float32 (P in 1, 4, 8, 16).
+    Pairs m = j2 * 2 + j1 (P = 8) are joined as [.., 2V, j1, j2], then put in (m, 2V) order;
+    P = 16 (the 2-bit K-quants) the same with a third join, m = j3 * 4 + j2 * 2 + j1."""
     if P == 1:
         w = FIELD(words, h, s1, s2, 0, one)  # [NT, BN, V]: word v is value v of the slot
+    elif P == 16:
+        t = tl.join(tl.join(_quad(words, h, s1, s2, FIELD, 0, one), _quad(words, h, s1, s2, FIELD, 1, one)),
+                    tl.join(_quad(words, h, s1, s2, FIELD, 2, one), _quad(words, h, s1, s2, FIELD, 3, one)))
+        w = tl.reshape(tl.permute(t, (0, 1, 5, 4, 3, 2)), (t.shape[0], t.shape[1], V * P))  # [NT, BN, j3, j2, j1, 2V]
     elif P == 8:
         t = tl.join(tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one)),
                     tl.join(_pair(words, h, s1, s2, FIELD, 2, one), _pair(words, h, s1, s2, FIELD, 3, one)))
         w = tl.reshape(tl.permute(t, (0, 1, 4, 3, 2)), (t.shape[0], t.shape[1], V * P))
     else:
-        tl.static_assert(P == 4, "slot_values takes P in 1, 4, 8")
+        tl.static_assert(P == 4, "slot_values takes P in 1, 4, 8, 16")
         t = tl.join(_pair(words, h, s1, s2, FIELD, 0, one), _pair(words, h, s1, s2, FIELD, 1, one))
         w = tl.reshape(tl.permute(t, (0, 1, 3, 2)), (t.shape[0], t.shape[1], V * P))
     return w

@@ -1,9 +1,13 @@
-"""Q4_0, Q5_0, Q8_0: 32-value blocks with one fp16 scale d.
+"""Q4_0, Q5_0, Q8_0, Q4_1, Q5_1: 32-value blocks with an fp16 scale d (and min m).
 
 value = d * (q - mid): Q4_0 q in 0..15 (mid 8), Q5_0 q in 0..31 (mid 16, fifth bit
-in qh), Q8_0 q is int8. Each product is an fp16 times a small integer, exact in
-fp32, so these match gguf's numpy dequantizers bit for bit. A Q4_0/Q5_0 slot is a
-block; a Q8_0 slot is half a block (16 values, one 16-byte load) and two share d.
+in qh), Q8_0 q is int8. Q4_1/Q5_1: value = d * q + m, q in 0..15 / 0..31 (the fifth
+bit in qh as Q5_0's). Each product is an fp16 times a small integer, exact in fp32,
+so the only rounding is Q4_1/Q5_1's one addition of m: these match gguf's numpy
+dequantizers bit for bit (and the kernels' fused multiply-add rounds the same way).
+A Q4_0/Q5_0/Q4_1/Q5_1 slot is a block; a Q8_0 slot is half a block (16 values, one
+16-byte load) and two share d. Q4_1/Q5_1 keep d and m side by side in an fp16 sc
+plane [R, nb * 2] (the file's first 4 bytes of each block, as they are).
 """
 from __future__ import annotations
 
@@ -46,8 +50,13 @@ def _pack_q5_0(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, n
             "sc": f16_field(blocks, 0)}  # [R, nb]
 
 
+def _codes_5bit(p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Q5_0/Q5_1 codes 0..31 in k order: int32 [R, ns, 32]."""
+    return torch_fields(p["qs"], 4, 4) | (torch_high(p["qh"], 1, 4, 8) << 4)
+
+
 def _torch_q5_0(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
-    q = (torch_fields(p["qs"], 4, 4) | (torch_high(p["qh"], 1, 4, 8) << 4)).float() - 16  # [R, ns, 32]
+    q = _codes_5bit(p).float() - 16  # [R, ns, 32]
     return (q * p["sc"].float()[..., None]).reshape(-1, K)
 
 
@@ -70,3 +79,41 @@ def _torch_q8_0(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
 
 
 Q8_0 = Format(T.Q8_0, slot=16, V=4, P=4, pack=_pack_q8_0, dequantize=_torch_q8_0)
+
+
+# --- Q4_1, Q5_1: value = d * q + m ---------------------------------------------------
+
+def _dm_plane(blocks: torch.Tensor) -> torch.Tensor:
+    """The fp16 d and m of each block, side by side: [R, nb, >= 4] bytes -> float16 [R, nb * 2]."""
+    return blocks[..., 0:4].contiguous().view(torch.float16).flatten(1)  # [R, nb * 2]: d0 m0 d1 m1 ..
+
+
+def _with_min(q: torch.Tensor, dm: torch.Tensor, K: int) -> torch.Tensor:
+    """codes [R, ns, 32] and the dm plane [R, ns * 2] -> d * q + m: float32 [R, K]."""
+    d, m = dm.float().reshape(dm.shape[0], -1, 2).unbind(-1)  # [R, ns] each
+    return (q.float() * d[..., None] + m[..., None]).reshape(-1, K)
+
+
+def _pack_q4_1(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, nb, 20]
+    return {"qs": pack_slots(_nibble_codes(blocks[..., 4:]), 4, 4),  # [R, nb * 4]
+            "sc": _dm_plane(blocks)}  # [R, nb * 2]
+
+
+def _torch_q4_1(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
+    return _with_min(torch_fields(p["qs"], 4, 4), p["sc"], K)
+
+
+Q4_1 = Format(T.Q4_1, slot=32, V=4, P=8, pack=_pack_q4_1, dequantize=_torch_q4_1)
+
+
+def _pack_q5_1(blocks: torch.Tensor) -> dict[str, torch.Tensor]:  # blocks [R, nb, 24]
+    return {"qs": pack_slots(_nibble_codes(blocks[..., 8:]), 4, 4),  # [R, nb * 4]
+            "qh": pack_high(_high_bits(blocks[..., 4:8]), 1, 4),  # [R, nb]
+            "sc": _dm_plane(blocks)}  # [R, nb * 2]
+
+
+def _torch_q5_1(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
+    return _with_min(_codes_5bit(p), p["sc"], K)
+
+
+Q5_1 = Format(T.Q5_1, slot=32, V=4, P=8, pack=_pack_q5_1, dequantize=_torch_q5_1)

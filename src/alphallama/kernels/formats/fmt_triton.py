@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from .fmt_iq4 import LEVEL_WORDS
+
 # --- device-side helpers (Triton) ----------------------------------------------------
 # Tiles are [NT slots, BN rows, V words]: slots first, so that where the compiler has
 # no reason to prefer a dimension it spreads slots over the threads, one slot per
@@ -61,11 +63,20 @@ def field_scale(I, BITS):
     return 1.0 / (1 << field_pos(I, BITS))
 
 
+@triton.constexpr_function
+def top_shift(I, BITS, HSTRIDE):
+    """The left shift (negative: right) that moves field I's top bits, at bit HSTRIDE * I
+    (+ HBITS * v for word v) of the slot's qh word, to just above the field as codes_f32
+    places it (bit field_pos + BITS). The 4-bit formats (HSTRIDE = HBITS * V = 4): 4 for
+    the low fields, -8 for the shifted ones: one shift per word for all fields."""
+    return field_pos(I, BITS) + BITS - HSTRIDE * I
+
+
 @triton.jit
 def codes_f32(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr,
               BIAS: tl.constexpr, one):
     """Field I of words [NT, BN, V] (BITS bits) plus, if HBITS, its top bits from the
-    slot's qh word h [NT, BN], as the exact float (q - BIAS) * 2**field_pos(I, BITS):
+    slot's qh word h [NT, BN] (int32), as the exact float (q - BIAS) * 2**field_pos(I, BITS):
     [NT, BN, V]. The caller folds the power of two into its per-slot scale.
 
     No int->float convert (the CUDA guide lists conversions at 16/clk/SM on sm_90
@@ -87,13 +98,15 @@ def codes_f32(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr
     if HBITS == 0:
         out = f - (8388608.0 + BIAS * (1 << POS))
     else:
-        # the top bits of field I of word v sit at bit 4 * I + HBITS * v of h
-        v = tl.arange(0, words.shape[2])[None, None, :] * HBITS  # [1, 1, V]
-        if I < LOW:
-            top = h[:, :, None] << (4 - v)  # to bit POS + 4 = 4 * I + 4
+        # the top bits of field I of word v sit at bit HBITS * (I * V + v) of h (format.pack_high)
+        V: tl.constexpr = words.shape[2]
+        SHIFT: tl.constexpr = top_shift(I, BITS, HBITS * V)
+        v = tl.arange(0, V)[None, None, :] * HBITS  # [1, 1, V]
+        if SHIFT >= 0:
+            top = h[:, :, None] << (SHIFT - v)  # to bit POS + BITS (SHIFT >= HBITS * (V - 1) here)
         else:
-            top = h[:, :, None] >> (8 + v)  # to bit POS + 4 = 4 * I - 8
-        f_hi = ((top & (((1 << HBITS) - 1) << (POS + 4))) | exp23).to(tl.float32, bitcast=True)
+            top = h[:, :, None] >> (v - SHIFT)
+        f_hi = ((top & (((1 << HBITS) - 1) << (POS + BITS))) | exp23).to(tl.float32, bitcast=True)
         out = (f - (16777216.0 + BIAS * (1 << POS))) + f_hi
     return out
 
@@ -113,7 +126,7 @@ def _field_float(w, h, s1, s2, I: tl.constexpr, one):
 
 @triton.jit
 def _load_d(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """Words and the per-slot d (as both scale outputs): Q4_0."""
+    """Words and the per-slot d (as both scale outputs): Q4_0, IQ4_NL."""
     d = slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
     return slot_words(qs, row, s0, n_slots, NT, V), d, d, d
 
@@ -149,7 +162,21 @@ def _field_q8_0(words, h, d, s2, I: tl.constexpr, one):
     q = codes_f32(words, h, I, 8, 0, 128, one)  # [NT, BN, V]: q * 2**pos
     return q * (d * field_scale(I, 8))[:, :, None]
 
-# --- Q4_K, Q5_K, Q6_K (fmt_kquant.py) ---------------------------------------------
+@triton.jit
+def _load_dm(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Q4_1, Q5_1: words, qh words, d and -m per slot (the (A, B) of value = A q - B, as
+    the K-quants' loads give, so that their fields and the int8 kernels' min term serve)."""
+    d = slot_field(sc, row, s0, one, n_slots, NT, 1, 2, 0).to(tl.float32)  # [NT, BN]
+    m = slot_field(sc, row, s0, one, n_slots, NT, 1, 2, 1).to(tl.float32)  # [NT, BN]
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d, m * -1.0
+
+# --- Q4_K, Q5_K, Q6_K (fmt_kquant.py), Q2_K, Q3_K (fmt_kquant_low.py) ---------------
+
+@triton.jit
+def small_f32(v, one):
+    """Small non-negative ints v (< 2**23) as floats: OR-ed into 2**23's mantissa (see codes_f32)."""
+    return (v | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+
 
 @triton.jit
 def _load_k_with_min(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
@@ -157,29 +184,51 @@ def _load_k_with_min(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl
     s = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32)  # [NT, BN]: sc | m << 8
     d = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 0).to(tl.float32)  # [NT, BN]
     dmin = slot_field(sd, row, s0, one, n_slots, NT, 8, 2, 1).to(tl.float32)  # [NT, BN]
-    # the 6-bit sc and m as floats: OR-ed into 2**23's mantissa (see codes_f32)
-    sc_f = ((s & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
-    m_f = (((s >> 8) & 0xFF) | (one * 0x4B000000)).to(tl.float32, bitcast=True) - 8388608.0
+    sc_f, m_f = small_f32(s & 0xFF, one), small_f32((s >> 8) & 0xFF, one)  # the 6-bit sc and m
     return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d * sc_f, dmin * m_f
 
 
 @triton.jit
+def _load_q2_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words, qh words (qs stands in), d * sc and dmin * m per 16-value slot."""
+    s = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32)  # [NT, BN]: sc | m << 4 (uint8)
+    d = slot_field(sd, row, s0, one, n_slots, NT, 16, 2, 0).to(tl.float32)  # [NT, BN]
+    dmin = slot_field(sd, row, s0, one, n_slots, NT, 16, 2, 1).to(tl.float32)  # [NT, BN]
+    sc_f, m_f = small_f32(s & 0x0F, one), small_f32((s >> 4) & 0x0F, one)  # the 4-bit sc and m
+    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), d * sc_f, dmin * m_f
+
+
+@triton.jit
+def _field_with_min(words, h, ds, dm, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, one):
+    """ds * q - dm with one rounding (q * ds is exact): Q4_K, Q5_K, Q2_K, Q4_1, Q5_1.
+    Negations are products with -1: the interpreter's unary minus turns +0 into +0, and
+    ds * q = -0 minus dm = +0 must give gguf's -0."""
+    q = codes_f32(words, h, I, BITS, HBITS, 0, one)  # [NT, BN, V]: q * 2**pos
+    return tl.fma(q, (ds * field_scale(I, BITS))[:, :, None], dm[:, :, None] * -1.0)
+
+
+@triton.jit
 def _field_q4_k(words, h, ds, dm, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 0, 0, one)  # [NT, BN, V]: q * 2**pos
-    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
+    return _field_with_min(words, h, ds, dm, I, 4, 0, one)
 
 
 @triton.jit
 def _field_q5_k(words, h, ds, dm, I: tl.constexpr, one):
-    q = codes_f32(words, h, I, 4, 1, 0, one)  # [NT, BN, V]: q * 2**pos
-    return tl.fma(q, (ds * field_scale(I, 4))[:, :, None], -dm[:, :, None])
+    return _field_with_min(words, h, ds, dm, I, 4, 1, one)
+
+
+@triton.jit
+def _field_q2_k(words, h, ds, dm, I: tl.constexpr, one):
+    return _field_with_min(words, h, ds, dm, I, 2, 0, one)
 
 
 @triton.jit
 def _load_q6_k(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words, qh words (as int32: Q3_K's plane is int16) and d * sc per 16-value slot: Q6_K, Q3_K."""
     d = slot_field(sd, row, s0, one, n_slots, NT, 16).to(tl.float32)  # [NT, BN]
     ds = d * slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
-    return slot_words(qs, row, s0, n_slots, NT, V), slot_field(qh, row, s0, one, n_slots, NT), ds, ds
+    h = slot_field(qh, row, s0, one, n_slots, NT).to(tl.int32)  # [NT, BN]
+    return slot_words(qs, row, s0, n_slots, NT, V), h, ds, ds
 
 
 @triton.jit
@@ -188,12 +237,52 @@ def _field_q6_k(words, h, ds, s2, I: tl.constexpr, one):
     return q * (ds * field_scale(I, 4))[:, :, None]
 
 
+@triton.jit
+def _field_q3_k(words, h, ds, s2, I: tl.constexpr, one):
+    q = codes_f32(words, h, I, 2, 1, 4, one)  # [NT, BN, 1]: (q - 4) * 2**pos, q = code | hmask bit << 2
+    return q * (ds * field_scale(I, 2))[:, :, None]
+
+
+# --- IQ4_NL, IQ4_XS (fmt_iq4.py) ---------------------------------------------------
+# the 16 levels + 128 as bytes of four int32 words (fmt_iq4.level_words), compile-time constants
+_IQ4_W0: tl.constexpr = tl.constexpr(LEVEL_WORDS[0])
+_IQ4_W1: tl.constexpr = tl.constexpr(LEVEL_WORDS[1])
+_IQ4_W2: tl.constexpr = tl.constexpr(LEVEL_WORDS[2])
+_IQ4_W3: tl.constexpr = tl.constexpr(LEVEL_WORDS[3])
+
+
+@triton.jit
+def iq4_levels_f32(words, I: tl.constexpr, one):
+    """Field I (4 bits) of words [NT, BN, V] as its IQ4 level, an exact float [NT, BN, V]:
+    bits 2..3 of the code pick the word, bits 0..1 the byte."""
+    q = (words >> (4 * I)) & 0xF
+    lo = tl.where((q & 4) != 0, _IQ4_W1, _IQ4_W0)
+    hi = tl.where((q & 4) != 0, _IQ4_W3, _IQ4_W2)
+    biased = (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF  # level + 128
+    return small_f32(biased, one) - 128.0
+
+
+@triton.jit
+def _field_iq4(words, h, ds, s2, I: tl.constexpr, one):
+    """ds * level: IQ4_NL (ds = d, Q4_0's load), IQ4_XS (ds = d * sc)."""
+    return iq4_levels_f32(words, I, one) * ds[:, :, None]
+
+
+@triton.jit
+def _load_iq4_xs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    """Words and d * sc per 32-value slot (8 slots per super-block)."""
+    d = slot_field(sd, row, s0, one, n_slots, NT, 8).to(tl.float32)  # [NT, BN]
+    ds = d * slot_field(sc, row, s0, one, n_slots, NT).to(tl.float32)  # [NT, BN]
+    words = slot_words(qs, row, s0, n_slots, NT, V)
+    return words, words, ds, ds
+
+
 class TritonFormat(NamedTuple):
     load: object    # @triton.jit (qs, qh, sc, sd, row, s0, one, n_slots, NT, V) -> (words, h, s1, s2)
     field: object   # @triton.jit (words, h, s1, s2, I, one) -> float32 [NT, BN, V]
 
 
-# Q4_K has no qh plane: its load passes qs in its place (the kernel gets qs for absent planes)
+# Q4_K, Q4_1 and Q2_K have no qh plane: their loads pass qs in its place (the kernel gets qs for absent planes)
 KERNELS: dict[T, TritonFormat] = {
     T.F32: TritonFormat(_load_float, _field_float),
     T.F16: TritonFormat(_load_float, _field_float),
@@ -201,7 +290,13 @@ KERNELS: dict[T, TritonFormat] = {
     T.Q4_0: TritonFormat(_load_d, _field_q4_0),
     T.Q5_0: TritonFormat(_load_q5_0, _field_q5_0),
     T.Q8_0: TritonFormat(_load_q8_0, _field_q8_0),
+    T.Q4_1: TritonFormat(_load_dm, _field_q4_k),   # fma(q, d, m): the K-quants' fields (4 bits)
+    T.Q5_1: TritonFormat(_load_dm, _field_q5_k),
     T.Q4_K: TritonFormat(_load_k_with_min, _field_q4_k),
     T.Q5_K: TritonFormat(_load_k_with_min, _field_q5_k),
     T.Q6_K: TritonFormat(_load_q6_k, _field_q6_k),
+    T.Q2_K: TritonFormat(_load_q2_k, _field_q2_k),
+    T.Q3_K: TritonFormat(_load_q6_k, _field_q3_k),   # d * sc per slot, as Q6_K
+    T.IQ4_NL: TritonFormat(_load_d, _field_iq4),
+    T.IQ4_XS: TritonFormat(_load_iq4_xs, _field_iq4),
 }

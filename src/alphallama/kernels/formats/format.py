@@ -4,15 +4,16 @@ A GGUF row is a run of blocks. At load time each row is cut into *slots*: the
 values that share one scale (32 values; 16 for Q6_K and Q8_0). A slot's bits are
 spread over up to four *planes*, each a contiguous tensor with one row per output:
 
-    qs  int32 [N, n_slots * V]   the low 4 (or 8) bits of every value, V words per slot
-    qh  int32 [N, n_slots]       the top bits (Q5_0, Q5_K, Q6_K), one word per slot
+    qs  int32 [N, n_slots * V]   the low 4 (8; 2 for Q2_K, Q3_K) bits of every value, V words per slot
+    qh  int32 [N, n_slots]       the top bits (Q5_0, Q5_1, Q5_K, Q6_K; Q3_K: int16), one word per slot
     sc        [N, n_slots]       the per-slot scale field(s)
     sd        [N, n_slots // S]  the per-super-block fp16 fields (K-quants)
 
 Field i (lowest bits first) of qs word v holds the value at k position
 slot_positions(V, P)[v, i] of the slot, and its top bits (if any) sit at bit
-4 i + HBITS v of the slot's qh word. One thread loads a slot's V words with one 8- or
-16-byte load; fields 2m and 2m+1 of its V words are 2V consecutive k, whose
+HBITS (i V + v) of the slot's qh word (4 i + HBITS v for the 4-bit formats). One
+thread loads a slot's V words with one 4- to 16-byte load; fields 2m and 2m+1 of its
+V words are 2V consecutive k, whose
 activations come in as one vector load and are split in registers. These are the same
 bits as the file, re-ordered (K-quants' 6-bit scales and mins are widened to a byte
 each: +4 bytes per 144-byte Q4_K block), so a token reads about the GGUF size.
@@ -80,14 +81,14 @@ def unpack_fields(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x.unsqueeze(-2) >> shifts.unsqueeze(-1)) & ((1 << bits) - 1)  # [..., 8 // bits, k]
 
 
-def pack_words(vals: torch.Tensor, bits: int) -> torch.Tensor:
-    """Values of `bits` bits, lowest field first, into little-endian int32 words:
-    uint8 [..., n] -> int32 [..., n * bits // 32]."""
+def pack_words(vals: torch.Tensor, bits: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """Values of `bits` bits, lowest field first, into little-endian words of `dtype`:
+    uint8 [..., n] -> [..., n * bits // (8 * itemsize)]."""
     per_byte = 8 // bits
     v = vals.reshape(*vals.shape[:-1], -1, per_byte).to(torch.int32)  # [..., n / per_byte, per_byte]
     shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=vals.device)  # [per_byte]
     packed = (v << shifts).sum(-1).to(torch.uint8)  # [..., n / per_byte] bytes
-    return packed.contiguous().view(torch.int32)  # [..., n * bits / 32]
+    return packed.contiguous().view(dtype)  # [..., n * bits / (8 * itemsize)]
 
 
 def slot_positions(V: int, P: int, device=None) -> torch.Tensor:
@@ -112,12 +113,12 @@ def pack_slots(vals: torch.Tensor, bits: int, V: int) -> torch.Tensor:
     return pack_words(word_order(vals, V, 32 // bits), bits).flatten(1)
 
 
-def pack_high(high: torch.Tensor, bits: int, V: int) -> torch.Tensor:
+def pack_high(high: torch.Tensor, bits: int, V: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """Top bits of each slot's values in k order, uint8 [R, ns, slot] -> the qh word
-    [R, ns]: field i of word v at bit bits * (i * V + v) = 4 i + bits * v."""
+    [R, ns] (int32; Q3_K's 16 bits: int16): field i of word v at bit bits * (i * V + v)."""
     P = high.shape[-1] // V
     by_field = high[..., slot_positions(V, P, high.device).T.flatten()]  # [R, ns, P * V]
-    return pack_words(by_field, bits)[..., 0]
+    return pack_words(by_field, bits, dtype)[..., 0]
 
 
 def torch_fields(qs: torch.Tensor, bits: int, V: int) -> torch.Tensor:
@@ -132,9 +133,9 @@ def torch_fields(qs: torch.Tensor, bits: int, V: int) -> torch.Tensor:
 
 
 def torch_high(qh: torch.Tensor, bits: int, V: int, P: int) -> torch.Tensor:
-    """The inverse of pack_high: int32 [R, ns] -> top bits in k order [R, ns, V * P] (int32)."""
+    """The inverse of pack_high: int32 (or int16) [R, ns] -> top bits in k order [R, ns, V * P] (int32)."""
     shift = torch.arange(V * P, dtype=torch.int32, device=qh.device) * bits  # [P * V], field-major
-    h = (qh.unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, P * V]
+    h = (qh.to(torch.int32).unsqueeze(-1) >> shift) & ((1 << bits) - 1)  # [R, ns, P * V]
     out = torch.empty_like(h)
     out[..., slot_positions(V, P, qh.device).T.flatten()] = h
     return out

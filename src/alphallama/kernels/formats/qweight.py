@@ -16,13 +16,15 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from .fmt_float import BF16, F16, F32
+from .fmt_iq4 import IQ4_NL, IQ4_XS
 from .fmt_kquant import Q4_K, Q5_K, Q6_K
-from .fmt_legacy import Q4_0, Q5_0, Q8_0
+from .fmt_kquant_low import Q2_K, Q3_K
+from .fmt_legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from ...gguf.quants import as_bytes
 from .format import PLANES, Format
 
 FORMATS: dict[GGMLQuantizationType, Format] = {
-    f.qtype: f for f in (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)}
+    f.qtype: f for f in (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)}
 
 # Rows re-laid per step at load time: bounds the temporaries (~40 bytes per value)
 LOAD_CHUNK_VALUES = 1 << 25

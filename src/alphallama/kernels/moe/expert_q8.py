@@ -16,11 +16,12 @@ Activations (quantize_q8): per 32-value block of a row,
     q    = rne(x * inv)        rne(v) = (v + 1.5 * 2**23) - 1.5 * 2**23, |q| <= 127
     xs   = sum of q per 16 values (for the formats with a min term)
 Weights: per slot s of the format (formats.py: 32 values, 16 for Q6_K and Q8_0) integer
-codes c_k, a scale A_s and for Q4_K/Q5_K a min term B_s, such that value = A_s c_k - B_s:
+codes c_k, a scale A_s and for Q4_K/Q5_K/Q4_1/Q5_1 a min term B_s, such that value = A_s c_k - B_s:
     Q4_K/Q5_K  c = q            A = d * sc   B = dmin * m
     Q6_K       c = q - 32       A = d * sc
     Q4_0/Q5_0  c = q - 8 / 16   A = d
     Q8_0       c = q (int8)     A = d
+    Q4_1/Q5_1  c = q            A = d        B = -m   (value = d q + m)
 (A and B are exact in float32: an fp16 times a small integer.) Then
     isum = sum_k c_k xq_k,  xsum = sum_k xq_k                (exact integers)
     t    = A * isum                  or (A * isum) - (B * xsum)
@@ -100,11 +101,15 @@ def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 SlotTerms = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
+def _nibble_codes(p: dict[str, torch.Tensor], high: bool) -> torch.Tensor:
+    """The 4-bit codes of 32-value slots, with the fifth bit from qh if `high`: int32 [R, ns, 32]."""
+    c = torch_fields(p["qs"], 4, 4)                                    # [R, ns, 32]
+    return c | (torch_high(p["qh"], 1, 4, 8) << 4) if high else c
+
+
 def _k_min(p: dict[str, torch.Tensor], high: bool):
     R = p["qs"].shape[0]
-    c = torch_fields(p["qs"], 4, 4)                                    # [R, ns, 32]
-    if high:
-        c = c | (torch_high(p["qh"], 1, 4, 8) << 4)
+    c = _nibble_codes(p, high)                                         # [R, ns, 32]
     s = p["sc"].to(torch.int32)                                        # [R, ns]: sc | m << 8
     d, dmin = p["sd"].float().reshape(R, -1, 2).repeat_interleave(8, dim=1).unbind(-1)  # [R, ns] each
     return c, d * (s & 0xFF).float(), dmin * ((s >> 8) & 0xFF).float()
@@ -117,10 +122,14 @@ def _q6_k(p):
 
 def _legacy(mid: int, high: bool):
     def terms(p):
-        c = torch_fields(p["qs"], 4, 4)                                # [R, ns, 32]
-        if high:
-            c = c | (torch_high(p["qh"], 1, 4, 8) << 4)
-        return c - mid, p["sc"].float(), None
+        return _nibble_codes(p, high) - mid, p["sc"].float(), None
+    return terms
+
+
+def _legacy_min(high: bool):
+    def terms(p):
+        d, m = p["sc"].float().reshape(p["sc"].shape[0], -1, 2).unbind(-1)   # [R, ns] each: the (d, m) plane
+        return _nibble_codes(p, high), d, -m
     return terms
 
 
@@ -131,7 +140,8 @@ def _q8_0(p):
 
 SLOT_TERMS: dict[T, SlotTerms] = {
     T.Q4_K: lambda p: _k_min(p, False), T.Q5_K: lambda p: _k_min(p, True), T.Q6_K: _q6_k,
-    T.Q4_0: _legacy(8, False), T.Q5_0: _legacy(16, True), T.Q8_0: _q8_0}
+    T.Q4_0: _legacy(8, False), T.Q5_0: _legacy(16, True), T.Q8_0: _q8_0,
+    T.Q4_1: _legacy_min(False), T.Q5_1: _legacy_min(True)}
 
 
 def supports(w: QuantWeight) -> bool:

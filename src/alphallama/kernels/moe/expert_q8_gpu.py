@@ -33,7 +33,8 @@ SPIN_LIMIT = 1 << 26   # polls before the combine gives up on the CPU (and flags
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN): field width, top bits in qh, code offset, min term
 CODES: dict[T, tuple[int, int, int, bool]] = {
     T.Q4_K: (4, 0, 0, True), T.Q5_K: (4, 1, 0, True), T.Q6_K: (4, 2, 32, False),
-    T.Q4_0: (4, 0, 8, False), T.Q5_0: (4, 1, 16, False), T.Q8_0: (8, 0, 128, False)}   # Q8_0: load xors 0x80
+    T.Q4_0: (4, 0, 8, False), T.Q5_0: (4, 1, 16, False), T.Q8_0: (8, 0, 128, False),   # Q8_0: load xors 0x80
+    T.Q4_1: (4, 0, 0, True), T.Q5_1: (4, 1, 0, True)}   # their loads give B = -m
 
 
 @triton.jit

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #define QBLOCK 32
 #define CHUNK 8
 #define MAXL 32
@@ -31,7 +31,7 @@ typedef struct {
     int nbytes;   /* qs bytes per slot */
     int hbits;    /* top bits per value in the qh word (0: no qh plane) */
     int bias;     /* code = q - bias */
-    int kmin;     /* Q4_K / Q5_K: value = A q - B */
+    int kmin;     /* Q4_K / Q5_K / Q4_1 / Q5_1: value = A q - B */
 } fmt_t;
 
 static int fmt_of(int qtype, fmt_t *f) {
@@ -42,6 +42,8 @@ static int fmt_of(int qtype, fmt_t *f) {
     case Q4_0: *f = (fmt_t){32, 16, 0, 8, 0}; return 0;
     case Q5_0: *f = (fmt_t){32, 16, 1, 16, 0}; return 0;
     case Q8_0: *f = (fmt_t){16, 16, 0, 0, 0}; return 0;
+    case Q4_1: *f = (fmt_t){32, 16, 0, 0, 1}; return 0;
+    case Q5_1: *f = (fmt_t){32, 16, 1, 0, 1}; return 0;
     default: return -1;
     }
 }
@@ -223,6 +225,10 @@ static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, c
         float A = d * (float)(v & 0xFF), B = dmin * (float)((v >> 8) & 0xFF);
         return ((A * (float)isum[s]) - (B * x->xsum[s])) * x->dxs[s];
     }
+    case Q4_1: case Q5_1: {   /* sc: fp16 d, m per slot; A = d, B = -m */
+        float A = h2f(ld16(sc + 4 * s)), B = -h2f(ld16(sc + 4 * s + 2));
+        return ((A * (float)isum[s]) - (B * x->xsum[s])) * x->dxs[s];
+    }
     case Q6_K: return ((h2f(ld16(sd + 2 * (s / 16))) * (float)(int8_t)sc[s]) * (float)isum[s]) * x->dxs[s];
     case Q8_0: return (h2f(ld16(sc + 2 * (s / 2))) * (float)isum[s]) * x->dxs[s];   /* two slots share d */
     default: return (h2f(ld16(sc + 2 * s)) * (float)isum[s]) * x->dxs[s];
@@ -245,12 +251,15 @@ int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, 
     uint8_t sh[MAXL];
     for (int p = 0; p < f.L; p++) { int k, hb; slot_layout(&f, p, &k, &hb); sh[p] = (uint8_t)hb; }
 #ifdef HAVE_SIMD_ISUMS
-    isums_fn fn = w->qtype == Q4_K ? isums_q4k_v : w->qtype == Q5_K ? isums_q5k_v : w->qtype == Q6_K ? isums_q6k_v
-                : w->qtype == Q4_0 ? isums_q40_v : w->qtype == Q5_0 ? isums_q50_v : isums_q80_v;
+#define ISUMS(NAME) NAME##_v
 #else
-    isums_fn fn = w->qtype == Q4_K ? isums_q4k : w->qtype == Q5_K ? isums_q5k : w->qtype == Q6_K ? isums_q6k
-                : w->qtype == Q4_0 ? isums_q40 : w->qtype == Q5_0 ? isums_q50 : isums_q80;
+#define ISUMS(NAME) NAME
 #endif
+    /* Q4_1 / Q5_1: unsigned codes without bias, as Q4_K / Q5_K's: the same dots */
+    isums_fn fn = w->qtype == Q4_K || w->qtype == Q4_1 ? ISUMS(isums_q4k)
+                : w->qtype == Q5_K || w->qtype == Q5_1 ? ISUMS(isums_q5k) : w->qtype == Q6_K ? ISUMS(isums_q6k)
+                : w->qtype == Q4_0 ? ISUMS(isums_q40) : w->qtype == Q5_0 ? ISUMS(isums_q50) : ISUMS(isums_q80);
+#undef ISUMS
     for (int r = r0; r < r1; r++) {
         const uint8_t *qs = w->qs + e * w->qs_e + r * w->qs_r;
         const uint8_t *qh = w->qh ? w->qh + e * w->qh_e + r * w->qh_r : 0;

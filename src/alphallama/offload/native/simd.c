@@ -138,6 +138,10 @@ static float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd, const int
             A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c))), scf);
             __m256 B = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c + 2))), mf);
             t = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(A, is), _mm256_mul_ps(B, _mm256_loadu_ps(x->xsum + s))), dx);
+        } else if (qtype == Q4_1 || qtype == Q5_1) {   /* the scalar terms, summed as a chunk */
+            float tt[CHUNK];
+            for (int j = 0; j < CHUNK; j++) tt[j] = slot_term(qtype, sc, sd, isum, x, s + j);
+            t = _mm256_loadu_ps(tt);
         } else {
             if (qtype == Q6_K)
                 A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 2 * (s / 16)))),

@@ -1,0 +1,46 @@
+"""Issue 32's GPU quant types in a whole model: a synthetic file in them loads into
+the GPU runtime (Triton kernels; the interpreter on CPU), `plan`'s support check names the
+GPU for every tensor, the logits follow the reference transformer's, and a verify round
+equals its rows run alone (exact mode)."""
+from __future__ import annotations
+
+import os
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from alphallama.gguf.reader import GGUFFile  # noqa: E402
+from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
+from alphallama.model.loader import load_model  # noqa: E402
+from alphallama.offload.support import gpu_problems, type_uses  # noqa: E402
+from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# one MoE model holding the six: Q4_1 for the embedding's gather and the routed experts'
+# gate|up, Q5_1 for the attention output and the experts' down, q in Q2_K, k in Q3_K, v in
+# IQ4_NL (no int8 form: each on qmatmul in the q|k|v Linear), the head in IQ4_XS
+MIX = {g: T.Q4_1 for g in ("embd", "ffn_gate_exps", "ffn_up_exps")} | \
+      {g: T.Q5_1 for g in ("attn_output", "ffn_down_exps")} | \
+      {"attn_q": T.Q2_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_NL, "output": T.IQ4_XS}
+
+
+def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path):
+    path = tmp_path / "tiny-qwen3moe.gguf"
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant=MIX, seed=3), path)
+    f = GGUFFile(path)
+    assert gpu_problems(f.tensors) == []
+    uses = type_uses(f.tensors)
+    assert all(uses[q.name].runs_on == "cpu+gpu" for q in set(MIX.values()))
+    ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV)
+    toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
+    cache = gpu.new_cache(128)
+    lg, _ = gpu.forward(toks, 0, cache)
+    # the tolerance of test_gpu_model.py: fp16 K/V and int8 activations against fp32
+    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
+    lg = lg.clone()
+    cache.truncate(3)
+    singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(3, 5)])
+    assert torch.equal(singles, lg[3:])
