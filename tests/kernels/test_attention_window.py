@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from alphallama.kernels.attention import decode as A
-from alphallama.kernels.attention.decode import decode_attention, decode_attention_q8, decode_attention_ref
+from alphallama.kernels.attention.decode import (
+    decode_attention,
+    decode_attention_q8,
+    decode_attention_ref,
+)
 from tests.kernels.sm90 import run_in_child
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,7 +86,7 @@ def compile_windowed() -> None:
     """The split and combine kernels with a window, for sm_90 (gemma3 27B's shape: 32 heads,
     16 kv heads, hd 128, window 1024)."""
     from tests.kernels.sm90 import compile_sm90
-    blocks = dict(BLOCK_N=A.BLOCK_N, MAX_SPLITS=A.MAX_SPLITS, WINDOW=1024)
+    blocks = {"BLOCK_N": A.BLOCK_N, "MAX_SPLITS": A.MAX_SPLITS, "WINDOW": 1024}
     ptrs = ["*fp32", "*fp16", "*fp16", "*fp32", "*fp32", "*fp32", "*i32"]
     compile_sm90(A._attn_split_kernel, [*ptrs, "fp32"] + ["i32"] * 9,
                  dict(N_HEADS=32, GROUP=2, G_PAD=16, HD=128, PDL=True, EARLY=True, **blocks),
