@@ -1,0 +1,99 @@
+"""gemma3 on the GPU runtime (Triton kernels; the interpreter on CPU): the sqrt(d) embedding
+scale, sliding-window attention on the SWA layers with their own rope base, post norms on
+both branches, the GeGLU FFN and the final logit softcap, in a prefill chunk (more than 64
+rows: SDPA with the windowed mask) and in decode rounds past the window (the split-KV
+kernel's window), against the reference (model/transformer.py, proven against llama.cpp).
+
+The model: tiny-gemma3 at two layers, the window pattern 2 (layer 0 slides over 16 keys
+with rope base 1e4, layer 1 is global with base 1e6), the softcap at 2 (the preset's 30
+barely touches random logits of ~4: 0.2 of the tolerance; at 2 it halves them). Each
+control is the reference without one piece, which must differ by far more than the GPU
+tests' tolerance (4% of the max logit: test_gpu_model.py)."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from alphallama.gguf.arch_variants import gpu_departures
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.kernels.activations.silu import gelu_mul, gelu_mul_q8, gelu_mul_ref, silu_mul_ref
+from alphallama.model.loader import load_model
+from alphallama.model.transformer import Transformer
+from alphallama.runtime.gpu_model import GPUModel
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+CTX = 128
+PROMPT, ROUND = 70, 3            # a prefill chunk of 70 rows, then a decode round at 70..72
+MD = {"attention.sliding_window": 16, "final_logit_softcapping": 2.0, "attention.sliding_window_pattern": 2}
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")]   # the interpreter's GELU
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(reference, GPU model, tokens, reference logits, GPU logits of the chunk and the round, the cache)."""
+    path = tmp_path_factory.mktemp("gemma3") / "gemma3.gguf"
+    write_synthetic(PRESETS["tiny-gemma3"](n_layers=2, quant="Q8_0", seed=3, extra_md=MD), path)
+    f = GGUFFile(path)
+    ref, gpu = load_model(f, CTX), GPUModel(f, CTX, device=DEV)
+    assert gpu_departures(ref.cfg) == []
+    assert gpu.windows == (16, 0) and gpu.ropes[0] is not gpu.ropes[1] and gpu.softcap == 2.0
+    toks = torch.randint(0, ref.cfg.vocab_size, (PROMPT + ROUND,), generator=torch.Generator().manual_seed(0))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))                                # [73, V]
+    cache = gpu.new_cache(CTX)
+    chunk = gpu.forward(toks[:PROMPT], 0, cache)[0].clone()                         # the prefill path
+    rnd = gpu.forward(toks[PROMPT:], PROMPT, cache)[0].clone()                      # one decode round of 3
+    return ref, gpu, toks, lr, torch.cat([chunk, rnd]).cpu(), cache
+
+
+def _without(ref, toks, **change) -> torch.Tensor:
+    v = ref.cfg.variant
+    t = Transformer(replace(ref.cfg, variant=replace(v, **change)), ref.w, ref.max_len)
+    return t.forward(toks, 0, t.new_cache(CTX))[0]
+
+
+def test_chunk_and_round_follow_the_reference(run):
+    """The prefill chunk's rows and the decode round's (positions 70..72, window 16) within
+    the tolerance (measured: 0.02 and 0.46 of it); the reference without each piece far
+    outside it, in the chunk and in the round alike."""
+    ref, _, toks, lr, lg, _ = run
+    atol = 4e-2 * lr.abs().max().item()
+    torch.testing.assert_close(lg, lr, atol=atol, rtol=0)
+    # (the piece taken out, the least distance of its control in units of atol in the chunk
+    # and in the round; measured: chunk, round)
+    controls = [({"sliding_window": 10 ** 6}, 10),           # 32, 28: the window off, its rope kept
+                ({"rope_base_swa": ref.cfg.rope_base}, 5),   # 23, 9.8: the SWA layers' own rope base
+                ({"post_norms": False}, 10),                 # 34, 26
+                ({"ffn_act": "silu"}, 2),                    # 6.9, 4.9: GeGLU, not SwiGLU
+                ({"embed_scale": 1.0}, 10),                  # 37, 29
+                ({"final_softcap": 0.0}, 10)]                # 34, 19
+    for change, least in controls:
+        lc = _without(ref, toks, **change)
+        for rows in (slice(0, PROMPT), slice(PROMPT, None)):
+            assert (lc[rows] - lr[rows]).abs().max() > least * atol, (change, rows)
+
+
+def test_round_equals_single_rows(run):
+    """The round of 3 rows past the window equals the rows run one at a time, bit for bit."""
+    _, gpu, toks, _, lg, cache = run
+    cache.truncate(PROMPT)
+    singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(PROMPT, PROMPT + ROUND)])
+    assert torch.equal(singles.cpu(), lg[PROMPT:])
+
+
+def test_gelu_mul_kernel():
+    """GELU(gate) * up (tanh form, as the reference) at large |gate| (no NaN from the exp's
+    overflow), and the launch that emits the down's int8 activations gives the same bits."""
+    gu = torch.randn(3, 2 * 96, generator=torch.Generator().manual_seed(0)) * 4
+    gu[0, :5] = torch.tensor([-30.0, -12.0, 0.0, 12.0, 30.0])
+    out = gelu_mul(gu.to(DEV)).cpu()
+    torch.testing.assert_close(out, gelu_mul_ref(gu), atol=1e-5, rtol=1e-5)
+    assert (out - silu_mul_ref(gu)).abs().max() > 0.1
+    q8_out, q8 = gelu_mul_q8(gu.to(DEV), torch.float32, ((32, 4, 4),))
+    assert torch.equal(q8_out.cpu(), out) and (32, 4, 4) in q8
