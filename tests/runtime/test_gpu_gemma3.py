@@ -23,9 +23,11 @@ from alphallama.gguf.arch_variants import gpu_departures
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.kernels.activations.silu import gelu_mul, gelu_mul_q8, gelu_mul_ref, silu_mul_ref
+from alphallama.model.layers import attention
 from alphallama.model.loader import load_model
 from alphallama.model.transformer import Transformer
 from alphallama.runtime.gpu_model import GPUModel
+from alphallama.runtime.gpu_prefill import prefill_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 128
@@ -97,3 +99,16 @@ def test_gelu_mul_kernel():
     assert (out - silu_mul_ref(gu)).abs().max() > 0.1
     q8_out, q8 = gelu_mul_q8(gu.to(DEV), torch.float32, ((32, 4, 4),))
     assert torch.equal(q8_out.cpu(), out) and (32, 4, 4) in q8
+
+
+@pytest.mark.parametrize("pos, T", [(0, 20), (3, 5), (30, 5)])
+def test_prefill_attention_window(pos, T):
+    """The prefill's SDPA with a window of 8 and a q.k scale of 0.3 against the reference's
+    attention: a first chunk longer than the window, a chunk inside it (the causal path), a
+    later chunk after a prefix (the explicit mask at pos > 0)."""
+    g = torch.Generator().manual_seed(pos)
+    q = torch.randn(T, 4, 16, generator=g).half().float()                        # (SDPA on CUDA: fp16)
+    k, v = (torch.randn(2, pos + T + 6, 16, generator=g).half() for _ in range(2))   # rows past pos+T: junk
+    out = prefill_attention(q.to(DEV), k.to(DEV), v.to(DEV), pos, torch.float32, 0.3, 8).cpu()
+    ref = attention(q, k[:, :pos + T].float(), v[:, :pos + T].float(), pos, 0.3, 8)     # [T, 4*16]
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
