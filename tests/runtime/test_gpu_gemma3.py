@@ -1,15 +1,17 @@
 """gemma3 on the GPU runtime (Triton kernels; the interpreter on CPU): the sqrt(d) embedding
 scale, sliding-window attention on the SWA layers with their own rope base, post norms on
 both branches, the GeGLU FFN (its kernel: tests/kernels/test_gelu_mul.py) and the final
-logit softcap, in a prefill chunk (more than 64
-rows: SDPA with the windowed mask) and in decode rounds past the window (the split-KV
-kernel's window), against the reference (model/transformer.py, proven against llama.cpp).
+logit softcap, in a prefill chunk (more than 64 rows: SDPA with the windowed mask) and in a
+decode round past the window (the split-KV kernel's window: tests/kernels/test_attention_window.py),
+against the reference (model/transformer.py, proven against llama.cpp).
 
 The model: tiny-gemma3 at two layers, the window pattern 2 (layer 0 slides over 16 keys
 with rope base 1e4, layer 1 is global with base 1e6), the softcap at 2 (the preset's 30
 barely touches random logits of ~4: 0.2 of the tolerance; at 2 it halves them). Each
 control is the reference without one piece, which must differ by far more than the GPU
-tests' tolerance (4% of the max logit: test_gpu_model.py)."""
+tests' tolerance (4% of the max logit: test_gpu_model.py). The q.k scale is 1/sqrt(64) at
+this head size (gemma3's query_pre_attn_scalar is the head dim but in the 27B); a scale of
+0.3 is checked in the kernel test and in test_prefill_attention_window here."""
 from __future__ import annotations
 
 import os
