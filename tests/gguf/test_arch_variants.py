@@ -26,7 +26,8 @@ NEW = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear", "tiny-gemma3", "t
 ON_GPU = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear",   # rope scaling: the reference's tables
           "tiny-phi3",                                                # longrope, fused projections
           "tiny-mistral3",                                            # the query temperature (round.query_temperature)
-          "tiny-qwen2moe")                                            # the shared expert (runtime/shared_expert.py)
+          "tiny-qwen2moe",                                            # the shared expert (runtime/shared_expert.py)
+          "tiny-gemma3")    # windows, own rope base, post norms, GeGLU, scales, softcap (test_gpu_gemma3.py)
 
 
 def _meta(**keys) -> Meta:

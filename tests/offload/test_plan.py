@@ -22,7 +22,7 @@ from alphallama.runtime.gpu_model import GPUModel
 
 ARCH_PRESETS = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "qwen3moe": "tiny-qwen3moe",
                 "qwen2moe": "tiny-qwen2moe", "mistral3": "tiny-mistral3",
-                "phi3": "tiny-phi3"}
+                "phi3": "tiny-phi3", "gemma3": "tiny-gemma3"}
 CTX = 256
 
 
@@ -56,7 +56,7 @@ def _held_bytes(m: GPUModel) -> tuple[int, int]:
     dense = embd + sum(qw(w) for w in m.output.weights) + m.output_norm.numel() * 4
     experts = 0
     for L in m.layers:
-        vecs = [L.attn_norm, L.ffn_norm, L.qkv_bias, L.q_norm, L.k_norm]
+        vecs = [L.attn_norm, L.ffn_norm, L.qkv_bias, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm]
         dense += sum(v.numel() * 4 for v in vecs if v is not None)
         dense += sum(qw(w) for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None for w in lin.weights)
         if L.shared is not None:

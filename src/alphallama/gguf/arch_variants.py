@@ -225,11 +225,10 @@ def global_tensors(cfg) -> dict[str, tuple[int, ...]]:
 def gpu_departures(cfg) -> list[str]:
     """What the GPU runtime (runtime/gpu_model.py) does not implement for this model."""
     v = cfg.variant
-    checks = [(v.sliding_window > 0, "sliding-window attention"), (v.attn_sinks, "attention sinks"),
-              (v.attn_scale != 0.0, "a custom attention scale"), (v.attn_out_bias, "attention output bias"),
-              (v.embed_scale != 1.0, "embedding scale"), (v.post_norms, "post norms"),
-              (v.ffn_norm != "ffn_norm", f"pre-FFN norm {v.ffn_norm}"), (v.ffn_act != "silu", f"{v.ffn_act} FFN"),
-              (v.final_softcap != 0.0, "logit softcapping"),
+    # dense FFNs: SiLU or GELU (kernels/activations/silu.GATED); the MoE kernels: SiLU only
+    acts = ("silu",) if cfg.is_moe else ("silu", "gelu")
+    checks = [(v.attn_sinks, "attention sinks"), (v.attn_out_bias, "attention output bias"),
+              (v.ffn_norm != "ffn_norm", f"pre-FFN norm {v.ffn_norm}"), (v.ffn_act not in acts, f"{v.ffn_act} FFN"),
               (v.moe_gating != "softmax", f"{v.moe_gating} expert gating"), (v.expert_bias, "expert biases")]
     return [what for bad, what in checks if bad]
 

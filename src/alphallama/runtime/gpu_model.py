@@ -36,6 +36,7 @@ from ..config import DEFAULTS
 from ..gguf.arch import ModelConfig, load_config
 from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile
+from ..kernels.activations.silu import GATED
 from ..kernels.formats.dequant import gather_rows
 from ..kernels.formats.qweight import QuantWeight, embedding_planes
 from ..kernels.gemv.registry import DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice
@@ -92,8 +93,13 @@ class GPUModel:
                                      MAX_W, progress)
         self._fuse_q8 = (o.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
-        # o and down in runs whose partials the next norm adds (Linear.parts)
-        split = o.gemv_split and gemv == "i8"
+        # o and down in runs whose partials the next norm adds (Linear.parts); not with post
+        # norms (gemma3): those normalize o's and down's whole outputs before the residual add
+        v = cfg.variant
+        split = o.gemv_split and gemv == "i8" and not v.post_norms
+        if v.ffn_act not in GATED:
+            raise NotImplementedError(f"the GPU runtime has no {v.ffn_act} FFN")
+        self.gated = GATED[v.ffn_act]         # the dense FFN's gated activation (SiLU, or GeGLU: gemma3)
         # Q4_K dense weights on the tensor cores (Linear; emulated under the interpreter)
         mma = None
         if o.gemv_mma and gemv == "i8":
@@ -129,12 +135,24 @@ class GPUModel:
         else:
             self.embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), self.device)
         # the reference model's tables (model/rope.py: linear / YaRN / longrope scaling, Llama
-        # 3.1's rope_freqs, the magnitude scale); one for all layers: the GPU runs no sliding window
+        # 3.1's rope_freqs, the magnitude scale), per layer (gemma3's sliding-window layers have
+        # their own base): one device copy per distinct table
         factors = {name: vectors(t, "cpu")(name) for name in cfg.variant.rope_factors}
-        cos, sin = layer_tables(cfg, max_len + MAX_W, factors, ctx=max_len)[0]
-        self.cos, self.sin = cos.to(self.device), sin.to(self.device)              # [max_len+64, hd/2]
-        v = cfg.variant     # llama4 / mistral3's query temperature (round.query_temperature)
+        tables = layer_tables(cfg, max_len + MAX_W, factors, ctx=max_len)     # shared tables: the same objects
+        on_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.ropes: list[tuple[torch.Tensor, torch.Tensor]] = []               # per layer: [max_len+64, hd/2] x2
+        for tab in tables:
+            if id(tab) not in on_device:
+                on_device[id(tab)] = (tab[0].to(self.device), tab[1].to(self.device))
+            self.ropes.append(on_device[id(tab)])
+        self.cos, self.sin = self.ropes[-1]   # a full-attention layer's (the reference's; the MTP head's)
+        # llama4 / mistral3's query temperature (round.query_temperature)
         self.q_temp = (v.attn_temp_scale, v.attn_temp_floor) if v.attn_temp_scale else None
+        # gemma3: the q.k scale (None: 1/sqrt(hd)), each layer's sliding window (0: none),
+        # the embedding scale and the final logits' softcap (0: none)
+        self.attn_scale = v.attn_scale or None
+        self.windows = tuple(v.sliding_window if v.is_swa(i) else 0 for i in range(cfg.n_layers))
+        self.embed_scale, self.softcap = v.embed_scale, v.final_softcap
         # bytes one row reads (MoE: k of the E experts), the floor's numerator
         self.weight_bytes = sum(l.nbytes for l in self.layers) + self.output.nbytes
         # fast mode's hybrid: wide rounds are not the bits of narrow ones (verify)
@@ -189,8 +207,10 @@ class GPUModel:
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] int64 -> their embedding rows [T, D] float32 (the residual)."""
         if isinstance(self.embd, QuantWeight):
-            return gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
-        return dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
+            x = gather_rows(self.embd, tokens.to(self.device))   # (a no-op for the rounds' device ids)
+        else:
+            x = dequantize(self.embd[tokens], self.embd_qtype, (tokens.shape[0], self.cfg.d_model))
+        return x if self.embed_scale == 1.0 else x * self.embed_scale      # gemma: times sqrt(d_model)
 
     def _norm_router(self, L: GPULayer, W: int) -> bool:
         """Does layer L's FFN norm compute its router's logits at width W (overrides.norm_router)?"""

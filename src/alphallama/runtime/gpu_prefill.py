@@ -41,7 +41,7 @@ from ..kernels.attention.rope import qkv_rope
 from ..kernels.activations.silu import silu_mul
 from ..kernels.moe.route import moe_route
 from ..kernels.moe.moe_gemm import moe_prefill
-from .round import query_temperature
+from .round import post_norm, query_temperature, softcap
 from .scratch import Scratch
 from ..kernels.gemv.qmatmul import qmatmul
 from .capture import collector_paused
@@ -75,9 +75,10 @@ def shared_units(L, scratch: Scratch) -> list:
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
-                      out_dtype: torch.dtype) -> torch.Tensor:
+                      out_dtype: torch.dtype, scale: float | None = None, window: int = 0) -> torch.Tensor:
     """q [T, H, hd] (rows at pos..pos+T-1), k/v [n_kv, max_len, hd] with rows 0..pos+T-1
-    written -> [T, H * hd] in out_dtype. Row t sees keys 0..pos+t."""
+    written -> [T, H * hd] in out_dtype. Row t sees keys 0..pos+t; with window > 0 (a
+    sliding-window layer) only keys pos+t-window < j <= pos+t. scale: of q.k (None: 1/sqrt(hd))."""
     T, H, hd = q.shape
     n_kv, L = k.shape[0], pos + T
     dt = k.dtype if q.is_cuda else torch.float32          # fp16 tensor cores; fp32 on CPU
@@ -87,12 +88,16 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
     qh = q.transpose(0, 1).to(dt)[None]                          # [1, H, T, hd]
     kk = k[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
     vv = v[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
-    if pos == 0:
-        o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True)  # [1, H, T, hd]
+    if window and pos + T > window:     # some row's window starts past key 0: an explicit mask
+        p = pos + torch.arange(T, device=q.device)[:, None]                     # [T, 1] each row's position
+        j = torch.arange(L, device=q.device)[None, :]                           # [1, L]
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=(j <= p) & (p - j < window), scale=scale)
+    elif pos == 0:
+        o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True, scale=scale)  # [1, H, T, hd]
     else:
         # is_causal aligns the triangle top-left; with a prefix it sits bottom-right,
         # which the flash kernel takes as such (an explicit mask would rule flash out)
-        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, L))  # [1, H, T, hd]
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, L), scale=scale)
     return o[0].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
 
 
@@ -153,7 +158,8 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         h = add_rmsnorm(x, None, m.layers[0].attn_norm, c.norm_eps, act)                 # [T, D]
     else:
         L = m.layers[i - 1]
-        h = add_rmsnorm(x, gemm_linear(L.o, a, s), L.ffn_norm, c.norm_eps, act)          # x += o(a)
+        o = post_norm(m, gemm_linear(L.o, a, s), L.post_attn_norm)                       # [T, D]
+        h = add_rmsnorm(x, o, L.ffn_norm, c.norm_eps, act)                               # x += o(a)
         if L.moe is not None:
             d = moe_grouped(L.moe, h, s, rows_per_thread)                                 # [T, D]
             if L.shared is not None:
@@ -162,16 +168,18 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
                 d = d + sh.scale(h) * y
         else:
             gu = gemm_linear(L.gate_up, h, s)                                              # [T, 2F]
-            d = gemm_linear(L.down, silu_mul(gu, act), s)                                  # [T, D]
+            d = gemm_linear(L.down, m.gated.plain(gu, act), s)                            # [T, D]
+        d = post_norm(m, d, L.post_ffn_norm)
         nxt = m.layers[i].attn_norm if i < len(m.layers) else m.output_norm
         h = add_rmsnorm(x, d, nxt, c.norm_eps, act)
     if plan and (i == 0 or m.layers[i - 1].moe is not None):
         s.plan(plan_from(m, i, logits, s))           # the GEMMs up to the next MoE layer's experts
     if i == len(m.layers):
-        return gemm_linear(m.output, h, s) if logits else None
+        return softcap(gemm_linear(m.output, h, s), m.softcap) if logits else None
     L = m.layers[i]
     qkv = gemm_linear(L.qkv, h, s)                                                       # [T, (H + 2 n_kv) hd]
-    q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, m.cos, m.sin, cache.k[i], cache.v[i], pos_t,
+    cos, sin = m.ropes[i]
+    q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, cos, sin, cache.k[i], cache.v[i], pos_t,
                  c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)            # [T, H, hd]
     return q if m.q_temp is None else query_temperature(q, pos_t, *m.q_temp)
 
@@ -240,6 +248,7 @@ class ChunkGraphs:
         # reference back would make a cycle that only the cyclic collector frees, resetting
         # the graphs wherever it runs, inside another capture too (runtime/capture.py)
         self.n_layers, self.cache, self.logits, self.T = len(m.layers), cache, logits, T
+        self.scale, self.windows = m.attn_scale, m.windows
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
         self.pos = torch.full((1,), pos, dtype=torch.int32, device=m.device)  # warm-up writes K/V rows the chunk owns
         self.a = torch.zeros(T, c.n_heads * c.head_dim, dtype=m.scratch.dtype, device=m.device)  # [T, H*hd]
@@ -267,7 +276,8 @@ class ChunkGraphs:
         self.pos.fill_(pos)
         for i in range(self.n_layers):
             self.replays[i]()
-            self.a.copy_(prefill_attention(self.outs[i], self.cache.k[i], self.cache.v[i], pos, self.a.dtype))
+            self.a.copy_(prefill_attention(self.outs[i], self.cache.k[i], self.cache.v[i], pos, self.a.dtype,
+                                           self.scale, self.windows[i]))
         self.replays[-1]()
         logits = self.outs[-1]
         return (logits.clone() if logits is not None else None), self.x.clone()
@@ -327,5 +337,5 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
     a = None
     for i in range(len(m.layers)):
         q = _segment(m, i, x, a, pos_t, cache, logits, rows_per_thread)     # [T, H, hd]
-        a = prefill_attention(q, cache.k[i], cache.v[i], pos, s.dtype)      # [T, H*hd]
+        a = prefill_attention(q, cache.k[i], cache.v[i], pos, s.dtype, m.attn_scale, m.windows[i])   # [T, H*hd]
     return _segment(m, len(m.layers), x, a, pos_t, cache, logits, rows_per_thread), x

@@ -5,10 +5,15 @@ attention combine emit its int8 / q8_K activations) and which form a layer's res
 add takes is decided once per width (RoundPlan, from each Linear's plan:
 kernels/gemv/registry.py); `rows` only reads it:
 
-    embed -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write (-> q temperature)
-          -> split-KV attention -> o GEMV -> [add+RMSNorm (+ the router's logits)]
-          -> gate|up GEMV -> SiLU*up -> down GEMV (or the MoE layer, + its shared expert) -> ...
-          -> [add+RMSNorm] -> output GEMV
+    embed (x sqrt(d): gemma) -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write
+          (-> q temperature) -> split-KV attention (a sliding window on gemma3's SWA layers)
+          -> o GEMV (-> post norm) -> [add+RMSNorm (+ the router's logits)]
+          -> gate|up GEMV -> SiLU*up or GELU*up -> down GEMV (or the MoE layer, + its shared expert)
+          (-> post norm) -> ... -> [add+RMSNorm] -> output GEMV (-> softcap)
+
+A layer with post norms (gemma3) normalizes o's and the FFN's whole outputs before their
+residual adds: no add in o's epilogue (norm_router), no partial-sum runs (gpu_model turns
+the split off), the norm after them takes the normalized branch as its y.
 """
 from __future__ import annotations
 
@@ -17,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..kernels.activations.silu import silu_mul, silu_mul_q8
 from ..kernels.attention.decode import decode_attention, decode_attention_q8
 from ..kernels.attention.rope import qkv_rope
 from ..kernels.gemv.qgemv_mma import Q8K
@@ -60,7 +64,7 @@ def plan_round(m: "GPUModel", W: int) -> RoundPlan:
             ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
         mo = L.moe
         router = (m.norm_router and mo is not None and mo.i8 and mo.link is None
-                  and mo.router_rows is not None and fuse and L.o.adds(W))
+                  and mo.router_rows is not None and fuse and L.o.adds(W) and L.post_attn_norm is None)
         nxt = m.layers[i + 1].qkv if i + 1 < len(m.layers) else m.output
         layers.append(LayerStep(
             attention=lanes if fuse else (), norm_router=router, o_runs=router and L.o.runs(W) > 1,
@@ -76,6 +80,17 @@ def query_temperature(q: torch.Tensor, pos: torch.Tensor, scale: float, floor: i
     p = (pos.double() + torch.arange(q.shape[0], device=q.device, dtype=torch.float64))   # [W]
     f = (torch.log(torch.floor(p / floor) + 1) * scale + 1).float()                   # [W]
     return q * f[:, None, None]
+
+
+def post_norm(m: "GPUModel", y: torch.Tensor, w: torch.Tensor | None, pdl: bool = False) -> torch.Tensor:
+    """A branch's output y [W, D] fp32 before its residual add: rmsnorm(y) * w (gemma3's
+    post_attention_norm / post_ffw_norm), fp32; y itself where the layer has none."""
+    return y if w is None else add_rmsnorm(y, None, w, m.cfg.norm_eps, torch.float32, pdl)
+
+
+def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """gemma's final logit softcapping: cap * tanh(logits / cap), as the reference (0: none)."""
+    return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 def _norm(m: "GPUModel", x, y, w, orders: tuple):
@@ -97,17 +112,20 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
     h, q8 = _norm(m, x, None, m.layers[0].attn_norm, plan.first_norm)
     for i, (L, s) in enumerate(zip(m.layers, plan.layers)):
         qkv = L.qkv(h, q8, pdl)                                                 # [W, (H + 2 n_kv) hd]
-        q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, m.cos, m.sin, cache.k[i], cache.v[i], pos,
+        cos, sin = m.ropes[i]
+        q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, cos, sin, cache.k[i], cache.v[i], pos,
                      c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
         if m.q_temp is not None:
             q = query_temperature(q, pos, *m.q_temp)
+        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i]}
         if s.attention:
-            a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl,
-                                        early=m.early_kv)                       # [W, H*hd]
+            a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl, **att)   # [W, H*hd]
         else:
-            a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, early=m.early_kv), None
+            a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, **att), None
         logits = None
-        if s.norm_router:         # x += o(a) in the GEMV; one launch: the norm and the router's logits
+        if L.post_attn_norm is not None:      # x += rmsnorm(o(a)) * w_post, then the FFN norm
+            h, q8 = _norm(m, x, post_norm(m, L.o(a, q8, pdl), L.post_attn_norm, pdl), L.ffn_norm, s.ffn_norm)
+        elif s.norm_router:         # x += o(a) in the GEMV; one launch: the norm and the router's logits
             parts, x_in = None, x
             if s.o_runs:          # o's runs, added by the norm into a new residual tensor
                 parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
@@ -119,16 +137,19 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
         else:
             h, q8 = _norm(m, x, L.o.parts(a, q8, pdl), L.ffn_norm, s.ffn_norm)   # x += o(a)
         if L.moe is not None:     # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
-            d = L.moe(h, act, q8, pdl, combine=not m.combine_in_norm or L.shared is not None, logits=logits)
+            d = L.moe(h, act, q8, pdl, logits=logits,
+                      combine=not m.combine_in_norm or L.shared is not None or L.post_ffn_norm is not None)
             if L.shared is not None:
                 d = d + L.shared(h, act, q8, pdl)                               # [W, D]
         else:
             gu = L.gate_up(h, q8, pdl)                                          # [W, 2F]
-            if s.silu:
-                sm, q8 = silu_mul_q8(gu, act, s.silu, pdl)                      # [W, F]
+            if s.silu:            # SiLU*up, or GELU*up (m.gated), with the down's activations
+                sm, q8 = m.gated.q8(gu, act, s.silu, pdl)                       # [W, F]
             else:
-                sm, q8 = silu_mul(gu, act, pdl), None
-            d = L.down.parts(sm, q8, pdl)                                       # [W, D] (or its runs)
+                sm, q8 = m.gated.plain(gu, act, pdl), None
+            # [W, D] (or its runs; whole for a post norm)
+            d = L.down.parts(sm, q8, pdl) if L.post_ffn_norm is None else L.down(sm, q8, pdl)
+        d = post_norm(m, d, L.post_ffn_norm, pdl)
         nxt = m.output_norm if i + 1 == len(m.layers) else m.layers[i + 1].attn_norm
         h, q8 = _norm(m, x, d, nxt, s.next_norm)
-    return m.output(h, q8, pdl), x
+    return softcap(m.output(h, q8, pdl), m.softcap), x

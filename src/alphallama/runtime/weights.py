@@ -53,6 +53,8 @@ class GPULayer:
     down: Linear | None
     moe: MoE | None = None       # routed experts instead
     shared: SharedExpert | None = None   # beside the routed experts (qwen2moe)
+    post_attn_norm: torch.Tensor | None = None   # gemma3: rmsnorm of o(a) and of the FFN's output,
+    post_ffn_norm: torch.Tensor | None = None    # each before its residual add (Variant.post_norms)
 
     @property
     def nbytes(self) -> int:
@@ -91,5 +93,7 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
         gate_up=None if moe else lin([n.ffn_up] if v.fused_gate_up else [n.ffn_gate, n.ffn_up]),   # phi3: [gate; up]
         down=None if moe else lin([n.ffn_down], split),
         moe=experts,
+        post_attn_norm=vec(n.post_attention_norm) if v.post_norms else None,
+        post_ffn_norm=vec(n.post_ffw_norm) if v.post_norms else None,
         shared=SharedExpert(lin([n.ffn_gate_shexp, n.ffn_up_shexp]), lin([n.ffn_down_shexp]), t[n.ffn_gate_inp_shexp],
                             device) if moe and cfg.variant.shared_expert_ff else None)

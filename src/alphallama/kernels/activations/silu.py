@@ -1,6 +1,12 @@
-"""SiLU(gate) * up of the dense FFN (with the down GEMV's int8 activations in the same
-launch), beside its plain-torch reference. One program per row and block."""
+"""SiLU(gate) * up of the dense FFN, or GELU(gate) * up (GeGLU: gemma3; GELU's tanh form),
+with the down GEMV's int8 activations in the same launch, beside their plain-torch
+references. One program per row and block; the activation is a constexpr of one kernel, so
+the SiLU launch is the code it always was."""
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import triton
@@ -16,7 +22,10 @@ from ..pdl import pdl_kwargs, pdl_start
 def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
                      XP1=None, XS1=None, NQ: tl.constexpr = 0,
                      SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4, BITS1: tl.constexpr = 4,
-                     PDL: tl.constexpr = False, Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None):
+                     PDL: tl.constexpr = False, Q8K: tl.constexpr = False, XF=None, XK=None, DXK=None, XL=None,
+                     GELU: tl.constexpr = False):
+    """GELU: gelu_tanh(g) = 0.5 g (1 + tanh(c (g + 0.044715 g^3))) written as
+    g / (1 + exp(-2 c (g + 0.044715 g^3))) (the same function; exp overflows to inf, not NaN)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -24,7 +33,11 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
     mask = f < F
     g = tl.load(GU + row * 2 * F + f, mask=mask, other=0.0)
     u = tl.load(GU + row * 2 * F + F + f, mask=mask, other=0.0)
-    a = (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty)
+    if GELU:
+        z = g * (1.0 + 0.044715 * g * g) * (2.0 * SQRT_2_OVER_PI)
+    else:
+        z = g
+    a = (g / (1.0 + tl.exp(-z)) * u).to(OUT.dtype.element_ty)
     tl.store(OUT + row * F + f, a, mask=mask)
     if NQ > 0:                       # the down GEMV's int8 activations (see _add_rmsnorm_kernel)
         emit_q8(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XP1, XS1, F, SLOT1, V1, BITS1, F % BLOCK != 0)
@@ -32,14 +45,38 @@ def _silu_mul_kernel(GU, OUT, F: tl.constexpr, BLOCK: tl.constexpr,
         emit_q8k(a.to(tl.float32), blk * BLOCK, row.to(tl.int64), XF, XK, DXK, XL, F, F % BLOCK != 0)
 
 
-def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
-    """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F] in out_dtype."""
+SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))
+
+
+def _plain(gu: torch.Tensor, out_dtype: torch.dtype, pdl: bool, gelu: bool) -> torch.Tensor:
     W, F2 = gu.shape
     F = F2 // 2
     out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
     BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **pdl_kwargs(pdl, gu.device))
+    extra = {"GELU": True} if gelu else {}
+    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **extra, **pdl_kwargs(pdl, gu.device))
     return out
+
+
+def _with_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple, pdl: bool,
+             gelu: bool) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+    W, F2 = gu.shape
+    F = F2 // 2
+    if F % 32 or len(orders) > 1:
+        raise ValueError(f"the gated activation's q8 output needs F % 32 == 0 and at most one lane order, "
+                         f"got {F}, {orders}")
+    out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
+    q8, args = q8_args(W, F, tuple(orders), gu.device)
+    BLOCK = 1024
+    extra = {"GELU": True} if gelu else {}
+    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args, **extra,
+                                                 **pdl_kwargs(pdl, gu.device))
+    return out, q8
+
+
+def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
+    """gu: [W, 2F] (gate then up) -> silu(gate) * up [W, F] in out_dtype."""
+    return _plain(gu, out_dtype, pdl, False)
 
 
 def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
@@ -47,18 +84,36 @@ def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
     """silu_mul, and the int8 activations of its output in (at most) one lane order (or
     qgemv_mma.Q8K), in the same launch. -> (act [W, F], {order: (xp, xsd), or prepare_q8k's
     four tensors})."""
-    W, F2 = gu.shape
-    F = F2 // 2
-    if F % 32 or len(orders) > 1:
-        raise ValueError(f"silu_mul_q8 needs F % 32 == 0 and at most one lane order, got {F}, {orders}")
-    out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
-    q8, args = q8_args(W, F, tuple(orders), gu.device)
-    BLOCK = 1024
-    _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, enable_fp_fusion=False, **args,
-                                                 **pdl_kwargs(pdl, gu.device))
-    return out, q8
+    return _with_q8(gu, out_dtype, orders, pdl, False)
+
+
+def gelu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool = False) -> torch.Tensor:
+    """gu: [W, 2F] (gate then up) -> gelu_tanh(gate) * up [W, F] in out_dtype (GeGLU)."""
+    return _plain(gu, out_dtype, pdl, True)
+
+
+def gelu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
+                pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
+    """gelu_mul with the down GEMV's int8 activations, as silu_mul_q8."""
+    return _with_q8(gu, out_dtype, orders, pdl, True)
+
+
+@dataclass(frozen=True)
+class GatedAct:
+    """A gated activation's two launches: plain, and with the down GEMV's activations."""
+    plain: Callable[..., torch.Tensor]
+    q8: Callable[..., tuple]
+
+
+# Variant.ffn_act -> its launches (the GPU runtime runs these two)
+GATED = {"silu": GatedAct(silu_mul, silu_mul_q8), "gelu": GatedAct(gelu_mul, gelu_mul_q8)}
 
 
 def silu_mul_ref(gu):
     g, u = gu.chunk(2, dim=-1)
     return torch.nn.functional.silu(g) * u
+
+
+def gelu_mul_ref(gu):
+    g, u = gu.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(g, approximate="tanh") * u

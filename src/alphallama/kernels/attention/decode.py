@@ -23,6 +23,12 @@ boundaries, tile boundaries and the combine's live set are functions of L alone;
 shapes and the combine's reduction tree are constexprs (independent of W and max_len).
 So a row's bits depend only on its query, its keys 0..L-1 and L: never on the round's
 width, the row's column or the cache's capacity.
+
+Sliding window (WINDOW > 0, gemma3's SWA layers): a row of length L sees only the keys
+lo = max(0, L - WINDOW) .. L-1. The splits then cover those n = L - lo keys as above, from
+lo: split(n), boundaries lo + s * split(n), the combine's live set cdiv(n, split(n)): still
+functions of the row's own L (and the layer's window, a constexpr) alone. WINDOW = 0 is
+the code without a window (the same integer arithmetic, lo = 0: the same bits).
 """
 from __future__ import annotations
 
@@ -68,6 +74,16 @@ def _split_size(length, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
 
 
 @triton.jit
+def _span(length, WINDOW: tl.constexpr):
+    """(first key, keys) a row of `length` keys attends to: all, or its last WINDOW."""
+    if WINDOW > 0:
+        lo = tl.maximum(length - WINDOW, 0)
+    else:
+        lo = length * 0
+    return lo, length - lo
+
+
+@triton.jit
 def _kv(K, V, kvh, n, d, mask, stride_kh, stride_kn, stride_vh, stride_vn):
     """The key and value rows n [BLOCK_N] of kv head kvh where mask, zeros elsewhere: [BLOCK_N, HD] each."""
     k = tl.load(K + kvh * stride_kh + n[:, None] * stride_kn + d[None, :], mask=mask[:, None], other=0.0)
@@ -93,7 +109,7 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                     BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, EARLY: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False, WINDOW: tl.constexpr = 0):
     """Split s of (row, kv head): the partials (O, M, L) of the group's query heads; a dead
     split writes nothing. l_i's update is an explicit fma, what fp fusion made of
     `l_i * alpha + sum` anyway: nothing contractible is left, so the bits are the same in
@@ -105,9 +121,11 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
     those rows: with every kernel triggering at its top, a kernel's pre-wait code may
     run while kernels several launches back still run. A decode round qualifies (a
     layer's cache rows below pos come from earlier rounds, finished before its graph
-    launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not."""
-    split = _split_size(length, BLOCK_N, MAX_SPLITS)
-    start = s * split
+    launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not.
+    WINDOW > 0: the splits cover the row's last WINDOW keys only (the module docstring)."""
+    lo, n_keys = _span(length, WINDOW)
+    split = _split_size(n_keys, BLOCK_N, MAX_SPLITS)
+    start = lo + s * split
     if start < length:                            # a live split; the others exit at once
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, HD)
@@ -157,11 +175,13 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
 @triton.jit
 def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os, stride_outw,
                   N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                  XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr):
+                  XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr,
+                  WINDOW: tl.constexpr = 0):
     """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
     written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
     adds exactly the live partials, and which splits are live depends on L alone."""
-    n_live = tl.cdiv(length, _split_size(length, BLOCK_N, MAX_SPLITS))
+    n_keys = _span(length, WINDOW)[1]
+    n_live = tl.cdiv(n_keys, _split_size(n_keys, BLOCK_N, MAX_SPLITS))
     s = tl.arange(0, MAX_SPLITS)
     d = tl.arange(0, HD)
     live = s < n_live
@@ -187,7 +207,7 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                        BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
-                       EARLY: tl.constexpr = False):
+                       EARLY: tl.constexpr = False, WINDOW: tl.constexpr = 0):
     """EARLY: the first tile's old keys and values before the PDL wait (_split_partials);
     pos is a graph input, written before the round, so it may be read before the wait."""
     if EARLY:
@@ -198,7 +218,7 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
     length = tl.load(pos_ptr) + row + 1          # keys this row may see
     _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
-                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL)
+                    N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL, WINDOW)
 
 
 @triton.jit
@@ -206,7 +226,7 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
                          N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                          XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
                          BITS1: tl.constexpr = 4, PDL: tl.constexpr = False, Q8K: tl.constexpr = False,
-                         XF=None, XK=None, DXK=None, XL=None):
+                         XF=None, XK=None, DXK=None, XL=None, WINDOW: tl.constexpr = 0):
     """Q8K: a program combines the two heads of one 256-value super-block (HD 128), each as
     alone (the same ops: the same bits), and emits their q8_K activations (qgemv_mma.emit_q8k)."""
     pdl_start(PDL)
@@ -216,41 +236,45 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
         tl.static_assert(HD == 128, "q8_K activations from the combine: two heads of 128 a super-block")
         h0 = tl.program_id(1) * 2
         a = _combine_head(O, M, L, OUT, row, h0, length, stride_ow, stride_oh, stride_os, stride_outw,
-                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1)
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1, WINDOW)
         b = _combine_head(O, M, L, OUT, row, h0 + 1, length, stride_ow, stride_oh, stride_os, stride_outw,
-                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1)
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1, WINDOW)
         ab = tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * HD,)).to(tl.float32)   # head h0, then h0 + 1
         emit_q8k(ab, h0 * HD, row.to(tl.int64), XF, XK, DXK, XL, N_HEADS * HD)
     else:
         _combine_head(O, M, L, OUT, row, tl.program_id(1), length, stride_ow, stride_oh, stride_os, stride_outw,
-                      N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1)
+                      N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1, WINDOW)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
-                     early: bool = False, tiles: Tiles = TILES) -> torch.Tensor:
+                     early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
+                     window: int = 0) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity.
     Two launches: split, combine. early: the split launch loads the rows below pos before
     its PDL wait (_split_partials says when that is valid); the same bits either way.
-    tiles: (BLOCK_N, MAX_SPLITS)."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early, tiles)[0]
+    tiles: (BLOCK_N, MAX_SPLITS). scale: of q.k (None: 1/sqrt(hd)); window > 0: a row of
+    length L sees keys max(0, L - window) .. L-1 only (sliding-window layers)."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early, tiles, scale, window)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
-                        early: bool = False, tiles: Tiles = TILES) -> tuple[torch.Tensor, dict]:
+                        early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
+                        window: int = 0) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine (bit for bit prepare_i8 of the output; the launch that
     combines is compiled without fp fusion, as the quantization needs). early: as in
-    decode_attention. -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early, tiles)
+    decode_attention, and so are scale and window. -> (out, {order: q8})."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early, tiles, scale, window)
 
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
-               early: bool = False, tiles: Tiles = TILES) -> tuple[torch.Tensor, dict]:
+               early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
+               window: int = 0) -> tuple[torch.Tensor, dict]:
     BLOCK_N, MAX_SPLITS = tiles
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
@@ -280,23 +304,26 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                o.stride(0), o.stride(1), o.stride(2))
     split_const = dict(N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
                        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
-    _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5, *strides, **split_const,
-                                              EARLY=early, **pdl_kwargs(pdl, q.device))
+    _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5 if scale is None else scale, *strides,
+                                              **split_const, EARLY=early, WINDOW=window, **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
-                                       num_warps=COMBINE_WARPS, **qargs, **pdl_kwargs(pdl, q.device))
+                                       num_warps=COMBINE_WARPS, WINDOW=window, **qargs, **pdl_kwargs(pdl, q.device))
     return out, q8
 
 
-def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int,
+                         scale: float | None = None, window: int = 0) -> torch.Tensor:
     """Plain-torch reference (float64): same contract as decode_attention."""
     W, n_heads, hd = q.shape
     group = n_heads // k_cache.shape[0]
     out = []
     for r in range(W):
         L = pos + r + 1
-        k = k_cache[:, :L].double().repeat_interleave(group, 0)             # [H, L, hd]
-        v = v_cache[:, :L].double().repeat_interleave(group, 0)
-        p = torch.softmax((q[r].double()[:, None, :] @ k.transpose(1, 2)) / hd ** 0.5, -1)   # [H, 1, L]
+        lo = max(0, L - window) if window else 0
+        k = k_cache[:, lo:L].double().repeat_interleave(group, 0)           # [H, L - lo, hd]
+        v = v_cache[:, lo:L].double().repeat_interleave(group, 0)
+        sc = q[r].double()[:, None, :] @ k.transpose(1, 2)                   # [H, 1, L - lo]
+        p = torch.softmax(sc / hd ** 0.5 if scale is None else sc * scale, -1)
         out.append((p @ v).reshape(-1))
     return torch.stack(out).float()
