@@ -305,14 +305,15 @@ def test_spm_scores_must_cover_the_vocabulary(metadata):
 
 @shared
 def test_build_speed():
+    # this process's CPU time: the bounds hold on a loaded machine (wall time counted others' work)
     path = _require(vocab_path("qwen2"))
-    start = time.perf_counter()
+    start = time.process_time()
     t = Tokenizer.from_gguf(path)               # 152k tokens, 151k merges
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
     text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 500
-    start = time.perf_counter()
+    start = time.process_time()
     assert t.decode(t.encode(text)) == text
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 # -- real models: llama.cpp's reference runs --------------------------------------
