@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks of the CPU-proven work (the house refactor, the new formats, architectures
+# and kernels): the golden record, the kernel and runtime tests on the real compiler, and
+# the round's time before and after the house (issue 30). Repo root; the tree at 713498e
+# (where the golden records were made, before the house) carried as .before/src for
+# `timing` (`git archive 713498e src | tar -x -C .before`); the wheels in .whl. One stage a
+# device call (each fits its 10 minutes):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl          # gguf (+ fastapi & co. for ttft)
+#   bash bench/gpu_checks.sh golden    # tests/runtime/test_golden.py::test_gpu_golden (plan + bits, W = 1..64)
+#   bash bench/gpu_checks.sh kernels   # tests/kernels on the GPU (deltanet, quant types, windows, GELU among them)
+#   bash bench/gpu_checks.sh runtime   # tests/runtime but the golden (gemma3, rope, shared expert, quant-type model)
+#   bash bench/gpu_checks.sh timing    # the round at W = 1 / 8, before and after, same run, alternating
+# Writes $OUT/checks-<stage>.log (+ $OUT/house-timing.jsonl).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+AFTER=/tmp/site:$PWD/src
+BEFORE=/tmp/site:$PWD/.before/src
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+stage=${1:-}
+
+golden() {
+  PYTHONPATH=$AFTER timeout 500 python3 -m pytest -q -p no:cacheprovider \
+      "tests/runtime/test_golden.py::test_gpu_golden" 2>&1 | tail -15 | tee "$OUT/checks-golden.log"
+}
+kernels() {
+  PYTHONPATH=$AFTER timeout 540 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -25 \
+      | tee "$OUT/checks-kernels.log"
+}
+runtime() {
+  PYTHONPATH=$AFTER timeout 540 python3 -m pytest -q -p no:cacheprovider tests/runtime \
+      --deselect tests/runtime/test_golden.py::test_gpu_golden 2>&1 | tail -25 | tee "$OUT/checks-runtime.log"
+}
+timing() {
+  [ -d .before/src ] || { echo "no .before/src: carry main's src there"; return 1; }
+  for preset in qwen3-8b qwen3-30b-a3b; do
+    g=/tmp/house-$preset.gguf
+    PYTHONPATH=$AFTER python3 -c "from alphallama.gguf.writer import PRESETS, write_synthetic; \
+write_synthetic(PRESETS['$preset'](), '$g')" || return 1
+    for rep in 1 2; do        # alternating processes: drift hits both sides alike
+      for side in before after; do
+        pp=$([ $side = before ] && echo $BEFORE || echo $AFTER)
+        PYTHONPATH=$pp timeout 70 python3 bench/gpu_house_timing.py --gguf $g --label $side --out "$OUT/house-timing.jsonl" \
+            2>&1 | grep -v "_warn_once\|UserWarning" | tail -2
+      done
+    done
+    rm -f $g
+  done 2>&1 | tee "$OUT/house-timing.log"
+}
+case "$stage" in
+  golden) golden ;;
+  kernels) kernels ;;
+  runtime) runtime ;;
+  timing) timing ;;
+  *) echo "stage: golden | kernels | runtime | timing"; exit 2 ;;
+esac
