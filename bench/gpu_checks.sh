@@ -6,7 +6,7 @@
 # `timing` (`git archive 713498e src | tar -x -C .before`); the wheels in .whl. One stage a
 # device call (each fits its 10 minutes):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#     --target /tmp/site .whl/*.whl          # gguf (+ fastapi & co. for ttft)
+#     --target /tmp/site .whl/*.whl          # the gguf wheel (the device lacks it)
 #   bash bench/gpu_checks.sh golden    # tests/runtime/test_golden.py::test_gpu_golden (plan + bits, W = 1..64)
 #   bash bench/gpu_checks.sh kernels   # tests/kernels on the GPU (deltanet, quant types, windows, GELU among them)
 #   bash bench/gpu_checks.sh runtime   # tests/runtime but the golden (gemma3, rope, shared expert, quant-type model)
