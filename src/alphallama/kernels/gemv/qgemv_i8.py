@@ -1,13 +1,12 @@
 """qgemv_i8: the decode GEMV on int8 activations: x [W, K] @ w[N, K]^T -> [W, N] float32.
 
-Why not qmatmul: on an H200 its Q4_K GEMV spends ~6 instructions per weight
-(dequantize to fp32, FMA) and issues only ~53% of cycles at 80 registers a thread, so
-it reads 1.8 TB/s of a 4.2 TB/s copy rate whatever its tile (bench/results/
-gpu_qmatmul_sweep-*). Here a weight costs about one instruction: `w & 0x0F0F0F0F` (and
-`(w >> 4) & ...`) puts a qs word's codes in byte lanes and one dp4a multiplies four of
-them with four int8 activations. Activations come quantized (qmatvec_i8.prepare_i8:
-per 32 values one scale dx, bytes in the weight format's lane order, and per slot the
-record (sum of its q, dx)). Per slot and x row:
+Why not qmatmul: its Q4_K GEMV spends ~6 instructions per weight (dequantize to fp32,
+FMA) at 80 registers a thread, so it is bound by instruction issue, not by the weight
+bytes, whatever its tile (docs/decisions/int8-decode-gemv.md). Here a weight costs about
+one instruction: `w & 0x0F0F0F0F` (and `(w >> 4) & ...`) puts a qs word's codes in byte
+lanes and one dp4a multiplies four of them with four int8 activations. Activations come
+quantized (qmatvec_i8.prepare_i8: per 32 values one scale dx, bytes in the weight
+format's lane order, and per slot the record (sum of its q, dx)). Per slot and x row:
 
     isum = sum of dp4a over the slot's words  [- BIAS * xsum]       (exact integer)
     t    = A * float(isum) [- B * float(xsum)]                       (A, B: the format's slot scales)
@@ -39,9 +38,9 @@ from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from ..formats.qweight import QuantWeight, check_gemv_args
 
 # x rows a program holds (not in the float order: a row's arithmetic is its own). 4, not 8:
-# at 8 rows every dense tile sat at ~251 registers, one CTA an SM; H200 8B shape, same bits,
-# W=1 2.139 -> 2.135 ms, W=8 5.108 -> 4.762, W=16 8.770 -> 8.314
-# (bench/results/gpu_decode_arms-qwen3-8b-20261130-141944.json, arm default/maxbw4)
+# at 8 rows every dense tile needs nearly all registers, so one CTA fits an SM and wide
+# rounds lack bytes in flight; at 4 two programs share a weight tile (the second reads it
+# from L2) with twice the CTAs (docs/decisions/gemv-tiles.md)
 MAX_BW = 4
 
 
@@ -179,11 +178,8 @@ class GemvTile:
     num_warps: int = 4
     prefetch: int = 1       # steps of weights loaded ahead of the arithmetic (0, 1, 2): not part of the
                             # float order (the same sums in the same order), only of the bytes in flight.
-                            # 2 gave the same bits on the H200 but no gain at W=1 and 4-12% loss at W=2-8
-                            # (8B shape, 8 layers: gpu_decode_arms-qwen3-8b-20261130-112534.json).
-                            # The loop pipelined by the compiler instead (tl.range num_stages 2-4: cp.async
-                            # through shared memory, same bits) was ~3x slower on every matrix
-                            # (gpu_qgemv_tiles-20261130-175731.json; source at ce685c8)
+                            # 1: a second step's registers take a CTA off each SM, which wide rounds pay
+                            # for (docs/decisions/gemv-tiles.md)
     split: int = 1          # runs of whole steps the slots are cut into, one program each: partial sums
                             # [W, split, N] for the consumer to add in run order (part of the float order)
 
@@ -205,32 +201,15 @@ def one_step_row(w: QuantWeight) -> bool:
 def gemv_tile(w: QuantWeight) -> GemvTile:
     """A function of the weight only: the tile is part of a row's float order, and a W=1
     round must give the bits a verify round gives. So one tile per weight has to serve
-    every W. H200, 8B-shape matrices, us at W=1 / W=8 (bench/results/gpu_qgemv_tiles-
-    20261130-053023.json; every tile's W=8 rows equal the rows alone):
-
-        gate_up 24576x4096 Q4_K   BN 4: 18.6 / 86.6   BN 32, 8 warps: 18.0 / 55.5
-        down 4096x12288 Q6_K      BN 4 NT 64: 14.8 / 68.9   BN 32 NT 64, 8 warps: 16.4 / 28.8
-        down 4096x12288 Q4_K      BN 4: 9.9 / 53.6    BN 16, 8 warps: 11.9 / 25.0
-        qkv 6144x4096, o 4096^2   BN 4: 6.0 / 23.2, 4.9 / 16.9   BN 16, 8 warps: 6.4 / 17.7, 5.3 / 10.7
-        head 151936x4096 Q6_K     BN 16: 123.5 / 251.7 (the best at both)
-
+    every W, and it is chosen for W = 1 and W = 8 together (docs/decisions/gemv-tiles.md).
     Many-row programs share each activation load among more weight rows (the W > 1 cost
     is the activations' loads); below ~4096 rows they would leave SMs idle.
 
     Q4_K rows of 4096 in a qkv-sized matrix or one of <= 2048 rows take one step a row
     (one_step_row): the program's whole rows are in flight before its PDL wait, while the
-    kernel before it (a norm, the attention combine) still runs. Timed where the round
-    runs them, behind a 2 us kernel (bench/results/gpu_gemv_chain-20261202-125115.json),
-    us at W = 1 / 8: 8B qkv 4.55 / 12.92 -> 3.19 / 13.28 (16 rows, 4 warps); whole rounds
-    (gpu_decode_arms-*-20261202-125520.json / -125759.json, same-run controls), ms at
-    W = 1 / 8 / 16: 8B 1.932 / 4.795 / 8.525 -> 1.920 / 4.752 / 8.525; 30B-A3B (its o,
-    2048 x 4096, in 8-row programs and unsplit) 1.628 / 4.195 / 7.122 -> 1.624 / 4.058 /
-    6.811. Again against the looped tiles at 90a2e38 (-130648.json / -130944.json): 8B
-    1.935 / 4.777 / 8.488 -> 1.923 / 4.730 / 8.493, 30B-A3B 1.621 / 4.183 / 7.111 -> 1.645 /
-    4.060 / 6.796 (its W = 1 within the two runs' spread; the verify rounds gain in both).
-    The same form on the 8B o (4096 rows) lost at W = 4-8 (3.051 -> 3.189 ms at W = 4)
-    and on the gate|up (24576 rows) at W = 8 (42.4 -> 47.8 us); the Q4_K / Q6_K downs
-    (K = 12288) lose at W = 1."""
+    kernel before it (a norm, the attention combine) still runs. It pays only there: the
+    same form loses on an o of 4096 rows at W = 4-8, on a gate|up at W = 8 and on the
+    K = 12288 downs at W = 1 (docs/decisions/one-step-q4k-rows.md)."""
     NT = step_slots(w)
     if w.N > 32768:                          # the output head
         return GemvTile(BN=16, NT=NT)
@@ -256,12 +235,9 @@ def split_nt(w: QuantWeight, runs: int) -> int:
 def split_runs(w: QuantWeight, min_k: int = SPLIT_MIN_K, max_n: int = SPLIT_MAX_N) -> int:
     """Runs to cut a weight's slots into where its consumer adds partial sums (Linear.parts,
     engine.gemv_split): 2 for rows of >= 4096 values in matrices of <= 4096 rows, whose row
-    tiles alone are too few programs for the H200's SMs. H200, us at W = 1 / 4 / 8, PDL, one
-    run against two (bench/results/gpu_qgemv_split-20261201-131530.json): 8B down Q6_K
-    16.3 / 17.5 / 30.6 -> 11.9 / 20.5 / 36.9, down Q4_K 11.7 / 17.3 / 30.9 -> 9.1 / 19.4 / 28.0,
-    o 4.0 / 6.8 / 11.1 -> 3.6 / 7.6 / 11.5, 30B-A3B o 3.5 / 6.3 / 10.6 -> 2.4 / 5.0 / 9.0; the
-    qkv (6144 rows, or K = 2048) and the gate|up (24576 rows) lose. A one-step row
-    (one_step_row: the 30B-A3B o since 20261202) is not split. min_k / max_n: the thresholds."""
+    tiles alone are too few programs to fill the GPU's SMs; the qkv (6144 rows, or
+    K = 2048) and the gate|up (24576 rows) lose (docs/decisions/split-runs.md). A one-step row
+    (one_step_row: the 30B-A3B o) is not split. min_k / max_n: the thresholds."""
     if one_step_row(w):
         return 1
     return 2 if w.K >= min_k and w.N <= max_n and _whole_runs(w, 2, split_nt(w, 2)) else 1

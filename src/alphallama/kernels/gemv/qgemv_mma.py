@@ -2,17 +2,17 @@
 activations; engine.gemv_mma, off: W = 1 loses to dp4a).
 
 Why: qgemv_i8 multiplies codes by int8 activations with dp4a, one instruction per 4 codes
-per x row, so at W = 8 a Q4_K weight costs 2 dp4a a code (~85% of the H200's integer issue
+per x row, so at W = 8 a Q4_K weight costs 2 dp4a a code (most of the GPU's integer issue
 rate at the copy rate): a verify round cannot cost what a W = 1 round does. One mma.sync
 m16n8k32 (s8 x s8 -> s32) is one 32-value slot of 16 weight rows against 8 x rows.
 
-Triton's tl.dot did not serve (session 20: the int8 operands went through shared memory
-every step, 0.1-1 TB/s), so the mma is inline PTX, and each thread's fragment registers
-are the elements of one row of a [threads, 4] tensor: Triton lays a tensor loaded with
-contiguous offsets of at most 16 bytes a row one row a thread, rows in thread order
-(threadsPerWarp [32, 1]; checked in the TTGIR by the tests; at 32 bytes a row it splits
-a row over 2 threads, which bench/gpu_mma_probe.py showed gives wrong sums). So the
-operands come straight from 16-byte loads of planes laid out in fragment order:
+Triton's tl.dot did not serve (its int8 operands go through shared memory every step;
+docs/decisions/lost-experiments.md), so the mma is inline PTX, and each thread's fragment
+registers are the elements of one row of a [threads, 4] tensor: Triton lays a tensor
+loaded with contiguous offsets of at most 16 bytes a row one row a thread, rows in thread
+order (threadsPerWarp [32, 1]; checked in the TTGIR by the tests; at 32 bytes a row it
+splits a row over 2 threads, which bench/gpu_mma_probe.py showed gives wrong sums). So
+the operands come straight from 16-byte loads of planes laid out in fragment order:
 
     weights (mma_planes): per 16-row group, per step of 2 slots, per lane 4g + t:
         qs word t of rows g and g + 8 of each slot   (the mma's a0 | a1 after & 0x0F0F0F0F,
@@ -27,11 +27,6 @@ scales), so a super-block's slots fold into exact int32 sums (sc * isum, m * xsu
 float work happens once, in k order within each run of K; the runs are added in one
 written-out tree (tree_sum). No sum depends on the column or W: a row's bits are the same at
 every W, by construction, and qgemv_q8k (dp4a) reproduces them for narrow rounds.
-
-A first form on prepare_i8's activations (a scale a 32-value slot, its float part per slot:
-8.1 SASS instructions a weight byte against 4.5) cost 2-8x dp4a at W = 1 on the H200
-(gpu_qgemv_mma-20261201-182647.json) and was removed (source at 65eaaf2, with the Q6_K
-form, m16n8k16: 1.7-1.9x dp4a at W = 1, gpu_qgemv_mma-20261201-213840.json).
 
 Under the Triton interpreter (CPU tests) the mma is emulated with tensor ops over the
 same fragments (EMULATE), so the planes, the k pairing and the float part are tested on
@@ -408,10 +403,8 @@ def qgemv_mma_k(x: torch.Tensor, w: QuantWeight, planes: torch.Tensor | None = N
 def mma_groups(w: QuantWeight, W: int) -> int:
     """qgemv_mma_k's row groups a warp for a round of W rows (the same bits either way). Two
     share each activation fetch, which the 8 live columns of a wide round make a third of a
-    warp's loads; they halve the programs, which a long matrix cannot spare. H200, us at W = 8 /
-    16, one group against two (gpu_qgemv_mma-20261202-091427.json): 8B o 7.0 / 13.4 -> 5.8 / 10.6,
-    down (Q4_K) 13.5 / 25.4 -> 13.1 / 24.0, qkv 9.3 / 17.5 -> 9.3 / 17.0, gate_up (24576 rows)
-    27.8 / 53.5 -> 28.3 / 52.8; at W = 1 two lose (o 4.6 -> 5.1)."""
+    warp's loads; they halve the programs, which a long matrix cannot spare, and lose at
+    W = 1 (docs/decisions/exact-mode-kernel-family.md)."""
     return 2 if W >= 5 and w.N <= 8192 else 1
 
 
@@ -449,10 +442,9 @@ def mma_runs(w: QuantWeight, warps: int, most: int | None = None) -> int:
 
 def mma_tile(w: QuantWeight) -> tuple[int, int]:
     """(warps, runs) of a weight's tensor-core GEMV, from its shape alone (never W: the runs'
-    sum is part of the float order). H200 sweep (gpu_qgemv_mma-20261201-183426.json, us at
-    W = 1): 8 warps in 8 runs for <= 4096 rows (8B o 5.6, down 11.4, 30B-A3B o 4.6), 8 warps
-    in 4 runs below 64K rows (gate_up 22.2, qkv 7.5), 4 warps in one run for an output head
-    (timed on the Q6_K head with the removed Q6_K form: 234, its 9,496 groups fill the GPU)."""
+    sum is part of the float order): 8 warps in 8 runs for <= 4096 rows, 8 warps in 4 runs
+    below 64K rows, 4 warps in one run for an output head, whose many row groups fill the
+    GPU alone (the sweep: docs/decisions/exact-mode-kernel-family.md)."""
     if w.N >= 65536:
         return 4, 1
     warps = 8

@@ -2,8 +2,8 @@
 (prepare_q8k's row-order words, xsum a slot, dx a super-block), giving the same bits.
 
 Why: exact mode needs a row's bits not to depend on the round's width. qgemv_mma_k makes a
-W = 8 round cost ~1.3x a W = 1 round, but at W = 1 it is slower than dp4a (H200,
-gpu_qgemv_mma-20261201-183426.json: gate_up 22 against 17 us). Two kernels can share one
+W = 8 round cost ~1.3x a W = 1 round, but at W = 1 it is slower than dp4a
+(docs/decisions/exact-mode-kernel-family.md). Two kernels can share one
 float order if everything before the float part is an exact integer: qgemv_mma_k folds a
 super-block's 8 slots into ai = sum sc_s isum_s and am = sum m_s xsum_s (int32, any order),
 then y += (d dx) ai - (dmin dx) am once a super-block, in k order within each run of K, and
@@ -14,9 +14,8 @@ narrow ones, one set of bits (checked bit for bit against qgemv_mma_k in the tes
 
 Tile (qgemv_i8's shapes): [S, BN, V] words a step, S = R runs x the 8 slots of one
 super-block each (R = the weight's mma_tile runs: part of the float order), 16 bytes of qs
-a (slot, row); BW <= 4 columns a program, a named accumulator [R, BN] each. H200, W = 1
-(gpu_qgemv_mma-20261201-213840.json): 18.2 / 7.2 / 4.9 / 11.8 us on the 8B gate_up / qkv /
-o / down, qgemv_i8 16.3 / 5.2 / 4.2 / 11.8.
+a (slot, row); BW <= 4 columns a program, a named accumulator [R, BN] each. At W = 1 it
+stays a little slower than qgemv_i8 (docs/decisions/exact-mode-kernel-family.md).
 """
 from __future__ import annotations
 
@@ -140,11 +139,9 @@ def _store_col(out, y, rows, rows_ok, col, ok, stride_out):
 
 def q8k_tile(w: QuantWeight, W: int) -> tuple[int, int]:
     """(rows, warps) a program, neither in the float order (the runs are: mma_tile), so free
-    to follow W. H200 sweep (gpu_q8k_tiles-20261202-035247.json, us; every tile qgemv_mma_k's
-    bits): 8 rows x 8 warps at W = 1 up to 8192 rows (8B qkv 5.3, o 4.5, down 10.2; the old
-    16 x 4: 7.3, 5.1, 10.6), 8 x 2 otherwise (gate_up W = 1 18.0; W = 2 qkv / o / gate_up /
-    down 6.8 / 5.4 / 21.3 / 12.6, W = 4 8.6 / 7.3 / 30.6 / 16.5, each within 0.3 of the best
-    but W = 2 down's 11.1)."""
+    to follow W: 8 rows x 8 warps at W = 1 up to 8192 rows, 8 x 2 otherwise, near each
+    shape's best in a sweep of tiles with qgemv_mma_k's bits
+    (docs/decisions/exact-mode-kernel-family.md)."""
     return (8, 8) if W == 1 and w.N <= 8192 else (8, 2)
 
 
@@ -153,9 +150,7 @@ def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
               cols: int | None = None, warps: int = 4, pdl: bool = False) -> torch.Tensor:
     """Q4_K x [W, K] @ w^T -> [W, N] float32 with dp4a on prepare_q8k's activations: the bits
     of qgemv_mma_k on the same weight (its runs: mma_tile). rows x cols a program (cols: W up
-    to 4), neither in the float order (rows None: q8k_tile's rows and warps). A one-row-a-thread
-    tile lost on the H200 (W = 1, 8B gate_up / down: 32.3 / 20.5 us against 18.2 / 11.8;
-    gpu_qgemv_mma-20261201-213840.json)."""
+    to 4), neither in the float order (rows None: q8k_tile's rows and warps)."""
     if not supports_mma(w):
         raise ValueError(f"qgemv_q8k: Q4_K with N a multiple of 16, got {w.qtype.name} {w.N}x{w.K}")
     W, N, out = check_gemv_args(x, w, out, "qgemv_q8k", k_multiple=256, out_col_slice=True)

@@ -162,8 +162,8 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
 
     Compiled with enable_fp_fusion=False: every multiply-add that should be fused is
     written as tl.fma, and nothing else is left for LLVM or ptxas to contract. Their
-    implicit fusion depends on the surrounding code (seen on an H200: rows of Q8_0
-    and Q6_K, whose tiles loop over K, changed bits between W=1 and W>=3)."""
+    implicit fusion depends on the surrounding code (rows of Q8_0 and Q6_K, whose tiles
+    loop over K, changed bits between W=1 and W>=3 on the GPU)."""
     W, N, out = check_gemv_args(x, w, out, "qmatmul", triton_only=False)   # off Triton: qmatmul_torch
     if not use_triton(x):
         return out.copy_(qmatmul_torch(x, w))

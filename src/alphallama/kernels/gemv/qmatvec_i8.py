@@ -3,9 +3,9 @@
 
 Why: qmatmul spends 5-6 SASS instructions per weight (kernels/NOTES.md). Here
 `w & 0x0F0F0F0F` puts 4 codes of a qs word in 4 byte lanes and one dp4a multiplies them
-with 4 int8 activations into an int32; only the per-slot scale work is float.
-Measured (H200, bench/gpu_qmatvec_i8.py): Q4_K 4096x12288 W=1 16.5 us = 1.76 TB/s,
-no faster than qmatmul; W=8 2.6x W=1 (qmatmul 4.4x). tile_i8 says more.
+with 4 int8 activations into an int32; only the per-slot scale work is float. The
+contract's fixed float order costs shared-memory shuffles, so as a dense GEMV this is no
+faster than qmatmul (docs/decisions/expert-contract.md); the dense decode GEMV is qgemv_i8.
 
     prepare  (one program per row and block of x): the contract's q8 of x (quantize_q8's
              rule), its bytes stored in each format's dp4a lane order (`lane_perm`),
@@ -348,11 +348,9 @@ class Tile:
 
 
 def tile_i8(w: QuantWeight, W: int) -> Tile:
-    """The default tile. H200 (bench/results/gpu_qmatvec_i8-20261130-010828.json), Q4_K
-    N=4096 K=12288: NT=32 x BN=16 (256 programs) 16.5 us at W=1, 43.1 at W=8; NT=8 x
-    BN=64 (64 programs) 41.4 / 141.8; no prefetch 16.6 / 43.8. W=16 in one program (NT=8,
-    BN=32, 128 programs) took 221.6 us, starved of programs: W > 8 now runs programs of
-    8 x rows (the W=8 tile twice over the weight; not yet measured)."""
+    """The default tile: 32 slots a step, 16 weight rows a program (more rows make too few
+    programs for the GPU), at most 8 x rows a program, so W > 8 runs the W = 8 tile more
+    than once over the weight (docs/decisions/expert-contract.md)."""
     return fit(Tile(BW=min(8, triton.next_power_of_2(W))), w)
 
 

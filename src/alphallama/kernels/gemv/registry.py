@@ -31,8 +31,9 @@ from .qmatmul import qmatmul
 from .qmatmul import tile as qmatmul_tile
 from .qmatvec_i8 import lane_order, prepare_i8
 
-# weight rows per qmatmul thread: 4 beats 2 at W=1 and W=8 on the H200 (kernels/NOTES.md);
-# part of a weight's summation order, so one model always uses one value
+# weight rows per qmatmul thread: 4, faster than 2 at W = 1 and W = 8
+# (docs/decisions/int8-decode-gemv.md); part of a weight's summation order, so one model
+# always uses one value
 ROWS_PER_THREAD = 4
 
 
