@@ -11,10 +11,8 @@ after its own wait, so the chain stays ordered transitively; kernels launched wi
 the attribute (torch's) keep plain stream order.
 
 A wrapper launches with PDL only when asked (`pdl=True`, config engine.pdl) and on CUDA
-(the interpreter has no griddepcontrol). On by default since 20261130: on the H200 the
-dense round went 2.37 -> 2.11 ms (8B shape, W=1) with the same bits
-(bench/results/gpu_decode_arms-qwen3-8b-20261130-051041.json). The MoE kernels (router,
-routing, experts, their combine) took it later and are not yet timed.
+(the interpreter has no griddepcontrol). On by default, for the dense and the MoE kernels:
+the same bits, and each launch boundary's gap mostly hidden (docs/decisions/pdl.md).
 """
 from __future__ import annotations
 

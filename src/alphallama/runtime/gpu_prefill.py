@@ -12,9 +12,9 @@ MoE layers: the router and the top-k are the decode kernels (a GEMV: the router 
 small). With every expert resident the experts run as two grouped GEMMs that
 dequantize weight tiles on the fly (kernels/moe/moe_gemm.py, Overrides.moe_prefill_fused): the pairs are
 put into padded per-expert blocks on the device, no host sync, so such a model's
-chunks are captured as CUDA graphs like a dense model's (H200, 30B-A3B shape, 512
-rows: 36 ms; the earlier batches of dequantized experts with one host sync a layer
-took 110-127 ms, the per-expert loop ~1 s). With an expert store (moe_loop) the
+chunks are captured as CUDA graphs like a dense model's (several times faster than
+batches of dequantized experts with one host sync a layer, or a loop over experts;
+docs/decisions/prefill-tensor-cores.md). With an expert store (moe_loop) the
 chunk's (row, slot) pairs are grouped by expert (one host sync per layer for the
 counts) and each routed expert runs as two GEMMs on its dequantized gate|up and down
 over its rows: ~8 launches an expert. Each pair's output is written
@@ -83,8 +83,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
     n_kv, L = k.shape[0], pos + T
     dt = k.dtype if q.is_cuda else torch.float32          # fp16 tensor cores; fp32 on CPU
     # 4-D: torch's fused kernels (flash, mem-efficient) take only [B, H, T, hd]; on 3-D
-    # inputs SDPA falls back to its math path (fp32 bmm + softmax, ~8 ms of a 512-row
-    # chunk of the 8B shape on the H200 at 2bb2018)
+    # inputs SDPA falls back to its math path (fp32 bmm + softmax, far slower)
     qh = q.transpose(0, 1).to(dt)[None]                          # [1, H, T, hd]
     kk = k[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
     vv = v[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
@@ -236,10 +235,10 @@ class ChunkGraphs:
     moe_prefill: nothing syncs the host), for one KV cache: one graph
     per stretch between two attentions (_segment), attention eagerly in between (its
     shapes change with the position). The host then issues n_layers + 1 replays and the
-    attentions instead of ~60 launches a layer (an eager 512-row chunk of the 8B shape
-    took the H200's host ~57 ms to issue against ~30 ms of GPU work). Static inputs: the
-    residual x, the position, the attention output a; each graph's output is the next
-    attention's q (the last one's: the logits or None). With the scratch's overlap, each
+    attentions instead of ~60 launches a layer (an eager chunk takes the host longer to
+    issue than the GPU takes to run it; docs/decisions/prefill-tensor-cores.md). Static
+    inputs: the residual x, the position, the attention output a; each graph's output is
+    the next attention's q (the last one's: the logits or None). With the scratch's overlap, each
     graph holds its own stretch's dequantize-ahead on the side stream."""
 
     def __init__(self, m, cache, T: int, logits: bool, pos: int, rows_per_thread: int):

@@ -42,10 +42,9 @@ from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from ..gemv.qgemv_mma import Q8K, emit_q8k, new_q8k
 from ..gemv.qmatvec_i8 import emit_q8, new_q8
 
-BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512. 64 measured twice on the
-                   # H200: W=1 even, W=8 ~1% faster (8B 4.756 -> 4.715 ms, 30B-A3B 4.294 -> 4.239;
-                   # gpu_decode_arms-*-20261130-181*.json): kept
-MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 per H200 SM)
+BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512. 64 is no faster at W = 1
+                   # and within noise at W = 8 (docs/decisions/launch-cuts-kept.md)
+MAX_SPLITS = 64    # live splits per (row, kv head) at most: with 4 kv heads still 256 programs (~2 an SM)
 NUM_WARPS = 4
 COMBINE_WARPS = 4  # the combine (one program per row and query head)
 

@@ -16,12 +16,10 @@ from .qweight import QuantWeight
 # The dequantize kernel's tile: (weight rows, slots, warps) per program, whether a slot
 # is stored whole (_dequant_kernel's WHOLE), whether bf16 is rounded by the GPU's own
 # convert (HW). Every value is computed on its own and rounded to nearest even either
-# way, so no choice changes a bit; bench/gpu_engine.py times them. H200, 8B shape
-# (bench/results/gpu_engine-qwen3-8b-20261130-002535.json, before WHOLE and HW existed):
-# (2, 128, 4) the best of 7 tiles, 15.05 ms for all layer weights against 15.88 for
-# (4, 64, 4); all 7 within 15-16.3 ms (~0.9 TB/s written): the tile is not the limit.
-DEQ_TILE = (1, 128, 4, True, True)   # H200 at 010209d: 4.73 ms for the 8B shape, 2.94 TB/s written (the old
-                                     # (2, 128, 4, False, False): 14.8 ms); bench/results/gpu_engine-qwen3-8b-20261130-005214.json
+# way, so no choice changes a bit; bench/gpu_engine.py times them. The row and slot split
+# is not the limit (every tile tried wrote at about the same rate); whole-slot stores and
+# the GPU's convert made the pass ~3x faster (docs/decisions/prefill-tensor-cores.md).
+DEQ_TILE = (1, 128, 4, True, True)
 DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs
 
 

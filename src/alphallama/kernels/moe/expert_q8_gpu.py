@@ -315,8 +315,8 @@ def q8_combine_kernel(y, ycpu, weights, tier, out, seq, ctl, D, TOP_K: tl.conste
     tl.store(out + m * D + n, acc, mask=n < D)
 
 
-CHUNKS_PER_STEP = 2   # C: contract chunks per step (no bit depends on it). H200, one 30B-A3B layer, W=1:
-                      # C=2 23.3 us resident / 579 us over PCIe, C=1 25.9 / 685, C=4 44.3 / 549 (gpu_moe_q8-20261130-010628)
+CHUNKS_PER_STEP = 2   # C: contract chunks per step (no bit depends on it): the fastest resident, near the
+                      # best over PCIe (docs/decisions/expert-contract.md)
 
 
 def layout_args(w: QuantWeight, chunks: int | None = None) -> dict:

@@ -28,8 +28,7 @@ from ..formats.dequant import slot_values
 from ..formats.qweight import QuantWeight
 
 
-# (BN, warps, stages): the best of 7 on the H200 (0.82 ms a 30B-A3B layer at 512 rows;
-# bench/results/gpu_prefill_moe-qwen3-30b-a3b-20261130-084146.json)
+# (BN, warps, stages): the fastest of the tiles tried (docs/decisions/prefill-tensor-cores.md)
 TILE = (64, 4, 3)
 
 

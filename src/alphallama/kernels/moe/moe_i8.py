@@ -28,14 +28,11 @@ from ..gemv.qmatvec_i8 import unpack_lanes, lane_order, prepare_i8
 
 
 # gate_up walks K once for its gate and up rows together (_rows2_i8: the same bits, twice
-# the bytes in flight a program). H200, 30B-A3B shape cut to 4 layers, ms a round at
-# W=1/4/8/16: 0.230/0.384/0.611/1.073 two walks, 0.229/0.379/0.599/1.053 paired, the
-# same logits (bench/results/gpu_decode_arms-qwen3-30b-a3b-20261130-112631.json)
+# the bytes in flight a program, a little faster at every W; docs/decisions/gemv-tiles.md)
 GATE_UP_PAIRED = True
 # weight rows a program of the experts' GEMVs takes (part of their float order, the same at
-# every W). 16, not qgemv_i8's 4 for matrices of < 4096 rows: a 30B-A3B down ran 4,096
-# one-step programs at W=1. H200 30B-A3B shape W=1 1.952 -> 1.876 ms, W=8 5.507 -> 4.500
-# (bench/results/gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json, arm default/moe-bn16)
+# every W). 16, not qgemv_i8's 4 for matrices of < 4096 rows: at 4 a 30B-A3B down ran 4,096
+# one-step programs at W=1, and 16 is faster at every W (docs/decisions/gemv-tiles.md)
 EXPERT_BN = 16
 
 

@@ -10,11 +10,10 @@ from ..backend import use_triton
 from ..pdl import pdl_kwargs, pdl_start
 
 # warps of the route launch (softmax, top-k over E logits: one program a row; the softmax
-# sums' layout follows them, the same at every W). 1 was 1.7% faster on the H200 30B-A3B
-# decode round (W=1 1.952 -> 1.918 ms, gpu_decode_arms-qwen3-30b-a3b-20261130-142422.json) but
-# broke the MoE prefill chunk's graph capture there ("operation failed due to a previous
-# error during capture", tests/runtime/test_gpu_prefill.py: 4 failing runs of 6 at 1 warp,
-# 0 of 2 at 4): not understood yet (docs/decisions/launch-cuts-kept.md), so 4
+# sums' layout follows them, the same at every W). 1 warp makes a faster decode round but
+# broke the MoE prefill chunk's graph capture ("operation failed due to a previous error
+# during capture", tests/runtime/test_gpu_prefill.py), not understood yet
+# (docs/decisions/launch-cuts-kept.md), so 4
 ROUTE_WARPS = 4
 
 

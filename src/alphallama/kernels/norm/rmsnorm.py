@@ -20,10 +20,8 @@ from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 # -- residual add + RMSNorm -------------------------------------------------------------
 # Warps of a norm program (one per row) for rows of >= 2048 values; 4 below. The layout
 # of the row's sum of squares follows them, so they are part of the row's float order:
-# one value for every W. H200, a graph of norms, W=1, PDL, us per launch at 4 / 8 / 16
-# warps (bench/results/gpu_small_kernels-20261130-105811.json): D=4096 emitting two
-# int8 lane orders 2.93 / 2.67 / 2.52, D=2048 1.92 / 1.79 / 1.79; 8B round 2.192 ms at 4,
-# 2.139 at 16 (gpu_decode_arms-qwen3-8b-20261130-110042.json)
+# one value for every W. 16: the fastest of 4 / 8 / 16 on rows of 2048 and 4096 values
+# (docs/decisions/launch-cuts-kept.md)
 NORM_WARPS = 16
 
 

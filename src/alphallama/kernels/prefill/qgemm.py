@@ -6,10 +6,9 @@ the CUDA-core GEMV is compute bound at a small fraction of the chip. Here each w
 is instead dequantized by a Triton kernel into a reused scratch buffer (bf16 on the
 GPU, in row blocks of at most `scratch` elements) and multiplied by cuBLAS: an 8B
 model's layers, 4.25 GB as stored, become 13.9 GB of bf16 writes per chunk, against
-7.1 TFLOP of tensor work at T = 512. Measured on the H200 (bench/results/
-gpu_engine-qwen3-8b-20261130-002535.json): the GEMMs alone 10.5 ms (677 TFLOP/s), the
-dequantize pass alone 15 ms (~0.9 TB/s written, whatever the tile), and the eager
-chunk host-bound at ~57 ms (runtime/gpu_prefill.ChunkGraphs is the answer to that).
+7.1 TFLOP of tensor work at T = 512. An eager chunk is host-bound (its launches take
+longer to issue than the GPU's work); runtime/gpu_prefill.ChunkGraphs is the answer to
+that. The passes' timings: docs/decisions/prefill-tensor-cores.md.
 
 The dequantize kernel reuses each format's `triton_load`/`triton_field` (formats.py):
 the same block decoders as the GEMV, so the values are the GEMV's fp32 values (bit
