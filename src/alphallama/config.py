@@ -29,9 +29,9 @@ class EngineDefaults:
 class SpecDefaults:
     spec_type: str = "none"       # the library's SpecConfig(): plain decoding unless asked
     cli_spec_type: str = "auto"   # run / serve: "auto" is auto_cuda on a GPU and none on the CPU
-    auto_cuda: str = "ngram"      # exact mode keeps the text; H200, Qwen2.5-Coder-0.5B suite: 2.06x plain
-                                  # (3,074 against 1,493 tok/s; spec_suite-qwen-cuda-h200-20261130-075138.json).
-                                  # The CPU verifies a draft's rows one by one (exact), so drafts save it nothing
+    auto_cuda: str = "ngram"      # exact mode keeps the text, so the copy drafter's speed-up costs nothing
+                                  # in output (docs/decisions/spec-default-auto.md). The CPU verifies a
+                                  # draft's rows one by one (exact), so drafts save it nothing
     draft_max: int = 16
     ngram_min: int = 2
     fast: bool = False
@@ -87,8 +87,8 @@ class TrainDefaults:
     mtp_depths: int = 3
     mtp_weight: float = 0.3           # loss = main + mtp_weight * mean(depth losses) + aux
     aux_weight: float = 0.01          # MoE load balancing
-    batch_size: int = 64              # sequences of ctx_len tokens per step (H200: ~285k tok/s,
-                                      # against ~255k at 32)
+    batch_size: int = 64              # sequences of ctx_len tokens per step (64: more tokens a second
+                                      # than 32; docs/decisions/embedded-model.md)
     lr: float = 2e-3
     warmup_steps: int = 150
     time_budget_s: float = 330.0      # training seconds (total over resumed calls)
