@@ -164,7 +164,7 @@ class GPUModel:
         self.cache: KVCache | None = None
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
         # activations into the quantized GEMV: bf16 on the GPU (half the bytes it re-reads
-        # per weight tile; 2.4x faster at W=1 than fp32, kernels/NOTES.md); the residual
+        # per weight tile; 2.4x faster at W=1 than fp32, docs/decisions/gemv-history.md); the residual
         # stream stays fp32. The CPU interpreter (tests) keeps fp32.
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # producers emit the int8 activations (no prepare launch) where the widths allow

@@ -1,7 +1,7 @@
 """qmatvec_i8: x [W, K] @ w[N, K]^T -> [W, N] float32 under the expert contract
 (expert_q8.py), with int8 activations and dp4a.
 
-Why: qmatmul spends 5-6 SASS instructions per weight (kernels/NOTES.md). Here
+Why: qmatmul spends 5-6 SASS instructions per weight (docs/decisions/gemv-history.md). Here
 `w & 0x0F0F0F0F` puts 4 codes of a qs word in 4 byte lanes and one dp4a multiplies them
 with 4 int8 activations into an int32; only the per-slot scale work is float. The
 contract's fixed float order costs shared-memory shuffles, so as a dense GEMV this is no
