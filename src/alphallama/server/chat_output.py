@@ -15,8 +15,10 @@ model's own template, and builds the grammar constraint that decoding obeys:
 - tool_choice "none": the tools are neither rendered nor parsed;
 - llama-server's `grammar` (GBNF) and `json_schema` fields, as its chat route takes them.
 
-Its `format` gives the route a ChatFormat that splits the text into content and
-tool_calls (OpenAI's message and chunk shapes, finish_reason "tool_calls").
+Its `format` gives the route a ChatFormat that splits the text into reasoning, content and
+tool_calls (OpenAI's message and chunk shapes, finish_reason "tool_calls"): a `<think>`
+model's through reasoning.py, a harmony model's (gpt-oss) through harmony.py, with or
+without tools. `shown_tokens` are the control tokens those splitters read, rendered as text.
 """
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ from ..grammar import (
     json_schema_grammar,
     lark_grammar,
 )
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, TokenType
 from .errors import APIError
-from .reasoning import ReasoningStream, ThinkTags, reasoning_tags
+from .harmony import MARKERS as HARMONY_MARKERS
+from .harmony import HarmonyStream, is_harmony
+from .reasoning import ReasoningStream, Thinking, ThinkTags, reasoning_tags
 from .responses import ChatFormat
 from .schemas import ChatRequest
 from .tool_formats import ToolCall, ToolFormat, ToolSpec, format_for_template
@@ -84,6 +88,7 @@ class ChatOutput:
         self.body = body
         self.reasoning_format = reasoning_format     # the server's --reasoning-format
         self.think: tuple[ThinkTags, bool] | None = None   # (tags, the prompt left <think> open)
+        self.harmony: tuple[str, bool] | None = None       # (the prompt's tail, split reasoning)
         self.tool_format: ToolFormat | None = None
         self.names: frozenset[str] = frozenset()
         self.constraint: TokenConstraint | None = None
@@ -109,10 +114,22 @@ class ChatOutput:
         self.constraint = make_constraint(engine, grammar, param)
         kw = {"tools": [t.model_dump(exclude_none=True) for t in render]} if render else {}
         ids = engine.encode_chat(body.conversation(), **kw, **self._template_kwargs())
-        tags = reasoning_tags(engine.chat_template.source, body.reasoning_format or self.reasoning_format)
-        if tags is not None:   # the answer starts in reasoning where the prompt left <think> open
+        template, reasoning = engine.chat_template.source, body.reasoning_format or self.reasoning_format
+        tags = reasoning_tags(template, reasoning)
+        if is_harmony(template):   # the prompt's tail opens the first message (<|start|>assistant)
+            self.harmony = (engine.tokenizer.decode(ids[-8:]), reasoning != "none")
+            self.shown_tokens |= self._shown(engine, HARMONY_MARKERS)
+        elif tags is not None:     # the answer starts in reasoning where the prompt left <think> open
             self.think = (tags, tags.open_at_end(engine.tokenizer.decode(ids[-8:])))
         return ids
+
+    @staticmethod
+    def _shown(engine: Engine, markers: tuple[str, ...]) -> frozenset[int]:
+        """The markers' control tokens that do not end generation: rendered as text."""
+        tok = engine.tokenizer
+        ids = (tok.id_of(m) for m in markers)
+        return frozenset(t for t in ids if t is not None and tok.token_type(t) == TokenType.CONTROL
+                         and t not in tok.stop_ids)
 
     def _template_kwargs(self) -> dict:
         """llama-server's chat_template_kwargs (enable_thinking, ...): the template's own
@@ -134,17 +151,15 @@ class ChatOutput:
         fmt = format_for_template(engine.chat_template.source)
         if fmt is None:
             raise _bad("this model's chat template writes no tool-call format this server knows "
-                       "(Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]): it cannot take tools", "tools")
+                       "(Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS], gpt-oss harmony): "
+                       "it cannot take tools", "tools")
         names = [t.function.name for t in self.body.tools]
         if len(set(names)) != len(names):
             raise _bad("two tools have the same name", "tools")
         if not isinstance(choice, str) and choice.function.name not in names:
             raise _bad(f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice")
         self.tool_format, self.names = fmt, frozenset(names)
-        tok = engine.tokenizer
-        markers = ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]")
-        self.shown_tokens = frozenset(t for t in (engine.grammar_vocab.special_token(m) for m in markers)
-                                      if t is not None and t not in tok.stop_ids)
+        self.shown_tokens = self._shown(engine, fmt.markers)
 
     def _tools_grammar(self, engine: Engine, choice) -> str:
         tools = self.body.tools
@@ -176,7 +191,11 @@ class ChatOutput:
 
     # -- the response ------------------------------------------------------------------
     def format(self, model: str, tokenizer: Tokenizer, want_logprobs: bool) -> ChatFormat:
-        thinking = None if self.think is None else ReasoningStream(*self.think)
+        thinking: Thinking | None = None
+        if self.harmony is not None:
+            thinking = HarmonyStream(*self.harmony)
+        elif self.think is not None:
+            thinking = ReasoningStream(*self.think)
         if self.tool_format is None:
             return ChatFormat(model, tokenizer, want_logprobs, thinking)
         return ToolChatFormat(model, tokenizer, want_logprobs, ToolStream(self.tool_format, self.names), thinking)
@@ -191,7 +210,7 @@ class ToolChatFormat(ChatFormat):
     (whole, in the delta of the chunk that completes them), finish_reason "tool_calls"."""
 
     def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, stream: ToolStream,
-                 thinking: ReasoningStream | None = None):
+                 thinking: Thinking | None = None):
         super().__init__(model, tokenizer, want_logprobs, thinking)
         self.stream = stream
 

@@ -12,8 +12,18 @@ Nothing sent is taken back: text that may be the start of a tag is held until it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 REASONING_FORMATS = ("auto", "deepseek", "none")
+
+
+class Thinking(Protocol):
+    """A splitter of the answer into (reasoning, content): ReasoningStream here, or
+    harmony.HarmonyStream for gpt-oss's channels."""
+    reasoning: str
+
+    def feed(self, piece: str) -> tuple[str, str]: ...
+    def finish(self) -> tuple[str, str]: ...
 
 
 @dataclass(frozen=True)

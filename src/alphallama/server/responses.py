@@ -12,7 +12,7 @@ import uuid
 from typing import Protocol
 
 from ..tokenizer import Tokenizer
-from .reasoning import ReasoningStream
+from .reasoning import Thinking
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]]]   # id, log-prob, top k
 
@@ -56,10 +56,11 @@ class _Base:
 
 
 class ChatFormat(_Base):
-    """thinking: the reasoning splitter (server/reasoning.py) of a thinking model's answer."""
+    """thinking: the reasoning splitter of a thinking model's answer (server/reasoning.py, or
+    server/harmony.py for gpt-oss's channels)."""
     object_full, object_chunk, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
-    def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, thinking: ReasoningStream | None = None):
+    def __init__(self, model: str, tokenizer: Tokenizer, want_logprobs: bool, thinking: Thinking | None = None):
         super().__init__(model, tokenizer, want_logprobs)
         self.thinking = thinking
 

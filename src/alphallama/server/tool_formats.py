@@ -11,6 +11,10 @@ and the Lark grammar that forces calls when tool_choice asks for them.
   `<|python_tag|>`
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
   `[TOOL_CALLS]name[ARGS]{...}` repeated
+- gpt-oss harmony: `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
+  as server/harmony.py's splitter hands a call message on
+
+`markers` are the format's control tokens that the detokenizer must render for `span` to see.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..grammar import GrammarVocab, lark_json
+from . import harmony as hm
 
 
 def _call_id() -> str:
@@ -121,6 +126,7 @@ def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str]) -> str
 
 class ToolFormat(Protocol):
     name: str
+    markers: tuple[str, ...]
 
     def detect(self, template: str) -> bool: ...
 
@@ -141,6 +147,7 @@ class ToolFormat(Protocol):
 
 class HermesFormat:
     name = "hermes"
+    markers = ()
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
     def detect(self, template: str) -> bool:
@@ -182,6 +189,7 @@ class HermesFormat:
 class Llama3Format:
     name = "llama3-json"
     TAG = "<|python_tag|>"
+    markers = (TAG,)
 
     def detect(self, template: str) -> bool:
         return self.TAG in template or ("<|start_header_id|>" in template and '"parameters"' in template)
@@ -224,6 +232,7 @@ class Llama3Format:
 class MistralFormat:
     name = "mistral"
     MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    markers = (MARK, ARGS)
 
     def detect(self, template: str) -> bool:
         return self.MARK in template
@@ -264,8 +273,70 @@ class MistralFormat:
         return [f'calls: {_marker(vocab, self.MARK)} "[" {items} "]"', *_call_rules(tools, "arguments")]
 
 
+class HarmonyFormat:
+    """gpt-oss: a call is a message to `functions.NAME` whose body is the arguments' JSON.
+    One call per turn: `<|call|>` ends the turn (an end-of-generation token), so a forced
+    call is one call, parallel or not. The forcing grammar lets the model reason first
+    (one analysis message: gpt-oss answers badly without it), then writes the call's header
+    as the model does; the arguments end the grammar and the model's `<|call|>` ends the turn."""
+    name = "harmony"
+    markers = hm.MARKERS
+    _NAME = re.compile(r"\bto=functions\.([^\s<]+)")
+
+    def detect(self, template: str) -> bool:
+        return hm.is_harmony(template)
+
+    def span(self, text, at_start, final):
+        i = text.find(hm.START)          # the splitter opens every call message with it
+        if i < 0:
+            k = None if final else _partial_marker(text, hm.START)
+            return None if k is None else (k, None)
+        j = text.find(hm.CALL, i)
+        if j >= 0:
+            return i, j + len(hm.CALL)
+        return (i, len(text)) if final else (i, None)
+
+    def decode(self, text, names):
+        head, sep, body = text.removeprefix(hm.START).partition(hm.MESSAGE)
+        name = self._NAME.search(head)
+        if not text.startswith(hm.START) or not sep or name is None:
+            return None
+        values = _json_values(body.removesuffix(hm.CALL))
+        if not values or len(values) != 1:
+            return None
+        call = _call({"name": name.group(1), "arguments": values[0]}, names, ("arguments",))
+        return None if call is None else [call]
+
+    def grammar(self, tools, parallel, vocab):
+        m = {k: _marker(vocab, k) for k in hm.MARKERS}
+        end = vocab.special_token(hm.END)
+        thought = (["thought: THOUGHT? " + m[hm.END], "THOUGHT: /(.|\\n)+/"] if end is not None
+                   else [f"thought[suffix={_lit(hm.END)}]: /(.|\\n)*/"])
+        return "\n".join([
+            "start: analysis? call",
+            f'analysis: {m[hm.CHANNEL]} "analysis" {m[hm.MESSAGE]} thought {m[hm.START]} "assistant"',
+            *thought,
+            f'call: {m[hm.CHANNEL]} "commentary to=functions." tc',
+            *self._calls(tools, f'" " {m[hm.CONSTRAIN]} "json" {m[hm.MESSAGE]}')])
+
+    def lazy_grammar(self, tools, parallel, vocab):
+        # the call's marker is its recipient, plain text in the header (written after the
+        # role or after the channel); the header's rest as either place writes it
+        m = {k: _marker(vocab, k) for k in hm.MARKERS}
+        rest = f'" "? ({m[hm.CHANNEL]} "commentary" " "?)? ({m[hm.CONSTRAIN]}? "json")? {m[hm.MESSAGE]}'
+        return _lazy(vocab, "to=functions.", "tc", self._calls(tools, rest))
+
+    @staticmethod
+    def _calls(tools, rest: str) -> list[str]:
+        """`tc`: a tool's name, the header's rest, its arguments by schema."""
+        rules = ["tc: " + " | ".join(f"c{i}" for i in range(len(tools)))]
+        for i, t in enumerate(tools):
+            rules += [f"c{i}: {_lit(t.name)} {rest} a{i}", f"a{i}: {lark_json(t.parameters)}"]
+        return rules
+
+
 # Checked in order: the first whose markers the template emits is the model's format.
-TOOL_FORMATS: tuple[ToolFormat, ...] = (HermesFormat(), MistralFormat(), Llama3Format())
+TOOL_FORMATS: tuple[ToolFormat, ...] = (HarmonyFormat(), HermesFormat(), MistralFormat(), Llama3Format())
 
 
 def format_for_template(template: str) -> ToolFormat | None:
