@@ -63,3 +63,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The slowest files first. With the README's `-n 2 --dist loadfile` each file runs whole on one
+# of the two workers, and pytest-xdist would order files by their number of tests, leaving a
+# few slow files of few tests (test_gpu_fast: 5 tests, ~200 s) to run alone at the end; in this
+# order the two workers finish together. Rough CPU seconds on a 2-core machine, largest first.
+SLOW_FIRST = ("runtime/test_gpu_prefill.py", "runtime/test_gpu_model.py", "runtime/test_golden.py",
+              "runtime/test_gpu_fast.py", "offload/test_store.py", "spec/test_exact.py", "kernels/test_qgemv_i8.py",
+              "kernels/test_qmatmul.py", "runtime/test_gpu_mtp.py", "kernels/test_moe_gemm.py",
+              "runtime/test_gpu_rope.py", "gguf/test_reader_fuzz.py", "kernels/test_qgemv_mma.py",
+              "runtime/test_gpu_gemma3.py", "kernels/test_gpu_quant_types.py", "runtime/test_gpu_shared_expert.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):   # pytest-xdist: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))
