@@ -7,7 +7,7 @@ The cubin lands in ~/.cache/alphallama/cuda/<arch>/<key>.cubin, the key a sha256
 source, the options and NVRTC's version, beside its recorded sha256 (both by atomic
 renames). It is loaded back only while provably ours: the directory the user's own and
 0700 (private_dir), the file and its sidecar the user's and not group/other-writable, the
-content's hash the recorded one (offload/native/build.open_trusted, the native expert
+content's hash the recorded one (private_dir.open_trusted, the native expert
 library's checks); anything else is recompiled, never loaded. A cubin is code run on the
 GPU with the user's rights, like a .so.
 
@@ -25,8 +25,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ...offload.native.build import cache_dir, digest_path, open_trusted
-from ...private_dir import UnsafePathError, private_dir
+from ...private_dir import (
+    UnsafePathError,
+    cache_dir,
+    digest_path,
+    open_trusted,
+    private_dir,
+)
 
 OPTIONS = ("-std=c++17", "--fmad=false", "-lineinfo")   # no contraction: the float order is the source's
 

@@ -16,13 +16,18 @@ import functools
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
 
-from ...private_dir import UnsafePathError, private_dir, writable_by_others
+from ...private_dir import (
+    UnsafePathError,
+    cache_dir,
+    digest_path,
+    open_trusted,
+    private_dir,
+)
 
 HERE = Path(__file__).parent
 SOURCES = ("pool.c", "experts.c", "simd.c", "probe.c")   # pool.c includes the others
@@ -32,11 +37,6 @@ MARCH = "native"   # the tests also build a generic x86-64 one: the scalar paths
 
 class NativeBuildError(RuntimeError):
     """No C compiler, or the library failed to build."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "alphallama"
 
 
 def find_compiler() -> str:
@@ -58,60 +58,6 @@ def library_path(cc: str, march: str = MARCH) -> Path:
     h.update(" ".join((*FLAGS, f"-march={march}")).encode())
     h.update(os.path.realpath(cc).encode())
     return cache_dir() / "native" / f"experts-{h.hexdigest()[:20]}.so"
-
-
-def digest_path(so: Path) -> Path:
-    """The sidecar holding the library's sha256, recorded when it was built."""
-    return so.with_name(so.name + ".sha256")
-
-
-def _open_private(path: Path, owner: int) -> int:
-    """An fd on `path` if it is a regular file of `owner` that no one else can write
-    (checked on the open fd, so the file cannot be swapped between check and use)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)   # a symlink: OSError (ELOOP)
-    st = os.fstat(fd)
-    why = ""
-    if not stat.S_ISREG(st.st_mode):
-        why = "is not a regular file"
-    elif st.st_uid != owner:
-        why = f"belongs to uid {st.st_uid}, not {owner}"
-    elif writable_by_others(st.st_mode):
-        why = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    if why:
-        os.close(fd)
-        raise UnsafePathError(f"{path} {why}")
-    return fd
-
-
-def _sha256_fd(fd: int) -> str:
-    h = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, 1 << 20):
-        h.update(chunk)
-    return h.hexdigest()
-
-
-def open_trusted(so: Path, owner: int | None = None) -> tuple[int | None, str]:
-    """(an fd to dlopen, "") if the cached library is `owner`'s, private, and its content
-    hash matches the sidecar (also `owner`'s and private); else (None, why not).
-    `owner` defaults to this process's user; tests pass another to check the refusal."""
-    owner = os.geteuid() if owner is None else owner
-    try:
-        fd = _open_private(digest_path(so), owner)
-        try:
-            recorded = os.read(fd, 256).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        fd = _open_private(so, owner)
-    except FileNotFoundError as e:
-        return None, f"{e.filename} is missing"
-    except OSError as e:   # UnsafePathError, a symlink, unreadable
-        return None, str(e)
-    actual = _sha256_fd(fd)
-    if actual != recorded:
-        os.close(fd)
-        return None, f"{so} has sha256 {actual[:16]}..., not the {recorded[:16]}... recorded when it was built"
-    return fd, ""
 
 
 def build(march: str = MARCH) -> Path:
