@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_tool_formats import TOOLS   # the same two tools as the other formats' grammar tests
 
 from alphallama.grammar import GrammarVocab, TokenConstraint, lark_grammar
 from alphallama.server import harmony as hm
-from alphallama.server.chat_output import ToolChatFormat, closed_objects
+from alphallama.server.chat_output import ToolChatFormat
 from alphallama.server.harmony import HarmonyStream
-from alphallama.server.tool_formats import HarmonyFormat, ToolSpec, format_for_template
+from alphallama.server.tool_formats import HarmonyFormat, format_for_template
 from alphallama.server.tool_stream import ToolStream
 
 NAMES = frozenset({"get_weather", "add"})
@@ -144,11 +145,6 @@ def test_chat_chunks_and_response():
 
 # -- the forcing grammars, on a tiny byte-level vocabulary with harmony's tokens -----------------
 
-TOOLS = [ToolSpec("get_weather", closed_objects({"type": "object", "properties": {"city": {"type": "string"}},
-                                                 "required": ["city"]})),
-         ToolSpec("add", closed_objects({"type": "object", "properties": {"a": {"type": "integer"},
-                                                                          "b": {"type": "integer"}},
-                                         "required": ["a", "b"]}))]
 
 
 @pytest.fixture(scope="module")

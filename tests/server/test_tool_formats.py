@@ -182,13 +182,17 @@ def _accepts(vocab, grammar: str, text: str) -> bool:
     return c.valid_prefix(ids + [stop]) == len(ids) + 1    # all of it, and complete
 
 
-@pytest.mark.parametrize("fmt, one, two", [
+# (format, one call, a second call after it) as each format writes them
+CALLS = [
     (HermesFormat(), '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
      '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
     (Llama3Format(), '{"name": "add", "parameters": {"a": 1, "b": 2}}', None),
-    (MistralFormat(), '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}', 
+    (MistralFormat(), '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}',
      ', {"name": "get_weather", "arguments": {"city": "Paris"}}'),
-])
+]
+
+
+@pytest.mark.parametrize("fmt, one, two", CALLS)
 def test_forcing_grammars(vocab, fmt, one, two):
     close = "]" if isinstance(fmt, MistralFormat) else ""
     single = fmt.grammar(TOOLS, False, vocab)
@@ -207,13 +211,7 @@ def test_forcing_grammars(vocab, fmt, one, two):
 
 # -- the lazy grammars (tool_choice auto with strict tools) -------------------------------
 
-@pytest.mark.parametrize("fmt, one, two", [
-    (HermesFormat(), '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
-     '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-    (Llama3Format(), '{"name": "add", "parameters": {"a": 1, "b": 2}}', None),
-    (MistralFormat(), '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}',
-     ', {"name": "get_weather", "arguments": {"city": "Paris"}}'),
-])
+@pytest.mark.parametrize("fmt, one, two", CALLS)
 def test_lazy_grammars(vocab, fmt, one, two):
     """Free text is free; a call, alone or after text, follows its tool's schema; the
     marker's first bytes in ordinary text ("a < b", "[TOOL") do not start a call."""
