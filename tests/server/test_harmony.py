@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_tool_formats import TOOLS   # the same two tools as the other formats' grammar tests
+from test_tool_formats import (
+    TOOLS,  # the same two tools as the other formats' grammar tests
+)
 
 from alphallama.grammar import GrammarVocab, TokenConstraint, lark_grammar
 from alphallama.server import harmony as hm
