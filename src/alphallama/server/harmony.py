@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import re
 
+from .textstream import marker_tail
+
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 MARKERS = (START, CHANNEL, CONSTRAIN, MESSAGE, END, CALL, RETURN)
@@ -39,17 +41,6 @@ _BARE_HEAD = re.compile(r"\s*(\w+\s*)?(<\|channel\|>\s*\w*\s*)?(<\|constrain\|>\
 def is_harmony(template: str | None) -> bool:
     """Does the chat template write harmony messages?"""
     return bool(template) and CHANNEL in template and MESSAGE in template
-
-
-def _held(text: str, markers: tuple[str, ...]) -> int:
-    """Where a suffix of text that could be a marker's beginning starts (len(text) if none)."""
-    cut = len(text)
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if m.startswith(text[-k:]):
-                cut = min(cut, len(text) - k)
-                break
-    return cut
 
 
 class HarmonyStream:
@@ -133,7 +124,7 @@ class HarmonyStream:
                 self._buf = self._buf[j if marker == START else j + len(marker):]
                 self._mode, self._head, self._fresh = "head", "", True
             else:
-                cut = len(self._buf) if final else _held(self._buf, _BODY_ENDS)
+                cut = len(self._buf) - (0 if final else marker_tail(self._buf, _BODY_ENDS))
                 text, closing, self._buf = self._buf[:cut], "", self._buf[cut:]
             (reasoning if self._route == "reasoning" else content).append(text)
             content.append(closing)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .textstream import marker_tail
+
 REASONING_FORMATS = ("auto", "deepseek", "none")
 
 
@@ -42,14 +44,6 @@ def reasoning_tags(template: str | None, fmt: str) -> ThinkTags | None:
     if fmt == "none" or not template or tags.open not in template or tags.close not in template:
         return None
     return tags
-
-
-def _partial(text: str, tag: str) -> int:
-    """Where a suffix of text that could be tag's beginning starts (len(text) if none)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-k:]):
-            return len(text) - k
-    return len(text)
 
 
 class ReasoningStream:
@@ -87,7 +81,7 @@ class ReasoningStream:
                     reasoning.append(self._buf[:end])
                     self._buf, self._mode = self._buf[end + len(self.tags.close):], "answer"
                     continue
-                cut = len(self._buf) if final else _partial(self._buf, self.tags.close)
+                cut = len(self._buf) - (0 if final else marker_tail(self._buf, (self.tags.close,)))
                 reasoning.append(self._buf[:cut])
                 self._buf = self._buf[cut:]
                 break

@@ -17,6 +17,18 @@ from __future__ import annotations
 from typing import Iterable, Protocol
 
 
+def marker_tail(text: str, markers: Iterable[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `markers`
+    (0: none): text that may still become a marker, held back until it is decided."""
+    best = 0
+    for s in markers:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
 class StopStrings:
     """Feed text pieces; get back the part that is safe to emit."""
 
@@ -41,7 +53,7 @@ class StopStrings:
         if first is not None:
             self.stopped, self.matched, self._held = True, first[1], ""
             return text[:first[0]]
-        keep = self._partial_len(text)
+        keep = marker_tail(text, self.stops)
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
 
@@ -49,16 +61,6 @@ class StopStrings:
         """At the end of generation: the held tail was not a stop string after all."""
         out, self._held = ("" if self.stopped else self._held), ""
         return out
-
-    def _partial_len(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
 
 
 class _Detokenizer(Protocol):

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from ..grammar import GrammarVocab, lark_json
 from . import harmony as hm
+from .textstream import marker_tail
 
 
 def _call_id() -> str:
@@ -48,10 +49,20 @@ class ToolSpec:
 
 def _partial_marker(text: str, marker: str) -> int | None:
     """Where a proper prefix of `marker` ends `text` (it may still become the marker)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return len(text) - k
-    return None
+    k = marker_tail(text, (marker,))
+    return len(text) - k if k else None
+
+
+def _delimited_span(text: str, open_: str, close: str, final: bool) -> tuple[int, int | None] | None:
+    """ToolFormat.span of calls written open_ ... close (Hermes' tags, harmony's call messages)."""
+    i = text.find(open_)
+    if i < 0:
+        k = None if final else _partial_marker(text, open_)
+        return None if k is None else (k, None)
+    j = text.find(close, i)
+    if j >= 0:
+        return i, j + len(close)
+    return (i, len(text)) if final else (i, None)
 
 
 def _call(obj, names: frozenset[str], args_keys: tuple[str, ...]) -> ToolCall | None:
@@ -154,14 +165,7 @@ class HermesFormat:
         return self.OPEN in template
 
     def span(self, text, at_start, final):
-        i = text.find(self.OPEN)
-        if i < 0:
-            k = None if final else _partial_marker(text, self.OPEN)
-            return None if k is None else (k, None)
-        j = text.find(self.CLOSE, i)
-        if j >= 0:
-            return i, j + len(self.CLOSE)
-        return (i, len(text)) if final else (i, None)
+        return _delimited_span(text, self.OPEN, self.CLOSE, final)
 
     def decode(self, text, names):
         body = text[len(self.OPEN):]
@@ -286,15 +290,8 @@ class HarmonyFormat:
     def detect(self, template: str) -> bool:
         return hm.is_harmony(template)
 
-    def span(self, text, at_start, final):
-        i = text.find(hm.START)          # the splitter opens every call message with it
-        if i < 0:
-            k = None if final else _partial_marker(text, hm.START)
-            return None if k is None else (k, None)
-        j = text.find(hm.CALL, i)
-        if j >= 0:
-            return i, j + len(hm.CALL)
-        return (i, len(text)) if final else (i, None)
+    def span(self, text, at_start, final):   # the splitter opens every call message with <|start|>
+        return _delimited_span(text, hm.START, hm.CALL, final)
 
     def decode(self, text, names):
         head, sep, body = text.removeprefix(hm.START).partition(hm.MESSAGE)
