@@ -16,6 +16,7 @@ from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
 from alphallama.model.loader import load_model  # noqa: E402
 from alphallama.offload.support import gpu_problems, type_uses  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
+from gpucheck import follows_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # one MoE model holding the six: Q4_1 for the embedding's gather and the routed experts'
@@ -35,12 +36,4 @@ def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path):
     assert all(uses[q.name].runs_on == "cpu+gpu" for q in set(MIX.values()))
     ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(128))
-    cache = gpu.new_cache(128)
-    lg, _ = gpu.forward(toks, 0, cache)
-    # the tolerance of test_gpu_model.py: fp16 K/V and int8 activations against fp32
-    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)
-    lg = lg.clone()
-    cache.truncate(3)
-    singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(3, 5)])
-    assert torch.equal(singles, lg[3:])
+    follows_reference(ref, gpu, toks, 128, alone_from=3)

@@ -41,7 +41,7 @@ def test_tables_are_the_references(tmp_path, preset):
     ref, gpu = _models(tmp_path, preset)
     assert gpu_departures(ref.cfg) == []
     cos, sin = ref.ropes[0]                                                  # [CTX, rope_dim/2]
-    assert torch.equal(gpu.cos[:CTX].cpu(), cos) and torch.equal(gpu.sin[:CTX].cpu(), sin)
+    assert torch.equal(gpu.ropes[0][0][:CTX].cpu(), cos) and torch.equal(gpu.ropes[0][1][:CTX].cpu(), sin)
     plain_cos, _ = rope_tables(CTX, ref.cfg.rope_dim, ref.cfg.rope_base)
     assert (cos - plain_cos).abs().max() > 1e-3, "the scaling was not applied"
 
@@ -90,7 +90,7 @@ def test_phi3_longrope_and_fused_projections(tmp_path):
     for ctx in (32, CTX):
         ref, gpu = load_model(f, ctx), GPUModel(f, ctx, device=DEV)
         assert gpu_departures(ref.cfg) == []
-        assert torch.equal(gpu.cos[:ctx].cpu(), ref.ropes[0][0]) and torch.equal(gpu.sin[:ctx].cpu(), ref.ropes[0][1])
+        assert torch.equal(gpu.ropes[0][0][:ctx].cpu(), ref.ropes[0][0]) and torch.equal(gpu.ropes[0][1][:ctx].cpu(), ref.ropes[0][1])
     toks = torch.randint(0, ref.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))
     lg, _ = gpu.forward(toks, 0, gpu.new_cache(CTX))

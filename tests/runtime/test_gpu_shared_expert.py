@@ -11,6 +11,8 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from gpucheck import TOL, follows_reference
+
 from alphallama.gguf.arch_variants import gpu_departures
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
@@ -39,17 +41,10 @@ def test_decode_follows_the_reference_and_rows_keep_their_bits(models):
     round of 3 rows equals the rows run one at a time, bit for bit."""
     ref, gpu = models
     toks = torch.randint(0, ref.cfg.vocab_size, (6,), generator=torch.Generator().manual_seed(0))
-    lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))                          # [6, V]
+    lr = follows_reference(ref, gpu, toks, CTX, alone_from=3)                  # [6, V]
     bare = Transformer(replace(ref.cfg, variant=replace(ref.cfg.variant, shared_expert_ff=0)), ref.w, ref.max_len)
     ln, _ = bare.forward(toks, 0, bare.new_cache(CTX))
-    cache = gpu.new_cache(CTX)
-    lg = gpu.forward(toks, 0, cache)[0].clone()
-    atol = 4e-2 * lr.abs().max().item()
-    torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
-    assert (ln - lr).abs().max() > 3 * atol          # measured: 0.56 of the max logit, against 0.013
-    cache.truncate(3)
-    singles = torch.cat([gpu.forward(toks[i:i + 1], i, cache)[0].clone() for i in range(3, 6)])
-    assert torch.equal(singles, lg[3:])
+    assert (ln - lr).abs().max() > 3 * TOL * lr.abs().max()   # measured: 0.56 of the max logit, against 0.013
 
 
 def test_prefill_chunk_follows_the_reference(models):

@@ -145,7 +145,6 @@ class GPUModel:
             if id(tab) not in on_device:
                 on_device[id(tab)] = (tab[0].to(self.device), tab[1].to(self.device))
             self.ropes.append(on_device[id(tab)])
-        self.cos, self.sin = self.ropes[-1]   # a full-attention layer's (the reference's; the MTP head's)
         # llama4 / mistral3's query temperature (round.query_temperature)
         self.q_temp = (v.attn_temp_scale, v.attn_temp_floor) if v.attn_temp_scale else None
         # gemma3: the q.k scale (None: 1/sqrt(hd)), each layer's sliding window (0: none),

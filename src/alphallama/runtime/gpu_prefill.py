@@ -162,9 +162,7 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         if L.moe is not None:
             d = moe_grouped(L.moe, h, s, rows_per_thread)                                 # [T, D]
             if L.shared is not None:
-                sh = L.shared
-                y = gemm_linear(sh.down, silu_mul(gemm_linear(sh.gate_up, h, s), act), s)    # [T, D]
-                d = d + sh.scale(h) * y
+                d = d + L.shared(h, act, gemm=lambda lin, y: gemm_linear(lin, y, s))             # [T, D]
         else:
             gu = gemm_linear(L.gate_up, h, s)                                              # [T, 2F]
             d = gemm_linear(L.down, m.gated.plain(gu, act), s)                            # [T, D]

@@ -9,6 +9,8 @@ the gate's one-row qmatmul (as the router's), SiLU and the elementwise scale, so
 round's rows keep the bits they have alone (exact mode)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..gguf.reader import TensorInfo
@@ -31,7 +33,12 @@ class SharedExpert:
         return torch.sigmoid(qmatmul(h, self.gate, rows_per_thread=ROWS_PER_THREAD))
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
-                 pdl: bool = False) -> torch.Tensor:
-        """h [W, D] (q8: its int8 activations by layout, where the norm made them) -> [W, D] fp32."""
-        sm = silu_mul(self.gate_up(h, q8, pdl), act_dtype, pdl)          # [W, S]
-        return self.scale(h) * self.down(sm, None, pdl)                  # [W, D]
+                 pdl: bool = False, gemm: Callable[[Linear, torch.Tensor], torch.Tensor] | None = None
+                 ) -> torch.Tensor:
+        """h [W, D] (q8: its int8 activations by layout, where the norm made them) -> [W, D] fp32.
+        gemm: a prefill chunk's (Linear, x) -> x @ w^T through its scratch (gpu_prefill.gemm_linear);
+        None: the Linears' own GEMVs."""
+        gu = self.gate_up(h, q8, pdl) if gemm is None else gemm(self.gate_up, h)      # [W, 2S]
+        sm = silu_mul(gu, act_dtype, pdl)                                          # [W, S]
+        y = self.down(sm, None, pdl) if gemm is None else gemm(self.down, sm)       # [W, D]
+        return self.scale(h) * y

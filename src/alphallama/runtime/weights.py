@@ -96,4 +96,4 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
         post_attn_norm=vec(n.post_attention_norm) if v.post_norms else None,
         post_ffn_norm=vec(n.post_ffw_norm) if v.post_norms else None,
         shared=SharedExpert(lin([n.ffn_gate_shexp, n.ffn_up_shexp]), lin([n.ffn_down_shexp]), t[n.ffn_gate_inp_shexp],
-                            device) if moe and cfg.variant.shared_expert_ff else None)
+                            device) if moe and v.shared_expert_ff else None)
