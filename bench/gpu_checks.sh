@@ -11,6 +11,8 @@
 #   bash bench/gpu_checks.sh kernels   # tests/kernels on the GPU (deltanet, quant types, windows, GELU among them)
 #   bash bench/gpu_checks.sh runtime   # tests/runtime but the golden (gemma3, rope, shared expert, quant-type model)
 #   bash bench/gpu_checks.sh timing    # the round at W = 1 / 8, before and after, same run, alternating
+#   bash bench/gpu_checks.sh all-tests # golden (records kept in $OUT/golden.tgz), kernels and runtime at
+#                                      # once: three processes on one GPU, bits do not depend on company
 # Writes $OUT/checks-<stage>.log (+ $OUT/house-timing.jsonl).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -48,10 +50,36 @@ write_synthetic(PRESETS['$preset'](), '$g')" || return 1
     rm -f $g
   done 2>&1 | tee "$OUT/house-timing.log"
 }
+golden_records() {   # the records made now, compared byte for byte with the committed ones
+  PYTHONPATH=$AFTER timeout 540 python3 -m alphallama.runtime.gpu_golden --device cuda --out /tmp/g \
+      > "$OUT/checks-golden.log" 2>&1
+  PYTHONPATH=$AFTER python3 - >> "$OUT/checks-golden.log" 2>&1 <<'PY'
+import json, pathlib, sys
+sys.path.insert(0, "tests/runtime")
+from alphallama.runtime import gpu_golden as golden
+from test_golden import _contracts
+bad = 0
+for got_p in sorted(pathlib.Path("/tmp/g").glob("gpu-*.json")):
+    want = json.loads((golden.GOLDEN_DIR / got_p.name).read_text())
+    got = json.loads(got_p.read_text())
+    diff = golden.first_difference(want, got)
+    same = got_p.read_bytes() == (golden.GOLDEN_DIR / got_p.name).read_bytes()
+    _contracts(got)
+    bad += not same
+    print(f"{got_p.name}: {'identical bytes' if same else f'DIFFERS at {diff}'}; contracts hold")
+print("golden:", "PASS" if bad == 0 else f"FAIL ({bad} differ)")
+PY
+  tar -czf "$OUT/golden.tgz" -C /tmp g
+}
+all_tests() {
+  golden_records & kernels > /dev/null & runtime > /dev/null & wait
+  tail -8 "$OUT/checks-golden.log"; tail -4 "$OUT/checks-kernels.log" "$OUT/checks-runtime.log"
+}
 case "$stage" in
   golden) golden ;;
   kernels) kernels ;;
   runtime) runtime ;;
   timing) timing ;;
-  *) echo "stage: golden | kernels | runtime | timing"; exit 2 ;;
+  all-tests) all_tests ;;
+  *) echo "stage: golden | kernels | runtime | timing | all-tests"; exit 2 ;;
 esac
