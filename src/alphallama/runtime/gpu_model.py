@@ -213,7 +213,8 @@ class GPUModel:
 
     def _norm_router(self, L: GPULayer, W: int) -> bool:
         """Does layer L's FFN norm compute its router's logits at width W (overrides.norm_router)?"""
-        return self.round_plans[W - 1].layers[self.layers.index(L)].norm_router
+        i = next(i for i, x in enumerate(self.layers) if x is L)   # by identity: == compares tensors
+        return self.round_plans[W - 1].layers[i].norm_router
 
     def capture(self) -> None:
         """One CUDA graph per width bucket, sharing one memory pool (replayed one at a time)."""
