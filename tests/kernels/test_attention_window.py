@@ -2,8 +2,8 @@
 layers) and a custom q.k scale: against the float64 reference at lengths before, at and past
 the window, with small tiles so the windowed span crosses split boundaries and a split-size
 change; a row's bits the same alone and in rounds (its length and the window decide its
-splits); the early loads and the q8 combine the same bits; the sm_90 compile of the
-windowed kernels."""
+splits); the early loads the same bits, the q8 combine the same values; the sm_90 compile
+of the windowed kernels."""
 from __future__ import annotations
 
 import pytest
@@ -69,8 +69,12 @@ def test_row_bits_depend_on_its_length_and_window_only():
 
 
 def test_early_and_q8_combine_keep_the_bits():
-    """early=True (the old keys loaded before the PDL wait) and the combine that emits the o
-    projection's int8 activations give the windowed rows the plain launch's bits."""
+    """early=True (the old keys loaded before the PDL wait) gives the windowed rows the plain
+    launch's bits. The combine that emits the o projection's int8 activations compiles
+    without FP fusion (its int8 rounding is of unfused values), so where several splits are
+    live its weighted sums differ from the plain combine's FMAs in the last bits (seen on
+    the H100; the interpreter does not fuse); a layer's plan takes one of the two at every
+    width, so no row's bits depend on W (tests/runtime/test_golden.py)."""
     pos = 90
     q, kc, vc = _case(3, pos, pos + 3, 11)
     plain = _run(q, kc, vc, pos)
@@ -79,7 +83,8 @@ def test_early_and_q8_combine_keep_the_bits():
     order = (32, 4, 4)                        # Q4_K's lane order (slot, V, bits)
     out, q8 = decode_attention_q8(q.to(DEV), kc.to(DEV), vc.to(DEV), p, torch.float32, (order,), tiles=TILES,
                                   scale=SCALE, window=WINDOW)
-    assert torch.equal(out.cpu(), plain) and order in q8
+    torch.testing.assert_close(out.cpu(), plain, rtol=1e-6, atol=1e-7)
+    assert order in q8
 
 
 def compile_windowed() -> None:

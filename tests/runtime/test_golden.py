@@ -3,7 +3,8 @@ plan for W = 1..64 and the logits' bits, regenerated here and compared byte for 
 with tests/data/golden/<device>-<preset>.json, which the refactor must reproduce.
 Regenerate (only for an intended change of plan or bits, said so in the commit):
     python -m alphallama.runtime.gpu_golden --device cpu --write
-    python -m alphallama.runtime.gpu_golden --device cuda --out tests/data/golden   (on a GPU)
+    python -m alphallama.runtime.gpu_golden --device cuda --out tests/data/golden   (on the H200)
+(another card's record where its bits differ: gpu-<preset>@<card>.json, see test_gpu_golden)
 Besides the byte equality, each record is checked for the bit contracts it holds: a
 row's bits do not depend on W, and fast mode's narrow rounds are plain decode's bits.
 
@@ -127,15 +128,34 @@ def test_cpu_golden_bits(cpu_pair):
     _check(want, got, f"cpu-{name}.json")
 
 
+def card_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
+    return "-".join(w.lower() for w in name.split() if w.upper() != "NVIDIA")
+
+
 @pytest.mark.parametrize("name", list(golden.CASES))
 def test_gpu_golden(name, tmp_path):
+    """gpu-<preset>.json was made on the H200. Where another card's bits differ (the 8B
+    shape's on the H100: the tree before the house gives the H100 the same other bits, so
+    the card, not our code, makes them), its record gpu-<preset>@<card>.json holds them, and
+    its plan is the H200 record's: the plan depends on no card."""
     path = DATA / f"gpu-{name}.json"
     if not torch.cuda.is_available():
         pytest.skip(f"no CUDA device: {path.name} is checked on a GPU")
     want = _golden("gpu", name)
+    own = DATA / f"gpu-{name}@{card_slug(torch.cuda.get_device_name())}.json"
+    if own.exists():
+        card = json.loads(own.read_text())
+        assert golden.first_difference(_host_independent(want), _host_independent(card)) is None
+        want, path = card, own
     got = golden.record(name, "cuda", golden.WIDTHS, tmp_path, mma_bits=True)
     _check(want, json.loads(golden.dumps(got)), path.name)
     _contracts(got)
+
+
+def test_card_slug():
+    assert card_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert card_slug("NVIDIA H200") == "h200"
 
 
 def test_first_difference_names_the_weight_and_width():

@@ -1,7 +1,12 @@
 """SiLU(gate) * up of the dense FFN, or GELU(gate) * up (GeGLU: gemma3; GELU's tanh form),
 with the down GEMV's int8 activations in the same launch, beside their plain-torch
 references. One program per row and block; the activation is a constexpr of one kernel, so
-the SiLU launch is the code it always was."""
+the SiLU launch is the code it always was.
+
+The launches with int8 activations compile without FP fusion (their rounding to int8 is of
+unfused values); GELU's plain launch does too, so its two launches give the same bits (the
+GELU polynomial's multiply-adds fuse into FMAs in one and not the other otherwise: seen on
+the H100). SiLU's formula has no multiply-add to fuse."""
 from __future__ import annotations
 
 import math
@@ -53,7 +58,7 @@ def _plain(gu: torch.Tensor, out_dtype: torch.dtype, pdl: bool, gelu: bool) -> t
     F = F2 // 2
     out = torch.empty(W, F, device=gu.device, dtype=out_dtype)
     BLOCK = 1024
-    extra = {"GELU": True} if gelu else {}
+    extra = {"GELU": True, "enable_fp_fusion": False} if gelu else {}     # the q8 launch's bits (see above)
     _silu_mul_kernel[(W, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK, **extra, **pdl_kwargs(pdl, gu.device))
     return out
 
