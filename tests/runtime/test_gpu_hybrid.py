@@ -14,7 +14,7 @@ its Q4_K_M agreement), and would hide a wrong piece; the bit tests run the produ
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import pytest
 import torch
@@ -25,6 +25,7 @@ from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.kernels.deltanet.common import state_from_ring
 from alphallama.model.loader import load_model
+from alphallama.model.qwen35 import HybridTransformer
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.runtime.overrides import PRODUCT, Overrides
 from alphallama.spec.drafter import Draft
@@ -89,6 +90,12 @@ def test_prompt_and_greedy_generation_follow_the_reference(files, name):
     lr, _ = ref.forward(toks, 0, rc)
     lg, _ = gpu.forward(toks, 0, gc)
     _close(lg, lr)
+    # controls: the reference with the other key-head map, or a full-width rope, is far outside TOL
+    # (measured: 670-740 and 50-130 times TOL)
+    for change in ({"k_heads_tiled": not ref.cfg.k_heads_tiled}, {"rope_dim": ref.cfg.head_dim}):
+        other = HybridTransformer(replace(ref.cfg, **change), ref.w, CTX)
+        lo, _ = other.forward(toks, 0, other.new_cache(CTX))
+        assert (lo - lr).abs().max() > 20 * TOL * lr.abs().max(), change
     nxt_r, nxt_g = int(lr[-1].argmax()), int(lg[-1].argmax())
     for p in range(5, 8):
         assert nxt_r == nxt_g
