@@ -27,6 +27,7 @@ from alphallama.kernels.deltanet.common import state_from_ring
 from alphallama.model.loader import load_model
 from alphallama.model.qwen35 import HybridTransformer
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
+from alphallama.runtime.hybrid_cache import GPUHybridCache
 from alphallama.runtime.overrides import PRODUCT, Overrides
 from alphallama.spec.drafter import Draft
 
@@ -224,3 +225,39 @@ def test_exact_speculation_and_turns_through_the_engine(files):
     assert g2.stats.prompt_reused >= len(prompt) - 1
     engine.reset()
     assert second == list(engine.generate(turn2, 3, spec=ngram, stop_ids=stop))
+
+
+def test_cache_points_commits_and_refusals():
+    """GPUHybridCache's bookkeeping (no kernels: a commit that records its calls): the points it
+    can return to, the checkpoint's copies, an open verify round settled by truncate (the rows
+    kept) or by the next forward's prepare (none at the round's position, all after it)."""
+    commits = []
+    cache = GPUHybridCache(1, 1, 32, 16, 1, 8, (2, 16, 16), lambda c, pos, n: commits.append((pos, n)), "cpu")
+    cache.length = 5
+    cache.ssm.fill_(1.0)
+    assert cache.restorable(3) == 0
+    with pytest.raises(ValueError, match="cannot return to position 3"):
+        cache.truncate(3)
+    cache.checkpoint()                                       # at 5
+    cache.length = 9
+    cache.ssm.fill_(2.0)                                     # rows 5..8 stepped
+    assert cache.restorable(7) == 5
+    cache.truncate(5)
+    assert cache.ssm.eq(1).all() and cache.length == 5 and commits == []
+    cache.open_round(5, 4)
+    cache.length = 9
+    assert cache.restorable(7) == 7
+    cache.truncate(7)
+    assert commits == [(5, 2)] and cache.round is None and cache.length == 7
+    cache.open_round(7, 3)
+    cache.length = 10
+    cache.prepare(7)                                         # a second round at the same position
+    assert commits == [(5, 2)] and cache.length == 7 and cache.round is None
+    cache.open_round(7, 3)
+    cache.length = 10
+    cache.prepare(10)                                        # a forward after the round: all 3 rows
+    assert commits[-1] == (7, 3) and cache.length == 10
+    with pytest.raises(ValueError, match="needs the state there"):
+        cache.prepare(8)
+    cache.truncate(0)
+    assert cache.ssm.abs().max() == 0 and cache.boundary is None and cache.length == 0
