@@ -5,7 +5,10 @@ shared memory by bulk copies) beat today's PDL chain of Triton kernels? One run,
   chain   the real GPUModel round (synthetic Q4_K file, depth POS), W = 1 graph replays with
           LAYERS layers and with 1; the difference over LAYERS - 1 is us a layer
   kernel  kernels/cuda/round_layer.cu through NVRTC on the same shape (random Q4_K planes),
-          graph replays of one launch over LAYERS and over 1 layer, the same difference
+          graph replays of one launch over LAYERS and over 1 layer, the same difference;
+          each variant in SPECS (--kernels) on the same layers, with waits and (dense) without
+          ("nowait": the queues alone). The chains run first, so a kernel that breaks the
+          CUDA context cannot take the control with it.
 
 Checks (layer 0, every stage, from the kernel's own inputs to that stage): activations'
 q8 within half a step; each GEMV against float64 (max |err| / (|W| |x|)); attention,
@@ -13,7 +16,7 @@ router, top-k and experts against float64; the qkv / o / down rows bit-compared 
 qgemv_i8 on the same int8 activations (its BN 16, NT 32, 8-warp tile). Floor: a layer's
 bytes over 4.0 TB/s and over the copy rate measured here. $OUT/gpu_round_probe-*.json.
 
-    python bench/gpu_round_probe.py [--shapes qwen3-8b qwen3-30b-a3b] [--layers 5]
+    python bench/gpu_round_probe.py [--shapes qwen3-8b qwen3-30b-a3b] [--layers 5] [--kernels layer]
 """
 from __future__ import annotations
 
@@ -39,14 +42,13 @@ from alphallama.kernels.cuda.schedule import NI  # noqa: E402
 
 POS = 511                 # the new token's position: 512 keys
 SMEM = 5 * 40960 + 20480  # round_layer.cu: NS * SLOT_BYTES + ACT_BYTES
-STREAM_SMEM = 32768 + 20480   # round_stream.cu: STREAM_SLOT + ACT_BYTES
 FLOOR_BW = 4.0e12
 
 
 @dataclass(frozen=True)
 class Spec:
     """A kernel variant: source, entry, threads a CTA, CTAs an SM, dynamic shared memory,
-    flags (round_stream.cu: bits 0-3 the batches a warp prefetches into L2), extra args."""
+    and an optional last integer argument (flags)."""
     src: str
     fn: str
     threads: int
@@ -56,14 +58,9 @@ class Spec:
 
 
 SPECS = {
-    "layer": Spec("round_layer.cu", "round_layer", 288, 1, SMEM),                      # session 1's form
-    "w16d8": Spec("round_stream.cu", "round_stream_w16d8", 512, 1, STREAM_SMEM, 2),
-    "w16d8-nopf": Spec("round_stream.cu", "round_stream_w16d8", 512, 1, STREAM_SMEM, 0),
-    "w16d8-pf4": Spec("round_stream.cu", "round_stream_w16d8", 512, 1, STREAM_SMEM, 4),
-    "w16d16": Spec("round_stream.cu", "round_stream_w16d16", 512, 1, STREAM_SMEM, 2),
-    "w8d8x2": Spec("round_stream.cu", "round_stream_w8d8", 256, 2, STREAM_SMEM, 2),
-    # timing control: the GEMV runs with no prologue and no barriers (sums garbage, check fails by design)
-    "w16d8-bare": Spec("round_stream.cu", "round_stream_w16d8", 512, 1, STREAM_SMEM, 2 | 16),
+    "layer": Spec("round_layer.cu", "round_layer", 288, 1, SMEM),
+    # session 2's round_stream.cu variants (w16d8, w16d8-nopf, -pf4, w16d16, w8d8x2, w16d8-bare; 5eeca37)
+    # lost: bench/results/gpu_round_probe-h100-20261206-061236.json
 }
 
 
@@ -338,8 +335,8 @@ def main() -> int:
             path.write_text(json.dumps(res, indent=1, default=str))
         try:
             save(probe_shape(name, args.layers, kernels, save))
-        except Exception as e:  # noqa: BLE001
-            save({"error": traceback.format_exc()[-3000:]})
+        except Exception as e:  # noqa: BLE001     # keep the variants already measured
+            save({**r.get("kernel", {}), "error": traceback.format_exc()[-3000:]})
             print(f"{name} kernel: {e!r}", flush=True)
     print(f"{res['gpu']} copy {res['copy_bandwidth_GBps']:.0f} GB/s; total {time.time() - t0:.0f} s", flush=True)
     for name, v in res["shapes"].items():
