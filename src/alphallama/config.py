@@ -87,6 +87,10 @@ class TrainDefaults:
     mtp_depths: int = 3
     mtp_weight: float = 0.3           # loss = main + mtp_weight * mean(depth losses) + aux
     aux_weight: float = 0.01          # MoE load balancing
+    ce_chunk: int = 8192              # rows a chunk of the cross-entropies (train/ce.py; 0: the plain
+                                      # form with [B, T, V] float32 logits)
+    mtp_frac: float = 0.25            # share of positions each MTP depth's loss scores a step (an
+                                      # unbiased estimate: a quarter of its logits)
     batch_size: int = 64              # sequences of ctx_len tokens per step (64: more tokens a second
                                       # than 32; docs/decisions/embedded-model.md)
     lr: float = 2e-3
