@@ -53,9 +53,9 @@ def step_cost(B: int, T: int, V: int, D: int, L: int, H: int, KV: int, hd: int, 
 
 
 def estimate() -> dict:
-    c = dict(B=T_.batch_size, T=T_.ctx_len, V=T_.vocab_size, D=T_.d_model, L=T_.n_layers, H=T_.n_heads,
-             KV=T_.n_kv_heads, hd=T_.head_dim, E=T_.n_experts, k=T_.n_experts_used, Fe=T_.d_ff_expert,
-             Fm=T_.mtp_d_ff, depths=T_.mtp_depths)
+    c = {"B": T_.batch_size, "T": T_.ctx_len, "V": T_.vocab_size, "D": T_.d_model, "L": T_.n_layers,
+         "H": T_.n_heads, "KV": T_.n_kv_heads, "hd": T_.head_dim, "E": T_.n_experts, "k": T_.n_experts_used,
+         "Fe": T_.d_ff_expert, "Fm": T_.mtp_d_ff, "depths": T_.mtp_depths}
     before = step_cost(**c, mtp_frac=1.0, chunked=False)
     after = step_cost(**c, mtp_frac=T_.mtp_frac, chunked=True)
     saved = (before["logit_time_est_ms"] - after["logit_time_est_ms"]) / 1e3
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         for name, chunk, frac in (("before", 0, 1.0), ("after", T_.ce_chunk, T_.mtp_frac)):
             cpu.setdefault(name, []).append(time_cpu(a.steps, chunk, frac))
     out["cpu_small_shape"] = {k: {"median_s": min(r["median_s"] for r in v), "runs": v} for k, v in cpu.items()}
-    out["cpu_small_shape"]["note"] = "CPU times at a small shape, threads=%d: a sanity check, not GPU times" % a.threads
+    out["cpu_small_shape"]["note"] = f"CPU times at a small shape, threads={a.threads}: a sanity check, not GPU times"
     print(json.dumps({k: v for k, v in out.items()}, indent=1)[:4000])
     if a.output:
         with open(a.output, "w") as f:

@@ -20,13 +20,13 @@ from alphallama.train.instruct import (
     make_examples,
     write_function_edit,
 )
+from alphallama.train.names import plausible
 from alphallama.train.quality import (
     answer_code,
     defines_function,
     heldout_bits_per_byte,
     repeat_share,
 )
-from alphallama.train.names import plausible
 from alphallama.train.requests import PHRASINGS, request, summary, verb_forms
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -44,7 +44,7 @@ def snippet(text: str, rng: random.Random, max_chars: int) -> str | None:
     if not nodes:
         return None
     lines = text.splitlines()
-    first = lambda n: min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])])  # noqa: E731
+    first = lambda n: min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])])
     start = rng.randrange(len(nodes))
     lo, hi = first(nodes[start]), nodes[start].end_lineno
     if sum(len(x) + 1 for x in lines[lo - 1:hi]) > max_chars:
@@ -92,28 +92,28 @@ class FunctionCase:
         return f"{self.imports}\n\n\n{self.src}" if self.imports else self.src
 
 
-def _import_lines(tree: ast.Module) -> dict[str, tuple[int, str, str]]:
-    """{bound name: (statement index, module part, alias text)} of the module's absolute
+def _import_lines(tree: ast.Module) -> dict[str, tuple[int, int, str, str]]:
+    """{bound name: (statement index, alias index, module, alias text)} of the module's absolute
     top-level imports (not __future__): `import a.b as c` binds c, `from m import x` x."""
     out: dict[str, tuple[int, str, str]] = {}
     for i, stmt in enumerate(tree.body):
         if isinstance(stmt, ast.ImportFrom) and (stmt.level or stmt.module in (None, "__future__")):
             continue
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            for a in stmt.names:
+            for j, a in enumerate(stmt.names):
                 if a.name == "*":
                     continue
                 text = a.name + (f" as {a.asname}" if a.asname else "")
                 name = a.asname or a.name.split(".")[0]
-                out[name] = (i, "" if isinstance(stmt, ast.Import) else stmt.module, text)
+                out[name] = (i, j, "" if isinstance(stmt, ast.Import) else stmt.module, text)
     return out
 
 
-def _needed_imports(needs: set[str], imports: dict[str, tuple[int, str, str]]) -> str:
-    """The import lines that bind `needs`, in the file's order, one `from` line a module."""
+def _needed_imports(needs: set[str], imports: dict[str, tuple[int, int, str, str]]) -> str:
+    """The import lines that bind `needs`, in the file's order, one `from` line a statement."""
     lines: dict[tuple[int, str], list[str]] = {}
-    for name in sorted(needs, key=lambda n: imports[n][0]):
-        i, mod, text = imports[name]
+    for name in sorted(needs, key=lambda n: imports[n][:2]):
+        i, _, mod, text = imports[name]
         lines.setdefault((i, mod), []).append(text)
     out = []
     for (_, mod), texts in lines.items():

@@ -24,7 +24,6 @@ from .data import get_batch, val_batch
 from .model import MoEModel
 from .mtp import MTPHead, mtp_losses
 
-
 D = DEFAULTS.train
 
 
