@@ -3,6 +3,7 @@ MTP position subset (train/ce.py): FLOPs and logit bytes estimated for the real 
 and a CPU step timed at a small shape as a sanity check (CPU times are not GPU times).
 
     python bench/train_step_cost.py [--steps 6] [-o bench/results/train_step_cost-cpu-DATE.json]
+    python3 bench/train_step_cost.py --device cuda --steps 8 -o step_ab.json   # the real shape, A/B
 """
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from alphallama.train.model import MoEConfig, MoEModel
 from alphallama.train.mtp import MTPConfig, MTPHead
 
 T_ = DEFAULTS.train
-# bytes of traffic a logit: plain (bf16 logits, .float(), log-softmax kept, dense float32
-# gradient, its bf16 cast, read by two products) and chunked (ce.py's passes)
-BYTES_PLAIN, BYTES_CHUNKED = 42, 26
+# bytes of traffic a logit. Plain: bf16 logits written (2), .float() (2 + 4), log-softmax
+# (4 + 4, kept), nll backward's dense float32 gradient (4), log-softmax backward (4 + 4 + 4),
+# the cast to bf16 (4 + 2), two products read it (2 + 2): 42. Chunked (ce.py): logits (2),
+# log_softmax(dtype=float32) of bf16 converts first (ATen fuses only half: 2 + 4, then 4 + 4),
+# exp_ in place (4 + 4), the cast (4 + 2), two products (2 + 2): 34
+BYTES_PLAIN, BYTES_CHUNKED = 42, 34
 # an H200 assumed for the time estimate: bf16 products at ~60% of 790 TFLOP/s, ~3.5 TB/s
 FLOPS_S, BYTES_S = 0.6 * 790e12, 3.5e12
 STEP_S_BEFORE = 64 * 1024 / 285e3        # the shipped run: ~285k tokens/s at batch 64 (train-embedded-20261203)
@@ -66,45 +70,79 @@ def estimate() -> dict:
             "est_step_speedup": round(est, 3)}
 
 
-def time_cpu(steps: int, chunk: int, frac: float) -> dict:
-    """Median seconds of a forward+backward+AdamW step at a small shape with the real vocabulary."""
+SMALL = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "n_experts": 4,
+         "n_experts_used": 2, "d_ff_expert": 64, "ctx_len": 256, "batch": 8, "mtp_d_ff": 256}
+REAL = {"d_model": T_.d_model, "n_layers": T_.n_layers, "n_heads": T_.n_heads, "n_kv_heads": T_.n_kv_heads,
+        "head_dim": T_.head_dim, "n_experts": T_.n_experts, "n_experts_used": T_.n_experts_used,
+        "d_ff_expert": T_.d_ff_expert, "ctx_len": T_.ctx_len, "batch": T_.batch_size, "mtp_d_ff": T_.mtp_d_ff}
+
+
+def time_steps(device: str, shape: dict, steps: int, chunk: int, frac: float) -> dict:
+    """Median seconds of a forward + backward + AdamW step (random tokens, the real
+    vocabulary) after one warm-up step; the peak memory on CUDA."""
     torch.manual_seed(0)
-    cfg = MoEConfig(vocab_size=T_.vocab_size, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
-                    n_experts=4, n_experts_used=2, d_ff_expert=64, ctx_len=256)
-    model, head = MoEModel(cfg), MTPHead(MTPConfig.from_model(cfg.model_config(), 256))
+    sh = dict(shape)
+    batch, mtp_ff = sh.pop("batch"), sh.pop("mtp_d_ff")
+    cfg = MoEConfig(vocab_size=T_.vocab_size, **sh)
+    model, head = MoEModel(cfg).to(device), MTPHead(MTPConfig.from_model(cfg.model_config(), mtp_ff)).to(device)
     params = [p for m in (model, head) for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=1e-3)
-    x = torch.randint(0, cfg.vocab_size, (8, cfg.ctx_len + 1))
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.ctx_len + 1), device=device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
         g = torch.Generator().manual_seed(i)
-        main, mtp, aux, _ = losses(model, head, x, 3, "cpu", chunk=chunk, mtp_frac=frac, generator=g)
+        main, mtp, aux, _ = losses(model, head, x, 3, device, chunk=chunk, mtp_frac=frac, generator=g)
         loss = main + 0.3 * sum(mtp) / 3 + 0.01 * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"median_s": round(statistics.median(times[1:]), 4), "all_s": [round(t, 4) for t in times[1:]],
-            "shape": "B 8, T 256, V 12288, d 128, 2 layers, 4 experts top-2, MTP d_ff 256, 3 depths"}
+    med = statistics.median(times[1:])
+    out = {"median_s": round(med, 4), "all_s": [round(t, 4) for t in times[1:]],
+           "tokens_per_s": round(batch * cfg.ctx_len / med), "shape": shape}
+    if cuda:
+        out["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    del model, head, opt
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--shape", choices=["small", "real"], default=None, help="default: real on CUDA, small on CPU")
     p.add_argument("-o", "--output", default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.processor() or platform.machine(),
+    shape = {"small": SMALL, "real": REAL}[a.shape or ("real" if a.device.startswith("cuda") else "small")]
+    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else platform.processor() or platform.machine()
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": dev,
            "torch": torch.__version__, "estimate_real_shape": estimate()}
-    cpu = {}
-    for _ in range(2):    # interleaved twice: the machine is shared
+    runs: dict = {}
+    for _ in range(2):    # interleaved twice: a shared machine drifts
         for name, chunk, frac in (("before", 0, 1.0), ("after", T_.ce_chunk, T_.mtp_frac)):
-            cpu.setdefault(name, []).append(time_cpu(a.steps, chunk, frac))
-    out["cpu_small_shape"] = {k: {"median_s": min(r["median_s"] for r in v), "runs": v} for k, v in cpu.items()}
-    out["cpu_small_shape"]["note"] = f"CPU times at a small shape, threads={a.threads}: a sanity check, not GPU times"
-    print(json.dumps({k: v for k, v in out.items()}, indent=1)[:4000])
+            try:
+                runs.setdefault(name, []).append(time_steps(a.device, shape, a.steps, chunk, frac))
+            except torch.cuda.OutOfMemoryError as e:
+                runs.setdefault(name, []).append({"error": f"out of memory: {e}"[:200]})
+                torch.cuda.empty_cache()
+    best = {k: min((r for r in v if "median_s" in r), key=lambda r: r["median_s"], default=None) for k, v in runs.items()}
+    out["timed"] = {"device": a.device, "best": best, "runs": runs,
+                    "note": "random tokens; median of each run, the best of two interleaved runs"
+                            + ("" if a.device.startswith("cuda") else f"; CPU, threads={a.threads}, a small shape: "
+                               "a sanity check, not GPU times")}
+    if all(best.values()):
+        out["timed"]["after_over_before_speed"] = round(best["before"]["median_s"] / best["after"]["median_s"], 3)
+    print(json.dumps({k: out[k] for k in ("host", "timed")} | {"est_step_speedup": out["estimate_real_shape"]
+                                                                ["est_step_speedup"]}, indent=1)[:3000])
     if a.output:
         with open(a.output, "w") as f:
             json.dump(out, f, indent=1)

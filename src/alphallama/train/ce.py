@@ -6,8 +6,9 @@ and the MTP head's three depths) over B*T = 65,536 rows of V = 12,288 logits: th
 float32 log-softmax (kept for backward), then a dense float32 gradient and its bf16 cast:
 ~42 bytes of traffic a logit. `linear_ce` takes the rows in chunks, computes each chunk's
 log-softmax in float32 from the bf16 logits, and makes that chunk's gradients (w.r.t. the
-rows and the head) at once, so backward only scales two small saved tensors: ~26 bytes a
-logit, and one chunk of logits held at a time instead of the whole [N, V].
+rows and the head) at once, so backward only scales two small saved tensors: ~34 bytes a
+logit (bench/train_step_cost.py counts them), and one chunk of logits held at a time
+instead of four [N, V] float32 log-softmaxes kept for backward (~13 GB at the real shape).
 
     loss = linear_ce(h, W, t, chunk=8192)   # == F.cross_entropy(F.linear(h, W).float(), t)
     rows = subset_rows(n, frac, generator)  # a uniform random subset of round(frac * n) rows
