@@ -61,3 +61,25 @@ def test_before_then_after_against_its_record(tmp_path, heldout, capsys):
     # a record made with other settings is refused, not compared
     with pytest.raises(SystemExit):
         main([model, *common[:-1], "13", "--baseline-json", str(before), "-o", str(out)])
+
+
+def test_device_script_parses_and_names_what_exists():
+    """bench/gpu_train_embedded.sh (smoked whole on the CPU: its header) is valid bash, and
+    the modules, scripts and flags it calls exist."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    script = root / "bench" / "gpu_train_embedded.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    text = script.read_text()
+    assert (root / "bench" / "train_step_cost.py").exists()
+    import argparse
+
+    from alphallama.train import pipeline
+    p = argparse.ArgumentParser()
+    from alphallama.config import DEFAULTS
+    pipeline.add_arguments(p, DEFAULTS.train)
+    flags = {o for a in p._actions for o in a.option_strings}
+    for flag in ("--deadline-s", "--time-budget-s", "--checkpoint-every-s", "--work-dir", "--device", "--commit"):
+        assert flag in text and flag in flags
+    for flag in ("--baseline-json", "--heldout", "--jobs", "--commit"):
+        assert flag in text
