@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
 from ..model.layers import apply_rope, rope_tables
+from .ce import linear_ce, subset_rows
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,6 @@ def mtp_losses(states: list[torch.Tensor], output: torch.Tensor, tokens: torch.T
     chunked form (no [B, T, V] float32 logits); frac < 1: each depth's mean over a uniform
     random subset of frac of its positions (drawn from `generator`), an unbiased estimate
     of the mean over all of them at a fraction of the logits."""
-    from .ce import linear_ce, subset_rows
     T = tokens.shape[1]
     losses = []
     for k, s in enumerate(states, start=1):
