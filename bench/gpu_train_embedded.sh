@@ -64,6 +64,7 @@ while [ ! -f "$WORK/cache/data.pt" ] && kill -0 "$TRAIN" 2>/dev/null; do sleep 2
 BEFORE_PID=
 if [ -f "$WORK/cache/heldout.jsonl.gz" ]; then
     echo "[$SECONDS s] data ready; evaluating the before-model on the CPU (${BEFORE_JOBS} jobs)"
+    timeout "$((LIMIT_S - SECONDS - 60))" \
     python3 -m alphallama.train.evaluate "$BEFORE" --heldout "$WORK/cache/heldout.jsonl.gz" --jobs "$BEFORE_JOBS" \
         $EVAL_ARGS -o "$RUN/before.json" > "$RUN/before.log" 2>&1 &
     BEFORE_PID=$!
