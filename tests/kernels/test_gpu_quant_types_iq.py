@@ -182,3 +182,46 @@ def test_registry_and_support_name_the_gpu(qtype):
     tensors = {t.name: t}
     assert gpu_refusal(t.name, t, tensors) is None
     assert type_uses(tensors)[qtype.name].runs_on == "cpu+gpu"
+
+
+# each new load / field once (the IQ2s share theirs, IQ1_M IQ1_S's, TQ1_0 TQ2_0's), and the
+# grouped GEMM with a codebook (its flattened planes leave the table as it is)
+COMPILED = {T.IQ2_XXS: ("f32", "dequant", "moe_gemm"), T.IQ3_XXS: ("f32",), T.IQ3_S: ("dequant",),
+            T.IQ1_M: ("f32", "dequant"), T.MXFP4: ("f32", "dequant", "moe_gemm"), T.TQ1_0: ("f32", "dequant")}
+
+
+def test_compiles_for_sm90():
+    """The interpreter runs what the compiler may reject: compile for sm_90 (no GPU needed)
+    the fp32 GEMV, the dequantize kernel and the grouped GEMM with the new loads and fields."""
+    from tests.kernels.sm90 import run_in_child
+    run_in_child("test_gpu_quant_types_iq")
+
+
+def compile_sm90() -> None:
+    from alphallama.kernels.formats import dequant
+    from alphallama.kernels.formats.qweight import format_of
+    from alphallama.kernels.gemv import qmatmul as qm
+    from alphallama.kernels.moe import moe_gemm
+    from tests.kernels.sm90 import compile_sm90 as build
+
+    dt = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
+    for qtype, kernels in COMPILED.items():
+        f, K = format_of(qtype), 4096
+        planes = {n: dt[p.dtype] for n, p in f.pack(torch.zeros((1, K // f.block_size, f.type_size),
+                                                                dtype=torch.uint8)).items()}
+        if f.table is not None:
+            planes["qh"] = dt[f.table().dtype]                                # the codebook in qh's place
+        args = [planes.get(n, planes["qs"]) for n in ("qs", "qh", "sc", "sd")]   # absent planes: qs
+        if "f32" in kernels:
+            build(qm._qmatmul_kernel, ["*bf16", "*fp32", *args, "i32", "i32", "i32", "i32"],
+                  dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, BN=8, NT=128,
+                       BW=4))
+        if "dequant" in kernels:
+            build(dequant._dequant_kernel, ["*bf16", *args, "i32", "i32"],
+                  dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, SLOT=f.slot,
+                       BN=1, NT=128, WHOLE=True, HW=True))
+        if "moe_gemm" in kernels:
+            build(moe_gemm._moe_gemm_kernel, ["*bf16", "*bf16", "*i32", "*i32", "*i32", *args,
+                                              "i32", "i32", "i32", "i32", "i32", "i32"],
+                  dict(TOP_K=8, GATHER=True, GATED=True, PREC="tf32", n_slots=K // f.slot, LOAD=f.triton_load,
+                       FIELD=f.triton_field, V=f.V, P=f.P, BM=32, BN=64, NT=64 // f.slot))
