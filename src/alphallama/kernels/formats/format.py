@@ -69,6 +69,14 @@ class Format:
         return GGML_QUANT_SIZES[self.qtype][1]
 
 
+def triton_kernels() -> dict:
+    """qtype -> the format's Triton (load, field) pair: fmt_triton.py's and fmt_triton_grid.py's
+    (the codebook formats, MXFP4, TQ), imported here so that the host side never needs triton."""
+    from .fmt_triton import KERNELS
+    from .fmt_triton_grid import KERNELS as MORE
+    return {**KERNELS, **MORE}
+
+
 def _triton(qtype: GGMLQuantizationType):
     from .fmt_triton import KERNELS
     from .fmt_triton_grid import KERNELS as MORE
