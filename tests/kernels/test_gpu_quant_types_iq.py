@@ -47,9 +47,9 @@ IDS = [t.name for t in NEW]
 # K whose slot count is not a multiple of the step (a masked last step): 96 groups of 8,
 # 48 ternary slots of 16, 9 MXFP4 blocks
 RAGGED_K = {**{t: 768 for t in GRID}, T.TQ1_0: 768, T.TQ2_0: 768, T.MXFP4: 288}
-# planes' bytes over the file's (fmt_grid.py: a group word of 32 bits a group of 8 values)
-PLANE_BYTES = {T.IQ2_XXS: 1.97, T.IQ2_XS: 1.76, T.IQ2_S: 1.59, T.IQ3_XXS: 1.33, T.IQ3_S: 1.19,
-               T.IQ1_S: 2.6, T.IQ1_M: 2.33, T.TQ1_0: 1.23, T.TQ2_0: 1.0, T.MXFP4: 1.0}
+# planes' bytes over the file's (fmt_grid.py: 16 or 32 bits a group of 8 values; TQ1_0 as TQ2_0)
+PLANE_BYTES = {T.IQ2_XXS: 1.13, T.IQ2_XS: 1.11, T.IQ2_S: 1.59, T.IQ3_XXS: 1.33, T.IQ3_S: 1.19,
+               T.IQ1_S: 1.32, T.IQ1_M: 1.18, T.TQ1_0: 1.23, T.TQ2_0: 1.0, T.MXFP4: 1.0}
 
 
 def valid_raw(qtype: T, n: int, k: int, seed: int) -> np.ndarray:
@@ -184,10 +184,12 @@ def test_registry_and_support_name_the_gpu(qtype):
     assert type_uses(tensors)[qtype.name].runs_on == "cpu+gpu"
 
 
-# each new load / field once (the IQ2s share theirs, IQ1_M IQ1_S's, TQ1_0 TQ2_0's), and the
-# grouped GEMM with a codebook (its flattened planes leave the table as it is)
-COMPILED = {T.IQ2_XXS: ("f32", "dequant", "moe_gemm"), T.IQ3_XXS: ("f32",), T.IQ3_S: ("dequant",),
-            T.IQ1_M: ("f32", "dequant"), T.MXFP4: ("f32", "dequant", "moe_gemm"), T.TQ1_0: ("f32", "dequant")}
+# each new load / field once (IQ2_XS's load is IQ2_XXS's short-word one with another G, IQ1_S
+# shares IQ1_M's, TQ2_0 TQ1_0's), and the grouped GEMM with a codebook (its flattened planes
+# leave the table as it is)
+COMPILED = {T.IQ2_XXS: ("f32", "dequant", "moe_gemm"), T.IQ2_S: ("f32",), T.IQ3_XXS: ("f32",),
+            T.IQ3_S: ("dequant",), T.IQ1_M: ("f32", "dequant"), T.MXFP4: ("f32", "dequant", "moe_gemm"),
+            T.TQ1_0: ("f32", "dequant")}
 
 
 def test_compiles_for_sm90():

@@ -172,16 +172,63 @@ def _torch_iq1(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return (dl[..., None] * (pts + delta[..., None])).reshape(-1, K)
 
 
-def _fmt(qtype, pack, dequantize, grid, bias=0) -> Format:
-    return Format(qtype, slot=8, V=2, P=4, pack=pack, dequantize=dequantize,
-                  table=lambda: grid_table(grid, bias))
+# --- short words: 16 bits a group where the fields fit ---------------------------------------
+# IQ1_S, IQ1_M: index | neg << 11 | s << 12. IQ2_XXS, IQ2_XS: index | the 7 stored sign bits << 9
+# (the 8th is their parity), s in a uint8 sc plane, one a scale (4 groups: IQ2_XXS, 2: IQ2_XS).
+# The loads and the torch side widen them back to the group word.
+
+def _short(w: torch.Tensor) -> torch.Tensor:
+    """Values 0..65535 (int64) as int16 bit patterns."""
+    return torch.where(w >= 1 << 15, w - (1 << 16), w).to(torch.int16)
 
 
-IQ2_XXS = _fmt(T.IQ2_XXS, _pack_iq2_xxs, _signed(tab.GRID_IQ2_XXS, 8, 0.125), tab.GRID_IQ2_XXS)
-IQ2_XS = _fmt(T.IQ2_XS, _pack_iq2_xs, _signed(tab.GRID_IQ2_XS, 8, 0.125), tab.GRID_IQ2_XS)
+def _long(p: dict[str, torch.Tensor]) -> torch.Tensor:
+    return p["qs"].to(torch.int64) & 0xFFFF
+
+
+def _iq1_short(pack):
+    def short(blocks):
+        p = pack(blocks)
+        w = p["qs"].to(torch.int64) & 0xFFFFFFFF
+        return {"qs": _short((w & 0x7FF) | (((w >> 20) & 1) << 11) | ((w >> 28) << 12)), "sd": p["sd"]}
+    return short
+
+
+def _iq1_long(p):
+    h = _long(p)
+    return {"qs": _word(h & 0x7FF, h >> 12, neg=(h >> 11) & 1), "sd": p["sd"]}
+
+
+def _iq2_short(pack, G: int):
+    def short(blocks):
+        p = pack(blocks)
+        w = p["qs"].to(torch.int64) & 0xFFFFFFFF
+        s = (w >> 28).reshape(w.shape[0], -1, G)[..., 0]                              # [R, ng / G]
+        return {"qs": _short((w & 0x1FF) | (((w >> 20) & 0x7F) << 9)), "sc": s.to(torch.uint8).contiguous(),
+                "sd": p["sd"]}
+    return short
+
+
+def _iq2_long(G: int):
+    def long(p):
+        h = _long(p)
+        return {"qs": _word(h & 0x1FF, p["sc"].to(torch.int64).repeat_interleave(G, dim=1), _signs7(h >> 9)),
+                "sd": p["sd"]}
+    return long
+
+
+def _fmt(qtype, pack, dequantize, grid, bias=0, widen=None) -> Format:
+    deq = dequantize if widen is None else (lambda p, K: dequantize(widen(p), K))
+    return Format(qtype, slot=8, V=2, P=4, pack=pack, dequantize=deq, table=lambda: grid_table(grid, bias))
+
+
+IQ2_XXS = _fmt(T.IQ2_XXS, _iq2_short(_pack_iq2_xxs, 4), _signed(tab.GRID_IQ2_XXS, 8, 0.125), tab.GRID_IQ2_XXS,
+               widen=_iq2_long(4))
+IQ2_XS = _fmt(T.IQ2_XS, _iq2_short(_pack_iq2_xs, 2), _signed(tab.GRID_IQ2_XS, 8, 0.125), tab.GRID_IQ2_XS,
+              widen=_iq2_long(2))
 IQ2_S = _fmt(T.IQ2_S, _pack_iq2_s, _signed(tab.GRID_IQ2_S, 8, 0.125), tab.GRID_IQ2_S)
 IQ3_XXS = _fmt(T.IQ3_XXS, _pack_iq3_xxs, _signed(tab.GRID_IQ3_XXS, 4, 0.25), tab.GRID_IQ3_XXS)
 IQ3_S = _fmt(T.IQ3_S, _pack_iq3_s, _signed(tab.GRID_IQ3_S, 4, 1.0), tab.GRID_IQ3_S)
-IQ1_S = _fmt(T.IQ1_S, _pack_iq1_s, _torch_iq1, tab.GRID_IQ1_S, bias=1)
-IQ1_M = _fmt(T.IQ1_M, _pack_iq1_m, _torch_iq1, tab.GRID_IQ1_S, bias=1)
+IQ1_S = _fmt(T.IQ1_S, _iq1_short(_pack_iq1_s), _torch_iq1, tab.GRID_IQ1_S, bias=1, widen=_iq1_long)
+IQ1_M = _fmt(T.IQ1_M, _iq1_short(_pack_iq1_m), _torch_iq1, tab.GRID_IQ1_S, bias=1, widen=_iq1_long)
 GRID_FORMATS = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)

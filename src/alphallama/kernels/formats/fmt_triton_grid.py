@@ -32,13 +32,12 @@ _MX_W3: tl.constexpr = tl.constexpr(E2M1_WORDS[3])
 
 
 @triton.jit
-def grid_load(qs, tab, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, PTS: tl.constexpr,
+def grid_load(g, tab, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, PTS: tl.constexpr,
               C: tl.constexpr):
-    """Group words g [NT, BN], the groups' point bytes as words [NT, BN, 2] (word v: bytes
-    2v, 2v + 1, 4 + 2v, 5 + 2v of the group, slot_positions(2, 4)) and db = d (2 s + 1) C
-    [NT, BN]. PTS: values a point (8: one point a group, its index in bits 0..10; 4: two,
-    bits 0..10 and 11..19)."""
-    g = slot_field(qs, row, s0, one, n_slots, NT)  # [NT, BN] int32
+    """For group words g [NT, BN]: the groups' point bytes as words [NT, BN, 2] (word v:
+    bytes 2v, 2v + 1, 4 + 2v, 5 + 2v of the group, slot_positions(2, 4)), g, and db =
+    d (2 s + 1) C [NT, BN]. PTS: values a point (8: one point a group, its index in bits
+    0..10; 4: two, bits 0..10 and 11..19)."""
     d = slot_field(sd, row, s0, one, n_slots, NT, 32).to(tl.float32)  # [NT, BN]
     db = d * small_f32(((g >> 27) & 0x1E) | 1, one) * C  # exact: d (11 bits) times 2 s + 1 (5 bits)
     a = g & 0x7FF
@@ -72,27 +71,60 @@ def _field_grid1(words, g, db, delta, I: tl.constexpr, one):
 
 
 @triton.jit
-def _load_iq2(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    words, g, db = grid_load(qs, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
+def _iq2_short(qs, sc, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, G: tl.constexpr):
+    """IQ2_XXS / IQ2_XS short words (index | 7 sign bits << 9) and their s (one per G groups)
+    widened to group words [NT, BN]: the 8th sign is the parity of the 7 (ksigns)."""
+    h = slot_field(qs, row, s0, one, n_slots, NT).to(tl.int32) & 0xFFFF  # [NT, BN]
+    s = slot_field(sc, row, s0, one, n_slots, NT, G).to(tl.int32) & 0xFF
+    s7 = h >> 9
+    p = s7 ^ (s7 >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return (h & 0x1FF) | ((s7 | ((p & 1) << 7)) << 20) | (s << 28)
+
+
+@triton.jit
+def _load_iq2_xxs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    g = _iq2_short(qs, sc, row, s0, one, n_slots, NT, 4)
+    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
+    return words, g, db, db
+
+
+@triton.jit
+def _load_iq2_xs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    g = _iq2_short(qs, sc, row, s0, one, n_slots, NT, 2)
+    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
+    return words, g, db, db
+
+
+@triton.jit
+def _load_iq2_s(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
+    g = slot_field(qs, row, s0, one, n_slots, NT)  # [NT, BN] int32 group words
+    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
     return words, g, db, db
 
 
 @triton.jit
 def _load_iq3_xxs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    words, g, db = grid_load(qs, qh, sd, row, s0, one, n_slots, NT, 4, 0.25)
+    g = slot_field(qs, row, s0, one, n_slots, NT)
+    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 4, 0.25)
     return words, g, db, db
 
 
 @triton.jit
 def _load_iq3_s(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    words, g, db = grid_load(qs, qh, sd, row, s0, one, n_slots, NT, 4, 1.0)
+    g = slot_field(qs, row, s0, one, n_slots, NT)
+    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 4, 1.0)
     return words, g, db, db
 
 
 @triton.jit
 def _load_iq1(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    """IQ1_S, IQ1_M: words, g, dl = d (2 s + 1) and the group's delta (+-1/8)."""
-    words, g, dl = grid_load(qs, qh, sd, row, s0, one, n_slots, NT, 8, 1.0)
+    """IQ1_S, IQ1_M short words (index | neg << 11 | s << 12): words, g, dl = d (2 s + 1) and
+    the group's delta (+-1/8)."""
+    h = slot_field(qs, row, s0, one, n_slots, NT).to(tl.int32) & 0xFFFF  # [NT, BN]
+    g = (h & 0x7FF) | (((h >> 11) & 1) << 20) | ((h >> 12) << 28)
+    words, g, dl = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 1.0)
     delta = tl.where(((g >> 20) & 1) != 0, -0.125, 0.125)  # [NT, BN]
     return words, g, dl, delta
 
@@ -131,9 +163,9 @@ def _field_tq(words, h, d, s2, I: tl.constexpr, one):
 
 
 KERNELS: dict[T, TritonFormat] = {
-    T.IQ2_XXS: TritonFormat(_load_iq2, _field_grid),
-    T.IQ2_XS: TritonFormat(_load_iq2, _field_grid),
-    T.IQ2_S: TritonFormat(_load_iq2, _field_grid),
+    T.IQ2_XXS: TritonFormat(_load_iq2_xxs, _field_grid),
+    T.IQ2_XS: TritonFormat(_load_iq2_xs, _field_grid),
+    T.IQ2_S: TritonFormat(_load_iq2_s, _field_grid),
     T.IQ3_XXS: TritonFormat(_load_iq3_xxs, _field_grid),
     T.IQ3_S: TritonFormat(_load_iq3_s, _field_grid),
     T.IQ1_S: TritonFormat(_load_iq1, _field_grid1),
