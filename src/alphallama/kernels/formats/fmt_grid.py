@@ -18,11 +18,14 @@ int16 table of the points' bytes (`Format.table`; IQ1: point + 1, so 0..2), word
 half-words v and v + 2 of the group's 8 bytes. That is qh's place in the kernel arguments
 (QuantWeight.plane_args): these formats have no qh plane.
 
+Where the fields fit, the plane holds a 16-bit *short word* a group that the load widens
+to the group word (bottom of this file): IQ1_S / IQ1_M (index, delta sign, s) and IQ2_XXS /
+IQ2_XS (index, the 7 stored sign bits; s in a uint8 sc plane, one a scale). Planes over
+the file: IQ2_XXS 1.12, IQ2_XS 1.11, IQ1_S 1.32, IQ1_M 1.18; the 32-bit words of IQ2_S
+1.59, IQ3_XXS 1.33, IQ3_S 1.18 (their fields take 18 to 27 bits a group).
+
 db = d * (2 s + 1) * C (C: IQ2 1/8, IQ3_XXS 1/4, IQ3_S 1, IQ1 1) and db * point * sign
 (IQ1: db * (point + delta)) are exact in fp32, as gguf's own products are: bit for bit.
-The planes are 4 bits a value plus d (IQ2_XXS: ~2x the file, IQ3_XXS 1.3x, IQ1_S 2.6x):
-the file's packings differ per type and are not byte-aligned per group; the group word
-keeps one load and one decoder for all seven.
 """
 from __future__ import annotations
 
