@@ -52,3 +52,27 @@ def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path, mix):
     ref, gpu = load_model(f, 128), GPUModel(f, 128, device=DEV)
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     follows_reference(ref, gpu, toks, 128, alone_from=3)
+
+
+def test_new_expert_types_through_the_store(tmp_path):
+    """Routed experts outside the expert contract (MXFP4 gate|up, IQ3_S down: a codebook,
+    whose table must stay on the device while its planes sit in the host tier) through the
+    expert store: the CPU workers stay off, and every tier gives the resident model's bits."""
+    path = tmp_path / "store.gguf"
+    quant = {"ffn_gate_exps": T.MXFP4, "ffn_up_exps": T.MXFP4, "ffn_down_exps": T.IQ3_S}
+    write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant=quant, seed=4), path)
+    f = GGUFFile(path)
+    toks = [5, 9, 100, 7]
+
+    def logits(m):
+        cache = m.new_cache(64)
+        out = [m.forward(torch.tensor(toks[:3]), 0, cache)[0].clone()]
+        return out + [m.forward(torch.tensor(toks[3:]), 3, cache)[0].clone()]
+
+    ref = logits(GPUModel(f, 64, device=DEV))
+    for slots in (0, 3):   # all in the host tier, a mix
+        m = GPUModel(f, 64, device=DEV, expert_slots=slots, cpu_tier=True)
+        m.store.admit_bytes_per_round = 0
+        assert m.cpu_link is None and m.store.slots == slots
+        got = logits(m)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref)), f"slots={slots}"

@@ -52,7 +52,9 @@ class QuantWeight:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]            # (N, K) or (E, N, K)
     planes: dict[str, torch.Tensor]   # name -> [*shape[:-1], per_row], contiguous
-    table: torch.Tensor | None = None  # the format's codebook on the planes' device (Format.table)
+    # a codebook format's table (Format.table) where the kernels read it: the planes' device,
+    # or the GPU for the expert store's pinned host planes (offload/store.py passes it on)
+    table: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.table is None and self.fmt.table is not None:   # built once a weight (~1-16 KiB)
