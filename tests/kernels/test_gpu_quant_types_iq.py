@@ -47,8 +47,8 @@ IDS = [t.name for t in NEW]
 # K whose slot count is not a multiple of the step (a masked last step): 96 groups of 8,
 # 48 ternary slots of 16, 9 MXFP4 blocks
 RAGGED_K = {**{t: 768 for t in GRID}, T.TQ1_0: 768, T.TQ2_0: 768, T.MXFP4: 288}
-# planes' bytes over the file's (fmt_grid.py: 16 or 32 bits a group of 8 values; TQ1_0 as TQ2_0)
-PLANE_BYTES = {T.IQ2_XXS: 1.13, T.IQ2_XS: 1.11, T.IQ2_S: 1.59, T.IQ3_XXS: 1.33, T.IQ3_S: 1.19,
+# planes' bytes over the file's (fmt_grid.py's table; TQ1_0 in TQ2_0's planes)
+PLANE_BYTES = {T.IQ2_XXS: 1.13, T.IQ2_XS: 1.11, T.IQ2_S: 1.2, T.IQ3_XXS: 1.07, T.IQ3_S: 1.02,
                T.IQ1_S: 1.32, T.IQ1_M: 1.18, T.TQ1_0: 1.23, T.TQ2_0: 1.0, T.MXFP4: 1.0}
 
 
@@ -106,7 +106,8 @@ def test_dequant_and_gather_bit_exact(qtype):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # MXFP4's 2^127 * 12: inf
-@pytest.mark.parametrize("qtype", [T.MXFP4, T.TQ2_0, T.IQ2_S, T.IQ1_S], ids=["MXFP4", "TQ2_0", "IQ2_S", "IQ1_S"])
+@pytest.mark.parametrize("qtype", [T.MXFP4, T.TQ2_0, T.IQ2_S, T.IQ3_S, T.IQ1_S],
+                         ids=["MXFP4", "TQ2_0", "IQ2_S", "IQ3_S", "IQ1_S"])
 def test_dequant_any_bytes(qtype):
     """Random bytes (fp16 d of random sign): every E8M0 byte (its subnormal and 2^127
     ends: infinities as gguf's), TQ2_0's unused code 3, every index and sign."""
@@ -184,11 +185,11 @@ def test_registry_and_support_name_the_gpu(qtype):
     assert type_uses(tensors)[qtype.name].runs_on == "cpu+gpu"
 
 
-# each new load / field once (IQ2_XS's load is IQ2_XXS's short-word one with another G, IQ1_S
-# shares IQ1_M's, TQ2_0 TQ1_0's), and the grouped GEMM with a codebook (its flattened planes
+# each new load / field once (IQ2_XS's load is IQ2_XXS's with another G, IQ3_XXS's IQ3_S's with
+# a shorter record; IQ1_S shares IQ1_M's, TQ2_0 TQ1_0's), and the grouped GEMM with a codebook (its flattened planes
 # leave the table as it is)
 COMPILED = {T.IQ2_XXS: ("f32", "dequant", "moe_gemm"), T.IQ2_S: ("f32",), T.IQ3_XXS: ("f32",),
-            T.IQ3_S: ("dequant",), T.IQ1_M: ("f32", "dequant"), T.MXFP4: ("f32", "dequant", "moe_gemm"),
+            T.IQ3_S: ("f32", "dequant"), T.IQ1_M: ("f32", "dequant"), T.MXFP4: ("f32", "dequant", "moe_gemm"),
             T.TQ1_0: ("f32", "dequant")}
 
 

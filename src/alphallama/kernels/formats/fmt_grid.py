@@ -2,27 +2,32 @@
 
 Each of them cuts a 256-value super-block into 32 groups of 8 values; a group is one
 codebook point of 8 (IQ2, IQ1) or two points of 4 (IQ3), 8 sign bits (IQ2, IQ3) or a
-delta sign (IQ1), and a small scale s shared by 16 or 32 values. At load time each group
-becomes one int32 *group word* (the qs plane, [N, K / 8]):
+delta sign (IQ1), and a small scale s shared by 16 or 32 values. A slot is a group (8
+values, V = 2 words of P = 4 byte fields, format.slot_positions). The kernels' loads
+(fmt_triton_grid.py) widen each group's stored fields to one int32 *group word*:
 
     bits  0..10  point index a (IQ3: the first point of 4)
     bits 11..19  IQ3's second point index b
-    bits 20..27  the 8 signs, bit j = value j (IQ2_XXS / IQ2_XS / IQ3_XXS: their 7 stored
-                 bits widened by the ksigns rule); IQ1: bit 20 = delta negative
-    bits 28..31  s (repeated in each group it covers)
+    bits 20..27  the 8 signs, bit j = value j; IQ1: bit 20 = delta negative
+    bits 28..31  s
 
-and the fp16 d of the super-block is the sd plane ([N, K / 256]; IQ1_M's split d joined).
-A slot is a group (8 values, V = 2 words of P = 4 byte fields, format.slot_positions): the
-kernels gather the group's point bytes from the format's codebook, held on the device as an
+then gather the group's point bytes from the format's codebook, held on the device as an
 int16 table of the points' bytes (`Format.table`; IQ1: point + 1, so 0..2), word v being the
-half-words v and v + 2 of the group's 8 bytes. That is qh's place in the kernel arguments
+half-words v and v + 2 of the group's 8 bytes. The table is passed in qh's place
 (QuantWeight.plane_args): these formats have no qh plane.
 
-Where the fields fit, the plane holds a 16-bit *short word* a group that the load widens
-to the group word (bottom of this file): IQ1_S / IQ1_M (index, delta sign, s) and IQ2_XXS /
-IQ2_XS (index, the 7 stored sign bits; s in a uint8 sc plane, one a scale). Planes over
-the file: IQ2_XXS 1.12, IQ2_XS 1.11, IQ1_S 1.32, IQ1_M 1.18; the 32-bit words of IQ2_S
-1.59, IQ3_XXS 1.33, IQ3_S 1.18 (their fields take 18 to 27 bits a group).
+What the planes store (qs: a 16-bit short word a group; sd: fp16 d a super-block unless said):
+    IQ1_S, IQ1_M   index | delta sign << 11 | s << 12 (IQ1_M's split d joined)
+    IQ2_XXS/XS     index | the 7 stored sign bits << 9 (the 8th: their parity, the ksigns
+                   rule); sc: uint8 s, one a scale (4 groups / 2 groups)
+    IQ2_S          index | s << 10; sc: the 8 signs a byte
+    IQ3_XXS/S      the two indices' low bytes; sc: the 8 signs a byte; sd: a record of int32
+                   a super-block: d's bits, the 8 s nibbles, (IQ3_S) the indices' top bits,
+                   two a group
+Planes over the file: IQ1_S 1.32, IQ1_M 1.18, IQ2_XXS 1.12, IQ2_XS 1.11, IQ2_S 1.20,
+IQ3_XXS 1.06, IQ3_S 1.02 (the file packs fields across groups; these keep one load a group).
+The plain-torch side packs the group words first and shortens them (`_*_short`), and widens
+them back before its dequantizer (`_*_long`).
 
 db = d * (2 s + 1) * C (C: IQ2 1/8, IQ3_XXS 1/4, IQ3_S 1, IQ1 1) and db * point * sign
 (IQ1: db * (point + delta)) are exact in fp32, as gguf's own products are: bit for bit.
@@ -175,10 +180,7 @@ def _torch_iq1(p: dict[str, torch.Tensor], K: int) -> torch.Tensor:
     return (dl[..., None] * (pts + delta[..., None])).reshape(-1, K)
 
 
-# --- short words: 16 bits a group where the fields fit ---------------------------------------
-# IQ1_S, IQ1_M: index | neg << 11 | s << 12. IQ2_XXS, IQ2_XS: index | the 7 stored sign bits << 9
-# (the 8th is their parity), s in a uint8 sc plane, one a scale (4 groups: IQ2_XXS, 2: IQ2_XS).
-# The loads and the torch side widen them back to the group word.
+# --- what the planes store (the module's table): group words shortened, and widened back ---
 
 def _short(w: torch.Tensor) -> torch.Tensor:
     """Values 0..65535 (int64) as int16 bit patterns."""
@@ -220,6 +222,58 @@ def _iq2_long(G: int):
     return long
 
 
+def _iq2_s_short(pack):
+    def short(blocks):
+        p = pack(blocks)
+        w = p["qs"].to(torch.int64) & 0xFFFFFFFF
+        return {"qs": _short((w & 0x3FF) | ((w >> 28) << 10)), "sc": ((w >> 20) & 0xFF).to(torch.uint8),
+                "sd": p["sd"]}
+    return short
+
+
+def _iq2_s_long(p):
+    h = _long(p)
+    return {"qs": _word(h & 0x3FF, h >> 10, p["sc"].to(torch.int64)), "sd": p["sd"]}
+
+
+def _i32(v: torch.Tensor) -> torch.Tensor:
+    """Values 0..2^32 - 1 (int64) as int32 bit patterns."""
+    return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
+
+
+def _iq3_short(pack, W: int):
+    """IQ3: the indices' low bytes a short word, the 8 signs a byte (sc), and a record of W
+    int32 a super-block (sd): d's bits, the 8 s nibbles, (IQ3_S) the indices' top bits."""
+    def short(blocks):
+        p = pack(blocks)
+        w = p["qs"].to(torch.int64) & 0xFFFFFFFF
+        R = w.shape[0]
+        s8 = (w >> 28).reshape(R, -1, 8, 4)[..., 0]                                   # [R, nb, 8]
+        rec = [p["sd"].view(torch.int16).to(torch.int64) & 0xFFFF,                    # [R, nb]
+               (s8 << (4 * torch.arange(8, device=w.device))).sum(-1)]
+        if W == 4:
+            top = (((w >> 8) & 1) | (((w >> 19) & 1) << 1)).reshape(R, -1, 2, 16)     # [R, nb, 2, 16]
+            rec += list((top << (2 * torch.arange(16, device=w.device))).sum(-1).unbind(-1))
+        return {"qs": _short((w & 0xFF) | (((w >> 11) & 0xFF) << 8)), "sc": ((w >> 20) & 0xFF).to(torch.uint8),
+                "sd": _i32(torch.stack(rec, dim=-1)).reshape(R, -1)}                  # [R, nb * W]
+    return short
+
+
+def _iq3_long(W: int):
+    def long(p):
+        h = _long(p)
+        R = h.shape[0]
+        rec = p["sd"].to(torch.int64).reshape(R, -1, W) & 0xFFFFFFFF                  # [R, nb, W]
+        d = _short(rec[..., 0]).view(torch.float16)                                   # [R, nb]
+        s = ((rec[..., 1:2] >> (4 * torch.arange(8, device=h.device))) & 0xF).repeat_interleave(4, dim=-1)
+        a, b = h & 0xFF, h >> 8
+        if W == 4:
+            top = ((rec[..., 2:4, None] >> (2 * torch.arange(16, device=h.device))) & 3).reshape(R, -1)
+            a, b = a | ((top & 1) << 8), b | ((top >> 1) << 8)
+        return {"qs": _word(a, s.reshape(R, -1), p["sc"].to(torch.int64), b), "sd": d}
+    return long
+
+
 def _fmt(qtype, pack, dequantize, grid, bias=0, widen=None) -> Format:
     deq = dequantize if widen is None else (lambda p, K: dequantize(widen(p), K))
     return Format(qtype, slot=8, V=2, P=4, pack=pack, dequantize=deq, table=lambda: grid_table(grid, bias))
@@ -229,9 +283,12 @@ IQ2_XXS = _fmt(T.IQ2_XXS, _iq2_short(_pack_iq2_xxs, 4), _signed(tab.GRID_IQ2_XXS
                widen=_iq2_long(4))
 IQ2_XS = _fmt(T.IQ2_XS, _iq2_short(_pack_iq2_xs, 2), _signed(tab.GRID_IQ2_XS, 8, 0.125), tab.GRID_IQ2_XS,
               widen=_iq2_long(2))
-IQ2_S = _fmt(T.IQ2_S, _pack_iq2_s, _signed(tab.GRID_IQ2_S, 8, 0.125), tab.GRID_IQ2_S)
-IQ3_XXS = _fmt(T.IQ3_XXS, _pack_iq3_xxs, _signed(tab.GRID_IQ3_XXS, 4, 0.25), tab.GRID_IQ3_XXS)
-IQ3_S = _fmt(T.IQ3_S, _pack_iq3_s, _signed(tab.GRID_IQ3_S, 4, 1.0), tab.GRID_IQ3_S)
+IQ2_S = _fmt(T.IQ2_S, _iq2_s_short(_pack_iq2_s), _signed(tab.GRID_IQ2_S, 8, 0.125), tab.GRID_IQ2_S,
+             widen=_iq2_s_long)
+IQ3_XXS = _fmt(T.IQ3_XXS, _iq3_short(_pack_iq3_xxs, 2), _signed(tab.GRID_IQ3_XXS, 4, 0.25), tab.GRID_IQ3_XXS,
+               widen=_iq3_long(2))
+IQ3_S = _fmt(T.IQ3_S, _iq3_short(_pack_iq3_s, 4), _signed(tab.GRID_IQ3_S, 4, 1.0), tab.GRID_IQ3_S,
+             widen=_iq3_long(4))
 IQ1_S = _fmt(T.IQ1_S, _iq1_short(_pack_iq1_s), _torch_iq1, tab.GRID_IQ1_S, bias=1, widen=_iq1_long)
 IQ1_M = _fmt(T.IQ1_M, _iq1_short(_pack_iq1_m), _torch_iq1, tab.GRID_IQ1_S, bias=1, widen=_iq1_long)
 GRID_FORMATS = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)

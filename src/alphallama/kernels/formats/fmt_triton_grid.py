@@ -32,13 +32,11 @@ _MX_W3: tl.constexpr = tl.constexpr(E2M1_WORDS[3])
 
 
 @triton.jit
-def grid_load(g, tab, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, PTS: tl.constexpr,
-              C: tl.constexpr):
-    """For group words g [NT, BN]: the groups' point bytes as words [NT, BN, 2] (word v:
-    bytes 2v, 2v + 1, 4 + 2v, 5 + 2v of the group, slot_positions(2, 4)), g, and db =
-    d (2 s + 1) C [NT, BN]. PTS: values a point (8: one point a group, its index in bits
-    0..10; 4: two, bits 0..10 and 11..19)."""
-    d = slot_field(sd, row, s0, one, n_slots, NT, 32).to(tl.float32)  # [NT, BN]
+def grid_load(g, d, tab, one, PTS: tl.constexpr, C: tl.constexpr):
+    """For group words g [NT, BN] and the super-blocks' d [NT, BN]: the groups' point bytes
+    as words [NT, BN, 2] (word v: bytes 2v, 2v + 1, 4 + 2v, 5 + 2v of the group,
+    slot_positions(2, 4)), g, and db = d (2 s + 1) C [NT, BN]. PTS: values a point (8: one
+    point a group, its index in bits 0..10; 4: two, bits 0..10 and 11..19)."""
     db = d * small_f32(((g >> 27) & 0x1E) | 1, one) * C  # exact: d (11 bits) times 2 s + 1 (5 bits)
     a = g & 0x7FF
     if PTS == 8:
@@ -71,10 +69,22 @@ def _field_grid1(words, g, db, delta, I: tl.constexpr, one):
 
 
 @triton.jit
+def _short16(plane, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr):
+    """A 16-bit per-group field as 0..65535: [NT, BN] int32."""
+    return slot_field(plane, row, s0, one, n_slots, NT).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _d16(sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr):
+    """The fp16 d of each group's super-block (32 groups): [NT, BN] float32."""
+    return slot_field(sd, row, s0, one, n_slots, NT, 32).to(tl.float32)
+
+
+@triton.jit
 def _iq2_short(qs, sc, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, G: tl.constexpr):
     """IQ2_XXS / IQ2_XS short words (index | 7 sign bits << 9) and their s (one per G groups)
     widened to group words [NT, BN]: the 8th sign is the parity of the 7 (ksigns)."""
-    h = slot_field(qs, row, s0, one, n_slots, NT).to(tl.int32) & 0xFFFF  # [NT, BN]
+    h = _short16(qs, row, s0, one, n_slots, NT)  # [NT, BN]
     s = slot_field(sc, row, s0, one, n_slots, NT, G).to(tl.int32) & 0xFF
     s7 = h >> 9
     p = s7 ^ (s7 >> 4)
@@ -86,35 +96,61 @@ def _iq2_short(qs, sc, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, G:
 @triton.jit
 def _load_iq2_xxs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
     g = _iq2_short(qs, sc, row, s0, one, n_slots, NT, 4)
-    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
+    words, g, db = grid_load(g, _d16(sd, row, s0, one, n_slots, NT), qh, one, 8, 0.125)
     return words, g, db, db
 
 
 @triton.jit
 def _load_iq2_xs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
     g = _iq2_short(qs, sc, row, s0, one, n_slots, NT, 2)
-    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
+    words, g, db = grid_load(g, _d16(sd, row, s0, one, n_slots, NT), qh, one, 8, 0.125)
     return words, g, db, db
 
 
 @triton.jit
 def _load_iq2_s(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    g = slot_field(qs, row, s0, one, n_slots, NT)  # [NT, BN] int32 group words
-    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 0.125)
+    """Short words index | s << 10 and the 8 signs a byte (sc)."""
+    h = _short16(qs, row, s0, one, n_slots, NT)  # [NT, BN]
+    signs = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32) & 0xFF
+    g = (h & 0x3FF) | (signs << 20) | ((h >> 10) << 28)
+    words, g, db = grid_load(g, _d16(sd, row, s0, one, n_slots, NT), qh, one, 8, 0.125)
     return words, g, db, db
 
 
 @triton.jit
+def _iq3_short(qs, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, W: tl.constexpr):
+    """IQ3 short words (the two indices' low bytes), the 8 signs a byte (sc) and the
+    super-block record of W int32 (sd: d's bits, the 8 s nibbles, IQ3_S's index top bits
+    two a group) widened to (group words, d) [NT, BN]."""
+    h = _short16(qs, row, s0, one, n_slots, NT)  # [NT, BN]
+    signs = slot_field(sc, row, s0, one, n_slots, NT).to(tl.int32) & 0xFF
+    r0 = slot_field(sd, row, s0, one, n_slots, NT, 32, W, 0)  # [NT, BN] int32
+    r1 = slot_field(sd, row, s0, one, n_slots, NT, 32, W, 1)
+    d = (r0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    u = (s0 + tl.arange(0, NT))[:, None] % 32  # [NT, 1]: the group in its super-block
+    s = (r1 >> ((u // 4) * 4)) & 0xF
+    a = h & 0xFF
+    b = (h >> 8) & 0xFF
+    if W == 4:
+        r2 = slot_field(sd, row, s0, one, n_slots, NT, 32, W, 2)
+        r3 = slot_field(sd, row, s0, one, n_slots, NT, 32, W, 3)
+        top = (tl.where(u < 16, r2, r3) >> ((u % 16) * 2)) & 3
+        a = a | ((top & 1) << 8)
+        b = b | ((top >> 1) << 8)
+    return a | (b << 11) | (signs << 20) | (s << 28), d
+
+
+@triton.jit
 def _load_iq3_xxs(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    g = slot_field(qs, row, s0, one, n_slots, NT)
-    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 4, 0.25)
+    g, d = _iq3_short(qs, sc, sd, row, s0, one, n_slots, NT, 2)
+    words, g, db = grid_load(g, d, qh, one, 4, 0.25)
     return words, g, db, db
 
 
 @triton.jit
 def _load_iq3_s(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
-    g = slot_field(qs, row, s0, one, n_slots, NT)
-    words, g, db = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 4, 1.0)
+    g, d = _iq3_short(qs, sc, sd, row, s0, one, n_slots, NT, 4)
+    words, g, db = grid_load(g, d, qh, one, 4, 1.0)
     return words, g, db, db
 
 
@@ -122,9 +158,9 @@ def _load_iq3_s(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.cons
 def _load_iq1(qs, qh, sc, sd, row, s0, one, n_slots: tl.constexpr, NT: tl.constexpr, V: tl.constexpr):
     """IQ1_S, IQ1_M short words (index | neg << 11 | s << 12): words, g, dl = d (2 s + 1) and
     the group's delta (+-1/8)."""
-    h = slot_field(qs, row, s0, one, n_slots, NT).to(tl.int32) & 0xFFFF  # [NT, BN]
+    h = _short16(qs, row, s0, one, n_slots, NT)  # [NT, BN]
     g = (h & 0x7FF) | (((h >> 11) & 1) << 20) | ((h >> 12) << 28)
-    words, g, dl = grid_load(g, qh, sd, row, s0, one, n_slots, NT, 8, 1.0)
+    words, g, dl = grid_load(g, _d16(sd, row, s0, one, n_slots, NT), qh, one, 8, 1.0)
     delta = tl.where(((g >> 20) & 1) != 0, -0.125, 0.125)  # [NT, BN]
     return words, g, dl, delta
 
