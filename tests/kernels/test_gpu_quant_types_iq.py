@@ -136,6 +136,22 @@ def test_qmatmul_rows_do_not_depend_on_column_or_width(qtype):
     rotation_check(w, (1, 3, 9), pool=9)
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="too slow for the CPU interpreter; runs on a GPU")
+@pytest.mark.parametrize("qtype", NEW, ids=IDS)
+def test_gpu_sizes(qtype):
+    """A 4096 x 4096 weight on the compiled kernels: the dequantize kernel gives gguf's
+    values, qmatmul at W = 8 follows float64 and each row alone gives the same bits."""
+    n = k = 4096
+    raw, w = _weight(qtype, n, k, seed=3)
+    ref = gguf_dequant(raw, qtype)
+    assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(4)).to(DEV, torch.bfloat16)
+    out = qmatmul(x, w)
+    check_close(out, x.cpu(), ref)
+    for m in (0, 5):
+        assert torch.equal(_bits(qmatmul(x[m:m + 1], w)), _bits(out[m:m + 1]))
+
+
 def test_moe_f32_and_prefill_gemm_against_float64():
     """gpt-oss's expert type: MXFP4 gate|up and down through the fp32 MoE GEMVs and the
     prefill's grouped GEMM, against float64 of gguf's values."""
