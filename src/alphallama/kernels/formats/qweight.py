@@ -57,8 +57,9 @@ class QuantWeight:
     table: torch.Tensor | None = None
 
     def __post_init__(self):
-        if self.table is None and self.fmt.table is not None:   # built once a weight (~1-16 KiB)
-            object.__setattr__(self, "table", self.fmt.table().to(self.planes["qs"].device))
+        fmt = FORMATS.get(self.qtype)
+        if self.table is None and fmt is not None and fmt.table is not None:   # once a weight (1-16 KiB)
+            object.__setattr__(self, "table", fmt.table().to(self.planes["qs"].device))
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor | np.ndarray, qtype: GGMLQuantizationType | int,
