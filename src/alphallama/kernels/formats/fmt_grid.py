@@ -49,6 +49,11 @@ def grid_table(grid: torch.Tensor, bias: int = 0) -> torch.Tensor:
     return (grid + bias).to(torch.uint8).contiguous().view(torch.int16).flatten()
 
 
+def _i32(v: torch.Tensor) -> torch.Tensor:
+    """Values 0..2^32 - 1 (int64) as int32 bit patterns."""
+    return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
+
+
 def _word(a, s, signs=None, b=None, neg=None) -> torch.Tensor:
     """Group fields (int64 [..]) -> the group word, int32 [..]."""
     w = a | (s << 28)
@@ -58,7 +63,7 @@ def _word(a, s, signs=None, b=None, neg=None) -> torch.Tensor:
         w = w | (signs << 20)
     if neg is not None:
         w = w | (neg << 20)
-    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
+    return _i32(w)
 
 
 def _signs7(idx7: torch.Tensor) -> torch.Tensor:
@@ -234,11 +239,6 @@ def _iq2_s_short(pack):
 def _iq2_s_long(p):
     h = _long(p)
     return {"qs": _word(h & 0x3FF, h >> 10, p["sc"].to(torch.int64)), "sd": p["sd"]}
-
-
-def _i32(v: torch.Tensor) -> torch.Tensor:
-    """Values 0..2^32 - 1 (int64) as int32 bit patterns."""
-    return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
 
 
 def _iq3_short(pack, W: int):
