@@ -5,7 +5,10 @@ shared memory by bulk copies) beat today's PDL chain of Triton kernels? One run,
   chain   the real GPUModel round (synthetic Q4_K file, depth POS), W = 1 graph replays with
           LAYERS layers and with 1; the difference over LAYERS - 1 is us a layer
   kernel  kernels/cuda/round_layer.cu through NVRTC on the same shape (random Q4_K planes),
-          graph replays of one launch over LAYERS and over 1 layer, the same difference
+          graph replays of one launch over LAYERS and over 1 layer, the same difference;
+          each variant in SPECS (--kernels) on the same layers, with waits and (dense) without
+          ("nowait": the queues alone). The chains run first, so a kernel that breaks the
+          CUDA context cannot take the control with it.
 
 Checks (layer 0, every stage, from the kernel's own inputs to that stage): activations'
 q8 within half a step; each GEMV against float64 (max |err| / (|W| |x|)); attention,
@@ -13,7 +16,7 @@ router, top-k and experts against float64; the qkv / o / down rows bit-compared 
 qgemv_i8 on the same int8 activations (its BN 16, NT 32, 8-warp tile). Floor: a layer's
 bytes over 4.0 TB/s and over the copy rate measured here. $OUT/gpu_round_probe-*.json.
 
-    python bench/gpu_round_probe.py [--shapes qwen3-8b qwen3-30b-a3b] [--layers 5]
+    python bench/gpu_round_probe.py [--shapes qwen3-8b qwen3-30b-a3b] [--layers 5] [--kernels layer]
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,6 +43,25 @@ from alphallama.kernels.cuda.schedule import NI  # noqa: E402
 POS = 511                 # the new token's position: 512 keys
 SMEM = 5 * 40960 + 20480  # round_layer.cu: NS * SLOT_BYTES + ACT_BYTES
 FLOOR_BW = 4.0e12
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A kernel variant: source, entry, threads a CTA, CTAs an SM, dynamic shared memory,
+    and an optional last integer argument (flags)."""
+    src: str
+    fn: str
+    threads: int
+    per_sm: int
+    smem: int
+    flags: int | None = None
+
+
+SPECS = {
+    "layer": Spec("round_layer.cu", "round_layer", 288, 1, SMEM),
+    # session 2's round_stream.cu variants (w16d8, w16d8-nopf, -pf4, w16d16, w8d8x2, w16d8-bare; 5eeca37)
+    # lost: bench/results/gpu_round_probe-h100-20261206-061236.json
+}
 
 
 def median_replay_us(fn, reps: int = 30) -> float:
@@ -64,30 +87,40 @@ def median_replay_us(fn, reps: int = 30) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
-class Probe:
-    """The kernel over a list of layers: its schedule uploaded, one launch a call."""
+_BUILT: dict = {}   # (layers, count, xs, dumps, nowait, grid) -> uploaded queues (the layers kept alive with them)
 
-    def __init__(self, kernel, layers, xs, cs, dumps=None, nowait=False):
+
+class Probe:
+    """A kernel over a list of layers: its schedule uploaded, one launch a call."""
+
+    def __init__(self, kernel, spec: Spec, layers, xs, cs, dumps=None, nowait=False):
         """nowait: every dependency wait dropped (a timing control only: what the queues cost
         with nothing to wait for; the sums are then garbage)."""
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        self.sch = build(layers, xs, POS, cs, dumps)
-        rows, starts, qs = self.sch.build(sms)
-        if nowait:
-            for r in rows:
-                r[1] = -1
-        self.instrs = torch.tensor(rows, dtype=torch.int32, device="cuda").reshape(-1, NI)
-        self.starts = torch.tensor(starts, dtype=torch.int32, device="cuda")
-        self.ptrs = torch.tensor(self.sch.ptrs, dtype=torch.int64, device="cuda")
-        self.ctr = torch.zeros(len(self.sch.counters), dtype=torch.int32, device="cuda")
+        self.grid = sms * spec.per_sm
+        key = (id(layers[0]), len(layers), id(xs), dumps is None, nowait, self.grid)
+        if key not in _BUILT:         # the same queues for every variant of one grid
+            sch = build(layers, xs, POS, cs, dumps)
+            rows, starts, _ = sch.build(self.grid)
+            if nowait:
+                for r in rows:
+                    r[1] = -1
+            _BUILT[key] = (torch.tensor(rows, dtype=torch.int32, device="cuda").reshape(-1, NI),
+                           torch.tensor(starts, dtype=torch.int32, device="cuda"),
+                           torch.tensor(sch.ptrs, dtype=torch.int64, device="cuda"), len(sch.counters), layers)
+        self.instrs, self.starts, self.ptrs, n_ctr, _ = _BUILT[key]
+        self.ctr = torch.zeros(n_ctr, dtype=torch.int32, device="cuda")
         self.err = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.kernel, self.sms = kernel, sms
-        self.n_instr = len(rows)
+        self.kernel, self.spec = kernel, spec
+        self.n_instr = self.instrs.shape[0]
 
     def __call__(self):
         self.ctr.zero_()
-        self.kernel.launch(self.sms, 288, SMEM, [self.instrs.data_ptr(), self.starts.data_ptr(),
-                                                 self.ctr.data_ptr(), self.err.data_ptr(), self.ptrs.data_ptr()])
+        args = [self.instrs.data_ptr(), self.starts.data_ptr(), self.ctr.data_ptr(), self.err.data_ptr(),
+                self.ptrs.data_ptr()]
+        if self.spec.flags is not None:
+            args.append(self.spec.flags)
+        self.kernel.launch(self.grid, self.spec.threads, self.spec.smem, args)
 
 
 def layer_bytes(L) -> int:
@@ -163,7 +196,9 @@ def check(L, xs, dumps, cs, kc0, vc0) -> dict:
     return out
 
 
-def probe_shape(name: str, n_layers: int, kernel) -> dict:
+def probe_shape(name: str, n_layers: int, kernels: dict, save=lambda res: None) -> dict:
+    """Every kernel variant on the same layers: layer 0 checked (outputs poisoned first), then
+    timed over n_layers and 1 layer, with waits and (dense) without."""
     s = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     layers = [make_layer(s, POS, g) for _ in range(n_layers)]
@@ -176,33 +211,50 @@ def probe_shape(name: str, n_layers: int, kernel) -> dict:
              "down": dump_size(L0.down, ranks)}
     dumps = {k: torch.zeros(v, dtype=torch.int32, device="cuda") for k, v in dumps.items()}
     kc0, vc0 = L0.kc.clone(), L0.vc.clone()
-    for L in layers:
-        for b in L.buf.values():
-            if b.is_floating_point():
-                b.fill_(float("nan"))
-    res = {"shape": s.__dict__, "layers": n_layers, "pos": POS}
-    full = Probe(kernel, layers, xs, cs, dumps)
-    res["instructions"] = full.n_instr
-    full()
-    torch.cuda.synchronize()
-    res["err_flag"] = int(full.err.item())
-    res["counters_final"] = full.ctr.tolist()[:8]
-    res["finite_last"] = bool(torch.isfinite(xs[-1]).all())
-    try:
-        res["check"] = check(L0, xs, dumps, cs, kc0, vc0)
-    except Exception as e:  # noqa: BLE001
-        res["check"] = {"error": traceback.format_exc()[-2000:]}
-        print(f"check failed: {e!r}", flush=True)
-    t_full = median_replay_us(Probe(kernel, layers, xs, cs))
-    t_one = median_replay_us(Probe(kernel, layers[:1], xs, cs))
-    res["kernel_us"] = {"all_layers": t_full, "one_layer": t_one, "per_layer": (t_full - t_one) / (n_layers - 1)}
-    if s.E == 0:      # the same queues with no waits (routing would read garbage ids: dense only)
-        nw_full = median_replay_us(Probe(kernel, layers, xs, cs, nowait=True))
-        nw_one = median_replay_us(Probe(kernel, layers[:1], xs, cs, nowait=True))
-        res["kernel_us"]["nowait_per_layer"] = (nw_full - nw_one) / (n_layers - 1)
-    res["bytes_per_layer"] = layer_bytes(L0)
+    res = {"shape": s.__dict__, "layers": n_layers, "pos": POS, "bytes_per_layer": layer_bytes(L0)}
     res["floor_us_4TBps"] = res["bytes_per_layer"] / FLOOR_BW * 1e6
-    del layers, full
+    for kname, (spec, kernel) in kernels.items():
+        t0 = time.time()
+        r = res[kname] = {"spec": spec.__dict__}
+        try:
+            for L in layers:
+                for b in L.buf.values():
+                    if b.is_floating_point():
+                        b.fill_(float("nan"))
+            for x in xs[1:]:
+                x.fill_(float("nan"))
+            for d in dumps.values():
+                d.zero_()
+            full = Probe(kernel, spec, layers, xs, cs, dumps)
+            r["instructions"] = full.n_instr
+            full()
+            torch.cuda.synchronize()
+            r["err_flag"] = int(full.err.item())
+            r["finite_last"] = bool(torch.isfinite(xs[-1]).all())
+            try:
+                r["check"] = check(L0, xs, dumps, cs, kc0, vc0)
+            except Exception as e:  # noqa: BLE001
+                r["check"] = {"error": traceback.format_exc()[-2000:]}
+                print(f"{kname} check failed: {e!r}", flush=True)
+            del full
+            t_full = median_replay_us(Probe(kernel, spec, layers, xs, cs))
+            t_one = median_replay_us(Probe(kernel, spec, layers[:1], xs, cs))
+            r["us"] = {"all_layers": t_full, "one_layer": t_one, "per_layer": (t_full - t_one) / (n_layers - 1)}
+            if s.E == 0:      # the same queues with no waits (routing would read garbage ids: dense only)
+                nw_full = median_replay_us(Probe(kernel, spec, layers, xs, cs, nowait=True))
+                nw_one = median_replay_us(Probe(kernel, spec, layers[:1], xs, cs, nowait=True))
+                r["us"]["nowait_per_layer"] = (nw_full - nw_one) / (n_layers - 1)
+                r["nowait_TBps"] = res["bytes_per_layer"] / r["us"]["nowait_per_layer"] / 1e6
+            r["TBps"] = res["bytes_per_layer"] / r["us"]["per_layer"] / 1e6
+        except Exception as e:  # noqa: BLE001
+            r["error"] = traceback.format_exc()[-3000:]
+            print(f"{name} {kname}: {e!r}", flush=True)
+        r["wall_s"] = time.time() - t0
+        print(f"{name} {kname}: {r.get('us')} err {r.get('err_flag')} pass {r.get('check', {}).get('pass')} "
+              f"({r['wall_s']:.1f} s)", flush=True)
+        save(res)
+    del layers
+    _BUILT.clear()
     torch.cuda.empty_cache()
     return res
 
@@ -240,6 +292,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--layers", type=int, default=5)
+    ap.add_argument("--kernels", nargs="*", default=list(SPECS))
     ap.add_argument("--no-chain", action="store_true")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -248,32 +301,51 @@ def main() -> int:
            "shapes": {}}
     path = Path(os.environ.get("OUT", ".")) / f"gpu_round_probe-{time.strftime('%Y%m%d-%H%M%S')}.json"
     t0 = time.time()
-    kernel = nvrtc.load("round_layer.cu", "round_layer")
-    res["compile_s"] = time.time() - t0
-    for name in args.shapes:
-        print(f"{name}: {time.time() - t0:.0f} s", flush=True)
-        r = {}
+    kernels, res["compile_s"], res["attributes"] = {}, {}, {}
+    for k in args.kernels:
+        spec = SPECS[k]
+        t1 = time.time()
         try:
-            r["kernel"] = probe_shape(name, args.layers, kernel)
+            kernels[k] = (spec, nvrtc.load(spec.src, spec.fn))
+            res["attributes"][k] = nvrtc.attributes(kernels[k][1], spec.threads, spec.smem)
         except Exception as e:  # noqa: BLE001
-            r["kernel"] = {"error": traceback.format_exc()[-3000:]}
-            print(f"{name} kernel: {e!r}", flush=True)
+            res["attributes"][k] = {"error": traceback.format_exc()[-3000:]}
+            print(f"{k}: {e!r}", flush=True)
+        res["compile_s"][k] = time.time() - t1
+        if k in kernels and res["attributes"][k].get("blocks_per_sm", 0) < spec.per_sm:   # not co-resident: skip
+            print(f"{k}: {res['attributes'][k]} fits fewer than {spec.per_sm} CTAs an SM: skipped", flush=True)
+            del kernels[k]
+    print(f"compiled: {res['compile_s']} {res['attributes']}", flush=True)
+    for name in args.shapes:       # the controls first: a kernel that breaks the context cannot take them along
+        r = res["shapes"][name] = {}
         if not args.no_chain:
             try:
                 r["chain"] = chain_shape(name, args.layers)
             except Exception as e:  # noqa: BLE001
                 r["chain"] = {"error": traceback.format_exc()[-3000:]}
                 print(f"{name} chain: {e!r}", flush=True)
-        res["shapes"][name] = r
-        path.write_text(json.dumps(res, indent=1, default=str))
-        k, c = r.get("kernel", {}), r.get("chain", {})
-        print(f"{name}: kernel {k.get('kernel_us')} check {k.get('check')} err {k.get('err_flag')} | "
-              f"chain {c.get('per_layer')} us/layer | floor {k.get('floor_us_4TBps')}", flush=True)
-    print(json.dumps({n: {"kernel_us_layer": v.get("kernel", {}).get("kernel_us", {}).get("per_layer"),
-                          "chain_us_layer": v.get("chain", {}).get("per_layer"),
-                          "floor_us": v.get("kernel", {}).get("floor_us_4TBps"),
-                          "pass": v.get("kernel", {}).get("check", {}).get("pass")}
-                      for n, v in res["shapes"].items()}, indent=1), flush=True)
+            print(f"{name} chain: {r['chain'].get('per_layer')} us/layer ({time.time() - t0:.0f} s)", flush=True)
+            path.write_text(json.dumps(res, indent=1, default=str))
+    for name in args.shapes:
+        print(f"{name}: {time.time() - t0:.0f} s", flush=True)
+        r = res["shapes"][name]
+
+        def save(kres, r=r):
+            r["kernel"] = kres
+            path.write_text(json.dumps(res, indent=1, default=str))
+        try:
+            save(probe_shape(name, args.layers, kernels, save))
+        except Exception as e:  # noqa: BLE001     # keep the variants already measured
+            save({**r.get("kernel", {}), "error": traceback.format_exc()[-3000:]})
+            print(f"{name} kernel: {e!r}", flush=True)
+    print(f"{res['gpu']} copy {res['copy_bandwidth_GBps']:.0f} GB/s; total {time.time() - t0:.0f} s", flush=True)
+    for name, v in res["shapes"].items():
+        k, c = v.get("kernel", {}), v.get("chain", {})
+        print(f"{name}: chain {c.get('per_layer')} us/layer, floor(4 TB/s) {k.get('floor_us_4TBps')}", flush=True)
+        for kn in args.kernels:
+            kr = k.get(kn, {})
+            print(f"  {kn:12s} {kr.get('us')} pass {kr.get('check', {}).get('pass')} err {kr.get('err_flag')} "
+                  f"TB/s {kr.get('TBps')} nowait TB/s {kr.get('nowait_TBps')}", flush=True)
     return 0
 
 

@@ -75,5 +75,5 @@ def test_every_format_has_its_triton_side():
     """The split keeps one Triton load/field pair for every host-side format: a format
     the planner and the store accept is one the GPU kernels can read."""
     from alphallama.kernels import FORMATS
-    from alphallama.kernels.formats.fmt_triton import KERNELS
-    assert set(KERNELS) == set(FORMATS)
+    from alphallama.kernels.formats.format import triton_kernels
+    assert set(triton_kernels()) == set(FORMATS)

@@ -70,9 +70,12 @@ class TrainDefaults:
     held_out_fraction: float = 0.02   # of corpus files, chosen by content hash, never trained on
     corpus_mb: int = 160              # Python source taken (the stdlib whole, then site-packages)
     tokenizer_sample_mb: int = 24     # text the BPE is trained on
-    instruct_examples: int = 72000    # generated ChatML examples (edits + code-writing requests)
-    write_function_weight: int = 6    # code-writing requests per one of each edit kind: chat
-                                      # requests are what a user asks first
+    instruct_examples: int = 56000    # generated ChatML examples (edits + code-writing requests)
+    write_function_weight: int = 10   # code-writing requests per one of each edit kind: chat
+                                      # requests are what a user asks first. 56k at 10: ~33k requests
+                                      # as before, ~3.3k of each edit kind (was 5.5k at 72k / 6): edits,
+                                      # whose answers repeat their prompts, were 24% of the stream's
+                                      # characters (16% now), raw code 66% (73% now)
     vocab_size: int = 12288
     ctx_len: int = 1024
     d_model: int = 512
@@ -87,6 +90,10 @@ class TrainDefaults:
     mtp_depths: int = 3
     mtp_weight: float = 0.3           # loss = main + mtp_weight * mean(depth losses) + aux
     aux_weight: float = 0.01          # MoE load balancing
+    ce_chunk: int = 8192              # rows a chunk of the cross-entropies (train/ce.py; 0: the plain
+                                      # form with [B, T, V] float32 logits)
+    mtp_frac: float = 0.25            # share of positions each MTP depth's loss scores a step (an
+                                      # unbiased estimate: a quarter of its logits)
     batch_size: int = 64              # sequences of ctx_len tokens per step (64: more tokens a second
                                       # than 32; docs/decisions/embedded-model.md)
     lr: float = 2e-3

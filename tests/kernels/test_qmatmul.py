@@ -18,6 +18,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: 
 from alphallama.gguf.quants import QUANTS  # noqa: E402
 from alphallama.kernels import FORMATS, QuantWeight  # noqa: E402
 from alphallama.kernels.gemv.qmatmul import qmatmul, qmatmul_ref, tile  # noqa: E402
+from alphallama.kernels.formats.fmt_grid import GRID_FORMATS  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEV == "cuda"
@@ -28,6 +29,7 @@ IDS = [t.name for t in QTYPES]
 # planes' bytes over the file's: 1.03 for every type but Q3_K, whose 12 scale bytes per
 # 110-byte block are 16 on the GPU (one int8 per 16-value slot): 114 / 110
 PLANE_BYTES = {T.Q3_K: 1.04}
+CODEBOOK_AND_MORE = [f.qtype for f in GRID_FORMATS] + [T.MXFP4, T.TQ1_0, T.TQ2_0]
 
 
 def random_raw(qtype: T, n: int, k: int, seed: int) -> np.ndarray:
@@ -159,9 +161,9 @@ def test_expert_slices_give_the_same_bits():
 
 
 def test_registry_and_errors():
-    assert set(QTYPES) == set(FORMATS)
-    with pytest.raises(ValueError, match="no GPU kernel for IQ2_XXS"):   # a type without a GPU format
-        QuantWeight.from_raw(np.zeros(66, np.uint8), T.IQ2_XXS, (1, 256))
+    assert set(QTYPES) | set(CODEBOOK_AND_MORE) == set(FORMATS)   # those: test_gpu_quant_types_iq.py
+    with pytest.raises(ValueError, match="no GPU kernel for Q8_K"):   # a type without a GPU format
+        QuantWeight.from_raw(np.zeros(292, np.uint8), T.Q8_K, (1, 256))
     with pytest.raises(ValueError, match="bytes"):
         QuantWeight.from_raw(np.zeros(100, np.uint8), T.Q4_K, (1, 256))
     with pytest.raises(ValueError, match="multiple"):

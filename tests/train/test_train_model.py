@@ -71,13 +71,15 @@ def test_export_loads_and_matches_the_training_model(tmp_path, tok_kv, qtype):
     assert side.name == "m.mtp.gguf" and GGUFFile(str(side)).metadata["qwen3moe.block_count"] == CFG.n_layers + 1
 
 
-def test_a_few_steps_lower_the_loss(tok_kv):
+@pytest.mark.parametrize("chunk, frac", [(0, 1.0), (16, 0.25)])   # plain; the chunked CE and MTP subset
+def test_a_few_steps_lower_the_loss(tok_kv, chunk, frac):
     model, head = _model()
     opt = torch.optim.AdamW([p for m in (model, head) for p in m.parameters()], lr=3e-3)
     x = torch.randint(0, CFG.vocab_size, (4, 33))
     first = None
+    g = torch.Generator().manual_seed(0)
     for _ in range(12):
-        main, mtp, aux, _ = losses(model, head, x, 3, "cpu")
+        main, mtp, aux, _ = losses(model, head, x, 3, "cpu", chunk=chunk, mtp_frac=frac, generator=g)
         loss = main + 0.3 * sum(mtp) / 3 + 0.01 * aux
         first = first if first is not None else (main.item(), [m.item() for m in mtp])
         opt.zero_grad()

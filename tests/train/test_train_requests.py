@@ -20,13 +20,14 @@ from alphallama.train.instruct import (
     make_examples,
     write_function_edit,
 )
+from alphallama.train.names import plausible
 from alphallama.train.quality import (
     answer_code,
     defines_function,
     heldout_bits_per_byte,
     repeat_share,
 )
-from alphallama.train.requests import request, summary, verb_forms
+from alphallama.train.requests import PHRASINGS, request, summary, verb_forms
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -73,18 +74,47 @@ def test_function_cases_skip_stubs_and_mark_methods():
     assert all(check_write_function(e) for e in edits)
 
 
-def test_pool_asks_every_function_once_before_any_twice():
+def test_pool_asks_closed_functions_first_each_once_before_any_twice():
     texts = [(STDLIB / f).read_text() for f in ("textwrap.py", "shlex.py", "glob.py", "calendar.py", "heapq.py")]
-    n_cases = sum(len(function_cases(t)) for t in texts)
+    cases = [c for t in texts for c in function_cases(t)]
+    n_closed = sum(c.closed for c in cases)
+    assert 0 < n_closed < len(cases)
     pool = FunctionPool(texts, random.Random(0), 1400)
-    got = [pool.next() for _ in range(n_cases + 5)]
-    first, later = got[:n_cases], got[n_cases:]
-    assert all(e is not None and check_write_function(e) for e in got)
-    assert len({e.output for e in first}) == n_cases                 # every function once
-    seen = {(e.output, e.prompt) for e in first}
-    assert all((e.output, e.prompt) not in seen for e in later)        # then new styles
-    plain = sum(not e.prompt.startswith(("Write a Python function `", "Complete this")) for e in first)
-    assert plain > n_cases // 4        # plain-language requests come first where they fit
+    got = []
+    while (e := pool.next()) is not None:
+        got.append(e)
+    assert all(check_write_function(e) for e in got)
+    assert len({(e.output, e.prompt) for e in got}) == len(got)        # no (function, style) twice
+    closed = {c.answer for c in cases if c.closed}
+    kinds = [e.output in closed for e in got]
+    first_open = kinds.index(False)
+    assert all(kinds[:first_open]) and not any(kinds[first_open:])    # every closed request first
+    assert len({e.output for e in got[:n_closed]}) == n_closed          # each closed function once ...
+    n_open = len(cases) - n_closed
+    assert len({e.output for e in got[first_open:first_open + n_open]}) == n_open   # ... and each other
+    plain = sum(not e.prompt.startswith(("Write a Python function `", "Complete this")) for e in got[:n_closed])
+    can = sum(any(write_function_edit(c, s) for s in range(len(PHRASINGS))) for c in cases if c.closed)
+    assert plain == can > 0            # plain-language requests come first where they fit
+
+
+def test_function_cases_bring_their_imports():
+    text = ("import os\nimport numpy as np\nfrom typing import Any, List\nfrom . import sibling\nLIMIT = 3\n\n\n"
+            "def a(p):\n    \"\"\"Return the base name of p.\"\"\"\n    q = os.path.basename(p)\n    return q\n\n\n"
+            "def b(xs: List[int]) -> Any:\n    \"\"\"Return the array of xs.\"\"\"\n    out = np.array(xs)\n    return out\n\n\n"
+            "def c(n):\n    \"\"\"Return n below the limit.\"\"\"\n    m = min(n, LIMIT)\n    return m\n\n\n"
+            "def d(n):\n    \"\"\"Return the sibling of n.\"\"\"\n    s = sibling(n)\n    return s\n\n\n"
+            "def e(n):\n    \"\"\"Return n squared plus one.\"\"\"\n    import math\n    return math.pow(n, 2) + 1\n")
+    cases = {c.name: c for c in function_cases(text)}
+    assert cases["a"].closed and cases["a"].imports == "import os"
+    assert cases["a"].answer.startswith("import os\n\n\ndef a(p):")
+    assert cases["b"].closed and cases["b"].imports == "import numpy as np\nfrom typing import Any, List"
+    assert not cases["c"].closed and cases["c"].imports == "" and cases["c"].answer == cases["c"].src   # a global
+    assert not cases["d"].closed                                       # a relative import
+    assert cases["e"].closed and cases["e"].imports == ""              # imports inside
+    for c in cases.values():
+        assert plausible(c.answer) == c.closed
+        e = write_function_edit(c, len(PHRASINGS))
+        assert check_write_function(e) and e.answer.startswith("```python\n" + c.answer[:10])
 
 
 def test_kind_weights_set_the_mix():

@@ -74,16 +74,17 @@ def pin(t: torch.Tensor) -> torch.Tensor:
 def _host_like(w: QuantWeight, rows: int) -> QuantWeight:
     """Empty pinned host planes for `rows` experts shaped like w's."""
     planes = {n: pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
-    return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes)
+    return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes, w.table)   # a codebook stays where the kernels read
 
 
 def _bank_like(w: QuantWeight, slots: int, device) -> QuantWeight:
     planes = {n: torch.zeros((slots, *p.shape[1:]), dtype=p.dtype, device=device) for n, p in w.planes.items()}
-    return QuantWeight(w.qtype, (slots, *w.shape[1:]), planes)
+    return QuantWeight(w.qtype, (slots, *w.shape[1:]), planes, w.table)
 
 
 def _sub(w: QuantWeight, start: int, stop: int) -> QuantWeight:
-    return QuantWeight(w.qtype, (stop - start, *w.shape[1:]), {n: p[start:stop] for n, p in w.planes.items()})
+    return QuantWeight(w.qtype, (stop - start, *w.shape[1:]), {n: p[start:stop] for n, p in w.planes.items()},
+                       w.table)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 prompt format the engine will build.
 
     snippet(text, rng, max_chars)        -> a run of whole top-level statements of a file
-    function_cases(text)                 -> [FunctionCase]: the documented functions of a file
+    function_cases(text)                 -> [FunctionCase]: the documented functions of a file,
+                                            each with the file's import lines it needs
     write_function_edit(case, style)     -> an Edit: a request in one of N_STYLES styles (a
                                             plain-language one of requests.py, a signature and
                                             docstring, a header), the corpus function as answer
@@ -21,6 +22,7 @@ from functools import lru_cache
 from importlib import resources
 
 from .edits import PY_FENCE, TASKS, Edit
+from .names import BUILTINS, free_names
 from .requests import PHRASINGS, request, summary
 
 SYSTEM_PROMPTS = ("You are a helpful coding assistant.", "You are a careful programmer. Answer with code only.")
@@ -42,7 +44,7 @@ def snippet(text: str, rng: random.Random, max_chars: int) -> str | None:
     if not nodes:
         return None
     lines = text.splitlines()
-    first = lambda n: min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])])  # noqa: E731
+    first = lambda n: min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])])
     start = rng.randrange(len(nodes))
     lo, hi = first(nodes[start]), nodes[start].end_lineno
     if sum(len(x) + 1 for x in lines[lo - 1:hi]) > max_chars:
@@ -79,17 +81,56 @@ class FunctionCase:
     name: str
     sig: str          # "name(args) -> ret"
     doc: str          # the docstring's first paragraph
-    src: str          # the function's source, dedented: the answer
+    src: str          # the function's source, dedented
     method: bool      # takes self/cls: only the signature phrasings suit it
+    imports: str = ""     # the file's import lines for the modules and names it reads
+    closed: bool = True   # with `imports` it reads nothing else but builtins (names.py)
+
+    @property
+    def answer(self) -> str:
+        """The answer to a request for it: the imports it needs, then the function."""
+        return f"{self.imports}\n\n\n{self.src}" if self.imports else self.src
+
+
+def _import_lines(tree: ast.Module) -> dict[str, tuple[int, int, str, str]]:
+    """{bound name: (statement index, alias index, module, alias text)} of the module's absolute
+    top-level imports (not __future__): `import a.b as c` binds c, `from m import x` x."""
+    out: dict[str, tuple[int, str, str]] = {}
+    for i, stmt in enumerate(tree.body):
+        if isinstance(stmt, ast.ImportFrom) and (stmt.level or stmt.module in (None, "__future__")):
+            continue
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for j, a in enumerate(stmt.names):
+                if a.name == "*":
+                    continue
+                text = a.name + (f" as {a.asname}" if a.asname else "")
+                name = a.asname or a.name.split(".")[0]
+                out[name] = (i, j, "" if isinstance(stmt, ast.Import) else stmt.module, text)
+    return out
+
+
+def _needed_imports(needs: set[str], imports: dict[str, tuple[int, int, str, str]]) -> str:
+    """The import lines that bind `needs`, in the file's order, one `from` line a statement."""
+    lines: dict[tuple[int, str], list[str]] = {}
+    for name in sorted(needs, key=lambda n: imports[n][:2]):
+        i, _, mod, text = imports[name]
+        lines.setdefault((i, mod), []).append(text)
+    out = []
+    for (_, mod), texts in lines.items():
+        out += [f"import {t}" for t in texts] if not mod else [f"from {mod} import {', '.join(texts)}"]
+    return "\n".join(out)
 
 
 def function_cases(text: str, max_chars: int = 1400) -> list[FunctionCase]:
-    """Every documented function of 3..40 lines (at most max_chars) of a file."""
+    """Every documented function of 3..40 lines (at most max_chars) of a file; `closed`
+    when the names it reads are builtins or bound by the file's absolute imports (which
+    its answer then starts with)."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
     lines = text.splitlines()
+    imports = _import_lines(tree)
     out = []
     for node in _functions(tree):
         src = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
@@ -104,7 +145,10 @@ def function_cases(text: str, max_chars: int = 1400) -> list[FunctionCase]:
         except (ValueError, AttributeError):
             continue
         first = node.args.posonlyargs + node.args.args
-        out.append(FunctionCase(node.name, sig, doc, src, bool(first) and first[0].arg in ("self", "cls")))
+        needs = free_names(node) - BUILTINS
+        closed = needs <= imports.keys()
+        out.append(FunctionCase(node.name, sig, doc, src, bool(first) and first[0].arg in ("self", "cls"),
+                                _needed_imports(needs, imports) if closed else "", closed))
     return out
 
 
@@ -129,7 +173,7 @@ def write_function_edit(case: FunctionCase, style: int) -> Edit | None:
         kw = "async def" if case.src.startswith("async ") else "def"
         header = f"{kw} {case.sig}:\n" + textwrap.indent(f'"""{case.doc}"""', "    ")
         prompt = f"Complete this Python function.\n\n{PY_FENCE.format(header)}"
-    return Edit("write_function", prompt, case.src, case.src, {"name": case.name})
+    return Edit("write_function", prompt, case.answer, case.answer, {"name": case.name})
 
 
 def make_write_function(text: str, rng: random.Random, max_chars: int = 1400) -> Edit | None:
@@ -142,34 +186,46 @@ def make_write_function(text: str, rng: random.Random, max_chars: int = 1400) ->
 
 
 class FunctionPool:
-    """Every function case of the texts, in a random order, asked for in one style per
-    pass: pass r asks each case in its r-th fitting style (the styles that suit it, in a
-    random order of its own, plain-language ones first), so no function is asked for twice before every one has
+    """Every function case of the texts, asked for in one style per pass: the closed cases
+    (names.py: they read only builtins and the imports their answer starts with) in all
+    their styles first, then the others, so an answer that reads names it never defines
+    is taught only once the closed ones are spent. Within a group, pass r asks each case
+    (in a random order) in its r-th fitting style (plain-language ones first, in a random
+    order of its own): no function is asked for twice before every one of its group has
     been asked for once, and no (function, style) repeats; None when all are spent."""
 
     def __init__(self, texts: list[str], rng: random.Random, max_chars: int):
-        self.cases = [c for t in texts for c in function_cases(t, max_chars)]
-        rng.shuffle(self.cases)
+        cases = [c for t in texts for c in function_cases(t, max_chars)]
+        rng.shuffle(cases)
+        self.groups = [[c for c in cases if c.closed], [c for c in cases if not c.closed]]
         self.rng = rng
-        self.styles: dict[int, list[Edit]] = {}
-        self.i = 0
+        self.styles: dict[tuple[int, int], list[Edit]] = {}
+        self.g = self.i = 0
+
+    @property
+    def cases(self) -> list[FunctionCase]:
+        return self.groups[0] + self.groups[1]
 
     def _fitting(self, k: int) -> list[Edit]:
-        if k not in self.styles:
+        key = (self.g, k)
+        if key not in self.styles:
             # plain-language requests first: they are what users type
             plain, shown = list(range(len(PHRASINGS))), list(range(len(PHRASINGS), N_STYLES))
             order = self.rng.sample(plain, len(plain)) + self.rng.sample(shown, len(shown))
-            self.styles[k] = [e for s in order if (e := write_function_edit(self.cases[k], s)) is not None]
-        return self.styles[k]
+            case = self.groups[self.g][k]
+            self.styles[key] = [e for s in order if (e := write_function_edit(case, s)) is not None]
+        return self.styles[key]
 
     def next(self) -> Edit | None:
-        n = len(self.cases)
-        while n and self.i < n * N_STYLES:
-            k, rnd = self.i % n, self.i // n
-            self.i += 1
-            fitting = self._fitting(k)
-            if rnd < len(fitting):
-                return fitting[rnd]
+        while self.g < len(self.groups):
+            n = len(self.groups[self.g])
+            while n and self.i < n * N_STYLES:
+                k, rnd = self.i % n, self.i // n
+                self.i += 1
+                fitting = self._fitting(k)
+                if rnd < len(fitting):
+                    return fitting[rnd]
+            self.g, self.i = self.g + 1, 0
         return None
 
 
@@ -178,9 +234,11 @@ def check_write_function(e: Edit) -> bool:
         tree = ast.parse(e.output)
     except SyntaxError:
         return False
-    # the answer is the corpus function itself, whole and parseable
-    return (e.output == e.source and len(tree.body) == 1 and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef))
-            and tree.body[0].name == e.params["name"] and bool(ast.get_docstring(tree.body[0])))
+    # the answer is the corpus function itself, whole and parseable, after the imports it needs
+    *head, last = tree.body or [None]
+    return (e.output == e.source and all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in head)
+            and isinstance(last, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and last.name == e.params["name"] and bool(ast.get_docstring(last)))
 
 
 def make_edit(kind: str, text: str, rng: random.Random, max_chars: int) -> Edit | None:

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from ..config import DEFAULTS
+from .ce import linear_ce
 from .data import get_batch, val_batch
 from .model import MoEModel
 from .mtp import MTPHead, mtp_losses
-
 
 D = DEFAULTS.train
 
@@ -43,6 +43,8 @@ class Hyper:
     val_windows: int = D.val_windows
     seed: int = D.seed
     weight_decay: float = D.weight_decay
+    ce_chunk: int = D.ce_chunk        # rows per chunk of the cross-entropies (0: the plain [B,T,V] form)
+    mtp_frac: float = D.mtp_frac      # share of positions the MTP losses score each step
     max_steps: int | None = None     # tests: stop after this many steps whatever the time
 
 
@@ -66,16 +68,18 @@ def _autocast(device: str):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
 
 
-def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device: str, with_acc: bool = False):
+def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device: str, with_acc: bool = False,
+           chunk: int = 0, mtp_frac: float = 1.0, generator: torch.Generator | None = None):
     """(main CE, [MTP CE per depth], aux, [MTP top-1 accuracy per depth] if with_acc) on
-    windows x [B, T+1]."""
+    windows x [B, T+1]. chunk > 0: the cross-entropies in row chunks (ce.linear_ce, no
+    [B, T, V] float32 logits); mtp_frac < 1: each MTP depth scored on a random share of
+    its positions drawn from `generator` (an unbiased estimate of its mean)."""
     inp, tgt = x[:, :-1], x[:, 1:]                                            # [B, T]
     with _autocast(device):
         hidden, aux = model(inp)                                              # [B, T, D]
-        logits = model.logits(hidden)                                         # [B, T, V]
-        main = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
+        main = linear_ce(model.normed(hidden).flatten(0, 1), model.embed, tgt.flatten(), chunk)
         states = head(hidden.detach(), inp, model.embed, depths)
-        mtp = mtp_losses(states, model.embed, inp)
+        mtp = mtp_losses(states, model.embed, inp, chunk=chunk, frac=mtp_frac, generator=generator)
     if not with_acc:
         return main, mtp, aux, []
     with torch.no_grad():
@@ -121,7 +125,7 @@ def load(path: Path, model, head, opt) -> State | None:
 def evaluate(model, head, val: torch.Tensor, hp: Hyper, device: str) -> dict:
     model.eval()
     head.eval()
-    main, mtp, _, acc = losses(model, head, val, hp.mtp_depths, device, with_acc=True)
+    main, mtp, _, acc = losses(model, head, val, hp.mtp_depths, device, with_acc=True, chunk=hp.ce_chunk)
     model.train()
     head.train()
     return {"loss": main.item(), "mtp": [m.item() for m in mtp], "mtp_top1": [a.item() for a in acc]}
@@ -156,7 +160,9 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
         for g in opt.param_groups:
             g["lr"] = lr = lr_at(hp, st, budget)
         x = get_batch(train_tokens, hp.batch_size, hp.ctx_len, hp.seed, st.step, device)
-        main, mtp, aux, _ = losses(model, head, x, hp.mtp_depths, device)
+        g = torch.Generator().manual_seed(hp.seed * 1_000_003 + st.step + 1)   # the MTP rows of this step
+        main, mtp, aux, _ = losses(model, head, x, hp.mtp_depths, device, chunk=hp.ce_chunk,
+                                   mtp_frac=hp.mtp_frac, generator=g)
         loss = main + hp.mtp_weight * sum(mtp) / len(mtp) + hp.aux_weight * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()

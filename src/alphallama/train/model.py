@@ -5,7 +5,7 @@ same function as alphallama.model.Transformer computes from the exported GGUF.
     cfg = MoEConfig(vocab_size=..., ...);  model = MoEModel(cfg)
     hidden, aux = model(tokens)            # tokens [B, T] -> hidden [B, T, D] before the
                                            # final norm (what the MTP head takes), aux scalar
-    logits = model.logits(hidden)          # [B, T, V]
+    logits = model.logits(hidden)          # [B, T, V] (= F.linear(model.normed(hidden), model.embed))
     model.gguf_tensors()                   # {llama.cpp name: float32 tensor}
 """
 from __future__ import annotations
@@ -131,8 +131,12 @@ class MoEModel(nn.Module):
             aux = aux + a
         return x, aux / c.n_layers
 
+    def normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head's input: the final norm of the hidden state [B, T, D]."""
+        return rms(hidden, self.out_norm, self.cfg.norm_eps)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms(hidden, self.out_norm, self.cfg.norm_eps), self.embed)   # [B, T, V]
+        return F.linear(self.normed(hidden), self.embed)                       # [B, T, V]
 
     def gguf_tensors(self) -> dict[str, torch.Tensor]:
         """{llama.cpp name: float32 copy on CPU}, in no particular order."""

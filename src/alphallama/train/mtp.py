@@ -15,6 +15,8 @@ Stable interface (train/distill_mtp.py and the embedded-model trainer import the
         states[k-1][:, p] = shared_head_norm(h') of the depth-k entry at position p, which
         predicts tokens[:, p + 1]; logits = states[k-1] @ output.T (the main model's head).
     losses = mtp_losses(states, output, tokens)          # list of scalar CE per depth
+    losses = mtp_losses(states, output, tokens, chunk=8192, frac=0.25, generator=g)
+                                                         # chunked CE over a random quarter
     mask = mtp_mask(T, k)                                # [T, k*T] bool, True = may attend
 
     write_sidecar(path, head, arch=..., n_layers=..., ctx_len=..., metadata={...},
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 
 from ..gguf.arch import ModelConfig
 from ..model.layers import apply_rope, rope_tables
+from .ce import linear_ce, subset_rows
 
 
 @dataclass(frozen=True)
@@ -179,17 +182,24 @@ class MTPHead(nn.Module):
         return {p + k: v.detach().float().cpu() for k, v in named.items()}
 
 
-def mtp_losses(states: list[torch.Tensor], output: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
+def mtp_losses(states: list[torch.Tensor], output: torch.Tensor, tokens: torch.Tensor, *, chunk: int = 0,
+               frac: float = 1.0, generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """Mean cross-entropy per depth over the positions p in [k, T-2] (see the module doc).
-    states: list of [B, T, D]; output: [V, D]; tokens: [B, T]."""
+    states: list of [B, T, D]; output: [V, D]; tokens: [B, T]. chunk > 0: ce.linear_ce's
+    chunked form (no [B, T, V] float32 logits); frac < 1: each depth's mean over a uniform
+    random subset of frac of its positions (drawn from `generator`), an unbiased estimate
+    of the mean over all of them at a fraction of the logits."""
     T = tokens.shape[1]
     losses = []
     for k, s in enumerate(states, start=1):
         if T - 1 - k <= 0:
             raise ValueError(f"sequences of {T} tokens are too short for MTP depth {k}")
-        logits = F.linear(s[:, k:T - 1], output)                             # [B, T-1-k, V]
-        tgt = tokens[:, k + 1:]                                               # [B, T-1-k]
-        losses.append(F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()))
+        h = s[:, k:T - 1].flatten(0, 1)                                       # [B*(T-1-k), D]
+        tgt = tokens[:, k + 1:].flatten()                                     # [B*(T-1-k)]
+        rows = subset_rows(h.shape[0], frac, generator, h.device)
+        if rows is not None:
+            h, tgt = h[rows], tgt[rows]
+        losses.append(linear_ce(h, output, tgt, chunk))
     return losses
 
 

@@ -153,7 +153,7 @@ def run(args) -> int:
     hp = Hyper(batch_size=args.batch_size, ctx_len=args.ctx, lr=args.lr, warmup_steps=args.warmup_steps,
                time_budget_s=args.time_budget_s, mtp_depths=args.mtp_depths, mtp_weight=args.mtp_weight,
                aux_weight=args.aux_weight, checkpoint_every_s=args.checkpoint_every_s, seed=args.seed,
-               max_steps=args.max_steps, log_every=args.log_every)
+               max_steps=args.max_steps, log_every=args.log_every, ce_chunk=args.ce_chunk, mtp_frac=args.mtp_frac)
     t = time.time()
     try:
         st = train(model, head, torch.from_numpy(d["train"].astype(np.int32)),
@@ -225,6 +225,8 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--mtp-depths", type=int, default=T.mtp_depths)
     a("--mtp-weight", type=float, default=T.mtp_weight)
     a("--aux-weight", type=float, default=T.aux_weight)
+    a("--ce-chunk", type=int, default=T.ce_chunk, help="rows a chunk of the cross-entropies (0: plain [B,T,V] logits)")
+    a("--mtp-frac", type=float, default=T.mtp_frac, help="share of positions each MTP depth's loss scores a step")
     a("--batch-size", type=int, default=T.batch_size)
     a("--lr", type=float, default=T.lr)
     a("--warmup-steps", type=int, default=T.warmup_steps)

@@ -35,7 +35,7 @@ def heldout_bits_per_byte(engine, texts: list[str], windows: int) -> dict:
     engine.reset()
     return {"bits_per_byte": round(nats / math.log(2) / max(1, n_bytes), 4),
             "nats_per_token": round(nats / max(1, n_tok), 4), "windows": min(windows, len(texts)),
-            "bytes": n_bytes, "tokens": n_tok}
+            "bytes": n_bytes, "tokens": n_tok, "nats": nats}
 
 
 def repeat_share(text: str, n: int = 6) -> float:

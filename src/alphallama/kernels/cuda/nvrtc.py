@@ -204,3 +204,20 @@ def load(name: str, function: str, device: int = 0) -> Kernel:
     module = _check(driver.cuModuleLoadData(data), "cuModuleLoadData")
     fn = _check(driver.cuModuleGetFunction(module, function.encode()), "cuModuleGetFunction")
     return Kernel(fn, module)
+
+
+def attributes(kernel: Kernel, threads: int = 0, smem: int = 0) -> dict:
+    """The loaded function's registers, local (spill/stack) bytes a thread and static shared
+    memory; with `threads`, how many CTAs of that size and `smem` fit an SM."""
+    driver, _ = _bindings()
+    A = driver.CUfunction_attribute
+    out = {n: int(_check(driver.cuFuncGetAttribute(getattr(A, "CU_FUNC_ATTRIBUTE_" + n.upper()), kernel.function), n))
+           for n in ("num_regs", "local_size_bytes", "shared_size_bytes", "max_threads_per_block")}
+    if threads:
+        if smem > kernel.max_smem:
+            _check(driver.cuFuncSetAttribute(kernel.function, A.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                   "cuFuncSetAttribute")
+            kernel.max_smem = smem
+        out["blocks_per_sm"] = int(_check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, smem),
+                                          "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+    return out

@@ -154,4 +154,5 @@ def dequantize_into(w: QuantWeight, out: torch.Tensor, r0: int = 0, r1: int | No
         raise ValueError(f"out must be a contiguous [{r1 - r0}, {w.K}], got {tuple(out.shape)}")
     if not use_triton(out):
         return out.copy_(w.fmt.dequantize({n: p[r0:r1] for n, p in w.planes.items()}, w.K))
-    return launch_dequant(w, tuple(p[r0:r1] for p in w.plane_args()), out, tile)  # row slices: still contiguous
+    planes = tuple(p if p is w.table else p[r0:r1] for p in w.plane_args())   # row slices: still contiguous
+    return launch_dequant(w, planes, out, tile)

@@ -252,14 +252,22 @@ _IQ4_W3: tl.constexpr = tl.constexpr(LEVEL_WORDS[3])
 
 
 @triton.jit
-def iq4_levels_f32(words, I: tl.constexpr, one):
-    """Field I (4 bits) of words [NT, BN, V] as its IQ4 level, an exact float [NT, BN, V]:
-    bits 2..3 of the code pick the word, bits 0..1 the byte."""
+def levels16_f32(words, I: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+                 W3: tl.constexpr, one):
+    """Field I (4 bits) of words [NT, BN, V] as its level of 16 (four int32 constants of
+    level + 128 bytes, fmt_iq4.level_words), an exact float [NT, BN, V]: bits 2..3 of the
+    code pick the word, bits 0..1 the byte. IQ4's levels, MXFP4's doubled E2M1."""
     q = (words >> (4 * I)) & 0xF
-    lo = tl.where((q & 4) != 0, _IQ4_W1, _IQ4_W0)
-    hi = tl.where((q & 4) != 0, _IQ4_W3, _IQ4_W2)
+    lo = tl.where((q & 4) != 0, W1, W0)
+    hi = tl.where((q & 4) != 0, W3, W2)
     biased = (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF  # level + 128
     return small_f32(biased, one) - 128.0
+
+
+@triton.jit
+def iq4_levels_f32(words, I: tl.constexpr, one):
+    """Field I (4 bits) of words [NT, BN, V] as its IQ4 level: [NT, BN, V]."""
+    return levels16_f32(words, I, _IQ4_W0, _IQ4_W1, _IQ4_W2, _IQ4_W3, one)
 
 
 @triton.jit

@@ -45,19 +45,20 @@ class Format:
     pack: Callable[[torch.Tensor], dict[str, torch.Tensor]]   # blocks [R, nb, type_size] -> planes
     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor]  # planes, K -> f32 [R, K]
     qs_dtype: torch.dtype = torch.int32
+    # the codebook formats' (fmt_grid.py) device table, int16 [T]: the kernels read it in
+    # qh's place (QuantWeight.plane_args); None for every other format
+    table: Callable[[], torch.Tensor] | None = None
 
     @property
     def triton_load(self):
         """The format's @triton.jit load (fmt_triton.py), imported on a GPU kernel's
         first use so that the host side of a format never needs triton."""
-        from .fmt_triton import KERNELS
-        return KERNELS[self.qtype].load
+        return _triton(self.qtype).load
 
     @property
     def triton_field(self):
         """The format's @triton.jit field (fmt_triton.py); see triton_load."""
-        from .fmt_triton import KERNELS
-        return KERNELS[self.qtype].field
+        return _triton(self.qtype).field
 
     @property
     def block_size(self) -> int:
@@ -66,6 +67,20 @@ class Format:
     @property
     def type_size(self) -> int:
         return GGML_QUANT_SIZES[self.qtype][1]
+
+
+def triton_kernels() -> dict:
+    """qtype -> the format's Triton (load, field) pair: fmt_triton.py's and fmt_triton_grid.py's
+    (the codebook formats, MXFP4, TQ), imported here so that the host side never needs triton."""
+    from .fmt_triton import KERNELS
+    from .fmt_triton_grid import KERNELS as MORE
+    return {**KERNELS, **MORE}
+
+
+def _triton(qtype: GGMLQuantizationType):
+    from .fmt_triton import KERNELS
+    from .fmt_triton_grid import KERNELS as MORE
+    return KERNELS[qtype] if qtype in KERNELS else MORE[qtype]
 
 
 # --- host-side packing helpers (torch, any device) ---------------------------------

@@ -16,15 +16,18 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from .fmt_float import BF16, F16, F32
+from .fmt_grid import GRID_FORMATS
 from .fmt_iq4 import IQ4_NL, IQ4_XS
 from .fmt_kquant import Q4_K, Q5_K, Q6_K
 from .fmt_kquant_low import Q2_K, Q3_K
 from .fmt_legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .fmt_misc import MXFP4, TQ1_0, TQ2_0
 from ...gguf.quants import as_bytes
 from .format import PLANES, Format
 
 FORMATS: dict[GGMLQuantizationType, Format] = {
-    f.qtype: f for f in (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)}
+    f.qtype: f for f in (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+                         *GRID_FORMATS, MXFP4, TQ1_0, TQ2_0)}
 
 # Rows re-laid per step at load time: bounds the temporaries (~40 bytes per value)
 LOAD_CHUNK_VALUES = 1 << 25
@@ -49,6 +52,14 @@ class QuantWeight:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]            # (N, K) or (E, N, K)
     planes: dict[str, torch.Tensor]   # name -> [*shape[:-1], per_row], contiguous
+    # a codebook format's table (Format.table) where the kernels read it: the planes' device,
+    # or the GPU for the expert store's pinned host planes (offload/store.py passes it on)
+    table: torch.Tensor | None = None
+
+    def __post_init__(self):
+        fmt = FORMATS.get(self.qtype)
+        if self.table is None and fmt is not None and fmt.table is not None:   # once a weight (1-16 KiB)
+            object.__setattr__(self, "table", fmt.table().to(self.planes["qs"].device))
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor | np.ndarray, qtype: GGMLQuantizationType | int,
@@ -78,7 +89,7 @@ class QuantWeight:
                     planes[name] = torch.empty((rows, p.shape[1]), dtype=p.dtype, device=device)
                 planes[name][r0:r0 + p.shape[0]] = p
         planes = {n: p.reshape(*shape[:-1], p.shape[1]) for n, p in planes.items()}
-        return cls(fmt.qtype, shape, planes)
+        return cls(fmt.qtype, shape, planes, fmt.table().to(device) if fmt.table else None)
 
     @property
     def fmt(self) -> Format:
@@ -110,14 +121,17 @@ class QuantWeight:
         return math.prod(self.shape) // self.fmt.block_size * self.fmt.type_size
 
     def plane_args(self) -> tuple[torch.Tensor, ...]:
-        """The four planes in kernel order; an absent plane is stood in for by qs."""
-        return tuple(self.planes.get(n, self.planes["qs"]) for n in PLANES)
+        """The four planes in kernel order; an absent plane is stood in for by qs, and a
+        codebook format's table takes qh's place (a callback that slices or reshapes the
+        planes leaves it as it is: `is w.table`)."""
+        return tuple(self.table if n == "qh" and self.table is not None else self.planes.get(n, self.planes["qs"])
+                     for n in PLANES)
 
     def expert(self, e: int) -> "QuantWeight":
         """The [N, K] weight of expert e of an [E, N, K] tensor (views, no copy)."""
         if len(self.shape) != 3:
             raise ValueError(f"expert() needs an [E, N, K] weight, this one is {self.shape}")
-        return QuantWeight(self.qtype, self.shape[1:], {n: p[e] for n, p in self.planes.items()})
+        return QuantWeight(self.qtype, self.shape[1:], {n: p[e] for n, p in self.planes.items()}, self.table)
 
     def dequantize(self) -> torch.Tensor:
         """Plain-torch float32 values [*shape], from the planes (the kernels' reference)."""

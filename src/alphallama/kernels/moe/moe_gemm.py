@@ -115,7 +115,8 @@ def _launch(a: torch.Tensor, w: QuantWeight, out: torch.Tensor, align: tuple, n_
     fmt = w.fmt
     NT = max(1, 64 // fmt.slot)                                              # BK = 64 values a step
     grid = (block_expert.shape[0], triton.cdiv(n_out, BN))
-    planes = tuple(p.reshape(E * N_W, p.shape[-1]) for p in w.plane_args())  # the experts' rows one after another
+    planes = tuple(p if p is w.table else p.reshape(E * N_W, p.shape[-1])
+                   for p in w.plane_args())  # the experts' rows one after another (a codebook as it is)
     extra = {"num_stages": stages} if a.is_cuda else {}
     _moe_gemm_kernel[grid](a, out, slot_pair, block_expert, total, *planes, n_pairs, n_out, N_W, K, a.stride(0), 1,
                            TOP_K=top_k, GATHER=gather, GATED=gated, n_slots=w.n_slots,

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Retrain the embedded model and evaluate it against the model the tree embeds now, in ONE
+# device call of at most 10 minutes (issue 29; docs/decisions/embedded-model.md, "The next
+# run's recipe"). Repo root, .whl carried (gguf; the device has torch and tokenizers):
+#
+#   GIT_COMMIT=<commit> bash bench/gpu_train_embedded.sh [extra `alphallama.train run` flags]
+#
+# Timeline (DEADLINE_S 530 from the trainer's start, LIMIT_S 585 for the whole script):
+# wheels ~10 s; `python -m alphallama.train run`: data ~50 s, training until DEADLINE_S - 45 s
+# (~7 min), export; the "before" model (src/alphallama/data/) is evaluated on the CPU while
+# the GPU trains (BEFORE_JOBS processes, from the moment the data stage is cached); the new
+# model is evaluated against that record afterwards (EVAL_JOBS processes), cut off at
+# LIMIT_S: the model files are in $OUT before its evaluation starts.
+#
+# $OUT (7 files): alphallama-embedded.gguf.part00 / .part01 / .sha256 (<= 15.5 MiB a part),
+# alphallama-embedded.mtp.gguf, train.json, eval.json (before / after side by side: held-out
+# bits per byte, edits exact per kind, the 4 chats (function, plausible), the repeated share
+# of 6-word windows on chats and on 8 held-out continuations), bundle.tgz (heldout.jsonl.gz,
+# manifest.tsv.gz, before.json, step_ab.json (the step's time, old recipe against new, on this
+# card, timed while the CPU evaluates), the logs). Here, afterwards:
+#   python -m alphallama.train join OUT/alphallama-embedded.gguf.sha256 -o alphallama-embedded.gguf
+# If eval.json is missing (cut off), evaluate here from the bundle:
+#   python -m alphallama.train.evaluate NEW.gguf --baseline-json before.json --heldout heldout.jsonl.gz -o eval.json
+#
+# CPU smoke (a tiny model, a few steps; every stage runs, ~2 min), from the repo root:
+#   mkdir -p /tmp/smoke-src && for f in $(python3 -c "import sysconfig;print(sysconfig.get_paths()['stdlib'])")/*.py; do
+#     [ $(stat -c %s $f) -lt 40000 ] && cp $f /tmp/smoke-src/; done
+#   OUT=/tmp/smoke-out DEVICE=cpu LIMIT_S=900 BEFORE_JOBS=1 EVAL_JOBS=2 \
+#   EVAL_ARGS="--per-kind 1 --windows 2 --continuations 2 --max-tokens 8" bash bench/gpu_train_embedded.sh \
+#     --root lib=/tmp/smoke-src --corpus-mb 2 --tokenizer-sample-mb 1 --instruct-examples 32 --vocab-size 400 \
+#     --ctx 256 --d-model 32 --layers 1 --heads 2 --kv-heads 1 --head-dim 16 --experts 2 --experts-used 1 \
+#     --expert-ffn 32 --mtp-ffn 32 --batch-size 2 --max-steps 3 --workers 1 --warmup-steps 1 --split-mib 0.02
+set -uo pipefail
+OUT=${OUT:-/tmp/train-out}
+mkdir -p "$OUT"
+DEADLINE_S=${DEADLINE_S:-530}
+LIMIT_S=${LIMIT_S:-585}
+BEFORE_JOBS=${BEFORE_JOBS:-6}
+EVAL_JOBS=${EVAL_JOBS:-13}
+DEVICE=${DEVICE:-auto}
+BEFORE=${BEFORE:-src/alphallama/data/alphallama-embedded.gguf}
+EVAL_ARGS=${EVAL_ARGS:-}
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+if ! python3 -c "import gguf" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || { echo "gpu_train_embedded: wheels failed" >&2; exit 2; }
+fi
+export PYTHONPATH=/tmp/site:$PWD/src
+WORK=$(mktemp -d /tmp/alphallama-train.XXXXXX)     # fresh (0700): no stale checkpoint resumes
+RUN=$WORK/run
+AFTER=$WORK/after
+mkdir -p "$RUN" "$AFTER"
+[ -f "$BEFORE" ] || { echo "gpu_train_embedded: $BEFORE: no such model" >&2; exit 2; }
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "[$SECONDS s] training (deadline ${DEADLINE_S} s), before-model $BEFORE"
+
+python3 -m alphallama.train run --out "$RUN" --work-dir "$WORK/cache" --deadline-s "$DEADLINE_S" \
+    --time-budget-s 100000 --checkpoint-every-s 100000 --device "$DEVICE" --commit "${GIT_COMMIT:-unknown}" \
+    "$@" > "$RUN/train.log" 2>&1 &
+TRAIN=$!
+
+# the before-model's evaluation needs only the held-out files: start it once the data stage is done
+while [ ! -f "$WORK/cache/data.pt" ] && kill -0 "$TRAIN" 2>/dev/null; do sleep 2; done
+BEFORE_PID=
+if [ -f "$WORK/cache/heldout.jsonl.gz" ]; then
+    echo "[$SECONDS s] data ready; evaluating the before-model on the CPU (${BEFORE_JOBS} jobs)"
+    timeout "$((LIMIT_S - SECONDS - 60))" \
+    python3 -m alphallama.train.evaluate "$BEFORE" --heldout "$WORK/cache/heldout.jsonl.gz" --jobs "$BEFORE_JOBS" \
+        $EVAL_ARGS -o "$RUN/before.json" > "$RUN/before.log" 2>&1 &
+    BEFORE_PID=$!
+fi
+wait "$TRAIN"
+rc=$?
+tail -n 6 "$RUN/train.log"
+echo "[$SECONDS s] training exited $rc"
+for f in "$RUN"/alphallama-embedded.gguf.part* "$RUN"/alphallama-embedded.gguf.sha256 \
+         "$RUN"/alphallama-embedded.mtp.gguf "$RUN"/train.json; do
+    [ -f "$f" ] && cp "$f" "$OUT/"
+done
+bundle() {
+    (cd "$RUN" && tar czf "$OUT/bundle.tgz" --ignore-failed-read heldout.jsonl.gz manifest.tsv.gz before.json \
+        step_ab.json train.log before.log eval.log step_ab.log 2>/dev/null)
+    ls -l "$OUT"
+}
+if [ -f "$RUN/alphallama-embedded.gguf.sha256" ]; then     # split (the real model: 2 parts)
+    python3 -m alphallama.train join "$RUN/alphallama-embedded.gguf.sha256" -o "$AFTER/alphallama-embedded.gguf"
+elif [ -f "$RUN/alphallama-embedded.gguf" ]; then           # small enough to come back whole
+    cp "$RUN/alphallama-embedded.gguf" "$OUT/"
+    cp "$RUN/alphallama-embedded.gguf" "$AFTER/"
+fi
+if [ $rc -ne 0 ] || [ ! -f "$AFTER/alphallama-embedded.gguf" ]; then
+    echo "gpu_train_embedded: no model came out of training" >&2
+    [ -n "$BEFORE_PID" ] && wait "$BEFORE_PID"
+    bundle
+    exit 1
+fi
+cp "$RUN/alphallama-embedded.mtp.gguf" "$AFTER/"
+if [ -n "$BEFORE_PID" ]; then
+    wait "$BEFORE_PID"
+    echo "[$SECONDS s] before-model evaluated (exit $?)"
+fi
+left=$((LIMIT_S - SECONDS))
+# the GPU is idle while the CPU evaluates: time the step, old recipe against new, on this card
+if [ "$DEVICE" = cpu ]; then AB_ARGS=${AB_ARGS:---device cpu --steps 1}; else AB_ARGS=${AB_ARGS:---device cuda --steps 8}; fi
+timeout "$left" python3 bench/train_step_cost.py $AB_ARGS -o "$RUN/step_ab.json" > "$RUN/step_ab.log" 2>&1 &
+AB=$!
+echo "[$SECONDS s] evaluating the new model (${EVAL_JOBS} jobs, at most ${left} s); step A/B on the GPU meanwhile"
+if [ -f "$RUN/before.json" ] && [ $left -gt 20 ]; then
+    timeout "$left" python3 -m alphallama.train.evaluate "$AFTER/alphallama-embedded.gguf" \
+        --baseline-json "$RUN/before.json" --heldout "$RUN/heldout.jsonl.gz" --jobs "$EVAL_JOBS" \
+        $EVAL_ARGS --commit "${GIT_COMMIT:-unknown}" -o "$OUT/eval.json" > "$RUN/eval.log" 2>&1
+    echo "[$SECONDS s] evaluation exited $?"
+    cat "$RUN/eval.log" | grep -v "^[0-9]*/[0-9]* " | tail -n 20
+else
+    echo "gpu_train_embedded: no before-record or no time left: evaluate from bundle.tgz here" >&2
+fi
+wait "$AB"
+echo "[$SECONDS s] step A/B exited $?"
+tail -n 40 "$RUN/step_ab.log"
+bundle
