@@ -7,6 +7,7 @@ of prefilling them again.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -129,21 +130,29 @@ class Engine:
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
             from .gguf.arch_variants import gpu_departures
-            if isinstance(cfg, HybridConfig):
-                raise ValueError(f"{path}: the GPU runtime does not run {cfg.arch} (Gated DeltaNet hybrid) "
-                                 f"models yet; --device cpu runs the reference model")
-            from .runtime.gpu_model import GPUModel
-            missing = gpu_departures(cfg)
-            if missing:   # never run a model the GPU path would compute wrongly
-                raise GGUFError(f"{path}: the GPU runtime does not implement {', '.join(missing)} "
-                                f"({cfg.arch}); run it with --device cpu")
-            model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots, cpu_threads=cpu_threads,
-                             fast=fast and expert_slots is None)
+            if isinstance(cfg, HybridConfig):   # Gated DeltaNet hybrids: their own facade (runtime/gpu_hybrid.py)
+                if expert_slots is not None:
+                    raise ValueError(f"{path}: the GPU runtime keeps a hybrid's experts resident (no expert "
+                                     f"store yet); --device cpu runs the reference model")
+                from .runtime.gpu_hybrid import GPUHybridModel
+                model = GPUHybridModel(f, ctx, "cuda", progress=progress)
+            else:
+                from .runtime.gpu_model import GPUModel
+                missing = gpu_departures(cfg)
+                if missing:   # never run a model the GPU path would compute wrongly
+                    raise GGUFError(f"{path}: the GPU runtime does not implement {', '.join(missing)} "
+                                    f"({cfg.arch}); run it with --device cpu")
+                model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots,
+                                 cpu_threads=cpu_threads, fast=fast and expert_slots is None)
         else:
             model = load_model(f, ctx, progress)
         if weights_read is not None:
             weights_read()
         head = find_mtp_head(f, cfg, draft_head)
+        if head is not None and isinstance(cfg, HybridConfig) and resolve_device(device) == "cuda":
+            warnings.warn(f"{path}: the GPU runtime has no MTP head for hybrids yet; drafts come from the "
+                          f"copy drafter only", RuntimeWarning, stacklevel=2)
+            head = None
         mtp = load_mtp_state(*head, model, ctx, tok) if head is not None else None
         return cls(f, model, tok, tmpl, ctx, mtp)
 

@@ -48,21 +48,24 @@ def test_add_rmsnorm_and_silu():
     torch.testing.assert_close(silu_mul(gu.to(DEV)).cpu(), silu_mul_ref(gu), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("neox,rot", [(True, 0), (False, 0), (True, 8), (True, 4)])
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_qkv_rope_kv_write(neox, qk_norm, bias):
+def test_qkv_rope_kv_write(neox, rot, qk_norm, bias):
+    """rot > 0: a partial rope (the hybrids'): the first rot of 16 dims turn, NEOX pairs
+    (i, i + rot/2), the rest pass (model.layers.apply_rope with tables of rot/2 pairs)."""
     g = torch.Generator().manual_seed(1)
     H, nkv, hd, W, pos, ml = 4, 2, 16, 3, 5, 32
     qkv = torch.randn(W, (H + 2 * nkv) * hd, generator=g)
     b = torch.randn((H + 2 * nkv) * hd, generator=g) if bias else None
     qn, kn = torch.rand(hd, generator=g), torch.rand(hd, generator=g)
-    cos, sin = rope_tables(ml, hd, 10000.0)
+    cos, sin = rope_tables(ml, rot or hd, 10000.0)
     kc = torch.zeros(nkv, ml, hd, dtype=torch.float16, device=DEV)
     vc = torch.zeros_like(kc)
     d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
     q = qkv_rope(qkv.to(DEV), d(b), d(qn) if qk_norm else None, d(kn) if qk_norm else None, cos.to(DEV),
-                 sin.to(DEV), kc, vc, torch.tensor([pos], dtype=torch.int32, device=DEV), H, nkv, hd, 1e-6, neox)
+                 sin.to(DEV), kc, vc, torch.tensor([pos], dtype=torch.int32, device=DEV), H, nkv, hd, 1e-6, neox,
+                 rope_dim=rot or None)
     t = qkv + b if bias else qkv
     qr, kr = t[:, :H * hd].view(W, H, hd), t[:, H * hd:(H + nkv) * hd].view(W, nkv, hd)
     vr = t[:, (H + nkv) * hd:].view(W, nkv, hd)

@@ -38,7 +38,7 @@ from ..gguf.quants import dequantize
 from ..gguf.reader import GGUFFile
 from ..kernels.activations.silu import GATED
 from ..kernels.formats.dequant import gather_rows
-from ..kernels.formats.qweight import QuantWeight, embedding_planes
+from ..kernels.formats.qweight import QuantWeight
 from ..kernels.gemv.registry import DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice
 from ..kv_cache import KVCache
 from ..model.rope import layer_tables
@@ -52,7 +52,7 @@ from .overrides import PRODUCT, Overrides
 from .round import plan_round
 from .round import rows as round_rows
 from .scratch import Scratch
-from .weights import BlockNames, GPULayer, build_layer, vectors
+from .weights import BlockNames, GPULayer, build_layer, load_head, vectors
 from .widths import BUCKETS, MAX_W, bucket_of
 
 __all__ = ["BUCKETS", "MAX_W", "ROWS_PER_THREAD", "GPULayer", "GPUModel", "Linear", "MmaChoice", "MoE", "bucket_of"]
@@ -121,19 +121,8 @@ class GPUModel:
         for L in self.layers:
             if L.moe is not None:
                 L.moe.link = self.cpu_link
-        self.output_norm = vectors(t, self.device)("output_norm.weight")
-        self.output = Linear([t.get("output.weight") or t["token_embd.weight"]], self.device, gemv, mma=mma,
-                             kernels=kernels)
-        emb = t["token_embd.weight"]
-        self.embd_qtype, self.embd_shape = emb.qtype, emb.shape
-        # planes, gathered by one kernel (a tied head's own planes); a format without
-        # planes keeps its raw rows [V, row_bytes], dequantized by plain torch
-        if not embedding_planes(emb.qtype):
-            self.embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(self.device)
-        elif "output.weight" not in t:
-            self.embd = self.output.weights[0]
-        else:
-            self.embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), self.device)
+        self.output_norm, self.output, self.embd, self.embd_qtype = load_head(t, self.device, gemv, mma, kernels)
+        self.embd_shape = t["token_embd.weight"].shape
         # the reference model's tables (model/rope.py: linear / YaRN / longrope scaling, Llama
         # 3.1's rope_freqs, the magnitude scale), per layer (gemma3's sliding-window layers have
         # their own base): one device copy per distinct table

@@ -10,6 +10,7 @@ import torch
 from ..gguf.arch import ModelConfig
 from ..gguf.quants import dequantize
 from ..gguf.reader import TensorInfo
+from ..kernels.formats.qweight import QuantWeight, embedding_planes
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels, MmaChoice
 from ..offload.store import ExpertStore
 from .linear import Linear
@@ -65,6 +66,22 @@ class GPULayer:
 def vectors(t: dict[str, TensorInfo], device) -> Callable[[str], torch.Tensor]:
     """name -> that (small) tensor dequantized to float32 on the device (norms, biases)."""
     return lambda name: dequantize(t[name].data, t[name].qtype, t[name].shape).to(device)
+
+
+def load_head(t: dict[str, TensorInfo], device, gemv: str, mma: MmaChoice | None = None,
+              kernels: Kernels = DEFAULT_KERNELS) -> tuple[torch.Tensor, Linear, torch.Tensor | QuantWeight, object]:
+    """(output_norm, the output Linear, the embedding table, its qtype): the embedding as planes,
+    gathered by one kernel (a tied head's own planes); a format without planes keeps its raw
+    rows [V, row_bytes], dequantized by plain torch (GPUModel.embed)."""
+    output = Linear([t.get("output.weight") or t["token_embd.weight"]], device, gemv, mma=mma, kernels=kernels)
+    emb = t["token_embd.weight"]
+    if not embedding_planes(emb.qtype):
+        embd = torch.from_numpy(emb.data.reshape(emb.shape[0], -1).view("uint8").copy()).to(device)
+    elif "output.weight" not in t:
+        embd = output.weights[0]
+    else:
+        embd = QuantWeight.from_raw(emb.data, emb.qtype, tuple(emb.shape), device)
+    return vectors(t, device)("output_norm.weight"), output, embd, emb.qtype
 
 
 def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, device, moe: bool,

@@ -1,0 +1,142 @@
+"""The hybrids on the GPU runtime (runtime/gpu_hybrid.py; decisions/hybrid-gpu-runtime.md), one
+device call: the Qwen3.6-35B-A3B-like shape (PRESETS["qwen36-35b-a3b"]: 16 key / 32 value heads of
+128, attention every 4th layer, 256 experts of 512 + a shared one) cut to --layers layers and
+--experts experts, Q4_K_M, written on the device, then (eager rounds: no graphs yet)
+
+- prefill: a 512-row prompt chunk (deltanet_prefill, the scratch's GEMMs, SDPA), ms;
+- decode: rounds of W = 1 at increasing positions, ms a round;
+- verify: rounds of W = 4 / 8 / 16 (the verify kernel) and the commit of n = 1 and n = W
+  rows (the engine's truncate: one deltanet_commit for every recurrent layer), ms each;
+- engine: 64 greedy tokens plain and with the n-gram drafter in exact mode (the same tokens
+  asked), tokens/s.
+
+    PYTHONUNBUFFERED=1 python bench/gpu_hybrid.py [--layers 8] [--experts 32]
+    TRITON_INTERPRET=1 python bench/gpu_hybrid.py --device cpu --preset tiny-qwen35moe --layers 2 \
+        --experts 4 --prompt 70 --tokens 3 --reps 1 --widths 4
+
+(the second: a CPU smoke of the script). $OUT/gpu_hybrid-*.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from alphallama.bench.hostinfo import host_state
+from alphallama.engine import Engine, Generation
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.runtime.gpu_hybrid import GPUHybridModel
+from alphallama.spec.config import SpecConfig
+from alphallama.tokenizer import Tokenizer
+
+
+def _clock(device: torch.device):
+    """() -> seconds, synchronizing the device first."""
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return now
+
+
+def _git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _toks(n: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen36-35b-a3b")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=32, help="routed experts kept (0: the preset's)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--widths", default="4,8,16", help="verify widths")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    now = _clock(dev)
+    kw = {"n_layers": args.layers}
+    if args.experts:
+        kw["n_experts"] = args.experts
+    spec = PRESETS[args.preset](**kw)
+    out: dict = {**host_state(), "commit": os.environ.get("GIT_COMMIT") or _git_head(), "preset": args.preset, "layers": args.layers,
+                 "experts": spec.n_experts, "device": str(dev)}
+    if dev.type == "cuda":
+        out["gpu_name"] = torch.cuda.get_device_properties(dev).name
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "hybrid.gguf"
+        t0 = time.perf_counter()
+        write_synthetic(spec, path)
+        f = GGUFFile(path)
+        ctx = args.prompt + args.tokens + 128
+        gpu = GPUHybridModel(f, ctx, device=dev)
+        out["load_s"] = time.perf_counter() - t0
+        V = gpu.cfg.vocab_size
+        cache = gpu.new_cache(ctx)
+        prompt = _toks(args.prompt, V, 0)
+        gpu.forward(prompt, 0, gpu.new_cache(ctx), logits=False)          # compiles the prefill's kernels
+        t0 = now()
+        gpu.forward(prompt, 0, cache, logits=False)
+        out["prefill_ms"] = 1e3 * (now() - t0)
+        pos = args.prompt
+        tok = _toks(1, V, 1)
+        gpu.forward(tok, pos, cache)                                          # compiles the round's
+        t0 = now()
+        for i in range(args.reps):
+            gpu.forward(tok, pos + 1 + i, cache)
+        out["decode_w1_ms"] = 1e3 * (now() - t0) / args.reps
+        pos = cache.length
+        cache.checkpoint()
+        out["verify"] = {}
+        for W in map(int, args.widths.split(",")):
+            rows = _toks(W, V, W)
+            per: dict = {}
+            for n in (1, W):
+                tv = tc = 0.0
+                for _ in range(args.reps):
+                    t0 = now()
+                    gpu.verify(rows, pos, cache)
+                    t1 = now()
+                    cache.truncate(pos + n)                                   # the commit
+                    tc += now() - t1
+                    tv += t1 - t0
+                    cache.truncate(pos)                                       # the checkpoint's copies back
+                per[f"verify_ms_n{n}"], per[f"commit_ms_n{n}"] = 1e3 * tv / args.reps, 1e3 * tc / args.reps
+            out["verify"][W] = per
+        engine = Engine(f, gpu, Tokenizer.from_metadata(f.metadata), None, ctx)
+        base = _toks(16, V, 2).tolist()
+        prompt_ids = base * 4
+        runs = {}
+        for name, sc in (("plain", None), ("ngram", SpecConfig("ngram", 16, 2, gate=False))):
+            engine.reset()
+            g = Generation()
+            toks = list(engine.generate(prompt_ids, args.tokens, gen=g, stop_ids=set(),
+                                        **({"spec": sc} if sc is not None else {})))
+            runs[name] = {"tokens": toks, "tok_s": 1e3 * len(toks) / g.stats.predicted_ms,    # after the prompt
+                          "prompt_ms": g.stats.prompt_ms, "rounds": g.stats.rounds,
+                          "draft_n": g.stats.draft_n, "accepted": g.stats.draft_n_accepted}
+        out["engine"] = {k: {x: y for x, y in v.items() if x != "tokens"} for k, v in runs.items()}
+        out["engine"]["same_tokens"] = runs["plain"]["tokens"] == runs["ngram"]["tokens"]
+    print(json.dumps(out, indent=1, default=str))
+    dest = Path(os.environ.get("OUT", "."))
+    name = f"gpu_hybrid-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    (dest / name).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

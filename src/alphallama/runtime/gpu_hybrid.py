@@ -1,0 +1,137 @@
+"""The GPU model of a hybrid (qwen35, qwen35moe, qwen3next): Gated DeltaNet layers and gated
+full-attention layers (runtime/hybrid_round.py), the same interface as GPUModel and the
+reference HybridTransformer: new_cache, forward, verify.
+
+- forward: up to 64 rows run as one round with the step kernel (the recurrent states
+  written); more (a prompt) in chunks of prefill_chunk through the prefill path
+  (deltanet_prefill, the scratch's GEMMs, SDPA). The engine sends a prompt's last row alone,
+  so the logits that choose the first token come from the round's arithmetic.
+- verify: W > 1 rows in one round of the verify kernel (every kernel row-invariant: exact and
+  fast mode are the same pass); the cache keeps the round open, and the engine's truncate to
+  the accepted prefix commits it (one deltanet_commit launch for every recurrent layer, n on
+  the device; runtime/hybrid_cache.py).
+- The rounds run eagerly (no CUDA graphs yet); the MTP head is not wired (the engine runs a
+  hybrid's MTP head on the reference model only).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import DEFAULTS
+from ..gguf.arch import load_config
+from ..gguf.arch_qwen35 import HybridConfig
+from ..gguf.reader import GGUFFile
+from ..kernels.deltanet.step import deltanet_commit
+from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels
+from ..model.qwen35 import hybrid_rope_tables
+from . import hybrid_round
+from .gpu_model import GPUModel
+from .hybrid_cache import GPUHybridCache
+from .hybrid_layers import build_hybrid_layer, deltanet_shape, stacked_deltanet
+from .overrides import PRODUCT, Overrides
+from .scratch import Scratch
+from .weights import load_head
+from .widths import MAX_W
+
+
+class GPUHybridModel:
+    """Same interface as the reference HybridTransformer: new_cache, forward, verify."""
+
+    embed = GPUModel.embed          # tokens [T] -> [T, D] fp32: the same table and gather
+
+    def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", progress=None,
+                 prefill_chunk: int | None = None, overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS):
+        cfg = load_config(f)
+        if not isinstance(cfg, HybridConfig):
+            raise TypeError(f"{f.path}: {cfg.arch} is not a Gated DeltaNet hybrid (runtime.gpu_model runs it)")
+        if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
+            raise NotImplementedError("the GPU runtime needs a power-of-two head_dim >= 16")
+        self.cfg: HybridConfig = cfg
+        self.overrides = o = overrides
+        self.device = torch.device(device)
+        self.max_len = max_len
+        t = f.tensors
+        self.layers = []
+        for i in range(cfg.n_layers):
+            self.layers.append(build_hybrid_layer(t, i, cfg, self.device, o.decode_gemv, o.moe_gemv, kernels))
+            if progress is not None:
+                progress(f"layer {i}", 0)
+        self.deltanet = stacked_deltanet(t, cfg, self.device)      # [Lr, C, d_conv], [Lr, Hv], [Lr, Hv]
+        self.deltanet_shape = deltanet_shape(cfg)
+        self.deltanet_shape.check()
+        self.output_norm, self.output, self.embd, self.embd_qtype = load_head(t, self.device, o.decode_gemv,
+                                                                              kernels=kernels)
+        self.embed_scale = 1.0
+        cos, sin = hybrid_rope_tables(max_len + MAX_W, cfg)                  # [max_len + 64, rope_dim / 2]
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)
+        self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.prefill_path = o.prefill_path
+        self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
+        sdt = self.act_dtype
+        self.scratch = Scratch((o.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
+                               self.device, overlap=o.prefill_overlap, graphs=False)
+        self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # the round's position
+        self._commit_pos = torch.zeros(1, dtype=torch.int32, device=self.device)    # the commit's (pos, n)
+        self._commit_n = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.cache: GPUHybridCache | None = None
+        self.hybrid = False          # (GPUModel's fast-mode flag: no tensor-core family here)
+
+    def new_cache(self, max_len: int | None = None) -> GPUHybridCache:
+        c = self.cfg
+        cache = GPUHybridCache(len(c.attn_layers), c.n_kv_heads, (max_len or self.max_len) + MAX_W, c.head_dim,
+                               len(c.recurrent_layers), c.conv_dim, (c.ssm_v_heads, c.ssm_head_dim, c.ssm_head_dim),
+                               self._commit, self.device)
+        cache.max_len -= MAX_W
+        self.cache = cache
+        return cache
+
+    def _commit(self, cache: GPUHybridCache, pos: int, n: int) -> None:
+        """The state after the first n rows of the verify round at pos, every recurrent layer at once."""
+        hv = self.cfg.ssm_v_heads
+        self._commit_pos.fill_(pos)
+        self._commit_n.fill_(n)
+        deltanet_commit(cache.ab[:, :, hv:], cache.ab[:, :, :hv], self.deltanet, cache.ring, cache.ssm,
+                        self._commit_pos, self._commit_n, self.deltanet_shape)
+
+    def _check(self, tokens: torch.Tensor, pos: int, cache: GPUHybridCache) -> None:
+        T = tokens.shape[0]
+        if pos > cache.length or pos + T > cache.max_len:
+            raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
+        cache.prepare(pos)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int, cache: GPUHybridCache,
+                logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Rows at pos..pos+T-1 from the state at pos -> (logits [T, V] or None, hidden [T, D])."""
+        self._check(tokens, pos, cache)
+        tokens = tokens.to(self.device)
+        T = tokens.shape[0]
+        if T > MAX_W and self.prefill_path == "dequant":
+            outs = [hybrid_round.prefill_rows(self, tokens[s:s + self.prefill_chunk], pos + s, cache, logits)
+                    for s in range(0, T, self.prefill_chunk)]
+        else:
+            outs = []
+            for s in range(0, T, MAX_W):
+                self._pos.fill_(pos + s)
+                outs.append(hybrid_round.rows(self, tokens[s:s + MAX_W], self._pos, cache, verify=False))
+        cache.length = pos + T
+        hidden = torch.cat([o[1] for o in outs]) if len(outs) > 1 else outs[0][1]
+        if not logits:
+            return None, hidden
+        return (torch.cat([o[0] for o in outs]) if len(outs) > 1 else outs[0][0]), hidden
+
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, pos: int, cache: GPUHybridCache, exact: bool = True):
+        """A round of W rows (W <= 64) that leaves the states for the cache's commit: the
+        engine's truncate to the accepted prefix keeps exactly its rows (W = 1: a plain step)."""
+        W = tokens.shape[0]
+        if W == 1:
+            return self.forward(tokens, pos, cache)
+        if W > MAX_W:
+            raise ValueError(f"a verify round takes at most {MAX_W} rows, got {W}")
+        self._check(tokens, pos, cache)
+        self._pos.fill_(pos)
+        out = hybrid_round.rows(self, tokens.to(self.device), self._pos, cache, verify=True)
+        cache.length = pos + W
+        cache.open_round(pos, W)
+        return out
