@@ -21,6 +21,8 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from gpucheck import TOL as GPU_TOL
+
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.kernels.deltanet.common import state_from_ring
@@ -35,6 +37,11 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 96
 F32 = Overrides(decode_gemv="f32", moe_gemv="f32")
 TOL = 2e-3     # of the largest logit: fp16 K/V against the fp32 reference (measured ~2e-4)
+# on CUDA the runtime's activations between kernels are bf16 (GPUModel's too): the other GPU
+# runtime tests' tolerance (gpucheck.TOL). H100, 2026-12-06: the round's rows 0.7-0.8% of the
+# largest logit, qwen35's prefill 1.9%; qwen35moe's and qwen3next's prefill each had one row far
+# off (1.8 and 2.3 of ~4.5: a routing flip under bf16, or a bug: not yet known)
+LOGIT_TOL = TOL if DEV == "cpu" else GPU_TOL
 TINY = {"n_layers": 2, "full_attention_interval": 2, "d_model": 64, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32,
         "d_ff": 64, "vocab_size": 288, "ssm_head_dim": 32, "rope_dim": 16, "quant": "Q8_0", "seed": 3}
 MOE = {"n_experts": 4, "n_experts_used": 2, "d_ff_expert": 64, "d_ff_shared": 64}
@@ -75,7 +82,7 @@ def _toks(n: int, seed: int) -> torch.Tensor:
 
 
 def _close(lg: torch.Tensor, lr: torch.Tensor) -> None:
-    torch.testing.assert_close(lg.cpu(), lr, atol=TOL * lr.abs().max().item(), rtol=0)
+    torch.testing.assert_close(lg.cpu(), lr, atol=LOGIT_TOL * lr.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize("name", list(ARCHS))
