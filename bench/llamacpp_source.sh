@@ -16,7 +16,7 @@ src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
 keep=(CMakeLists.txt LICENSE cmake common include src vendor licenses
       ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src
       tools/CMakeLists.txt tools/llama-bench tools/server tools/mtmd tools/ui/CMakeLists.txt
-      tools/ui/sources.cmake scripts/ui-assets.cmake)
+      tools/ui/sources.cmake tools/ui/ui.cpp.in tools/ui/ui.h.in scripts/ui-assets.cmake)
 drop=(ggml/src/ggml-cann ggml/src/ggml-hexagon ggml/src/ggml-hip ggml/src/ggml-metal ggml/src/ggml-musa
       ggml/src/ggml-opencl ggml/src/ggml-openvino ggml/src/ggml-sycl ggml/src/ggml-virtgpu
       ggml/src/ggml-vulkan ggml/src/ggml-webgpu ggml/src/ggml-zdnn ggml/src/ggml-zendnn ggml/src/ggml-et
