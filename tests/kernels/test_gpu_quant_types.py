@@ -77,15 +77,35 @@ def test_iq4_level_words_are_gguf_levels():
     assert all(-(1 << 31) <= w < 1 << 31 for w in LEVEL_WORDS)
 
 
+def check_ragged(raw: np.ndarray, w: QuantWeight, qtype: T) -> None:
+    """qmatmul of x with a row stride past K against float64 of gguf's values."""
+    k = w.shape[-1]
+    xbig = torch.randn(3, k + 16, generator=torch.Generator().manual_seed(2)).to(DEV, torch.bfloat16)
+    x = xbig[:, 8:8 + k]                                              # [3, K], stride K + 16
+    check_close(qmatmul(x, w), x.cpu(), gguf_dequant(raw, qtype))
+
+
+def check_dequant_and_gather(raw: np.ndarray, w: QuantWeight, qtype: T, idx: list[int]) -> None:
+    """The prefill scratch (fp32, and bf16 rounded once; whole-slot and pair stores), rows
+    5..7 as a block, and the embedding lookup of rows idx (any order, repeats): gguf's values."""
+    n, k = w.shape
+    ref = gguf_dequant(raw, qtype)                                     # [n, k]
+    assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
+    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
+    assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
+    assert torch.equal(_bits(dequantize_into(w, torch.empty(3, k, device=DEV), 5, 8)), _bits(ref[5:8]))
+    # pairs of fields stored as they come (no whole-slot store): the same values
+    pairs = dequantize_into(w, torch.empty(n, k, device=DEV), tile=(2, 128, 4, False, False))
+    assert torch.equal(_bits(pairs), _bits(ref))
+    rows = torch.tensor(idx, device=DEV)
+    assert torch.equal(_bits(gather_rows(w, rows)), _bits(ref[rows.cpu()]))
+
+
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_qmatmul_ragged_against_float64(qtype):
     """N = 37 and K whose slots are not a multiple of the step, x with a row stride past K
     (test_qmatmul.py holds the new types to float64 and gguf's values at the regular sizes)."""
-    n, k = 37, RAGGED_K[qtype]
-    raw, w = _weight(qtype, n, k, seed=5)
-    xbig = torch.randn(3, k + 16, generator=torch.Generator().manual_seed(2)).to(DEV, torch.bfloat16)
-    x = xbig[:, 8:8 + k]                                              # [3, K], stride K + 16
-    check_close(qmatmul(x, w), x.cpu(), gguf_dequant(raw, qtype))
+    check_ragged(*_weight(qtype, 37, RAGGED_K[qtype], seed=5), qtype)
 
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
@@ -96,20 +116,7 @@ def test_qmatmul_rows_do_not_depend_on_column_or_width(qtype):
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_dequant_and_gather_bit_exact(qtype):
-    """The prefill scratch (fp32, and bf16 rounded once; whole-slot and pair stores), a row
-    block, and the embedding lookup's rows in any order: gguf's values."""
-    n, k = 37, 512
-    raw, w = _weight(qtype, n, k, seed=3)
-    ref = gguf_dequant(raw, qtype)                                     # [n, k]
-    assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
-    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
-    assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
-    assert torch.equal(_bits(dequantize_into(w, torch.empty(3, k, device=DEV), 5, 8)), _bits(ref[5:8]))
-    # pairs of fields stored as they come (no whole-slot store): the same values
-    pairs = dequantize_into(w, torch.empty(n, k, device=DEV), tile=(2, 128, 4, False, False))
-    assert torch.equal(_bits(pairs), _bits(ref))
-    idx = torch.tensor([36, 0, 5, 5, 17], device=DEV)
-    assert torch.equal(_bits(gather_rows(w, idx)), _bits(ref[idx.cpu()]))
+    check_dequant_and_gather(*_weight(qtype, 37, 512, seed=3), qtype, [36, 0, 5, 5, 17])
 
 
 @pytest.mark.parametrize("qtype", INT8, ids=[t.name for t in INT8])

@@ -28,7 +28,7 @@ from alphallama.gguf import iq_tables  # noqa: E402
 from alphallama.gguf.quants import QUANTS  # noqa: E402
 from alphallama.gguf.reader import TensorInfo  # noqa: E402
 from alphallama.kernels import QuantWeight  # noqa: E402
-from alphallama.kernels.formats.dequant import dequantize_into, gather_rows  # noqa: E402
+from alphallama.kernels.formats.dequant import dequantize_into  # noqa: E402
 from alphallama.kernels.formats.fmt_grid import grid_table  # noqa: E402
 from alphallama.kernels.formats.fmt_iq4 import words_levels  # noqa: E402
 from alphallama.kernels.formats.fmt_misc import E2M1_WORDS  # noqa: E402
@@ -38,6 +38,7 @@ from alphallama.kernels.moe.moe_f32 import moe_down, moe_gate_up  # noqa: E402
 from alphallama.kernels.moe.moe_gemm import moe_prefill  # noqa: E402
 from alphallama.offload.support import gpu_refusal, type_uses  # noqa: E402
 from tests.kernels.test_moe_gemm import _reference as moe_prefill_ref  # noqa: E402
+from tests.kernels.test_gpu_quant_types import _bits, check_dequant_and_gather, check_ragged  # noqa: E402
 from tests.kernels.test_qmatmul import check_close, gguf_dequant, random_raw, rotation_check  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,10 +64,6 @@ def valid_raw(qtype: T, n: int, k: int, seed: int) -> np.ndarray:
 def _weight(qtype: T, n: int, k: int, seed: int) -> tuple[np.ndarray, QuantWeight]:
     raw = valid_raw(qtype, n, k, seed)
     return raw, QuantWeight.from_raw(raw, qtype, (n, k), DEV)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.cpu().contiguous().view(torch.int32)
 
 
 def test_tables_are_the_format_tables():
@@ -104,19 +101,7 @@ def test_planes_are_gguf_values(qtype):
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_dequant_and_gather_bit_exact(qtype):
-    """The prefill scratch (fp32, and bf16 rounded once; whole-slot and pair stores), a row
-    block, and the embedding lookup's rows in any order: gguf's values."""
-    n, k = 13, 512
-    raw, w = _weight(qtype, n, k, seed=3)
-    ref = gguf_dequant(raw, qtype)                                     # [n, k]
-    assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
-    out16 = dequantize_into(w, torch.empty(n, k, dtype=torch.bfloat16, device=DEV))
-    assert torch.equal(out16.cpu(), ref.to(torch.bfloat16))
-    assert torch.equal(_bits(dequantize_into(w, torch.empty(3, k, device=DEV), 5, 8)), _bits(ref[5:8]))
-    pairs = dequantize_into(w, torch.empty(n, k, device=DEV), tile=(2, 128, 4, False, False))
-    assert torch.equal(_bits(pairs), _bits(ref))
-    idx = torch.tensor([12, 0, 5, 5, 7], device=DEV)
-    assert torch.equal(_bits(gather_rows(w, idx)), _bits(ref[idx.cpu()]))
+    check_dequant_and_gather(*_weight(qtype, 13, 512, seed=3), qtype, [12, 0, 5, 5, 7])
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # MXFP4's 2^127 * 12: inf
@@ -137,11 +122,7 @@ def test_dequant_any_bytes(qtype):
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_qmatmul_ragged_against_float64(qtype):
     """N = 37 and K whose slots are not a multiple of the step, x with a row stride past K."""
-    n, k = 37, RAGGED_K[qtype]
-    raw, w = _weight(qtype, n, k, seed=5)
-    xbig = torch.randn(3, k + 16, generator=torch.Generator().manual_seed(2)).to(DEV, torch.bfloat16)
-    x = xbig[:, 8:8 + k]                                              # [3, K], stride K + 16
-    check_close(qmatmul(x, w), x.cpu(), gguf_dequant(raw, qtype))
+    check_ragged(*_weight(qtype, 37, RAGGED_K[qtype], seed=5), qtype)
 
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
