@@ -83,23 +83,25 @@ def test_cache_refuses_points_it_does_not_hold(path):
     assert cache.ssm.abs().max() == 0 and cache.boundary is None
 
 
-class _Oracle:
-    """Drafts plain greedy's next tokens, every third round with its last draft wrong:
-    rounds that accept everything, rounds that reject a suffix."""
+class Oracle:
+    """Drafts plain greedy's next tokens (1 + round % cycle of them, at most), the last one
+    wrong in rounds where round % wrong_every == wrong_at: rounds that accept everything,
+    rounds that reject a suffix (commits of fewer rows than were verified)."""
     name = "oracle"
 
-    def __init__(self, plain: list[int]):
+    def __init__(self, plain: list[int], cycle: int, wrong_every: int, wrong_at: int, vocab: int):
         self.plain, self.done, self.round = plain, 0, 0
+        self.cycle, self.wrong_every, self.wrong_at, self.vocab = cycle, wrong_every, wrong_at, vocab
 
     def begin(self, prompt_ids):
         pass
 
     def propose(self, max_n):
         self.round += 1
-        n = min(1 + self.round % 7, max_n, len(self.plain) - self.done - 1)
+        n = min(1 + self.round % self.cycle, max_n, len(self.plain) - self.done - 1)
         toks = list(self.plain[self.done + 1:self.done + 1 + max(n, 0)])
-        if toks and self.round % 3 == 0:
-            toks[-1] = (toks[-1] + 1) % 512
+        if toks and self.round % self.wrong_every == self.wrong_at:
+            toks[-1] = (toks[-1] + 1) % self.vocab
         return Draft(toks, self.name)
 
     def accept(self, tokens):
@@ -107,12 +109,17 @@ class _Oracle:
 
 
 @dataclass
-class _OracleSpec:
+class OracleSpec:
+    """A SpecConfig stand-in whose drafter is an Oracle (cycle, wrong_every, wrong_at, vocab)."""
     plain: list[int]
+    cycle: int = 7
+    wrong_every: int = 3
+    wrong_at: int = 0
+    vocab: int = 512
     fast: bool = False
 
     def make_drafter(self, engine=None):
-        return _Oracle(self.plain)
+        return Oracle(self.plain, self.cycle, self.wrong_every, self.wrong_at, self.vocab)
 
 
 @pytest.mark.parametrize("mode", [SNAPSHOT, REPLAY])
@@ -122,7 +129,7 @@ def test_exact_speculation_is_plain_greedy(path, mode):
     plain = list(e.generate(prompt, 60))
     e.reset()
     g = Generation()
-    assert list(e.generate(prompt, 60, spec=_OracleSpec(plain), gen=g)) == plain
+    assert list(e.generate(prompt, 60, spec=OracleSpec(plain), gen=g)) == plain
     assert 0 < g.stats.draft_n_accepted < g.stats.draft_n and g.stats.rounds < 40, g.stats
 
 

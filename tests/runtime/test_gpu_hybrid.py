@@ -31,7 +31,7 @@ from alphallama.model.qwen35 import HybridTransformer
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.runtime.hybrid_cache import GPUHybridCache
 from alphallama.runtime.overrides import PRODUCT, Overrides
-from alphallama.spec.drafter import Draft
+from tests.test_engine_hybrid import OracleSpec
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 96
@@ -170,38 +170,6 @@ def test_rows_keep_their_bits_and_the_commit_leaves_single_steps_state(files, na
         assert torch.equal(outs[W - 1][0], outs[4][0][:W]) and torch.equal(outs[W - 1][1], outs[4][1][:W])
 
 
-class _Oracle:
-    """Drafts plain greedy's next tokens (1..3 of them), odd rounds with their last one
-    wrong: rounds that accept every draft and rounds that reject a suffix (commits of n < W)."""
-    name = "oracle"
-
-    def __init__(self, plain: list[int]):
-        self.plain, self.done, self.round = plain, 0, 0
-
-    def begin(self, prompt_ids):
-        pass
-
-    def propose(self, max_n):
-        self.round += 1
-        n = max(0, min(1 + self.round % 3, max_n, len(self.plain) - self.done - 1))
-        toks = list(self.plain[self.done + 1:self.done + 1 + n])
-        if toks and self.round % 2 == 1:
-            toks[-1] = (toks[-1] + 1) % TINY["vocab_size"]
-        return Draft(toks, self.name)
-
-    def accept(self, tokens):
-        self.done += len(tokens)
-
-
-@dataclass
-class _OracleSpec:
-    plain: list[int]
-    fast: bool = False
-
-    def make_drafter(self, engine=None):
-        return _Oracle(self.plain)
-
-
 def test_exact_speculation_and_turns_through_the_engine(files):
     """qwen35moe on the product's kernels through the engine. Exact mode gives plain greedy's
     tokens with the n-gram drafter (a model that repeats what it saw: _copying, a prompt that
@@ -220,7 +188,7 @@ def test_exact_speculation_and_turns_through_the_engine(files):
     engine.reset()
     plain = list(engine.generate(prompt, 5, stop_ids=stop))
     ngram = SpecConfig("ngram", 6, 2, gate=False)
-    for spec in (ngram, _OracleSpec(plain)):
+    for spec in (ngram, OracleSpec(plain, cycle=3, wrong_every=2, wrong_at=1, vocab=TINY["vocab_size"])):
         engine.reset()
         g = Generation()
         assert list(engine.generate(prompt, 5, gen=g, spec=spec, stop_ids=stop)) == plain
