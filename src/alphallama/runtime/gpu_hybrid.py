@@ -29,7 +29,7 @@ from .gpu_model import GPUModel
 from .hybrid_cache import GPUHybridCache
 from .hybrid_layers import build_hybrid_layer, deltanet_shape, stacked_deltanet
 from .overrides import PRODUCT, Overrides
-from .scratch import Scratch
+from .scratch import activation_dtype, prefill_scratch
 from .weights import load_head
 from .widths import MAX_W
 
@@ -64,12 +64,10 @@ class GPUHybridModel:
         self.embed_scale = 1.0
         cos, sin = hybrid_rope_tables(max_len + MAX_W, cfg)                  # [max_len + 64, rope_dim / 2]
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
-        self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.act_dtype = activation_dtype(self.device)
         self.prefill_path = o.prefill_path
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
-        sdt = self.act_dtype
-        self.scratch = Scratch((o.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
-                               self.device, overlap=o.prefill_overlap, graphs=False)
+        self.scratch = prefill_scratch(o, self.act_dtype, self.device, graphs=False)
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # the round's position
         self._commit_pos = torch.zeros(1, dtype=torch.int32, device=self.device)    # the commit's (pos, n)
         self._commit_n = torch.zeros(1, dtype=torch.int32, device=self.device)

@@ -51,7 +51,7 @@ from .moe import MoE
 from .overrides import PRODUCT, Overrides
 from .round import plan_round
 from .round import rows as round_rows
-from .scratch import Scratch
+from .scratch import activation_dtype, prefill_scratch
 from .weights import BlockNames, GPULayer, build_layer, load_head, vectors
 from .widths import BUCKETS, MAX_W, bucket_of
 
@@ -151,10 +151,7 @@ class GPUModel:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.cache: KVCache | None = None
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
-        # activations into the quantized GEMV: bf16 on the GPU (half the bytes it re-reads
-        # per weight tile; 2.4x faster at W=1 than fp32, docs/decisions/gemv-history.md); the residual
-        # stream stays fp32. The CPU interpreter (tests) keeps fp32.
-        self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.act_dtype = activation_dtype(self.device)
         # producers emit the int8 activations (no prepare launch) where the widths allow
         # programmatic dependent launch between the round's kernels (kernels/pdl.py)
         self.pdl = o.pdl and self.device.type == "cuda"
@@ -163,10 +160,7 @@ class GPUModel:
         self.early_kv = o.early_kv    # (the decode round qualifies: kernels/attention/decode.py)
         self.prefill_path = o.prefill_path
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
-        # the dequantized-weight buffer of the prefill GEMMs (allocated on first use)
-        sdt = self.act_dtype
-        self.scratch = Scratch((o.prefill_scratch_mib << 20) // torch.empty(0, dtype=sdt).element_size(), sdt,
-                               self.device, overlap=o.prefill_overlap, graphs=o.prefill_graphs)
+        self.scratch = prefill_scratch(o, self.act_dtype, self.device, o.prefill_graphs)
         # the round of every width, made once (runtime/round.py): what each producer emits, which add
         self.round_plans = tuple(plan_round(self, W) for W in range(1, MAX_W + 1))
 

@@ -9,7 +9,21 @@ import torch
 from ..kernels.formats.dequant import DEQ_TILE
 from ..kernels.formats.qweight import QuantWeight
 from ..kernels.prefill.qgemm import Unit, units_of
-from .overrides import PRODUCT
+from .overrides import PRODUCT, Overrides
+
+
+def activation_dtype(device: torch.device) -> torch.dtype:
+    """Activations into the quantized GEMVs: bf16 on the GPU (half the bytes a weight tile
+    re-reads; 2.4x faster at W = 1 than fp32, docs/decisions/gemv-history.md), the residual
+    stream staying fp32; fp32 on the CPU interpreter (tests)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def prefill_scratch(o: Overrides, dtype: torch.dtype, device: torch.device, graphs: bool) -> Scratch:
+    """A model's dequantized-weight buffers for the prefill GEMMs (allocated on first use):
+    o.prefill_scratch_mib of `dtype` values."""
+    elements = (o.prefill_scratch_mib << 20) // torch.empty(0, dtype=dtype).element_size()
+    return Scratch(elements, dtype, device, overlap=o.prefill_overlap, graphs=graphs)
 
 
 class Scratch:
