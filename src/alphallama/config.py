@@ -167,6 +167,10 @@ class OffloadDefaults:
     probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best
     cpu_tier: bool = True                 # host-tier experts computed by the CPU workers (else read over PCIe)
     cpu_share: float = 0.6                # of a layer's host (row, rank) pairs, the CPU takes this share, PCIe the rest
+    host_mem: int | None = None           # pinned RAM the host tier may hold (--host-mem); None: what the host has
+                                          # available; the layers past it stay in the mapped GGUF file
+    host_headroom: float = 0.2            # of MemAvailable, kept for everything else (and the mapped tier's page cache)
+    readahead_experts: int = 16           # likely experts per mapped layer read ahead between rounds (madvise)
     auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
 
 

@@ -70,7 +70,7 @@ class MappedExperts:
 
     def expert(self, e: int, device) -> tuple[QuantWeight, QuantWeight]:
         """Expert e packed from the file, as the host tier holds it: (gate_up [1, 2F, D], down [1, D, F])."""
-        from .store import pack_experts
+        from .planes import pack_experts
         one = [replace(t, shape=(1, *t.shape[1:]), data=_rows(t)[e:e + 1], offset=t.offset + e * _rows(t).strides[0])
                for t in (self.gate, self.up, self.down)]
         return pack_experts(*one, device)
