@@ -40,6 +40,24 @@ def _rows(t: TensorInfo) -> np.ndarray:
     return t.data.reshape(E, N, -1).view(np.uint8)
 
 
+def map_past_budget(layer_bytes: dict[int, int], budget: int | None) -> list[int]:
+    """The MoE layers whose experts stay in the mapped file: with `budget` bytes of pinned
+    RAM, the layers (id -> bytes of all its experts) are taken in order while they fit;
+    the rest are mapped. None: no budget, nothing mapped. The store and the plan both
+    decide with this."""
+    if budget is None:
+        return []
+    if budget < 0:
+        raise ValueError(f"the host tier's budget must be >= 0 bytes, got {budget}")
+    mapped, used = [], 0
+    for i in sorted(layer_bytes):
+        if used + layer_bytes[i] <= budget:
+            used += layer_bytes[i]
+        else:
+            mapped.append(i)
+    return mapped
+
+
 @dataclass(frozen=True)
 class MappedExperts:
     """One MoE layer's routed experts (gate, up, down [E, N, K]) in the mapped file."""

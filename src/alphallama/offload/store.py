@@ -41,7 +41,7 @@ import torch
 from ..config import DEFAULTS
 from ..gguf.reader import TensorInfo
 from ..kernels.formats.qweight import QuantWeight
-from .mapped import HOST, MAPPED, MappedExperts, ReadAhead
+from .mapped import HOST, MAPPED, MappedExperts, ReadAhead, map_past_budget
 from .planes import bank_like, host_like, sub_experts, pack_experts, pin
 
 __all__ = ["ExpertStore", "ExpertClass", "LayerView", "Tiers", "pack_experts", "pin"]
@@ -159,21 +159,9 @@ class ExpertStore:
 
     # -- layout --------------------------------------------------------------------
     def _map_past_budget(self, layers: dict, host_bytes: int | None) -> dict[int, MappedExperts]:
-        """The layers whose experts stay in the mapped file: those past `host_bytes` of
-        pinned RAM, taking the layers in order while they fit."""
-        if host_bytes is None:
-            return {}
-        if host_bytes < 0:
-            raise ValueError(f"the host tier's budget must be >= 0 bytes, got {host_bytes}")
-        mapped, used = {}, 0
-        for i in sorted(layers):
-            c, = (c for c in self.classes if i in c.layers)
-            n = c.slot_bytes * self.E
-            if used + n <= host_bytes:
-                used += n
-            else:
-                mapped[i] = MappedExperts(*layers[i])
-        return mapped
+        """The layers whose experts stay in the mapped file (mapped.map_past_budget)."""
+        size = {i: c.slot_bytes * self.E for c in self.classes for i in c.layers}
+        return {i: MappedExperts(*layers[i]) for i in map_past_budget(size, host_bytes)}
 
     def _split_and_fill(self, slots: int) -> None:
         """Share the slots among the classes by layer count, and fill each bank with a
