@@ -194,6 +194,8 @@ class ExpertStore:
         self._pending_routes = None
         self.table.copy_(self._home)
         self.resident[:] = False
+        if self.readahead is not None:
+            self.readahead.asked.clear()
         self.policy = UsagePolicy(self.table.shape[0], self.E, self._half_life, self.policy.margin)
         self._fill_start()
 
