@@ -120,20 +120,24 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (tiny presets)")
     ap.add_argument("--widths", type=int, nargs="*", default=list(WIDTHS),
                     help="round widths timed (graph buckets; 1 and 8 always added)")
+    ap.add_argument("--quant", default=None, help="a mix (Q4_K_M, Q3_K_M, IQ4_XS, IQ3_XXS) or a type: the preset's by default")
+    ap.add_argument("--file", default=None, help="the GGUF to write, or to reuse where it exists (kept: llama-bench reads it)")
     args = ap.parse_args()
     widths = tuple(sorted(set(args.widths) | {1, 8}))
-    path = f"/tmp/arms-{args.preset}.gguf"
-    write_synthetic(PRESETS[args.preset](**({"n_layers": args.layers} if args.layers else {})), path)
+    path = args.file or f"/tmp/arms-{args.preset}.gguf"
+    if not (args.file and Path(path).exists()):
+        kw = {"n_layers": args.layers} if args.layers else {}
+        write_synthetic(PRESETS[args.preset](**kw, **({"quant": args.quant} if args.quant else {})), path)
     f = GGUFFile(path)
     arms = {**ARMS, **(MOE_ARMS if load_config(f).is_moe else {}), **DEFAULT_ARMS}
     if args.arms:
         arms = {k: v for k, v in arms.items() if k in args.arms}
     bw = copy_bandwidth() if args.device == "cuda" else 1e9
     res = {"host": host_state(sys.argv), "commit": os.environ.get("GIT_COMMIT"), "preset": args.preset,
-           "layers": args.layers, "depth": args.depth, "copy_bandwidth_GBps": bw / 1e9, "arms": {}}
+           "quant": args.quant, "file_bytes": Path(path).stat().st_size, "layers": args.layers, "depth": args.depth, "copy_bandwidth_GBps": bw / 1e9, "arms": {}}
     toks = torch.randint(min(1000, load_config(f).vocab_size), (8,), generator=torch.Generator().manual_seed(2))
     logits = {}
-    out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_arms-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = Path(os.environ.get("OUT", ".")) / f"gpu_decode_arms-{args.preset}{'-' + args.quant if args.quant else ''}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     for name, kw in arms.items():
         try:
             r = run_arm(f, kw, args.depth, args.reps, toks, args.device, widths)

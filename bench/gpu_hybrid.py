@@ -28,8 +28,10 @@ from pathlib import Path
 
 import torch
 
+from alphallama.bench.engine_bench import copy_bandwidth
 from alphallama.bench.hostinfo import host_state
 from alphallama.engine import Engine, Generation
+from alphallama.gguf.arch import load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
@@ -57,6 +59,19 @@ def _toks(n: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
+def floor_bytes(f: GGUFFile, cache, depth: int) -> dict:
+    """The bytes a W = 1 round must move at depth `depth`: every weight but the embedding's
+    (routed experts: k of E), the recurrent states read and written, the attention layers' K/V."""
+    cfg = load_config(f)
+    share = cfg.n_experts_used / cfg.n_experts if cfg.n_experts else 1.0
+    weights = sum(t.nbytes * (share if n.endswith("_exps.weight") else 1.0)
+                  for n, t in f.tensors.items() if not n.startswith("token_embd"))
+    states = 2 * cache.ssm.numel() * cache.ssm.element_size()                 # read + write
+    kv_row = cache.k.shape[1] * cache.k.shape[3] * cache.k.element_size() * 2   # one position's K and V, one layer
+    kv = kv_row * cache.k.shape[0] * depth
+    return {"weights": int(weights), "states": states, "kv": kv, "total": int(weights) + states + kv}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen36-35b-a3b")
@@ -67,6 +82,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--widths", default="4,8,16", help="verify widths")
+    ap.add_argument("--file", default=None, help="the GGUF to write, or to reuse where it exists (kept: llama-bench reads it)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     now = _clock(dev)
@@ -79,9 +95,11 @@ def main() -> None:
     if dev.type == "cuda":
         out["gpu_name"] = torch.cuda.get_device_properties(dev).name
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "hybrid.gguf"
+        path = Path(args.file or Path(tmp) / "hybrid.gguf")
         t0 = time.perf_counter()
-        write_synthetic(spec, path)
+        if not (args.file and path.exists()):
+            write_synthetic(spec, path)
+        out["file_bytes"] = path.stat().st_size
         f = GGUFFile(path)
         ctx = args.prompt + args.tokens + 128
         gpu = GPUHybridModel(f, ctx, device=dev)
@@ -100,6 +118,11 @@ def main() -> None:
         for i in range(args.reps):
             gpu.forward(tok, pos + 1 + i, cache)
         out["decode_w1_ms"] = 1e3 * (now() - t0) / args.reps
+        out["decode_w1_tok_s"] = 1e3 / out["decode_w1_ms"]
+        fb = floor_bytes(f, cache, cache.length)
+        bw = copy_bandwidth() if dev.type == "cuda" else 1e9
+        out["floor"] = {"bytes": fb, "copy_bandwidth_GBps": bw / 1e9, "ms": 1e3 * fb["total"] / bw,
+                        "tok_s": bw / fb["total"], "share_of_floor_w1": 1e3 * fb["total"] / bw / out["decode_w1_ms"]}
         pos = cache.length
         cache.checkpoint()
         out["verify"] = {}

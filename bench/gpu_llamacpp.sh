@@ -13,13 +13,16 @@ SRC=/tmp/llama.cpp
 BIN=$SRC/build/bin
 case "${1:-}" in
 build)
-  rm -rf "$SRC" && mkdir -p "$SRC" && tar -xzf .devcarry/llama.cpp-src.tar.gz -C "$SRC" || exit 1
+  # a build cut off by a call's limit resumes where it stopped (ninja) in the next call
   t0=$(date +%s)
-  cmake -S "$SRC" -B "$SRC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llamacpp-build.log" 2>&1 \
-    && cmake --build "$SRC/build" -j "$(nproc)" --target llama-bench llama-server >> "$OUT/llamacpp-build.log" 2>&1
+  if [ ! -f "$SRC/build/build.ninja" ]; then
+    rm -rf "$SRC" && mkdir -p "$SRC" && tar -xzf .devcarry/llama.cpp-src.tar.gz -C "$SRC" || exit 1
+    cmake -S "$SRC" -B "$SRC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llamacpp-build.log" 2>&1 || exit 1
+  fi
+  cmake --build "$SRC/build" -j "$(nproc)" --target llama-bench llama-server >> "$OUT/llamacpp-build.log" 2>&1
   rc=$?
   echo "llama.cpp build rc=$rc in $(( $(date +%s) - t0 )) s"; tail -3 "$OUT/llamacpp-build.log"
   exit $rc

@@ -337,3 +337,25 @@ def test_llama_cpp_loads_them_and_agrees_with_the_reference(tmp_path, preset):
     theirs = log_softmax(np.array(llm.scores[:len(TOKENS)], dtype=np.float64))  # [T, vocab]
     ours = log_softmax(ReferenceModel(GGUFFile(path)).logits(TOKENS))  # [T, vocab]
     assert np.abs(ours - theirs).max() < 1e-4
+
+
+@pytest.mark.parametrize("mix, size, rules", [
+    # real Qwen3-8B files (bartowski's, no imatrix in these types' rules): 4.12 / 4.56 / 3.37 GB
+    ("Q3_K_M", (4.0e9, 4.25e9), {"attn_q": [T.Q3_K] * 36, "attn_v": [T.Q5_K] * 2 + [T.Q4_K] * 34,
+                                 "ffn_down": [T.Q5_K] * 2 + [T.Q4_K] * 34, "attn_output": [T.Q4_K] * 36}),
+    ("IQ4_XS", (4.45e9, 4.7e9), {"attn_q": [T.IQ4_XS] * 36, "attn_v": [T.Q5_K] * 36,
+                                 "ffn_down": [T.Q5_K] * 4 + [T.IQ4_XS] * 32}),
+    ("IQ3_XXS", (3.3e9, 3.6e9), {"attn_q": [T.IQ2_S] * 36, "attn_k": [T.IQ2_S] * 36, "attn_v": [T.Q4_K] * 36,
+                                 "ffn_down": [T.Q4_K] * 4 + [T.Q3_K] * 32, "attn_output": [T.IQ3_S] * 36,
+                                 "ffn_up": [T.IQ3_XXS] * 36}),
+])
+def test_llama_cpp_mixes_of_qwen3_8b(mix, size, rules):
+    """llama-quantize's Q3_K_M / IQ4_XS / IQ3_XXS rules (llama_tensor_get_type) on Qwen3-8B's 36
+    layers (4 query heads a key head): the per-layer types and the file's size."""
+    spec = PRESETS["qwen3-8b"](quant=mix)
+    for g, want in rules.items():
+        assert _types(spec, g) == want, g
+    plan = plan_of(spec)
+    head = {"Q3_K_M": (T.Q6_K, T.Q3_K), "IQ4_XS": (T.Q6_K, T.IQ4_XS), "IQ3_XXS": (T.Q5_K, T.IQ3_S)}[mix]
+    assert (plan["output.weight"].qtype, plan["token_embd.weight"].qtype) == head
+    assert size[0] < sum(t.nbytes for t in plan.values()) < size[1]

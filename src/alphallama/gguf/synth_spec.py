@@ -1,14 +1,17 @@
-"""The synthetic model's spec: shape, quant mix (llama.cpp's Q4_K_M and uniform mixes)
+"""The synthetic model's spec: shape, quant mix (llama.cpp's mixes: synth_mixes; uniform mixes)
 and the named presets (tiny test shapes, Qwen3-8B, Qwen3-30B-A3B). `writer` turns a
 spec into a GGUF file; `synth_plan` lists its tensors.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType
+
+from . import synth_mixes as mixes
 
 # Tensor groups a `quant` mapping may name ("blk.N.<group>" overrides one layer).
 # Norms, biases and the MoE router (ffn_gate_inp) are always F32, as llama.cpp keeps them.
@@ -64,41 +67,28 @@ class SyntheticSpec:
         return None
 
 
-# --- quant mixes ------------------------------------------------------------------
-
-def _use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp's rule for the layers that get more bits in a _M mix: the first and
-    last eighth, and every third layer in between."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
-
+# --- quant mixes (synth_mixes: llama.cpp's rules) ----------------------------------
 
 def uniform_mix(qtype: T) -> dict[str, T]:
     """Every quantizable tensor in one type (llama-quantize --pure)."""
-    return {g: qtype for g in QUANT_GROUPS}
+    return mixes.uniform_mix(QUANT_GROUPS, qtype)
 
 
-def q4_k_m_mix(n_layers: int, tied_embeddings: bool, n_experts: int = 0) -> dict[str, T]:
-    """llama.cpp's Q4_K_M (llama_tensor_get_type): Q4_K everywhere, Q6_K for the output
-    head (for token_embd too when it is the output head), and Q6_K for attn_v and
-    ffn_down (dense or experts) in the use_more_bits layers. Models of exactly 8
-    experts (Mixtral's case) get Q8_0 attn_k/attn_v and Q5_K attn_output instead."""
-    mix = uniform_mix(T.Q4_K)
-    mix["output"] = T.Q6_K
-    if tied_embeddings:
-        mix["embd"] = T.Q6_K
-    for i in range(n_layers):
-        if _use_more_bits(i, n_layers):
-            for g in ("attn_v", "ffn_down", "ffn_down_exps"):
-                mix[f"blk.{i}.{g}"] = T.Q6_K
-    if n_experts == 8:
-        mix = {k: v for k, v in mix.items() if not k.endswith("attn_v")}
-        mix |= {"attn_k": T.Q8_0, "attn_v": T.Q8_0, "attn_output": T.Q5_K}
-    return mix
+def q4_k_m_mix(n_layers: int, tied_embeddings: bool, n_experts: int = 0, gqa: int = 1) -> dict[str, T]:
+    return mixes.q4_k_m_mix(QUANT_GROUPS, n_layers, tied_embeddings, n_experts, gqa)
+
+
+def _mix(ftype: LlamaFileType, rule) -> tuple[LlamaFileType, Callable[[SyntheticSpec], dict[str, T]]]:
+    return ftype, lambda s: rule(QUANT_GROUPS, s.n_layers, s.tied_embeddings, s.n_experts,
+                                 s.n_heads // max(s.n_kv_heads, 1))
 
 
 # name -> (general.file_type, mix for a spec); `--quant` takes these or a plain type name
 MIXES: dict[str, tuple[LlamaFileType, Callable[[SyntheticSpec], dict[str, T]]]] = {
-    "Q4_K_M": (LlamaFileType.MOSTLY_Q4_K_M, lambda s: q4_k_m_mix(s.n_layers, s.tied_embeddings, s.n_experts)),
+    "Q4_K_M": _mix(LlamaFileType.MOSTLY_Q4_K_M, mixes.q4_k_m_mix),
+    "Q3_K_M": _mix(LlamaFileType.MOSTLY_Q3_K_M, mixes.q3_k_m_mix),
+    "IQ4_XS": _mix(LlamaFileType.MOSTLY_IQ4_XS, mixes.iq4_xs_mix),
+    "IQ3_XXS": _mix(LlamaFileType.MOSTLY_IQ3_XXS, mixes.iq3_xxs_mix),
 }
 
 # general.file_type of a file whose bulk is in one type (the name llama-quantize gives it)
