@@ -40,6 +40,7 @@ from ..kernels.activations.silu import GATED
 from ..kernels.formats.dequant import gather_rows
 from ..kernels.formats.qweight import QuantWeight
 from ..kernels.gemv.registry import DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice
+from ..kernels.attention.decode import Tiles
 from ..kernels.attention.rows import fill_table
 from ..kv_cache import KVCache, KVSlot
 from ..model.rope import layer_tables
@@ -161,6 +162,7 @@ class GPUModel:
         self.capture_s = 0.0
         self.combine_in_norm, self.norm_router = o.combine_in_norm, o.norm_router
         self.early_kv = o.early_kv    # (the decode round qualifies: kernels/attention/decode.py)
+        self.attn_tiles = Tiles(*o.attention_tiles)
         self.prefill_path = o.prefill_path
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
         self.scratch = prefill_scratch(o, self.act_dtype, self.device, o.prefill_graphs)

@@ -120,7 +120,7 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
                      c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
         if m.q_temp is not None:
             q = query_temperature(q, pos, *m.q_temp)
-        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i]}
+        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i], "tiles": m.attn_tiles}
         if s.attention:
             a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl, **att)   # [W, H*hd]
         else:
