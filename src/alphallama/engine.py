@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Generator, Iterator
 import torch
 
 from .config import DEFAULTS
-from .engine_slots import CHUNK, Chunk, Slot, Verify, choose_slot, drain, new_slots
+from .engine_slots import CHUNK, Chunk, Slot, Verify, choose_slot, drain, new_slots, slot_context
 from .gguf.arch import ModelConfig
 from .gguf.arch_qwen35 import HybridConfig
 from .gguf.reader import GGUFError, GGUFFile
@@ -119,10 +119,18 @@ class Engine:
         """The first slot's cache (with one slot, the engine's)."""
         return self.slots[0].cache
 
+    @cache.setter
+    def cache(self, cache) -> None:
+        self.slots[0].cache = cache
+
     @property
     def cached(self) -> list[int]:
         """The tokens whose K/V rows are committed in the first slot's cache."""
         return self.slots[0].cached
+
+    @cached.setter
+    def cached(self, ids: list[int]) -> None:
+        self.slots[0].cached = ids
 
     def take_slot(self, ids: list[int], slot: Slot | None = None) -> Slot:
         """Mark `slot` (None: choose_slot's for ids) busy and most recently used."""
@@ -150,14 +158,15 @@ class Engine:
         on the GPU its wide verify rounds may take the tensor cores (GPUModel's `fast`).
         weights_read: called once the model's weights are in place, before the rest is built
         (the MTP head, the KV cache and, on the GPU, its CUDA graphs): a progress display's
-        boundary between the two. slots: parallel streams (-np; each slot ctx_size rows)."""
+        boundary between the two. slots: parallel streams (-np), each slot ctx_size / slots rows
+        (llama-server's split)."""
         from .chat import ChatTemplate
         from .gguf.arch import find_mtp_head, load_config
         from .spec.mtp import load_mtp_state
         from .tokenizer import Tokenizer
         f = GGUFFile(path)
         cfg = load_config(f)
-        ctx = min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len)
+        ctx = slot_context(min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len), slots)
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":

@@ -33,6 +33,20 @@ class Slot:
     busy: bool = False             # a stream or an engine call holds it
 
 
+MIN_SLOT_CONTEXT = 128   # the fewest tokens of context a slot may have
+
+
+def slot_context(ctx: int, n: int) -> int:
+    """Each of n slots' context when the whole is ctx (llama-server's n_ctx / N); ValueError
+    when n is not a positive count or leaves a slot too little."""
+    if n < 1:
+        raise ValueError(f"-np must be at least 1, got {n}")
+    if n > 1 and ctx // n < MIN_SLOT_CONTEXT:
+        raise ValueError(f"-np {n} leaves each slot {ctx // n} tokens of a {ctx}-token context; a slot needs at "
+                         f"least {MIN_SLOT_CONTEXT}: raise -c or lower -np")
+    return ctx // n
+
+
 def new_slots(model, ctx: int, n: int) -> list[Slot]:
     """n slots of ctx rows each: one model cache for n == 1; a model that puts several
     streams' rows in one pass (`round`) splits one cache; another (the CPU reference) gets

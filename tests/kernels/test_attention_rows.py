@@ -34,6 +34,11 @@ def _alone(qkv, pos, hist, cos, sin, early):
     return q.cpu(), out.cpu(), kc.cpu(), vc.cpu()
 
 
+def test_the_product_rounds_take_the_kernels_tiles():
+    from alphallama.runtime.overrides import PRODUCT
+    assert PRODUCT.attention_tiles == tuple(A.TILES)
+
+
 @pytest.mark.parametrize("early", [False, True])
 def test_streams_side_by_side_get_their_bits_alone(early):
     g = torch.Generator().manual_seed(7)
