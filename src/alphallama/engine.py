@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Generator, Iterator
 
@@ -18,6 +18,7 @@ import torch
 
 from .config import DEFAULTS
 from .engine_slots import CHUNK, Chunk, Slot, Verify, choose_slot, drain, new_slots, slot_context
+from .generation import GenStats, Generation, _logprobs  # noqa: F401 (re-exported: engine.Generation)
 from .gguf.arch import ModelConfig
 from .gguf.arch_qwen35 import HybridConfig
 from .gguf.reader import GGUFError, GGUFFile
@@ -26,7 +27,6 @@ from .model.loader import load_model
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
 from .spec.drafter import NO_DRAFT
-from .spec.stats import SpecStats
 from .spec.verify import greedy_accept, speculative_sample
 
 if TYPE_CHECKING:   # llguidance is imported only when a request brings a grammar
@@ -49,51 +49,6 @@ TOKENIZE_ANYWAY_CHARS = 1 << 20
 
 class ContextOverflow(ValueError):
     """A prompt that does not fit the context; the message says by how much."""
-
-
-@dataclass
-class GenStats:
-    prompt_n: int = 0          # prompt rows actually computed (after prefix re-use)
-    prompt_reused: int = 0     # prompt rows taken from the cache
-    prompt_ms: float = 0.0
-    predicted_n: int = 0       # generated tokens
-    predicted_ms: float = 0.0  # decode time, from the end of prefill to the last token
-    rounds: int = 0            # forward passes after prefill that committed tokens
-    draft_n: int = 0
-    draft_n_accepted: int = 0
-
-    @property
-    def predicted_per_second(self) -> float:
-        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
-
-    def timings(self) -> dict:
-        """llama-server's `timings` object, plus rounds."""
-        return {
-            "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
-            "prompt_per_second": 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0,
-            "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
-            "predicted_per_second": self.predicted_per_second,
-            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
-            "rounds": self.rounds, "cache_n": self.prompt_reused,
-        }
-
-
-@dataclass
-class Generation:
-    """One request's output; iterate it for token ids as they are committed."""
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None   # "stop" (end-of-generation token) | "length"
-    stats: GenStats = field(default_factory=GenStats)
-    spec: SpecStats = field(default_factory=SpecStats)
-    # with logprobs=k: per generated token (its log-prob, [(id, log-prob)] of the k most likely)
-    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
-
-
-def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-    lp = torch.log_softmax(logits.float(), -1)     # [V]
-    top = lp.topk(k) if k > 0 else None
-    pairs = [] if top is None else zip(top.indices.tolist(), top.values.tolist())
-    return float(lp[token]), [(t, v) for t, v in pairs if v != float("-inf")]   # a grammar's masked tokens
 
 
 class Engine:
