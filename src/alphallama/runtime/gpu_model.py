@@ -181,7 +181,7 @@ class GPUModel:
         positions and KV bases from the row table (rows.py), one stream's rounds too."""
         c = self.cfg
         rows = max_len or self.max_len
-        if slots < 1 or rows > self.max_len:
+        if slots < 1 or (slots > 1 and rows > self.max_len):   # (a slot's positions: the RoPE tables')
             raise ValueError(f"a cache of {slots} slots of {rows} rows (this model's positions: {self.max_len})")
         if slots > 1 and self.store is not None:
             raise ValueError("parallel streams with an expert store are not supported yet: its admission is "

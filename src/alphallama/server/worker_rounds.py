@@ -77,6 +77,9 @@ def _admit(w: EngineWorker, engine: Engine, streams: Streams, runs: dict, job: J
             return
     except Exception as e:   # the worker must survive anything one request does
         log.exception("a request failed")
+        for slot in engine.slots:   # an engine call's slot (a free one) holds unknown rows now
+            if not slot.busy:
+                engine.reset_slot(slot)
         w.metrics.request(r.endpoint, "error")
         job.emit(Failed(APIError("server", f"generation failed: {type(e).__name__}: {e}")))
     with w._cond:
