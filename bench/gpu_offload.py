@@ -34,22 +34,25 @@ from alphallama.offload.plan import make_plan
 from alphallama.runtime import gpu_model
 
 
-def _engine(path: str, ctx: int, device: str, slots: int | None, cpu_tier: bool = False, threads: int | None = None):
+def _engine(path: str, ctx: int, device: str, slots: int | None, cpu_tier: bool = False, threads: int | None = None,
+            host_bytes: int | None = None):
     from alphallama.chat import ChatTemplate
     from alphallama.engine import Engine
     from alphallama.tokenizer import Tokenizer
     f = GGUFFile(path)
     t0 = time.perf_counter()
-    model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots, cpu_tier=cpu_tier, cpu_threads=threads)
+    model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots, cpu_tier=cpu_tier, cpu_threads=threads,
+                               host_bytes=host_bytes)
     load_s = time.perf_counter() - t0
     eng = Engine(f, model, Tokenizer.from_metadata(f.metadata), ChatTemplate.from_gguf_metadata(f.metadata, None), ctx)
     return eng, load_s, model.capture_s
 
 
-def _decode(eng, prompt: list[int], n: int) -> dict:
+def _decode(eng, prompt: list[int], n: int, spec=None) -> dict:
     from alphallama.engine import Generation
+    from alphallama.spec.config import SpecConfig
     gen = Generation()
-    toks = list(eng.generate(prompt, n, stop_ids=set(), gen=gen))
+    toks = list(eng.generate(prompt, n, stop_ids=set(), gen=gen, spec=spec or SpecConfig()))
     s = gen.stats
     return {"tokens": toks, "tok_s": s.predicted_per_second, "rounds": s.rounds,
             "ms_per_round": s.predicted_ms / max(s.rounds, 1), "prompt_ms": s.prompt_ms}

@@ -20,8 +20,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=DEFAULTS.sampling.min_p)
     p.add_argument("--draft-head", default=None,
                    help="MTP head GGUF for --spec-type mtp (default: the model's own, or <model>.mtp.gguf beside it)")
-    from .offload.apply import add_gpu_mem_argument
-    add_gpu_mem_argument(p)   # the automatic plan's device budget (offload/)
+    from .offload.apply import add_memory_arguments
+    add_memory_arguments(p)   # the automatic plan's device and host budgets (offload/)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -167,6 +167,16 @@ class OffloadDefaults:
     probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best
     cpu_tier: bool = True                 # host-tier experts computed by the CPU workers (else read over PCIe)
     cpu_share: float = 0.6                # of a layer's host (row, rank) pairs, the CPU takes this share, PCIe the rest
+    host_mem: int | None = None           # pinned RAM the host tier may hold (--host-mem); None: what the host has
+                                          # available; the layers past it stay in the mapped GGUF file
+    host_headroom: float = 0.2            # of MemAvailable, kept for everything else (and the mapped tier's page cache)
+    readahead_experts: int = 16           # likely experts per mapped layer read ahead between rounds (madvise)
+    # the plan's cost model (offload/estimate.py), from measured rounds (docs/decisions/offload-v2.md)
+    layer_fixed_s: float = 23.5e-6        # a decode layer's fixed kernel cost over its bytes (decode-cost-model.md)
+    store_layer_extra_s: float = 57e-6    # an MoE layer on the store's contract kernels over the resident ones
+    worker_efficiency: float = 0.57       # the CPU workers' compute rate over the RAM probe's (59 of 103 GB/s)
+    assumed_gpu_bw: float = 3.0e12        # bytes/s priced where no GPU is here to measure (plan --gpu-mem)
+    assumed_pcie_bw: float = 25e9
     auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
 
 

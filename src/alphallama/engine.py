@@ -105,11 +105,13 @@ class Engine:
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
              progress: Callable[[str, int], None] | None = None, draft_head: str | None = None,
              expert_slots: int | None = None, cpu_threads: int | None = None, fast: bool = False,
-             weights_read: Callable[[], None] | None = None, slots: int = 1) -> "Engine":
+             weights_read: Callable[[], None] | None = None, host_bytes: int | None = None,
+             slots: int = 1) -> "Engine":
         """draft_head: an MTP head GGUF (else the model's own, or `<stem>.mtp.gguf` beside it).
         expert_slots: an MoE model's experts in an expert store with this many VRAM slots
         (offload/; the automatic plan sets it), None: all resident. cpu_threads: the store's
-        CPU expert workers (None: the probe's count). fast: the engine serves fast mode (--fast):
+        CPU expert workers (None: the probe's count). host_bytes: the store's pinned RAM (the
+        experts past it read from the mapped file; None: all in RAM). fast: the engine serves fast mode (--fast):
         on the GPU its wide verify rounds may take the tensor cores (GPUModel's `fast`).
         weights_read: called once the model's weights are in place, before the rest is built
         (the MTP head, the KV cache and, on the GPU, its CUDA graphs): a progress display's
@@ -142,7 +144,8 @@ class Engine:
                     raise GGUFError(f"{path}: the GPU runtime does not implement {', '.join(missing)} "
                                     f"({cfg.arch}); run it with --device cpu")
                 model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots,
-                                 cpu_threads=cpu_threads, fast=fast and expert_slots is None)
+                                 cpu_threads=cpu_threads, fast=fast and expert_slots is None,
+                                 host_bytes=host_bytes)
         else:
             model = load_model(f, ctx, progress)
         if weights_read is not None:

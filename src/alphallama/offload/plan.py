@@ -7,15 +7,17 @@ runtime will hold: weight planes (kernels/formats/format.py) re-laid from the fi
 norms as fp32, the embedding's raw rows, the f16 KV cache at the chosen context.
 
 Layouts: `resident` (everything on the device), `offload` (the dense part, the KV cache
-and a bank of expert slots on the device; every expert in host RAM, the hottest also in
-the bank; offload/store.py), `cpu` (no GPU, or a file the GPU runtime would refuse:
-the reference runtime). Each tensor type's verdict comes from the runtimes' own
+and a bank of expert slots on the device; every expert in host RAM, or past the host's
+RAM budget (--host-mem) in the mapped GGUF file, the hottest also in the bank;
+offload/store.py, offload/mapped.py), `cpu` (no GPU, or a file the GPU runtime would
+refuse: the reference runtime). With the host's measured bandwidths (host_probe.py) the
+plan also prices a decode round (estimate.py). Each tensor type's verdict comes from the runtimes' own
 registries (offload/support.py), so nothing is planned that a runtime then refuses.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -26,16 +28,11 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.gemv.mma_layout import mma_shape_ok
 from ..kernels.formats.qweight import embedding_planes
+from .estimate import Estimate, HostLayout, estimate, human
+from .host_probe import Bandwidths
 from .support import TypeUse, cpu_problems, gpu_problems, type_uses
 
 GiB = 1 << 30
-
-
-def human(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 KV_PAD_ROWS = 64          # the GPU cache keeps a full padded bucket past the context (gpu_model.MAX_W)
 _EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
@@ -74,6 +71,7 @@ class Sizes:
     kv: int               # KV cache at the plan's context
     workspace: int        # logits, activations, graphs, margin
     fast_extra: int = 0   # fast mode's second copy of the dense Q4_K codes (the tensor cores' order)
+    layer_experts: tuple[tuple[int, int], ...] = ()   # (MoE layer, device bytes of all its experts)
 
     @property
     def total(self) -> int:
@@ -100,7 +98,7 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
         n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
         if name.endswith(_EXPERT_SUFFIXES):
             experts += n
-            layer = name.split(".")[1]
+            layer = int(name.split(".")[1])
             per_layer[layer] = per_layer.get(layer, 0) + n // t.shape[0]
         else:
             dense += n
@@ -110,7 +108,8 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     slot = max(per_layer.values(), default=0)
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
     workspace = DEFAULTS.offload.reserve_bytes + 2 * KV_PAD_ROWS * cfg.vocab_size * 4
-    return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace, fast)
+    layer_experts = tuple((i, b * cfg.n_experts) for i, b in sorted(per_layer.items()))
+    return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace, fast, layer_experts)
 
 
 def host_threads() -> tuple[int, str]:
@@ -173,6 +172,9 @@ class Plan:
     types: dict[str, TypeUse]      # per tensor type: counts, bytes, each runtime's verdict
     gpu_refused: tuple[str, ...] = ()   # why the GPU runtime would refuse the file (layout cpu)
     mode: str = "exact"
+    host: HostLayout | None = None      # offload: the host tier's RAM budget and the mapped layers
+    bandwidths: Bandwidths | None = None
+    estimate: Estimate | None = None    # plain decode's expected round at these bandwidths
 
     @property
     def device(self) -> str:
@@ -182,8 +184,14 @@ class Plan:
     def resident_fraction(self) -> float:
         return self.slots / self.sizes.n_experts if self.sizes.n_experts else 1.0
 
+    @property
+    def host_bytes(self) -> int | None:
+        """The engine's host_bytes: the host tier's budget where layers are mapped, else None."""
+        return self.host.budget if self.host is not None and self.host.mapped_layers else None
+
     def to_dict(self) -> dict:
         return {**asdict(self), "types": {q: u.to_dict() for q, u in self.types.items()},
+                "host": self.host.to_dict() if self.host is not None else None,
                 "device": self.device, "resident_fraction": self.resident_fraction}
 
     def describe(self) -> str:
@@ -202,10 +210,17 @@ class Plan:
                 fits = "fits" if s.fits_fast(self.budget) else "does not fit: --fast verifies on dp4a"
                 lines.append(f"fast       --fast adds a tensor-core copy of the Q4_K codes ({g(s.fast_extra)}; {fits})")
         elif self.layout == "offload":
-            bank = self.slots * s.expert_slot
+            bank, h = self.slots * s.expert_slot, self.host
             lines.append(f"layout     offload: {self.slots} of {s.n_experts} expert slots in VRAM "
-                         f"({100 * self.resident_fraction:.0f}%, {g(bank)}); every expert in pinned RAM "
-                         f"({g(s.experts)})")
+                         f"({100 * self.resident_fraction:.0f}%, {g(bank)}); {h.ram_experts} experts in pinned RAM "
+                         f"({g(h.ram_bytes)}), {h.mapped_experts} mapped from the file")
+            lines.append("host RAM   " + (f"{g(h.budget)} for the host tier ({h.source})" if h.budget is not None
+                                         else h.source))
+            if h.mapped_layers:
+                room = "fits" if h.page_room is not None and h.mapped_bytes <= h.page_room else "does not fit"
+                lines.append(f"mapped     {len(h.mapped_layers)} of {h.moe_layers} MoE layers' experts "
+                             f"({g(h.mapped_bytes)}) stay in the GGUF file (page cache; {room} the RAM left), "
+                             f"computed by the CPU workers from its blocks, read ahead between rounds")
             if self.cpu_threads:
                 share = DEFAULTS.offload.cpu_share
                 lines.append(f"host tier  experts without a slot: {100 * share:.0f}% of each layer's computed by "
@@ -225,12 +240,37 @@ class Plan:
             lines.append(f"{'types' if i == 0 else '':10} {u.qtype:8} {u.count:>5} tensors {g(u.nbytes):>11}  "
                          f"{u.runs_on}" + (f": {why}" if why else ""))
         lines.append("mtp        " + (f"depth {self.mtp_depth} (in-file head)" if self.mtp_depth else "none"))
+        if self.bandwidths is not None:
+            lines.append(f"bandwidth  {self.bandwidths.describe()}")
+        if self.estimate is not None:
+            lines.append(f"expected   {self.estimate.describe()}")
         lines.append(f"mode       {self.mode}")
         return "\n".join(lines)
 
 
-def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, device: str = "auto") -> Plan:
-    """The layout for a model file; PlanError when even the dense part does not fit."""
+def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, device: str = "auto",
+              host_mem: int | None = None, bandwidths: Bandwidths | None = None) -> Plan:
+    """The layout for a model file; PlanError when even the dense part does not fit.
+    host_mem: the host tier's RAM budget (--host-mem; default the available RAM less a
+    headroom): the MoE layers past it stay in the mapped file. bandwidths: the host's
+    (host_probe.measure), to price a round; None: no estimate."""
+    plan = _layout(path, ctx, gpu_mem, device, host_mem)
+    return plan if bandwidths is None else priced(plan, bandwidths)
+
+
+def priced(plan: Plan, bandwidths: Bandwidths) -> Plan:
+    """The plan with plain decode's expected round at these bandwidths (a cpu layout: as it is)."""
+    if plan.layout == "cpu":
+        return plan
+    cfg = load_config(GGUFFile(plan.path))
+    s = plan.sizes
+    est = estimate(s.dense, s.experts / max(s.n_experts, 1), cfg.n_layers, len(s.layer_experts),
+                   cfg.n_experts_used if cfg.is_moe else 0, plan.slots, s.n_experts,
+                   plan.host if plan.layout == "offload" else None, bandwidths, plan.cpu_threads)
+    return replace(plan, bandwidths=bandwidths, estimate=est)
+
+
+def _layout(path: str, ctx: int | None, gpu_mem: int | None, device: str, host_mem: int | None) -> Plan:
     f = GGUFFile(path)
     cfg = load_config(f)
     ctx = min(ctx or DEFAULTS.engine.ctx_size, cfg.ctx_len)
@@ -265,9 +305,11 @@ def make_plan(path: str, ctx: int | None = None, gpu_mem: int | None = None, dev
             f"context (-c) or a smaller quantization")
     # a bank of any size works (even none: every expert is then read from RAM)
     slots = (budget - fixed) // max(s.expert_slot, 1)
-    avail = host_available()
-    if avail is not None and s.experts > avail:
-        raise PlanError(f"{path}: the experts ({human(s.experts)}) do not fit the host's available "
-                        f"RAM ({human(avail)}) either")
+    host = HostLayout.of(dict(s.layer_experts), cfg.n_experts, host_mem, host_available())
     n, why = host_threads()
-    return Plan(layout="offload", slots=int(min(slots, s.n_experts - 1)), **common, cpu_threads=n, cpu_threads_why=why)
+    if host.mapped_layers and n == 0:
+        raise PlanError(f"{path}: the experts ({human(s.experts)}) do not fit the host tier's RAM "
+                        f"({human(host.budget)}, {host.source}), and the experts past it can only be computed "
+                        f"from the mapped file by the CPU expert workers, which are off here ({why})")
+    return Plan(layout="offload", slots=int(min(slots, s.n_experts - 1)), **common, cpu_threads=n, cpu_threads_why=why,
+                host=host)

@@ -1,10 +1,15 @@
-"""The expert store: every routed expert in host RAM, the hottest also in one VRAM bank.
+"""The expert store: every routed expert in host RAM (or the mapped file), the hottest also
+in one VRAM bank.
 
     host tier   per class, planes [layers * E, N, per_row] in pinned (page-locked, device-
-                mapped) RAM: every expert, always (weights are read-only, so evicting from
-                the bank is just retargeting the table)
+                mapped) RAM: every expert of the layers that fit the host budget, always
+                (weights are read-only, so evicting from the bank is just retargeting the table)
+    mapped      the layers past the host budget (`host_bytes`): their experts stay in the
+                GGUF file's mapping, computed by the CPU workers from the file's blocks
+                (offload/mapped.py), read ahead between rounds
     bank        per class, planes [S, N, per_row] in VRAM: S slots shared by the class's layers
-    table       int32 [L, E] on the device: slot of (layer, expert) in its class's bank, or -1
+    table       int32 [L, E] on the device: slot of (layer, expert) in its class's bank, or
+                HOST (-1, pinned RAM) / MAPPED (-2, the file)
 
 A class is the layers whose experts have the same formats and shapes (a Q4_K_M file
 has Q6_K ffn_down in some layers and Q4_K in the others: two classes); its slots are a
@@ -27,7 +32,6 @@ then ordinary memory, which is how the tiers are simulated on CPU.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,78 +41,39 @@ import torch
 from ..config import DEFAULTS
 from ..gguf.reader import TensorInfo
 from ..kernels.formats.qweight import QuantWeight
+from .mapped import HOST, MAPPED, MappedExperts, ReadAhead, map_past_budget
+from .planes import bank_like, host_like, sub_experts, pack_experts, pin
+
+__all__ = ["ExpertStore", "ExpertClass", "LayerView", "Tiers", "pack_experts", "pin"]
 from .policy import UsagePolicy
-
-
-def _expert_rows(p: TensorInfo) -> torch.Tensor:
-    """An [E, N, K] tensor's bytes as uint8 [E, N, row_bytes]."""
-    E, N, _ = p.shape
-    return torch.from_numpy(p.data.reshape(E, N, -1).view("uint8").copy())
-
-
-def pack_experts(gate: TensorInfo, up: TensorInfo, down: TensorInfo, device) -> tuple[QuantWeight, QuantWeight]:
-    """One layer's experts as (gate|up fused along N [E, 2F, D], down [E, D, F])."""
-    if gate.qtype != up.qtype:
-        raise NotImplementedError(f"experts' gate and up of different types ({gate.qtype.name}, "
-                                  f"{up.qtype.name}) are not supported on the GPU")
-    E, F, D = gate.shape
-    raw = torch.cat([_expert_rows(gate), _expert_rows(up)], dim=1)           # [E, 2F, row_bytes]
-    gate_up = QuantWeight.from_raw(raw, gate.qtype, (E, 2 * F, D), device)
-    return gate_up, QuantWeight.from_raw(down.data, down.qtype, tuple(down.shape), device)
-
-
-def pin(t: torch.Tensor) -> torch.Tensor:
-    """Page-lock and map `t` (cudaHostRegister) so kernels read it in place and copies
-    from it are asynchronous DMA; unregistered when `t` is freed. A no-op without CUDA."""
-    if not torch.cuda.is_available() or t.numel() == 0:
-        return t
-    cudart = torch.cuda.cudart()
-    ptr, size = t.data_ptr(), t.numel() * t.element_size()
-    rc = cudart.cudaHostRegister(ptr, size, 3)   # cudaHostRegisterPortable | cudaHostRegisterMapped
-    if int(rc) != 0:
-        return t.pin_memory()   # the allocator's pinned memory (rounded up to a power of two)
-    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
-    return t
-
-
-def _host_like(w: QuantWeight, rows: int) -> QuantWeight:
-    """Empty pinned host planes for `rows` experts shaped like w's."""
-    planes = {n: pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
-    return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes, w.table)   # a codebook stays where the kernels read
-
-
-def _bank_like(w: QuantWeight, slots: int, device) -> QuantWeight:
-    planes = {n: torch.zeros((slots, *p.shape[1:]), dtype=p.dtype, device=device) for n, p in w.planes.items()}
-    return QuantWeight(w.qtype, (slots, *w.shape[1:]), planes, w.table)
-
-
-def _sub(w: QuantWeight, start: int, stop: int) -> QuantWeight:
-    return QuantWeight(w.qtype, (stop - start, *w.shape[1:]), {n: p[start:stop] for n, p in w.planes.items()},
-                       w.table)
 
 
 @dataclass
 class ExpertClass:
     layers: list[int]                    # model layer ids, in order
-    host_gate_up: QuantWeight | None = None  # [len(layers) * E, 2F, K]
-    host_down: QuantWeight | None = None     # [len(layers) * E, D, F]
+    template: tuple[QuantWeight, QuantWeight] | None = None   # one expert's (gate_up, down) planes [1, ...]
+    host_gate_up: QuantWeight | None = None  # [host layers * E, 2F, K]; None: every layer mapped
+    host_down: QuantWeight | None = None     # [host layers * E, D, F]
     bank_gate_up: QuantWeight | None = None  # [S, 2F, K]
     bank_down: QuantWeight | None = None     # [S, D, F]
     owners: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [S] flat id, -1 free, -2 filling
 
     @property
     def slot_bytes(self) -> int:
-        return (self.host_gate_up.nbytes + self.host_down.nbytes) // self.host_gate_up.shape[0]
+        return self.template[0].nbytes + self.template[1].nbytes
 
 
 @dataclass(frozen=True)
 class LayerView:
-    """What one MoE layer's kernels take."""
+    """What one MoE layer's kernels take. A mapped layer has no host planes: host_* are
+    then the bank's (the kernels' format and shapes; never read: every pair of a mapped
+    expert without a slot is the CPU workers')."""
     host_gate_up: QuantWeight   # [E, 2F, K]
     host_down: QuantWeight      # [E, D, F]
     bank_gate_up: QuantWeight
     bank_down: QuantWeight
     table: torch.Tensor         # [E] int32, a row of the store's table
+    mapped: MappedExperts | None = None
 
 
 class Tiers(NamedTuple):
@@ -140,8 +105,12 @@ class ExpertStore:
                  n_experts: int, top_k: int, slots: int, device, max_w: int, progress=None,
                  admit_bytes_per_round: int = DEFAULTS.offload.admit_bytes_per_round,
                  chunk_bytes: int = DEFAULTS.offload.admit_chunk_bytes,
-                 half_life: float = DEFAULTS.offload.score_half_life, margin: float = DEFAULTS.offload.admit_margin):
-        """layers: MoE layer id -> (gate, up, down) tensor infos; slots: bank slots in all."""
+                 half_life: float = DEFAULTS.offload.score_half_life, margin: float = DEFAULTS.offload.admit_margin,
+                 host_bytes: int | None = None, readahead: int = DEFAULTS.offload.readahead_experts):
+        """layers: MoE layer id -> (gate, up, down) tensor infos; slots: bank slots in all.
+        host_bytes: pinned RAM the host tier may hold (None: every expert); the layers past
+        it (in layer order, each whole) stay in the mapped file. readahead: the likely
+        experts per mapped layer read ahead between rounds."""
         self.device = torch.device(device)
         self.E, self.top_k = n_experts, top_k
         self.admit_bytes_per_round, self.chunk_bytes = admit_bytes_per_round, chunk_bytes
@@ -153,11 +122,18 @@ class ExpertStore:
             keys.setdefault(key, ExpertClass([])).layers.append(i)
         self.classes = list(keys.values())
         for c in self.classes:
-            for j, i in enumerate(c.layers):
+            c.template = MappedExperts(*layers[c.layers[0]]).expert(0, "cpu")
+        self.mapped = self._map_past_budget(layers, host_bytes)
+        for c in self.classes:
+            host_layers = [i for i in c.layers if i not in self.mapped]
+            for i in c.layers:
+                if i in self.mapped:
+                    self._class_of[i] = (c, -1)
+            for j, i in enumerate(host_layers):
                 gu, dn = pack_experts(*layers[i], self.device)
                 if c.host_gate_up is None:
-                    rows = len(c.layers) * self.E
-                    c.host_gate_up, c.host_down = _host_like(gu, rows), _host_like(dn, rows)
+                    rows = len(host_layers) * self.E
+                    c.host_gate_up, c.host_down = host_like(gu, rows), host_like(dn, rows)
                 for host, w in ((c.host_gate_up, gu), (c.host_down, dn)):
                     for n, p in w.planes.items():
                         host.planes[n][j * self.E:(j + 1) * self.E].copy_(p)
@@ -166,7 +142,10 @@ class ExpertStore:
                 if progress is not None:
                     progress(f"experts of layer {i}", 0)
         self.moe_layers = np.array(sorted(layers), dtype=np.int64)
-        self.table = torch.full((n_layers, self.E), -1, dtype=torch.int32, device=self.device)   # [L, E]
+        self._home = torch.full((n_layers, self.E), HOST, dtype=torch.int32, device=self.device)  # [L, E] no slot
+        self._home[sorted(self.mapped)] = MAPPED
+        self.table = self._home.clone()                                                         # [L, E]
+        self.readahead = ReadAhead(self.mapped, readahead) if self.mapped else None
         self.resident = np.zeros((n_layers, self.E), dtype=bool)                                  # host mirror
         self.routes = torch.zeros((n_layers, max_w, top_k), dtype=torch.int32, device=self.device)  # [L, W, k]
         cuda = self.device.type == "cuda"
@@ -179,6 +158,11 @@ class ExpertStore:
         self._split_and_fill(slots)
 
     # -- layout --------------------------------------------------------------------
+    def _map_past_budget(self, layers: dict, host_bytes: int | None) -> dict[int, MappedExperts]:
+        """The layers whose experts stay in the mapped file (mapped.map_past_budget)."""
+        size = {i: c.slot_bytes * self.E for c in self.classes for i in c.layers}
+        return {i: MappedExperts(*layers[i]) for i in map_past_budget(size, host_bytes)}
+
     def _split_and_fill(self, slots: int) -> None:
         """Share the slots among the classes by layer count, and fill each bank with a
         layer-balanced start (expert 0 of every layer, then expert 1, ...)."""
@@ -188,8 +172,8 @@ class ExpertStore:
             extra = min(slots - sum(shares), len(self.classes[i].layers) * self.E - shares[i])
             shares[i] += max(extra, 0)
         for c, s in zip(self.classes, shares):
-            c.bank_gate_up = _bank_like(c.host_gate_up, s, self.device)
-            c.bank_down = _bank_like(c.host_down, s, self.device)
+            c.bank_gate_up = bank_like(c.template[0], s, self.device)
+            c.bank_down = bank_like(c.template[1], s, self.device)
         self.slots = sum(shares)
         self._fill_start()
 
@@ -208,15 +192,24 @@ class ExpertStore:
             torch.cuda.synchronize(self.device)
         self._admissions.clear()
         self._pending_routes = None
-        self.table.fill_(-1)
+        self.table.copy_(self._home)
         self.resident[:] = False
+        if self.readahead is not None:
+            self.readahead.asked.clear()
         self.policy = UsagePolicy(self.table.shape[0], self.E, self._half_life, self.policy.margin)
         self._fill_start()
 
     def _sources(self, c: ExpertClass, slot: int, flat: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(bank slot plane, host plane) pairs of one expert."""
+        """(bank slot plane, source plane) pairs of one expert: its host-tier rows, or
+        planes packed from the mapped file (page-locked on CUDA: the copy is asynchronous)."""
         layer, e = divmod(flat, self.E)
-        h = self._class_of[layer][1] * self.E + e
+        j = self._class_of[layer][1]
+        if j < 0:
+            gu, dn = self.mapped[layer].expert(e, "cpu")
+            cuda = self.device.type == "cuda"
+            return [(bank.planes[n][slot], p.planes[n][0].pin_memory() if cuda else p.planes[n][0])
+                    for bank, p in ((c.bank_gate_up, gu), (c.bank_down, dn)) for n in p.planes]
+        h = j * self.E + e
         return [(bank.planes[n][slot], host.planes[n][h])
                 for bank, host in ((c.bank_gate_up, c.host_gate_up), (c.bank_down, c.host_down))
                 for n in host.planes]
@@ -234,9 +227,31 @@ class ExpertStore:
 
     def layer(self, i: int) -> LayerView:
         c, j = self._class_of[i]
+        if j < 0:
+            return LayerView(c.bank_gate_up, c.bank_down, c.bank_gate_up, c.bank_down, self.table[i], self.mapped[i])
         a, b = j * self.E, (j + 1) * self.E
-        return LayerView(_sub(c.host_gate_up, a, b), _sub(c.host_down, a, b), c.bank_gate_up, c.bank_down,
+        return LayerView(sub_experts(c.host_gate_up, a, b), sub_experts(c.host_down, a, b), c.bank_gate_up, c.bank_down,
                          self.table[i])
+
+    def host_expert(self, i: int, e: int) -> tuple[QuantWeight, QuantWeight]:
+        """Expert e of layer i without its slot, where the device can read it: (gate_up
+        [2F, D], down [D, F]) from the host tier in place, or packed from the mapped file
+        onto the device (prefill)."""
+        v = self.layer(i)
+        if v.mapped is None:
+            return v.host_gate_up.expert(e), v.host_down.expert(e)
+        gu, dn = v.mapped.expert(e, self.device)
+        return gu.expert(0), dn.expert(0)
+
+    def layer_bytes(self, i: int) -> int:
+        """All of layer i's experts, as planes."""
+        return self._class_of[i][0].slot_bytes * self.E
+
+    def cpu_sources(self) -> dict:
+        """Per MoE layer, what the CPU workers read: (gate_up, down) host planes, or the
+        layer's MappedExperts."""
+        return {i: self.mapped[i] if i in self.mapped else (self.layer(i).host_gate_up, self.layer(i).host_down)
+                for i in self.moe_layers.tolist()}
 
     def tiers(self, i: int, rows: int) -> Tiers:
         """Layer i's experts as a round of `rows` rows reads them (the kernels' table dispatch)."""
@@ -249,7 +264,13 @@ class ExpertStore:
 
     @property
     def host_bytes(self) -> int:
-        return sum(c.host_gate_up.nbytes + c.host_down.nbytes for c in self.classes)
+        """Pinned RAM of the host tier."""
+        return sum(c.host_gate_up.nbytes + c.host_down.nbytes for c in self.classes if c.host_gate_up is not None)
+
+    @property
+    def mapped_bytes(self) -> int:
+        """The mapped layers' experts, as the file holds them."""
+        return sum(m.file_bytes for m in self.mapped.values())
 
     # -- between rounds --------------------------------------------------------------
     def before_round(self) -> None:
@@ -261,6 +282,8 @@ class ExpertStore:
             ids = self._routes_host[self.moe_layers, :W].numpy()             # [L', W, k]
             self.policy.observe(ids, self.moe_layers, resident)
             self._pending_routes = None
+            if self.readahead is not None:
+                self.readahead.step(self.policy.score, self.resident)
         done = [a for a in self._admissions if not a.chunks and (a.ready is None or a.ready.query())]
         for a in done:
             if a.ready is not None:
@@ -301,8 +324,8 @@ class ExpertStore:
             cands = flats[~self.resident.ravel()[flats]]
             for slot, flat in self.policy.choose(c.owners, cands, busy, limit):
                 old = int(c.owners[slot])
-                if old >= 0:   # evict: later rounds read it from the host tier
-                    self.table[old // self.E, old % self.E] = -1
+                if old >= 0:   # evict: later rounds read it from the host tier (or the mapped file)
+                    self.table[old // self.E, old % self.E] = self._home[old // self.E, old % self.E]
                     self.resident[old // self.E, old % self.E] = False
                     evicted = True
                 c.owners[slot] = -2

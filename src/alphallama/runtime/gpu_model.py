@@ -66,12 +66,15 @@ class GPUModel:
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None, expert_slots: int | None = None, prefill_chunk: int | None = None,
                  cpu_threads: int | None = None, cpu_tier: bool | None = None, fast: bool = False,
+                 host_bytes: int | None = None,
                  overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
         prefill_chunk: rows a call of more than 64 rows runs at a time (config.py).
         cpu_tier / cpu_threads: with a store, CPU workers compute the experts that are not
         in the bank (offload/native; None: config.py, the probe's thread count).
+        host_bytes: pinned RAM the store's host tier may hold (None: every expert); the
+        layers past it stay in the mapped GGUF file, computed by the CPU workers (offload/mapped.py).
         fast: the model serves fast mode (--fast): without gemv_mma, verify rounds wider than
         overrides.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
         "dp4a": narrower rounds, plain decode among them, are the default's bits); an
@@ -92,7 +95,7 @@ class GPUModel:
             self.store = ExpertStore({i: tuple(t[x] for x in BlockNames(f"blk.{i}.").experts)
                                       for i in range(cfg.n_layers)},
                                      cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
-                                     MAX_W, progress)
+                                     MAX_W, progress, host_bytes=host_bytes)
         self._fuse_q8 = (o.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts); not with post
@@ -118,6 +121,10 @@ class GPUModel:
         if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
             self.cpu_tier = start_cpu_tier(self.store, cfg.d_model, cfg.n_experts_used, MAX_W, self.device,
                                            cpu_threads, DEFAULTS.offload.cpu_share, progress)
+        if self.store is not None and self.store.mapped and self.cpu_tier is None:
+            raise RuntimeError(f"{len(self.store.mapped)} MoE layers' experts are past the host tier's budget "
+                               f"(host_bytes {host_bytes}) and only the CPU expert workers read the mapped file, "
+                               f"but they are off or could not start: allow more RAM or enable the CPU tier")
         self.cpu_link: CpuLink | None = self.cpu_tier.link if self.cpu_tier is not None else None
         self.cpu_experts = self.cpu_tier.experts if self.cpu_tier is not None else None
         for L in self.layers:

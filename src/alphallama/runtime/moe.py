@@ -40,7 +40,7 @@ class MoE:
             expert_bytes = self.gate_up.nbytes + self.down.nbytes
         else:
             v = store.layer(layer)
-            expert_bytes = v.host_gate_up.nbytes + v.host_down.nbytes
+            expert_bytes = store.layer_bytes(layer)
         self.top_k, self.norm = top_k, norm
         self.prefill_fused = prefill_fused   # resident experts' prefill chunks through moe_gemm.moe_prefill
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe/moe_i8.py), the layer's
@@ -57,13 +57,13 @@ class MoE:
 
     def expert_weights(self, e: int, slot: int = -1) -> tuple[QuantWeight, QuantWeight]:
         """Expert e's (gate_up [2F, D], down [D, F]): resident, else from bank slot `slot`
-        (>= 0) or the store's host tier."""
+        (>= 0) or the store's host tier (or its mapped file)."""
         if self.store is None:
             return self.gate_up.expert(e), self.down.expert(e)
-        v = self.store.layer(self.layer)
         if slot >= 0:
+            v = self.store.layer(self.layer)
             return v.bank_gate_up.expert(slot), v.bank_down.expert(slot)
-        return v.host_gate_up.expert(e), v.host_down.expert(e)
+        return self.store.host_expert(self.layer, e)
 
     def __call__(self, h: torch.Tensor, act_dtype: torch.dtype, q8: dict | None = None,
                  pdl: bool = False, combine: bool = True,

@@ -145,7 +145,12 @@ SLOT_TERMS: dict[T, SlotTerms] = {
 
 
 def supports(w: QuantWeight) -> bool:
-    return w.qtype in SLOT_TERMS
+    return supports_qtype(w.qtype)
+
+
+def supports_qtype(qtype: int) -> bool:
+    """Has the contract an integer form of this GGUF type?"""
+    return qtype in SLOT_TERMS
 
 
 def slot_terms(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

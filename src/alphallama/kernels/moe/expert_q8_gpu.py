@@ -252,19 +252,20 @@ def _ld_acquire_sys(ptr):
 def q8_post_kernel(experts, table, tier, share, seq, mids, mtask, ctl, n_pairs, layer, W,
                  BP: tl.constexpr, POST: tl.constexpr, GPU: tl.constexpr, REQ: tl.constexpr, LAYER: tl.constexpr,
                  ROWS: tl.constexpr):
-    """One program: each pair's tier; of the n host pairs the first
+    """One program: each pair's tier; of the n host pairs (table -1) the first
     (n * share + 128) >> 8 (share in 0..256) go to the CPU, the rest are read over
-    PCIe. If the CPU got any: ids and tasks into the mailbox, then REQ = ++seq, last.
-    REQ, LAYER, ROWS: the control words' indices (offload/mailbox.py)."""
+    PCIe; a pair of a mapped expert (table -2: in the GGUF file's mapping, offload/mapped.py)
+    is always the CPU's. If the CPU got any: ids and tasks into the mailbox, then REQ =
+    ++seq, last. REQ, LAYER, ROWS: the control words' indices (offload/mailbox.py)."""
     p = tl.arange(0, BP)
     live = p < n_pairs
     e = tl.load(experts + p, mask=live, other=0)
     slot = tl.load(table + e, mask=live, other=0)
-    host = live & (slot < 0)
+    host = live & (slot == -1)
     n_host = tl.sum(host.to(tl.int32), axis=0)
     limit = (n_host * tl.load(share) + 128) >> 8
     rank = tl.cumsum(host.to(tl.int32), axis=0) - 1
-    cpu = host & (rank < limit) & POST
+    cpu = ((host & (rank < limit)) | (live & (slot < -1))) & POST
     t = tl.where(slot >= 0, 0, tl.where(cpu, 2, 1))
     tl.store(tier + p, t, mask=live)
     if POST:

@@ -88,13 +88,14 @@ def cpu_limit(n_host: int, share: int) -> int:
 
 
 def tiers_torch(experts: torch.Tensor, table: torch.Tensor, share: int | None) -> torch.Tensor:
-    """The post kernel's tier rule: [W, k] int32 (share None: no CPU workers; else 0..256)."""
+    """The post kernel's tier rule: [W, k] int32 (share None: no CPU workers; else 0..256).
+    Host pairs (table -1) split by share; mapped ones (-2) are always the CPU's."""
     slot = table.long()[experts.long()]                                          # [W, k]
-    host = slot < 0
+    host = slot == -1
     cpu = torch.zeros_like(host)
     if share is not None:
         rank = host.flatten().int().cumsum(0).reshape(host.shape) - 1
-        cpu = host & (rank < cpu_limit(int(host.sum()), share))
+        cpu = (host & (rank < cpu_limit(int(host.sum()), share))) | (slot < -1)
     return torch.where(slot >= 0, TIER_BANK, torch.where(cpu, TIER_CPU, TIER_HOST)).to(torch.int32)
 
 

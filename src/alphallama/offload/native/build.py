@@ -30,7 +30,7 @@ from ...private_dir import (
 )
 
 HERE = Path(__file__).parent
-SOURCES = ("pool.c", "experts.c", "simd.c", "probe.c")   # pool.c includes the others
+SOURCES = ("pool.c", "experts.c", "simd.c", "gguf_rows.c", "probe.c")   # pool.c includes the others
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread", "-std=gnu11")
 MARCH = "native"   # the tests also build a generic x86-64 one: the scalar paths, held to the same bits
 
@@ -132,6 +132,8 @@ def lib(march: str = MARCH) -> ctypes.CDLL:
         "aq_probe_bandwidth": (ctypes.c_double, [P, ctypes.c_size_t, I, P, I]),
         "aq_slot_len": (I, [I]),
         "aq_current_cpu": (I, []),
+        "aq_repack_row": (I, [I, P, I, P, P, P, P]),
+        "aq_willneed": (I, [P, ctypes.c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(so, name)

@@ -24,6 +24,11 @@ typedef struct {
     const uint8_t *qs, *qh, *sc, *sd;
     int64_t qs_e, qs_r, qh_e, qh_r, sc_e, sc_r, sd_e, sd_r;
     int32_t qtype, N, K, E;   /* E: experts (1 for a 2-D weight) */
+    /* raw != NULL: no planes; rows are the GGUF file's blocks (gguf_rows.c), row r of expert e
+     * at raw + e raw_e + r raw_r, rows >= split at raw2 (gate|up from two file tensors) */
+    const uint8_t *raw, *raw2;
+    int64_t raw_e, raw_r;
+    int32_t split;
 } qmat;
 
 typedef struct {
@@ -236,12 +241,15 @@ static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, c
 }
 
 #include "simd.c"
+#include "gguf_rows.c"
 
 typedef void (*isums_fn)(const uint8_t *, const uint8_t *, const int8_t *, const int32_t *,
                          const uint8_t *, int, int32_t *);
 
-/* Scratch for one row: isum [ns], terms [ns rounded up to CHUNK]. */
-typedef struct { int32_t *isum; float *t; } rowbuf;
+/* Scratch for one row: isum [ns], terms [ns rounded up to CHUNK], a mapped row's planes
+ * (ROW_PLANES(K) bytes; unused for a weight with planes). */
+typedef struct { int32_t *isum; float *t; uint8_t *pl; } rowbuf;
+#define ROW_PLANES(K) (2 * (size_t)(K) + 64)
 
 /* Rows [r0, r1) of expert e of w times the prepared activation: out[r - r0]. */
 int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, rowbuf *rb) {
@@ -260,11 +268,21 @@ int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, 
                 : w->qtype == Q5_K || w->qtype == Q5_1 ? ISUMS(isums_q5k) : w->qtype == Q6_K ? ISUMS(isums_q6k)
                 : w->qtype == Q4_0 ? ISUMS(isums_q40) : w->qtype == Q5_0 ? ISUMS(isums_q50) : ISUMS(isums_q80);
 #undef ISUMS
+    size_t nqs, nqh, nsc;
+    plane_bytes(&f, w->K, &nqs, &nqh, &nsc);
     for (int r = r0; r < r1; r++) {
-        const uint8_t *qs = w->qs + e * w->qs_e + r * w->qs_r;
-        const uint8_t *qh = w->qh ? w->qh + e * w->qh_e + r * w->qh_r : 0;
-        const uint8_t *sc = w->sc + e * w->sc_e + r * w->sc_r;
-        const uint8_t *sd = w->sd ? w->sd + e * w->sd_e + r * w->sd_r : 0;
+        const uint8_t *qs, *qh, *sc, *sd;
+        if (w->raw) {   /* the mapped tier: this row's blocks re-laid as planes first */
+            uint8_t *p = rb->pl;
+            if (!p || aq_repack_row(w->qtype, raw_row(w, e, r), w->K, p, p + nqs, p + nqs + nqh, p + nqs + nqh + nsc))
+                return -1;
+            qs = p; qh = p + nqs; sc = p + nqs + nqh; sd = p + nqs + nqh + nsc;
+        } else {
+            qs = w->qs + e * w->qs_e + r * w->qs_r;
+            qh = w->qh ? w->qh + e * w->qh_e + r * w->qh_r : 0;
+            sc = w->sc + e * w->sc_e + r * w->sc_r;
+            sd = w->sd ? w->sd + e * w->sd_e + r * w->sd_r : 0;
+        }
         fn(qs, qh, x->xp, x->ssum, sh, ns, rb->isum);
         float acc = 0.0f;
         int s0 = 0;

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import torch
 
-from ...kernels.moe.expert_q8 import supports
-from ...kernels.formats.qweight import QuantWeight
+from ...kernels.moe.expert_q8 import supports, supports_qtype
+from ...kernels.formats.qweight import QuantWeight, format_of
 from .build import lib
 
 _P = ctypes.c_void_p
@@ -20,7 +21,9 @@ class QMat(ctypes.Structure):
                 ("qs_e", ctypes.c_int64), ("qs_r", ctypes.c_int64), ("qh_e", ctypes.c_int64),
                 ("qh_r", ctypes.c_int64), ("sc_e", ctypes.c_int64), ("sc_r", ctypes.c_int64),
                 ("sd_e", ctypes.c_int64), ("sd_r", ctypes.c_int64),
-                ("qtype", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("E", ctypes.c_int32)]
+                ("qtype", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("E", ctypes.c_int32),
+                ("raw", _P), ("raw2", _P), ("raw_e", ctypes.c_int64), ("raw_r", ctypes.c_int64),
+                ("split", ctypes.c_int32)]
 
 
 class LayerDesc(ctypes.Structure):
@@ -33,7 +36,7 @@ class XPrep(ctypes.Structure):
 
 
 class RowBuf(ctypes.Structure):
-    _fields_ = [("isum", _P), ("t", _P)]
+    _fields_ = [("isum", _P), ("t", _P), ("pl", _P)]   # pl: a mapped row's planes, 2 K + 64 bytes
 
 
 def qmat(w: QuantWeight) -> QMat:
@@ -55,6 +58,45 @@ def qmat(w: QuantWeight) -> QMat:
         setattr(q, name + "_r", p.stride(-2) * es)
         setattr(q, name + "_e", p.stride(0) * es if p.dim() == 3 else 0)
     return q
+
+
+def qmat_mapped(parts: list[np.ndarray], qtype: int, K: int) -> QMat:
+    """The descriptor of a weight read straight from the GGUF file's blocks (the mapped
+    tier): parts are [E, N_i, row_bytes] uint8 views of the file (gate and up: the fused
+    gate|up, rows of the second after the first's; or one). The caller keeps them mapped."""
+    if not supports_qtype(qtype):
+        raise ValueError(f"the CPU expert workers have no integer form of type {qtype}")
+    if len(parts) not in (1, 2) or any(p.ndim != 3 or p.dtype != np.uint8 for p in parts):
+        raise ValueError("a mapped weight is one or two [E, N, row_bytes] uint8 views")
+    a, b = parts[0], parts[-1]
+    if a.shape != b.shape or any(p.strides[1:] != (p.shape[2], 1) or p.strides[0] != a.strides[0] for p in parts):
+        raise ValueError(f"mapped parts must be alike and row-contiguous: {[p.shape for p in parts]}")
+    E, n, _ = a.shape
+    return QMat(qtype=qtype, N=n * len(parts), K=K, E=E, raw=a.ctypes.data, raw2=b.ctypes.data,
+                raw_e=a.strides[0], raw_r=a.strides[1], split=n)
+
+
+def repack_row(row: np.ndarray, qtype: int, K: int) -> dict[str, np.ndarray]:
+    """One GGUF row (uint8 [row_bytes]) re-laid by the C code: the planes' bytes
+    {qs, qh, sc, sd}, each as long as the format's plane of one row (tests compare them
+    with fmt.pack's)."""
+    if not supports_qtype(qtype):
+        raise ValueError(f"the CPU expert workers have no integer form of type {qtype}")
+    fmt = format_of(qtype)
+    row = np.ascontiguousarray(row, dtype=np.uint8)
+    buf = np.zeros(2 * K + 64, dtype=np.uint8)
+    ns = K // fmt.slot
+    nqs = ns * 4 * fmt.V                       # V int32 words a slot
+    offs = [0, nqs, nqs + 4 * ns, nqs + 8 * ns]
+    base = buf.ctypes.data
+    if lib().aq_repack_row(int(qtype), row.ctypes.data, K, *(base + o for o in offs)) != 0:
+        raise ValueError(f"type {qtype}: a row of {K} values does not fit its blocks")
+    return {n: buf[o:o + 4 * ns if n != "qs" else o + nqs] for n, o in zip(("qs", "qh", "sc", "sd"), offs)}
+
+
+def willneed(view: np.ndarray) -> bool:
+    """Ask the kernel to read a mapped view's pages ahead (madvise WILLNEED); False if refused."""
+    return lib().aq_willneed(view.ctypes.data, view.nbytes) == 0
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -86,27 +128,29 @@ def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeight,
+def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: "QuantWeight | QMat",
               rows: tuple[int, int] | None = None, expert: int = 0, so: ctypes.CDLL | None = None) -> torch.Tensor:
     """Rows [r0, r1) (all by default) of w (expert `expert` of a 3-D one) times one
-    quantized row: float32 [r1 - r0]. so: the library (default: built for this CPU)."""
-    q = qmat(w)
-    K = w.K
+    quantized row: float32 [r1 - r0]. w: a weight's planes, or a descriptor (qmat_mapped:
+    rows read from the GGUF blocks). so: the library (default: built for this CPU)."""
+    q = w if isinstance(w, QMat) else qmat(w)
+    K, N = q.K, q.N
     if xq.numel() != K:
         raise ValueError(f"activation of {xq.numel()} values for a weight with K={K}")
-    r0, r1 = rows or (0, w.N)
-    if not 0 <= r0 <= r1 <= w.N:
-        raise ValueError(f"rows {r0}..{r1} outside 0..{w.N}")
+    r0, r1 = rows or (0, N)
+    if not 0 <= r0 <= r1 <= N:
+        raise ValueError(f"rows {r0}..{r1} outside 0..{N}")
     xq, dx, xs = xq.to(torch.int8).contiguous(), dx.float().contiguous(), xs.to(torch.int32).contiguous()
     ns = K // 16 + 8
     xp, ssum, xsum, dxs = (torch.empty(K, dtype=torch.int8), torch.empty(ns, dtype=torch.int32),
                            torch.empty(ns), torch.empty(ns))
-    isum, t = torch.empty(ns, dtype=torch.int32), torch.empty(ns)
+    isum, t, pl = torch.empty(ns, dtype=torch.int32), torch.empty(ns), torch.empty(2 * K + 64, dtype=torch.uint8)
     x = XPrep(_ptr(xp), _ptr(ssum), _ptr(xsum), _ptr(dxs))
-    rb = RowBuf(_ptr(isum), _ptr(t))
+    rb = RowBuf(_ptr(isum), _ptr(t), _ptr(pl))
     out = torch.empty(r1 - r0)
     so = so or lib()
-    if so.aq_prep(int(w.qtype), _ptr(xq), _ptr(dx), _ptr(xs), K, ctypes.byref(x)) != 0:
-        raise ValueError(f"{w.qtype.name}: K={K} does not fit the expert contract")
-    so.aq_matvec(ctypes.byref(q), expert, ctypes.byref(x), r0, r1, _ptr(out), ctypes.byref(rb))
+    if so.aq_prep(q.qtype, _ptr(xq), _ptr(dx), _ptr(xs), K, ctypes.byref(x)) != 0:
+        raise ValueError(f"type {q.qtype}: K={K} does not fit the expert contract")
+    if so.aq_matvec(ctypes.byref(q), expert, ctypes.byref(x), r0, r1, _ptr(out), ctypes.byref(rb)) != 0:
+        raise RuntimeError(f"aq_matvec failed (type {q.qtype}, rows {r0}..{r1})")
     return out

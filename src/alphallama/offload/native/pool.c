@@ -33,7 +33,7 @@ typedef struct { qmat gate_up, down; } layer_desc;
 
 typedef struct {
     int8_t *xp; int32_t *ssum; float *xsum, *dxs;   /* xprep storage, sized for the largest K */
-    int32_t *isum; float *t;                       /* rowbuf storage */
+    int32_t *isum; float *t; uint8_t *pl;          /* rowbuf storage */
     float *act;                                    /* [max_k] silu_mul output */
     int prepped;                                   /* task index whose activation xp holds, -1 none */
 } tscratch;
@@ -86,12 +86,13 @@ static int alloc_scratch(tscratch *s, int max_k) {
     int ns = max_k / 16 + CHUNK;
     s->xp = malloc(max_k); s->ssum = malloc(4 * ns); s->xsum = malloc(4 * ns); s->dxs = malloc(4 * ns);
     s->isum = malloc(4 * ns); s->t = malloc(4 * ns); s->act = malloc(4 * (size_t)max_k);
+    s->pl = malloc(ROW_PLANES(max_k));
     s->prepped = -1;
-    return s->xp && s->ssum && s->xsum && s->dxs && s->isum && s->t && s->act ? 0 : -1;
+    return s->xp && s->ssum && s->xsum && s->dxs && s->isum && s->t && s->act && s->pl ? 0 : -1;
 }
 
 static void free_scratch(tscratch *s) {
-    free(s->xp); free(s->ssum); free(s->xsum); free(s->dxs); free(s->isum); free(s->t); free(s->act);
+    free(s->xp); free(s->ssum); free(s->xsum); free(s->dxs); free(s->isum); free(s->t); free(s->act); free(s->pl);
 }
 
 /* Rows [a, b) of the concatenation of every task's `which` matrix (rows tasks * N). */
@@ -100,7 +101,7 @@ static void run_rows(pool *p, tscratch *s, int which, long a, long b) {
     const qmat *w = which ? &L->down : &L->gate_up;
     long N = w->N;
     xprep x = {s->xp, s->ssum, s->xsum, s->dxs};
-    rowbuf rb = {s->isum, s->t};
+    rowbuf rb = {s->isum, s->t, s->pl};
     s->prepped = -1;
     for (long r = a; r < b;) {
         int t = (int)(r / N);
@@ -279,7 +280,7 @@ int aq_expert_ffn(const layer_desc *L, int e, const int8_t *xq, const float *dx,
 #endif
     if (!rc) {
         xprep x = {s.xp, s.ssum, s.xsum, s.dxs};
-        rowbuf rb = {s.isum, s.t};
+        rowbuf rb = {s.isum, s.t, s.pl};
         rc = aq_prep(L->gate_up.qtype, xq, dx, xs, D, &x) || aq_matvec(&L->gate_up, e, &x, 0, 2 * F, gu, &rb);
         if (!rc) {
             aq_silu_mul(gu, gu + F, F, a);

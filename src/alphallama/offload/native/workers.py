@@ -34,25 +34,29 @@ def _stop(handle: list) -> None:
 
 
 class CpuExperts:
-    def __init__(self, layers: dict[int, tuple[QuantWeight, QuantWeight]], mailbox: Mailbox, n_layers: int,
-                 threads: int | None = None, cpus: list[int] | None = None):
-        """layers: model layer id -> (gate_up [E, 2F, D], down [E, D, F]) host planes.
-        threads/cpus: worker count and the cpus to pin them to (default: the probe's count,
-        on cpus other than the calling thread's)."""
+    def __init__(self, layers: dict[int, "tuple[QuantWeight, QuantWeight] | MappedExperts"], mailbox: Mailbox,
+                 n_layers: int, threads: int | None = None, cpus: list[int] | None = None):
+        """layers: model layer id -> (gate_up [E, 2F, D], down [E, D, F]) host planes, or
+        the layer's experts in the mapped file (offload/mapped.py: rows read from the GGUF
+        blocks). threads/cpus: worker count and the cpus to pin them to (default: the
+        probe's count, on cpus other than the calling thread's)."""
+        from ..mapped import MappedExperts
         if mailbox.xq.device.type != "cpu":
             raise ValueError("the mailbox must live in host memory")
         D = mailbox.d_model
-        for i, (gu, dn) in layers.items():
+        self._descs = (LayerDesc * max(n_layers, 1))()
+        for i, src in layers.items():
             if not 0 <= i < n_layers:
                 raise ValueError(f"layer {i} outside 0..{n_layers - 1}")
-            if gu.K != D or dn.N != D or dn.K * 2 != gu.N or gu.shape[0] != dn.shape[0]:
-                raise ValueError(f"layer {i}: gate_up {gu.shape} / down {dn.shape} do not match d_model {D}")
+            d = src.desc() if isinstance(src, MappedExperts) else LayerDesc(qmat(src[0]), qmat(src[1]))
+            gu, dn = d.gate_up, d.down
+            if gu.K != D or dn.N != D or dn.K * 2 != gu.N or gu.E != dn.E:
+                raise ValueError(f"layer {i}: gate_up [{gu.E}, {gu.N}, {gu.K}] / down [{dn.E}, {dn.N}, {dn.K}] "
+                                 f"do not match d_model {D}")
             if dn.K % 32:
                 raise ValueError(f"layer {i}: the expert contract needs F % 32 == 0, got F={dn.K}")
-        self.layers, self.mailbox, self.n_layers = layers, mailbox, n_layers
-        self._descs = (LayerDesc * max(n_layers, 1))()
-        for i, (gu, dn) in layers.items():
-            self._descs[i] = LayerDesc(qmat(gu), qmat(dn))
+            self._descs[i] = d
+        self.layers, self.mailbox, self.n_layers = layers, mailbox, n_layers   # layers: kept alive for the C side
         self.cpus = list(cpus) if cpus is not None else worker_cpus(threads)
         if threads is not None and cpus is not None and len(self.cpus) != threads:
             raise ValueError(f"{threads} threads but {len(self.cpus)} cpus given")
@@ -63,12 +67,9 @@ class CpuExperts:
     @classmethod
     def from_store(cls, store, mailbox: Mailbox, threads: int | None = None,
                    cpus: list[int] | None = None) -> "CpuExperts":
-        """Every MoE layer of an ExpertStore, its host tier read in place."""
-        layers = {}
-        for i in store.moe_layers.tolist():
-            v = store.layer(i)
-            layers[i] = (v.host_gate_up, v.host_down)
-        return cls(layers, mailbox, store.table.shape[0], threads, cpus)
+        """Every MoE layer of an ExpertStore: its host tier read in place, or its mapped
+        file's blocks (the store's mapped layers)."""
+        return cls(store.cpu_sources(), mailbox, store.table.shape[0], threads, cpus)
 
     @property
     def running(self) -> bool:
@@ -102,7 +103,7 @@ class CpuExperts:
         the calling thread: y float32 [D]."""
         if layer not in self.layers:
             raise ValueError(f"layer {layer} has no experts here (layers: {sorted(self.layers)})")
-        E = self.layers[layer][0].shape[0]
+        E = self._descs[layer].gate_up.E
         if not 0 <= expert < E:
             raise ValueError(f"expert {expert} outside 0..{E - 1}")
         D = self.mailbox.d_model

@@ -1,0 +1,160 @@
+"""One device call for issue 34 (offload v2): the 30B-A3B shape at 100 / 50 / 25 / 10% of the
+expert bytes in VRAM, and the mapped tier under a RAM cap, in one process.
+
+Arms (each from the store's start layout, the same prompt, plain greedy unless named):
+  - the engine with every expert resident (the control; skipped with --no-control),
+  - the store at --gpu-mem budgets for each --fractions (CPU workers on, the default CPU
+    share): tok/s, ms/round, hit rate, admissions, and the plan's expected tok/s at the
+    host's measured bandwidths (offload/estimate.py) beside the measured one,
+  - at --spec-fraction: the n-gram copy drafter (exact mode) on a repetitive prompt, its
+    tokens against the plain arm's at the same budget (speculative == plain under offload
+    with admissions happening),
+  - the mapped tier: --host-frac of the expert bytes allowed in pinned RAM (the rest of
+    the layers read from the mapped file) at --mapped-fraction in VRAM, warm (the page
+    cache holds the file) and cold (the file's pages dropped before the decode:
+    posix_fadvise DONTNEED, emulating a host whose RAM cannot keep them),
+and every store arm's tokens against the first store arm's (a token's bits may not depend
+on where an expert lived). Writes $OUT/gpu_offload_v2-*.json after every arm.
+
+    python bench/gpu_offload_v2.py [--layers 12] [--tokens 64]
+    TRITON_INTERPRET=1 python bench/gpu_offload_v2.py --device cpu --preset tiny-qwen3moe --quant Q4_K_M \\
+        --layers 2 --tokens 3 --prompt 6 --ctx 128 --no-control      # CPU smoke run (~8 min on 2 cores)
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from alphallama.bench.hostinfo import host_state
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.offload.host_probe import Bandwidths, measure
+from alphallama.offload.plan import make_plan
+from alphallama.spec.config import SpecConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_offload import _decode, _engine  # noqa: E402  (the v1 script's engine and decode helpers)
+
+
+def drop_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--quant", default=None, help="the preset's quant mix (default: its own)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25, 0.1])
+    ap.add_argument("--spec-fraction", type=float, default=0.25, help="the budget of the speculative arm (0: none)")
+    ap.add_argument("--mapped-fraction", type=float, default=0.25, help="VRAM share of the mapped arms (0: none)")
+    ap.add_argument("--host-frac", type=float, default=0.5, help="expert bytes the mapped arms allow in pinned RAM")
+    ap.add_argument("--threads", type=int, default=None, help="CPU workers (default: the probe's count)")
+    ap.add_argument("--no-control", action="store_true", help="skip the resident control (time)")
+    args = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "."))
+    path = "/tmp/offload-v2-synth.gguf"
+    res = {"host": host_state(sys.argv), "commit": os.environ.get("GIT_COMMIT"), "preset": args.preset,
+           "layers": args.layers, "tokens": args.tokens, "ctx": args.ctx}
+    t0 = time.perf_counter()
+    write_synthetic(PRESETS[args.preset](n_layers=args.layers, **({"quant": args.quant} if args.quant else {})), path)
+    res["write_s"] = time.perf_counter() - t0
+    res["bandwidths"] = measure(path, cache=False).to_dict()
+    print(f"wrote {path} in {res['write_s']:.1f} s; bandwidths {res['bandwidths']}", flush=True)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 256, (args.prompt,), generator=g).tolist()
+    motif = torch.randint(0, 256, (8,), generator=g).tolist()
+    repeat = (motif * (args.prompt // 8 + 1))[:args.prompt]     # the copy drafter finds matches in it
+    s = make_plan(path, ctx=args.ctx, gpu_mem=1 << 50).sizes
+    fixed = s.dense + s.kv + s.workspace
+    res["sizes"] = s.__dict__
+    name = f"gpu_offload_v2-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    rows: list[dict] = []
+    first: dict[str, list] = {}
+
+    def save():   # after every arm: a run cut short by the call's limit keeps what it measured
+        (out_dir / name).write_text(json.dumps({**res, "rows": rows}, indent=1, default=str))
+
+    bw = Bandwidths(**{k: v for k, v in res["bandwidths"].items() if k != "source"})
+
+    def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: str | None = None,
+                cold: bool = False, ids: list[int] = prompt, key: str = "plain") -> None:
+        """key: the arms whose tokens must be equal (the same prompt)."""
+        gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
+        plan = make_plan(path, ctx=args.ctx, gpu_mem=gpu_mem, host_mem=host_bytes, bandwidths=bw)
+        n = plan.slots if plan.layout == "offload" else s.n_experts
+        row = {"config": config, "gpu_mem": gpu_mem, "slots": n, "plan_layout": plan.layout,
+               "expected": plan.estimate.to_dict() if plan.estimate else None,
+               "host": plan.host.to_dict() if plan.host else None}
+        try:
+            eng, load_s, cap_s = _engine(path, args.ctx, args.device, n, cpu_tier=True, threads=args.threads,
+                                         host_bytes=host_bytes)
+            st = eng.model.store
+            row.update(load_s=load_s, capture_s=cap_s, resident_fraction=st.slots / s.n_experts,
+                       bank_bytes=st.bank_bytes, host_bytes=st.host_bytes, mapped_bytes=st.mapped_bytes,
+                       mapped_layers=sorted(st.mapped))
+            if cold:
+                drop_page_cache(path)
+            out = _decode(eng, ids, args.tokens, SpecConfig(spec_type=spec) if spec else None)
+            st.before_round()
+            row.update(**{k: v for k, v in out.items() if k != "tokens"},
+                       **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
+                       readahead_hints=st.readahead.hints if st.readahead else 0,
+                       tokens_equal_first_store_arm=out["tokens"] == first.setdefault(key, out["tokens"]))
+            del eng, st
+        except Exception as e:   # keep the arms measured so far
+            row["error"] = f"{type(e).__name__}: {e}"
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("host",)}), flush=True)
+        save()
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+
+    if not args.no_control:
+        eng, load_s, cap_s = _engine(path, args.ctx, args.device, None)
+        out = _decode(eng, prompt, args.tokens)
+        rows.append({"config": "resident (no store)", "load_s": load_s, "capture_s": cap_s,
+                     "expected": make_plan(path, ctx=args.ctx, gpu_mem=1 << 50, bandwidths=bw).estimate.to_dict(),
+                     **{k: v for k, v in out.items() if k != "tokens"}})
+        del eng
+        save()
+    for frac in args.fractions:   # at 100% the plan picks "resident": the store holds every expert
+        run_arm(f"store, --gpu-mem for {int(100 * frac)}% of experts", frac)
+    if args.spec_fraction:
+        f = args.spec_fraction
+        run_arm(f"store {int(100 * f)}%, repetitive prompt, plain", f, ids=repeat, key="repeat")
+        run_arm(f"store {int(100 * f)}%, repetitive prompt, n-gram (exact)", f, spec="ngram", ids=repeat, key="repeat")
+    if args.mapped_fraction:
+        f, cap = args.mapped_fraction, int(args.host_frac * s.experts)
+        for cold in (False, True):
+            run_arm(f"store {int(100 * f)}%, pinned RAM for {int(100 * args.host_frac)}% of experts, rest mapped, "
+                    + ("cold page cache" if cold else "warm page cache"), f, host_bytes=cap, cold=cold)
+    res["rows"] = rows
+    res["host_end"] = host_state(sys.argv).get("gpus") if args.device == "cuda" else None
+    save()
+    print(f"{'config':84} {'hit':>5} {'tok/s':>8} {'exp':>7} {'ms/rnd':>7} {'adm':>4} {'same':>5}")
+    for r in rows:
+        exp = (r.get("expected") or {}).get("tok_s", 0)
+        print(f"{r['config'][:84]:84} {r.get('hit_rate', 1.0):5.2f} {r.get('tok_s', 0):8.1f} {exp:7.0f} "
+              f"{r.get('ms_per_round', 0):7.2f} {r.get('admissions', 0):4} "
+              f"{str(r.get('tokens_equal_first_store_arm', '-')):>5}" + (f"  {r['error']}" if "error" in r else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

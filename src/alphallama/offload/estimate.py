@@ -1,0 +1,132 @@
+"""Where a plan's experts live (VRAM / RAM / mapped file) and what a decode round should cost.
+
+The host side of the layout (`HostLayout`): the pinned RAM the host tier may hold
+(`--host-mem`, else the available RAM less a headroom), and the MoE layers past it, whose
+experts stay in the mapped GGUF file (mapped.map_past_budget: the store decides the same).
+
+The cost model (`estimate`), plain decode at W = 1, per round:
+
+    dense bytes / GPU bandwidth + n_layers x layer_fixed_s                    (the resident round)
+    + with a store: n_moe x store_layer_extra_s                               (its contract kernels)
+    + R h B / GPU                         bank hits
+    + R (1 - h) f_ram B / (CPU | PCIe)    host-tier misses: the CPU takes cpu_share of them at
+                                          ram x worker_efficiency, PCIe the rest, both at once
+    + R (1 - h) f_map B / mapped rate     mapped misses: the CPU workers at min(their rate, the
+                                          page cache's) when the mapped bytes fit the RAM left, else
+                                          the disk's
+
+R = n_moe x top_k experts a token, B one expert's bytes, h = slots / experts (uniform routing:
+a floor; a skewed router hits more, 0.62 measured at 50% on the synthetic 30B-A3B), f_ram /
+f_map the host / mapped layers' shares. The constants come from measured rounds (config.py).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..config import DEFAULTS
+from .host_probe import Bandwidths
+from .mapped import map_past_budget
+
+
+def human(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def host_budget(host_mem: int | None, available: int | None) -> tuple[int | None, str]:
+    """(pinned RAM the host tier may hold, where that figure comes from); None: unknown, no cap."""
+    usable = None if available is None else int(available * (1 - DEFAULTS.offload.host_headroom))
+    keep = f"{100 * DEFAULTS.offload.host_headroom:.0f}%"
+    if host_mem is not None:
+        if usable is not None and usable < host_mem:
+            return usable, f"available RAM less {keep} (below --host-mem)"
+        return host_mem, "--host-mem"
+    if usable is None:
+        return None, "unknown available RAM: every expert in RAM"
+    return usable, f"available RAM less {keep}"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    budget: int | None                 # pinned RAM the host tier may hold
+    source: str
+    experts_per_layer: int
+    ram_bytes: int                     # the host tier (planes)
+    mapped_layers: tuple[int, ...]
+    mapped_bytes: int                  # the mapped layers' experts (planes; the file's are a little fewer)
+    moe_layers: int
+    page_room: int | None              # RAM left for the page cache (None: unknown)
+
+    @classmethod
+    def of(cls, layer_bytes: dict[int, int], experts_per_layer: int, host_mem: int | None,
+           available: int | None) -> "HostLayout":
+        budget, source = host_budget(host_mem, available)
+        total = sum(layer_bytes.values())
+        mapped = tuple(map_past_budget(layer_bytes, budget)) if budget is not None and total > budget else ()
+        mb = sum(layer_bytes[i] for i in mapped)
+        room = None if available is None else max(available - (total - mb), 0)
+        return cls(budget, source, experts_per_layer, total - mb, mapped, mb, len(layer_bytes), room)
+
+    @property
+    def ram_experts(self) -> int:
+        return (self.moe_layers - len(self.mapped_layers)) * self.experts_per_layer
+
+    @property
+    def mapped_experts(self) -> int:
+        return len(self.mapped_layers) * self.experts_per_layer
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ram_experts": self.ram_experts, "mapped_experts": self.mapped_experts}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    tok_s: float
+    ms_round: float
+    hit_rate: float                    # the bank's, under uniform routing
+    parts_ms: dict[str, float]         # dense+fixed, store, bank, ram, mapped
+    assumed: tuple[str, ...]           # rates not measured here (priced from config.py)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.parts_ms.items() if v > 0)
+        note = f"; assumed {', '.join(self.assumed)}" if self.assumed else ""
+        return (f"{self.tok_s:.0f} tok/s, {self.ms_round:.2f} ms a round (ms: {parts}; bank hit rate "
+                f"{self.hit_rate:.2f} under uniform routing, a floor{note})")
+
+
+def estimate(dense: int, expert_bytes: float, n_layers: int, n_moe: int, top_k: int, slots: int, n_experts: int,
+             host: HostLayout | None, bw: Bandwidths, cpu_threads: int) -> Estimate:
+    """Plain decode's expected round (see the module's docstring). host None: every expert
+    resident (no store); expert_bytes: one expert's (gate + up + down); n_moe: MoE layers."""
+    o = DEFAULTS.offload
+    gpu = bw.gpu if bw.gpu is not None else o.assumed_gpu_bw
+    pcie = bw.pcie if bw.pcie is not None else o.assumed_pcie_bw
+    assumed = tuple(f"{name} {v / 1e9:.0f} GB/s" for name, v, got in
+                    (("GPU", gpu, bw.gpu), ("PCIe", pcie, bw.pcie)) if got is None)
+    R = n_moe * top_k                                                 # experts a token reads
+    parts = {"dense+fixed": 1e3 * (dense / gpu + n_layers * o.layer_fixed_s)}
+    if host is None:
+        parts["experts"] = 1e3 * R * expert_bytes / gpu
+        h = 1.0
+    else:
+        h = min(slots / n_experts, 1.0) if n_experts else 1.0
+        f_map = len(host.mapped_layers) / max(host.moe_layers, 1)
+        cpu = bw.ram * o.worker_efficiency if cpu_threads else 0.0
+        miss = R * (1 - h) * expert_bytes
+        ram_b, map_b = miss * (1 - f_map), miss * f_map
+        s = o.cpu_share if cpu else 0.0
+        parts["store"] = 1e3 * n_moe * o.store_layer_extra_s
+        parts["bank"] = 1e3 * R * h * expert_bytes / gpu
+        parts["ram"] = 1e3 * max(s * ram_b / cpu if cpu else 0.0, (1 - s) * ram_b / pcie)
+        if map_b:
+            fits = host.page_room is not None and host.mapped_bytes <= host.page_room
+            src = (bw.page_cache if fits else None) or bw.disk     # unmeasured page cache: priced as the disk
+            rate = min(cpu, src) if src else cpu
+            parts["mapped"] = 1e3 * map_b / max(rate, 1.0)
+    ms = sum(parts.values())
+    return Estimate(1e3 / ms, ms, h, {k: round(v, 4) for k, v in parts.items()}, assumed)

@@ -1,0 +1,114 @@
+/* Rows read straight from a GGUF file's blocks (the store's mapped tier: the file's pages,
+ * memory-mapped, page cache below RAM). A row is first re-laid into the planes layout
+ * (kernels/formats: qs / qh / sc / sd, the bytes fmt.pack makes) in a per-thread scratch,
+ * then computed by the same slot code as a host-tier row: the planes are the same bytes,
+ * so the bits are (tests/offload/test_mapped.py holds aq_repack_row equal to fmt.pack).
+ * Included by experts.c after fmt_of / slot_layout. */
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* GGUF block geometry: values and bytes of one block of the contract's formats. */
+static int gguf_block(int qtype, int *qk, int *bytes) {
+    switch (qtype) {
+    case Q4_0: *qk = 32; *bytes = 18; return 0;
+    case Q4_1: *qk = 32; *bytes = 20; return 0;
+    case Q5_0: *qk = 32; *bytes = 22; return 0;
+    case Q5_1: *qk = 32; *bytes = 24; return 0;
+    case Q8_0: *qk = 32; *bytes = 34; return 0;
+    case Q4_K: *qk = 256; *bytes = 144; return 0;
+    case Q5_K: *qk = 256; *bytes = 176; return 0;
+    case Q6_K: *qk = 256; *bytes = 210; return 0;
+    default: return -1;
+    }
+}
+
+/* Value k of block b: its low bits (Q8_0: the int8 code) in *lo, its top bits in *hi. */
+static inline void block_code(int qtype, const uint8_t *b, int k, int *lo, int *hi) {
+    *hi = 0;
+    switch (qtype) {
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+        int off = qtype == Q4_0 ? 2 : qtype == Q4_1 ? 4 : qtype == Q5_0 ? 6 : 8;   /* the 16 code bytes */
+        *lo = k < 16 ? b[off + k] & 15 : b[off + k - 16] >> 4;
+        if (qtype == Q5_0 || qtype == Q5_1) *hi = (ld32(b + (qtype == Q5_0 ? 2 : 4)) >> k) & 1;
+        return;
+    }
+    case Q8_0: *lo = (int8_t)b[2 + k]; return;
+    case Q4_K: case Q5_K: {   /* 4 runs of 32 bytes: run c's low nibbles are sub-block 2c, high 2c+1 */
+        int w = k % 64, off = qtype == Q4_K ? 16 : 48;
+        *lo = (b[off + (k / 64) * 32 + w % 32] >> (4 * (w / 32))) & 15;
+        if (qtype == Q5_K) *hi = (b[16 + k % 32] >> (k / 32)) & 1;
+        return;
+    }
+    case Q6_K: {              /* halves of 128: ql 64 bytes (low / high nibbles), qh 32 bytes of 2-bit fields */
+        int h = k / 128, w = k % 128;
+        *lo = (b[h * 64 + w % 64] >> (4 * (w / 64))) & 15;
+        *hi = (b[128 + h * 32 + w % 32] >> (2 * (w / 32))) & 3;
+        return;
+    }
+    }
+}
+
+/* Q4_K / Q5_K's 12 scale bytes -> slot j's 6-bit scale | min << 8 (fmt_kquant._k_scales). */
+static inline uint16_t kscale(const uint8_t *s12, int j) {
+    const uint8_t *s = s12, *m = s12 + 4, *sm = s12 + 8;
+    int sc = j < 4 ? s[j] & 63 : (sm[j - 4] & 15) | ((s[j - 4] >> 2) & 0x30);
+    int mn = j < 4 ? m[j] & 63 : (sm[j - 4] >> 4) | ((m[j - 4] >> 2) & 0x30);
+    return (uint16_t)(sc | mn << 8);
+}
+
+/* Bytes of one row's planes for K values: qs, qh (4 a slot), sc (<= 4 a slot), sd (<= 4 a slot). */
+static inline size_t plane_bytes(const fmt_t *f, int K, size_t *qs, size_t *qh, size_t *sc) {
+    int ns = K / f->L;
+    *qs = (size_t)ns * f->nbytes;
+    *qh = 4 * (size_t)ns;
+    *sc = 4 * (size_t)ns;
+    return *qs + *qh + *sc + 4 * (size_t)ns;
+}
+
+/* One GGUF row of K values -> its planes at qs, qh, sc, sd (the layout fmt.pack makes). */
+int aq_repack_row(int qtype, const uint8_t *row, int K, uint8_t *qs, uint8_t *qh, uint8_t *sc, uint8_t *sd) {
+    fmt_t f;
+    int qk, bb;
+    if (fmt_of(qtype, &f) || gguf_block(qtype, &qk, &bb) || K % qk) return -1;
+    int perm[MAXL], hb[MAXL], lo[MAXL], hi[MAXL], spb = qk / f.L;
+    for (int p = 0; p < f.L; p++) slot_layout(&f, p, &perm[p], &hb[p]);
+    for (int blk = 0; blk < K / qk; blk++) {
+        const uint8_t *b = row + (size_t)blk * bb;
+        for (int j = 0; j < spb; j++) {
+            int s = blk * spb + j;
+            for (int k = 0; k < f.L; k++) block_code(qtype, b, j * f.L + k, &lo[k], &hi[k]);
+            uint8_t *q = qs + (size_t)s * f.nbytes;
+            if (qtype == Q8_0)
+                for (int p = 0; p < f.L; p++) q[p] = (uint8_t)lo[perm[p]];
+            else
+                for (int p = 0; p < f.nbytes; p++) q[p] = (uint8_t)((lo[perm[p]] & 15) | (lo[perm[p + f.nbytes]] & 15) << 4);
+            if (f.hbits) {
+                uint32_t h = 0;
+                for (int p = 0; p < f.L; p++) h |= (uint32_t)hi[perm[p]] << hb[p];
+                memcpy(qh + 4 * (size_t)s, &h, 4);
+            }
+            switch (qtype) {
+            case Q4_K: case Q5_K: { uint16_t v = kscale(b + 4, j); memcpy(sc + 2 * (size_t)s, &v, 2); break; }
+            case Q6_K: sc[s] = b[192 + j]; break;
+            case Q4_1: case Q5_1: memcpy(sc + 4 * (size_t)s, b, 4); break;
+            case Q8_0: if (j == 0) memcpy(sc + 2 * (size_t)blk, b, 2); break;
+            default: memcpy(sc + 2 * (size_t)s, b, 2); break;
+            }
+        }
+        if (qtype == Q4_K || qtype == Q5_K) memcpy(sd + 4 * (size_t)blk, b, 4);
+        if (qtype == Q6_K) memcpy(sd + 2 * (size_t)blk, b + 208, 2);
+    }
+    return 0;
+}
+
+/* Row r of expert e of a mapped weight (rows >= split from raw2: gate|up fused from two tensors). */
+static inline const uint8_t *raw_row(const qmat *w, int e, int r) {
+    return r < w->split ? w->raw + e * w->raw_e + r * w->raw_r : w->raw2 + e * w->raw_e + (r - w->split) * w->raw_r;
+}
+
+/* Hint the kernel to read [p, p + n) ahead (the mapped tier's read-ahead); 0 on success. */
+int aq_willneed(const void *p, size_t n) {
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    return madvise((void *)a, n + ((uintptr_t)p - a), MADV_WILLNEED);
+}
