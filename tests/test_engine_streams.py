@@ -6,21 +6,17 @@ interleaved); a stream stopped mid-way leaves the others' tokens unchanged; the 
 choice (longest common prefix, then least recently used)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from alphallama.engine import Engine, Generation  # noqa: E402
-from alphallama.engine_slots import Slot, choose_slot  # noqa: E402
-from alphallama.gguf.reader import GGUFFile  # noqa: E402
-from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402
-from alphallama.model.loader import load_model  # noqa: E402
-from alphallama.spec.config import SpecConfig  # noqa: E402
-from alphallama.streams import Streams  # noqa: E402
-from alphallama.tokenizer import Tokenizer  # noqa: E402
+from alphallama.engine import Engine, Generation
+from alphallama.engine_slots import Slot, choose_slot
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.model.loader import load_model
+from alphallama.spec.config import SpecConfig
+from alphallama.streams import Streams
+from alphallama.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
