@@ -77,8 +77,8 @@ def test_threads_sets_torchs_cpu_threads():
 
 
 @pytest.mark.parametrize("argv, dest, value, says", [
-    (["-np", "4"], "parallel", 4, "one request at a time"),
-    (["--parallel", "2"], "parallel", 2, "one request at a time"),
+    (["-np", "4"], "parallel", 4, "-np 4"),
+    (["--parallel", "2"], "parallel", 2, "-np 2"),
     (["-b", "2048"], "batch_size", 2048, f"chunks of {DEFAULTS.engine.prefill_chunk}"),
     (["--batch-size", "64"], "batch_size", 64, "chunks of"),
     (["--jinja"], "jinja", True, "Jinja"),

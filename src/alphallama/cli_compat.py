@@ -73,8 +73,13 @@ def _apply_threads(args, command: str) -> str:
 
 
 def _apply_parallel(args, command: str) -> str:
-    return (f"-np {args.parallel}: ignored; one engine serves one request at a time, in arrival order "
-            f"(up to --queue-size more wait)")
+    n = args.parallel
+    if command == "run":
+        return f"-np {n}: ignored; run generates for one prompt"
+    if n == 1:
+        return "-np 1: one stream; requests run one at a time, in arrival order (up to --queue-size more wait)"
+    return (f"-np {n}: {n} parallel streams decode together in shared rounds, each slot 1/{n} of the context "
+            f"(-c); more requests wait in arrival order (up to --queue-size)")
 
 
 def _apply_batch(args, command: str) -> str:
@@ -119,7 +124,8 @@ COMPAT: tuple[Compat, ...] = (
                                             "help": "CPU threads (torch's, and an expert store's CPU workers)"},
            ("run", "serve"), _apply_threads),
     Compat(("-np", "--parallel"), "parallel", {"type": _positive, "metavar": "N",
-                                               "help": "accepted for llama.cpp; requests run one at a time"},
+                                               "help": "serve: parallel streams (slots), each 1/N of the "
+                                                       "context; run: ignored"},
            ("run", "serve"), _apply_parallel),
     Compat(("-b", "--batch-size"), "batch_size", {"type": _positive, "metavar": "N",
                                                   "help": "accepted for llama.cpp; the prefill chunk is fixed"},

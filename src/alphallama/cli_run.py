@@ -54,9 +54,9 @@ def check_device(args) -> str | None:
     return None
 
 
-def load_engine(args, path: str, plan, progress):
+def load_engine(args, path: str, plan, progress, slots: int = 1):
     """Engine.load with the plan's settings (explicit flags win), showing its stages on
-    `progress` (a LoadProgress)."""
+    `progress` (a LoadProgress); slots: parallel streams (serve's -np)."""
     from .engine import Engine
     from .offload.apply import engine_kwargs
     kw = engine_kwargs(args, plan)
@@ -64,7 +64,7 @@ def load_engine(args, path: str, plan, progress):
         kw["cpu_threads"] = args.threads
     progress.weights()
     try:
-        engine = Engine.load(path, draft_head=args.draft_head, progress=progress.update,
+        engine = Engine.load(path, draft_head=args.draft_head, progress=progress.update, slots=slots,
                              weights_read=lambda: progress.begin("building the KV cache, graphs and MTP head"), **kw)
     except BaseException:
         progress.abandon()

@@ -1,20 +1,24 @@
-"""Engine: the single-user scheduler behind the CLI and the server.
+"""Engine: the scheduler behind the CLI and the server.
 
-It owns one model, one KV cache and the tokens whose rows that cache holds, so a new
-request that shares a prefix with the previous conversation re-uses those rows instead
-of prefilling them again.
+It owns one model, its KV cache in slots (engine_slots.py: one by default, N for
+parallel streams) and the tokens whose rows each slot holds, so a new request that
+shares a prefix with an earlier conversation re-uses those rows instead of prefilling
+them again. `stream` is one request's loop body (a generator the drivers advance):
+`generate` drives one stream alone, streams.Streams several in shared rounds.
 """
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Generator, Iterator
 
 import torch
 
 from .config import DEFAULTS
+from .engine_slots import CHUNK, Chunk, Slot, Verify, choose_slot, drain, new_slots, slot_context
+from .generation import GenStats, Generation, _logprobs  # noqa: F401 (re-exported: engine.Generation)
 from .gguf.arch import ModelConfig
 from .gguf.arch_qwen35 import HybridConfig
 from .gguf.reader import GGUFError, GGUFFile
@@ -23,7 +27,6 @@ from .model.loader import load_model
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
 from .spec.drafter import NO_DRAFT
-from .spec.stats import SpecStats
 from .spec.verify import greedy_accept, speculative_sample
 
 if TYPE_CHECKING:   # llguidance is imported only when a request brings a grammar
@@ -48,69 +51,62 @@ class ContextOverflow(ValueError):
     """A prompt that does not fit the context; the message says by how much."""
 
 
-@dataclass
-class GenStats:
-    prompt_n: int = 0          # prompt rows actually computed (after prefix re-use)
-    prompt_reused: int = 0     # prompt rows taken from the cache
-    prompt_ms: float = 0.0
-    predicted_n: int = 0       # generated tokens
-    predicted_ms: float = 0.0  # decode time, from the end of prefill to the last token
-    rounds: int = 0            # forward passes after prefill that committed tokens
-    draft_n: int = 0
-    draft_n_accepted: int = 0
-
-    @property
-    def predicted_per_second(self) -> float:
-        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
-
-    def timings(self) -> dict:
-        """llama-server's `timings` object, plus rounds."""
-        return {
-            "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
-            "prompt_per_second": 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0,
-            "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
-            "predicted_per_second": self.predicted_per_second,
-            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
-            "rounds": self.rounds, "cache_n": self.prompt_reused,
-        }
-
-
-@dataclass
-class Generation:
-    """One request's output; iterate it for token ids as they are committed."""
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None   # "stop" (end-of-generation token) | "length"
-    stats: GenStats = field(default_factory=GenStats)
-    spec: SpecStats = field(default_factory=SpecStats)
-    # with logprobs=k: per generated token (its log-prob, [(id, log-prob)] of the k most likely)
-    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
-
-
-def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-    lp = torch.log_softmax(logits.float(), -1)     # [V]
-    top = lp.topk(k) if k > 0 else None
-    pairs = [] if top is None else zip(top.indices.tolist(), top.values.tolist())
-    return float(lp[token]), [(t, v) for t, v in pairs if v != float("-inf")]   # a grammar's masked tokens
-
-
 class Engine:
-    def __init__(self, gguf: GGUFFile, model, tokenizer, chat_template, ctx_size: int, mtp=None):
+    def __init__(self, gguf: GGUFFile, model, tokenizer, chat_template, ctx_size: int, mtp=None,
+                 slots: int = 1):
+        """ctx_size: each slot's context; slots: parallel streams' slots (one: the single stream)."""
+        if slots > 1 and mtp is not None:
+            raise ValueError("the MTP head drafts for one stream: parallel streams (-np > 1) use the copy "
+                             "drafter only")
         self.gguf = gguf
         self.model = model
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.ctx_size = ctx_size
-        self.cache = model.new_cache(ctx_size)
-        self.cached: list[int] = []    # tokens whose K/V rows are committed in self.cache
+        self.slots: list[Slot] = new_slots(model, ctx_size, slots)
+        self._uses = 0                 # the slots' LRU clock
         self.mtp = mtp                 # spec.mtp.MTPState when the model has an MTP head
         self._output_norm_w: torch.Tensor | None = None   # read on the first embedding
+
+    @property
+    def cache(self):
+        """The first slot's cache (with one slot, the engine's)."""
+        return self.slots[0].cache
+
+    @cache.setter
+    def cache(self, cache) -> None:
+        self.slots[0].cache = cache
+
+    @property
+    def cached(self) -> list[int]:
+        """The tokens whose K/V rows are committed in the first slot's cache."""
+        return self.slots[0].cached
+
+    @cached.setter
+    def cached(self, ids: list[int]) -> None:
+        self.slots[0].cached = ids
+
+    def take_slot(self, ids: list[int], slot: Slot | None = None) -> Slot:
+        """Mark `slot` (None: choose_slot's for ids) busy and most recently used."""
+        slot = slot if slot is not None else choose_slot(self.slots, ids)
+        if slot.busy:
+            raise ValueError(f"slot {slot.id} is busy")
+        self._uses += 1
+        slot.busy, slot.used = True, self._uses
+        return slot
+
+    def reset_slot(self, slot: Slot) -> None:
+        """Forget one slot's conversation (its contents are unknown after a failure)."""
+        slot.cache.truncate(0)
+        slot.cached = []
 
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
              progress: Callable[[str, int], None] | None = None, draft_head: str | None = None,
              expert_slots: int | None = None, cpu_threads: int | None = None, fast: bool = False,
-             weights_read: Callable[[], None] | None = None, host_bytes: int | None = None) -> "Engine":
+             weights_read: Callable[[], None] | None = None, host_bytes: int | None = None,
+             slots: int = 1) -> "Engine":
         """draft_head: an MTP head GGUF (else the model's own, or `<stem>.mtp.gguf` beside it).
         expert_slots: an MoE model's experts in an expert store with this many VRAM slots
         (offload/; the automatic plan sets it), None: all resident. cpu_threads: the store's
@@ -119,19 +115,23 @@ class Engine:
         on the GPU its wide verify rounds may take the tensor cores (GPUModel's `fast`).
         weights_read: called once the model's weights are in place, before the rest is built
         (the MTP head, the KV cache and, on the GPU, its CUDA graphs): a progress display's
-        boundary between the two."""
+        boundary between the two. slots: parallel streams (-np), each slot ctx_size / slots rows
+        (llama-server's split)."""
         from .chat import ChatTemplate
         from .gguf.arch import find_mtp_head, load_config
         from .spec.mtp import load_mtp_state
         from .tokenizer import Tokenizer
         f = GGUFFile(path)
         cfg = load_config(f)
-        ctx = min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len)
+        ctx = slot_context(min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len), slots)
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
         if resolve_device(device) == "cuda":
             from .gguf.arch_variants import gpu_departures
             if isinstance(cfg, HybridConfig):   # Gated DeltaNet hybrids: their own facade (runtime/gpu_hybrid.py)
+                if slots > 1:
+                    raise ValueError(f"{path}: parallel streams (-np > 1) need per-slot recurrent state, which "
+                                     f"the hybrids' GPU runtime does not have yet; use -np 1")
                 if expert_slots is not None:
                     raise ValueError(f"{path}: the GPU runtime keeps a hybrid's experts resident (no expert "
                                      f"store yet); --device cpu runs the reference model")
@@ -155,8 +155,12 @@ class Engine:
             warnings.warn(f"{path}: the GPU runtime has no MTP head for hybrids yet; drafts come from the "
                           f"copy drafter only", RuntimeWarning, stacklevel=2)
             head = None
+        if head is not None and slots > 1:
+            warnings.warn(f"{path}: the MTP head drafts for one stream; with -np {slots} drafts come from the "
+                          f"copy drafter only", RuntimeWarning, stacklevel=2)
+            head = None
         mtp = load_mtp_state(*head, model, ctx, tok) if head is not None else None
-        return cls(f, model, tok, tmpl, ctx, mtp)
+        return cls(f, model, tok, tmpl, ctx, mtp, slots)
 
     @cached_property
     def grammar_vocab(self) -> "GrammarVocab":
@@ -165,9 +169,9 @@ class Engine:
         return GrammarVocab(self.tokenizer, self.cfg.vocab_size)
 
     def reset(self) -> None:
-        """Forget the cached conversation: the next prompt is prefilled whole."""
-        self.cache.truncate(0)
-        self.cached = []
+        """Forget the cached conversations: the next prompt is prefilled whole."""
+        for slot in self.slots:
+            self.reset_slot(slot)
         if self.mtp is not None:
             self.mtp.reset()
 
@@ -209,10 +213,10 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------
     def prefill(self, ids: list[int], stats: GenStats, cancel: Callable[[], bool] | None = None,
-                mtp: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Make the cache hold `ids`, re-using the longest common prefix; (logits, hidden
-        state) of the last row. mtp: also make the MTP head's entries for the prompt
-        (re-using only rows that keep its cache consistent).
+                mtp: bool = False, slot: Slot | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Make a slot (None: the one choose_slot picks for ids) hold `ids`, re-using the
+        longest common prefix; (logits, hidden state) of the last row. mtp: also make the
+        MTP head's entries for the prompt (re-using only rows that keep its cache consistent).
 
         The last prompt row always goes through the W = 1 decode path, alone: the
         logits that choose the first token then come from the same arithmetic as every
@@ -220,31 +224,44 @@ class Engine:
         computes it exactly as the first time did, so it gets the same output.
         `cancel()` is asked before each chunk; if it says so, prefill stops (the cache
         keeps the rows done so far) and None is returned."""
+        own = slot is None
+        slot = self.take_slot(ids) if own else slot
+        try:
+            return drain(self._prefill_steps(slot, ids, stats, cancel, mtp))
+        finally:
+            if own:
+                slot.busy = False
+
+    def _prefill_steps(self, slot: Slot, ids: list[int], stats: GenStats, cancel: Callable[[], bool] | None,
+                       mtp: bool) -> Generator[Chunk, None, tuple[torch.Tensor, torch.Tensor] | None]:
+        """prefill's work, yielding CHUNK after each prompt chunk; returns what prefill does."""
         t0 = time.perf_counter()
+        cache = slot.cache
         common = 0
-        for a, b in zip(self.cached, ids):
+        for a, b in zip(slot.cached, ids):
             if a != b:
                 break
             common += 1
-        common = self.cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
+        common = cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
         if mtp:
             common = self.mtp.keep_rows(ids, common)
-            while self.cache.restorable(common) != common:   # a hybrid: back to a point its state holds
-                common = self.mtp.keep_rows(ids, self.cache.restorable(common))
-        self.cache.truncate(min(common, self.cache.length))
-        self.cached = ids[:common]
+            while cache.restorable(common) != common:   # a hybrid: back to a point its state holds
+                common = self.mtp.keep_rows(ids, cache.restorable(common))
+        cache.truncate(min(common, cache.length))
+        slot.cached = ids[:common]
         chunk = DEFAULTS.engine.prefill_chunk
         for s in range(common, len(ids) - 1, chunk):
             if cancel is not None and cancel():
                 return None
             part = ids[s:min(s + chunk, len(ids) - 1)]
-            _, hidden = self.model.forward(torch.tensor(part), s, self.cache, logits=False)
+            _, hidden = self.model.forward(torch.tensor(part), s, cache, logits=False)
             if mtp:
                 self.mtp.feed(hidden, s, ids)
-            self.cached = ids[:s + len(part)]
-        self.cache.checkpoint()        # the prompt boundary: where a hybrid's next turn continues from
-        logits, hidden = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, self.cache)
-        self.cached = list(ids)
+            slot.cached = ids[:s + len(part)]
+            yield CHUNK
+        cache.checkpoint()        # the prompt boundary: where a hybrid's next turn continues from
+        logits, hidden = self.model.forward(torch.tensor(ids[-1:]), len(ids) - 1, cache)
+        slot.cached = list(ids)
         stats.prompt_reused = common
         stats.prompt_n = len(ids) - common
         stats.prompt_ms = 1000 * (time.perf_counter() - t0)
@@ -254,7 +271,7 @@ class Engine:
                  stop_ids: set[int] | None = None, gen: Generation | None = None,
                  spec: SpecConfig = SpecConfig(), logprobs: int | None = None,
                  cancel: Callable[[], bool] | None = None,
-                 constraint: "TokenConstraint | None" = None) -> Iterator[int]:
+                 constraint: "TokenConstraint | None" = None, slot: Slot | None = None) -> Iterator[int]:
         """Yield generated token ids as decode rounds commit them; `gen` (if given)
         receives tokens, stats and finish_reason. Stops at an end-of-generation token
         (not yielded), at max_tokens, or when the context is full.
@@ -267,8 +284,47 @@ class Engine:
         during decoding, closing the generator is the way to stop.
         constraint: a grammar (grammar.py) every emitted token obeys: drafts are cut at the
         first token it rejects and each verify row is masked under its state, so exact mode
-        still equals plain constrained greedy."""
-        self.check_fits(len(prompt_ids))
+        still equals plain constrained greedy. slot: where it runs (None: choose_slot's).
+        This drives `stream` alone: each of its rounds is the model's verify."""
+        core = self.stream(prompt_ids, max_tokens, sampling, stop_ids, gen, spec, logprobs, cancel, constraint,
+                           slot)
+        try:
+            msg = next(core)
+            while True:
+                if isinstance(msg, Verify):
+                    msg = core.send(self.model.verify(msg.tokens, msg.pos, msg.cache, exact=msg.exact))
+                elif msg is CHUNK:
+                    msg = next(core)
+                else:
+                    yield msg
+                    msg = next(core)
+        except StopIteration:
+            return
+        finally:
+            core.close()
+
+    def stream(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(),
+               stop_ids: set[int] | None = None, gen: Generation | None = None,
+               spec: SpecConfig = SpecConfig(), logprobs: int | None = None,
+               cancel: Callable[[], bool] | None = None, constraint: "TokenConstraint | None" = None,
+               slot: Slot | None = None) -> Generator[int | Chunk | Verify, tuple | None, None]:
+        """One request's loop body (generate's arguments): yields its token ids, CHUNK after
+        each prompt chunk and Verify for each round, to which the driver sends the round's
+        (logits [w, V], hidden [w, D]). slot: one the caller took (take_slot), else it takes
+        choose_slot's; it frees the slot when it ends or is closed (a caller that closes it
+        before its first step frees its slot itself)."""
+        try:
+            self.check_fits(len(prompt_ids))
+            slot = slot if slot is not None else self.take_slot(prompt_ids)
+            yield from self._decode(slot, prompt_ids, max_tokens, sampling, stop_ids, gen, spec, logprobs, cancel,
+                                    constraint)
+        finally:
+            if slot is not None:
+                slot.busy = False
+
+    def _decode(self, slot: Slot, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
+                stop_ids: set[int] | None, gen: Generation | None, spec: SpecConfig, logprobs: int | None,
+                cancel: Callable[[], bool] | None, constraint: "TokenConstraint | None"):
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
         sampler = Sampler(sampling)
@@ -277,7 +333,7 @@ class Engine:
         drafter = spec.make_drafter(self)
         mtp = self.mtp if self.mtp is not None and self.mtp.wanted else None
         prompt = list(prompt_ids)
-        out = self.prefill(prompt, gen.stats, cancel, mtp=mtp is not None)
+        out = yield from self._prefill_steps(slot, prompt, gen.stats, cancel, mtp is not None)
         if out is None:
             gen.finish_reason = "cancelled"
             return
@@ -307,7 +363,7 @@ class Engine:
                     if len(gen.tokens) >= max_tokens:
                         gen.finish_reason = "length"
                         return
-                pos = len(self.cached)
+                pos = len(slot.cached)
                 if pos + 1 >= self.ctx_size:
                     gen.finish_reason = "length"
                     return
@@ -317,7 +373,7 @@ class Engine:
                     keep = constraint.valid_prefix(draft.tokens)
                     draft = replace(draft, tokens=draft.tokens[:keep], probs=draft.probs[:keep])
                 rows = [to_emit[-1], *draft.tokens]
-                logits, hidden = self.model.verify(torch.tensor(rows), pos, self.cache, exact=not spec.fast)
+                logits, hidden = yield Verify(torch.tensor(rows), pos, slot.cache, not spec.fast)
                 if constraint is not None:
                     logits = constraint.mask_rows(logits, draft.tokens)
                 if sampling.greedy:
@@ -326,8 +382,8 @@ class Engine:
                     to_emit = speculative_sample(draft.tokens, logits, sampler)
                 n_acc = len(to_emit) - 1
                 rows_logits = logits
-                self.cache.truncate(pos + 1 + n_acc)
-                self.cached.extend(rows[:1 + n_acc])
+                slot.cache.truncate(pos + 1 + n_acc)
+                slot.cached.extend(rows[:1 + n_acc])
                 if mtp is not None:        # committed rows + the tokens after them: the next MTP entries
                     mtp.stage(hidden[:1 + n_acc], pos + 1, to_emit)
                 if drafter is not None:
@@ -345,22 +401,26 @@ class Engine:
         llama.cpp pools for embeddings), [T, D] float32 on the CPU; None if cancel() said so.
 
         The rows are computed from position 0 in prefill chunks, so they overwrite the
-        cached conversation; afterwards the cache holds `ids`, as if they had been a prompt."""
+        cached conversation of the slot choose_slot picks; afterwards it holds `ids`, as if
+        they had been a prompt."""
         if len(ids) > self.ctx_size:
             raise ContextOverflow(f"the input has {len(ids)} tokens but the context holds {self.ctx_size}")
         if not ids:
             raise ValueError("the input is empty")
-        self.cache.truncate(0)
-        self.cached = []
-        chunk = DEFAULTS.engine.prefill_chunk
-        rows = []
-        for s in range(0, len(ids), chunk):
-            if cancel is not None and cancel():
-                return None
-            part = ids[s:s + chunk]
-            _, hidden = self.model.forward(torch.tensor(part), s, self.cache, logits=False)
-            rows.append(hidden.float().cpu())
-            self.cached = ids[:s + len(part)]
+        slot = self.take_slot(ids)
+        try:
+            self.reset_slot(slot)
+            chunk = DEFAULTS.engine.prefill_chunk
+            rows = []
+            for s in range(0, len(ids), chunk):
+                if cancel is not None and cancel():
+                    return None
+                part = ids[s:s + chunk]
+                _, hidden = self.model.forward(torch.tensor(part), s, slot.cache, logits=False)
+                rows.append(hidden.float().cpu())
+                slot.cached = ids[:s + len(part)]
+        finally:
+            slot.busy = False
         x = torch.cat(rows)                                                     # [T, D]
         return rms_norm(x, self._output_norm(), self.cfg.norm_eps)
 

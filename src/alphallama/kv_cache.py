@@ -5,6 +5,11 @@ committed. Rolling back a rejected speculative suffix is `truncate(n)`: attentio
 ever reads positions below the current row, so rows past `length` leave no trace and
 are simply overwritten later. (A recurrent state cannot forget rows: hybrid_cache.py
 keeps the positions it can return to; `restorable` and `checkpoint` are the common interface.)
+
+Parallel streams (`-np N`) share one cache in N slots (`split`): slot s is rows
+s * S .. s * S + S - 1 of every layer, a view with its own committed length, so each
+stream's prefill and the CPU model write what looks like a sequence of its own, and the
+GPU round reads the slot's base (KVSlot.base) from its row table.
 """
 from __future__ import annotations
 
@@ -31,3 +36,20 @@ class KVCache:
 
     def checkpoint(self) -> None:
         """Nothing to remember: any prefix of the rows is restorable."""
+
+    def split(self, n: int, rows: int) -> list["KVSlot"]:
+        """n slots of `rows` rows each, at bases 0, rows, 2 rows, ...; the rows past them stay spare."""
+        if n * rows > self.max_len:
+            raise ValueError(f"{n} slots of {rows} rows do not fit a cache of {self.max_len}")
+        return [KVSlot(self, s * rows, rows) for s in range(n)]
+
+
+class KVSlot(KVCache):
+    """One stream's slot of a shared KVCache: rows base .. base + max_len - 1 of every layer."""
+
+    def __init__(self, parent: KVCache, base: int, max_len: int):   # (no allocation: views of the parent)
+        self.parent, self.base = parent, base
+        self.k = parent.k[:, :, base:base + max_len]   # [L, n_kv, max_len, head_dim] a view
+        self.v = parent.v[:, :, base:base + max_len]   # [L, n_kv, max_len, head_dim]
+        self.max_len = max_len
+        self.length = 0

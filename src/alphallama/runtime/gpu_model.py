@@ -40,7 +40,9 @@ from ..kernels.activations.silu import GATED
 from ..kernels.formats.dequant import gather_rows
 from ..kernels.formats.qweight import QuantWeight
 from ..kernels.gemv.registry import DEFAULT_KERNELS, ROWS_PER_THREAD, Kernels, MmaChoice
-from ..kv_cache import KVCache
+from ..kernels.attention.decode import Tiles
+from ..kernels.attention.rows import fill_table
+from ..kv_cache import KVCache, KVSlot
 from ..model.rope import layer_tables
 from ..offload.cpu_tier import CpuLink, start_cpu_tier
 from ..offload.store import ExpertStore
@@ -153,7 +155,9 @@ class GPUModel:
         # fast mode's hybrid: wide rounds are not the bits of narrow ones (verify)
         self.hybrid = any(lin.hybrid for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down, self.output)
                           if lin is not None)
-        self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # graph inputs
+        # graph inputs: one stream's position [1], or (new_cache(slots > 1)) the row table
+        # [3, MAX_W] of each row's position, KV base and stream start (kernels/attention/rows.py)
+        self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.cache: KVCache | None = None
@@ -165,6 +169,7 @@ class GPUModel:
         self.capture_s = 0.0
         self.combine_in_norm, self.norm_router = o.combine_in_norm, o.norm_router
         self.early_kv = o.early_kv    # (the decode round qualifies: kernels/attention/decode.py)
+        self.attn_tiles = Tiles(*o.attention_tiles)
         self.prefill_path = o.prefill_path
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
         self.scratch = prefill_scratch(o, self.act_dtype, self.device, o.prefill_graphs)
@@ -177,17 +182,45 @@ class GPUModel:
             self.cpu_tier.keep_launch_thread_apart()
 
     # -- the round ---------------------------------------------------------------------
-    def new_cache(self, max_len: int | None = None) -> KVCache:
+    def new_cache(self, max_len: int | None = None, slots: int = 1) -> KVCache:
+        """The model's cache (its graphs captured on it). slots > 1 (parallel streams): room
+        for `slots` slots of max_len rows (cache.split), and every round takes its rows'
+        positions and KV bases from the row table (rows.py), one stream's rounds too."""
         c = self.cfg
+        rows = max_len or self.max_len
+        if slots < 1 or (slots > 1 and rows > self.max_len):   # (a slot's positions: the RoPE tables')
+            raise ValueError(f"a cache of {slots} slots of {rows} rows (this model's positions: {self.max_len})")
+        if slots > 1 and self.store is not None:
+            raise ValueError("parallel streams with an expert store are not supported yet: its admission is "
+                             "sized for one stream's rounds (-np 1, or all experts resident)")
         # room for a full padded bucket past the last position: padding rows write there
-        cache = KVCache(c.n_layers, c.n_kv_heads, (max_len or self.max_len) + MAX_W, c.head_dim,
+        cache = KVCache(c.n_layers, c.n_kv_heads, slots * rows + MAX_W, c.head_dim,
                         dtype=torch.float16, device=self.device)
         cache.max_len -= MAX_W
         self.cache = cache
+        shape = (1,) if slots == 1 else (3, MAX_W)
+        self._pos = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.graphs.clear()
         if self.use_graphs:
             self.capture()
         return cache
+
+    @property
+    def per_row(self) -> bool:
+        """Do the rounds take the row table (a cache of several slots)?"""
+        return self._pos.dim() == 2
+
+    def _seat(self, parts: list[tuple[int, int, KVCache]]) -> KVCache:
+        """Set the round's position input for parts [(rows, first position, cache or slot)]
+        -> the cache the round writes (a slot's parent)."""
+        if not self.per_row:
+            (_, pos, cache), = parts
+            self._pos.fill_(pos)
+            return cache
+        parent = parts[0][2].parent if isinstance(parts[0][2], KVSlot) else parts[0][2]
+        fill_table(self._pos, [(n, pos, c.base if isinstance(c, KVSlot) else 0) for n, pos, c in parts],
+                   parent.max_len)
+        return parent
 
     def _rows(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
@@ -220,8 +253,7 @@ class GPUModel:
         static buffers, valid until the next call. logits=False returns None for them
         (the graphs compute the head anyway)."""
         T = tokens.shape[0]
-        if pos > cache.length or pos + T > cache.max_len:
-            raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
+        _check_fits(T, pos, cache)
         tokens = tokens.to(self.device)
         if T > MAX_W and self.prefill_path == "dequant":
             return self._prefill(tokens, pos, cache, logits)
@@ -229,19 +261,19 @@ class GPUModel:
         for s in range(0, T, MAX_W):
             part = tokens[s:s + MAX_W]
             W = part.shape[0]
-            self._pos.fill_(pos + s)
+            whole = self._seat([(W, pos + s, cache)])
             if self.store is not None:
                 self.store.before_round()
                 if self.cpu_link is not None:
                     self.cpu_link.check()
                     if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
                         self._keep_launch_thread_apart()
-            if self.use_graphs and cache is self.cache:
+            if self.use_graphs and whole is self.cache:
                 lg, hd = round_graphs.replay(self, part)
                 # the graph's outputs are static buffers: later chunks would overwrite them
                 outs.append((lg, hd) if T <= MAX_W else (lg.clone(), hd.clone()))
             else:
-                outs.append(self._rows(part, self._pos, cache))
+                outs.append(self._rows(part, self._pos, whole))
             if self.store is not None:
                 self.store.after_launch(W)
         cache.length = pos + T
@@ -274,3 +306,49 @@ class GPUModel:
             lg, hd = self.forward(tokens[i:i + 1], pos + i, cache)
             rows.append((lg.clone(), hd.clone()))
         return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+
+    @torch.inference_mode()
+    def round(self, parts: list[tuple[torch.Tensor, int, KVCache]], exact: bool = True):
+        """Several streams' verify rows, parts [(tokens [w], first position, slot)], side by side
+        in passes of up to 64 rows (the row table gives each row its position and KV base)
+        -> [(logits [w, V], hidden [w, D])] per part: the bits each part's verify would give
+        alone (every kernel is row-invariant). Where rows cannot share a pass (one stream's
+        cache, fast mode's hybrid under exact, a part wider than 64 rows) each part is its
+        own verify. Outputs are the graphs' static buffers, valid until the next call."""
+        if not self.per_row or (exact and self.hybrid) or len(parts) == 1:
+            return [self.verify(t, p, c, exact) for t, p, c in parts]
+        outs: list = [None] * len(parts)
+        group: list[int] = []
+        for i, (t, p, c) in enumerate(parts):
+            _check_fits(t.shape[0], p, c)
+            if t.shape[0] > MAX_W:
+                outs[i] = self.verify(t, p, c, exact)
+                continue
+            if sum(parts[j][0].shape[0] for j in group) + t.shape[0] > MAX_W:
+                self._pass(parts, group, outs, clone=True)
+                group = []
+            group.append(i)
+        if group:
+            self._pass(parts, group, outs, clone=any(o is not None for o in outs))
+        return outs
+
+    def _pass(self, parts, group: list[int], outs: list, clone: bool) -> None:
+        """parts[group] in one pass; outs[i] <- (logits, hidden) of part i (cloned: later passes follow)."""
+        tokens = torch.cat([parts[i][0] for i in group]).to(self.device)           # [W]
+        whole = self._seat([(parts[i][0].shape[0], parts[i][1], parts[i][2]) for i in group])
+        if self.use_graphs and whole is self.cache:
+            lg, hd = round_graphs.replay(self, tokens)
+        else:
+            lg, hd = self._rows(tokens, self._pos, whole)
+        r = 0
+        for i in group:
+            t, p, c = parts[i]
+            w = t.shape[0]
+            outs[i] = (lg[r:r + w].clone(), hd[r:r + w].clone()) if clone else (lg[r:r + w], hd[r:r + w])
+            c.length = p + w
+            r += w
+
+
+def _check_fits(T: int, pos: int, cache: KVCache) -> None:
+    if pos > cache.length or pos + T > cache.max_len:
+        raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")

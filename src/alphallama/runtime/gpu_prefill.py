@@ -304,9 +304,10 @@ def _graphs_for(m, cache, T: int, logits: bool, pos: int, rows_per_thread: int) 
         return None
     s.units(m.layers[0].o.weights)                       # buffers allocated before any capture
     where = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))   # the graphs hold these addresses
-    key = (Tg, logits, *where)
+    storage = cache.k.untyped_storage().data_ptr()       # the slots of one cache (-np N) keep theirs
+    key = (Tg, logits, storage, *where)
     if key not in s.captured:
-        for k in [k for k in s.captured if k[2:] != where]:
+        for k in [k for k in s.captured if k[2] != storage]:
             del s.captured[k]                            # another cache's
         try:
             s.captured[key] = ChunkGraphs(m, cache, Tg, logits, pos, rows_per_thread)   # (MoE: the router's)

@@ -26,6 +26,8 @@ class Overrides:
     prefill_overlap: bool = False   # dequantize the next weight on a side stream (host-bound: off): prefill-tensor-cores.md
     prefill_graphs: bool = True     # prefill chunks replayed as CUDA graphs: prefill-tensor-cores.md
     moe_prefill_fused: bool = True  # resident experts' chunks as grouped GEMMs (moe_gemm.moe_prefill), not a loop
+    attention_tiles: tuple[int, int] = (32, 64)   # decode attention's (BLOCK_N, MAX_SPLITS): attention/decode.py's
+                                    # TILES (tests pass small ones: the interpreter runs every dead split)
 
     def __post_init__(self):
         if self.decode_gemv not in ("i8", "f32") or self.moe_gemv not in ("i8", "f32"):

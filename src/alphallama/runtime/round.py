@@ -24,6 +24,7 @@ import torch
 
 from ..kernels.attention.decode import decode_attention, decode_attention_q8
 from ..kernels.attention.rope import qkv_rope
+from ..kernels.attention.rows import row_positions
 from ..kernels.gemv.qgemv_mma import Q8K
 from ..kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_q8, rmsnorm_router_q8
 from ..kv_cache import KVCache
@@ -74,10 +75,11 @@ def plan_round(m: "GPUModel", W: int) -> RoundPlan:
 
 
 def query_temperature(q: torch.Tensor, pos: torch.Tensor, scale: float, floor: int) -> torch.Tensor:
-    """llama4 / mistral3: row r's q [W, H, hd] times 1 + scale * log(floor((pos + r) / floor) + 1),
-    by absolute position (pos int32 [1] on the device: no host sync, graph-captured), the
-    factor in float64 then float32 as the reference computes it."""
-    p = (pos.double() + torch.arange(q.shape[0], device=q.device, dtype=torch.float64))   # [W]
+    """llama4 / mistral3: row r's q [W, H, hd] times 1 + scale * log(floor(p_r / floor) + 1),
+    by row r's absolute position p_r (pos int32 [1]: pos + r, or a row table's: rows.py; on
+    the device: no host sync, graph-captured), the factor in float64 then float32 as the
+    reference computes it."""
+    p = row_positions(pos, q.shape[0]).double()                                         # [W]
     f = (torch.log(torch.floor(p / floor) + 1) * scale + 1).float()                   # [W]
     return q * f[:, None, None]
 
@@ -101,7 +103,8 @@ def _norm(m: "GPUModel", x, y, w, orders: tuple):
 
 
 def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D])."""
+    """tokens [W] int64 (device), pos int32 [1] or a row table [3, >= W] (device; kernels/attention/
+    rows.py) -> (logits [W, V], hidden [W, D])."""
     c = m.cfg
     x = m.embed(tokens)                                                         # [W, D]
     kv_len = cache.k.shape[2]
@@ -117,7 +120,7 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
                      c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
         if m.q_temp is not None:
             q = query_temperature(q, pos, *m.q_temp)
-        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i]}
+        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i], "tiles": m.attn_tiles}
         if s.attention:
             a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl, **att)   # [W, H*hd]
         else:

@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"-c/--ctx-size must be positive, got {args.ctx_size}")
     if args.queue_size < 0:
         return _fail(f"--queue-size must be >= 0, got {args.queue_size}")
+    slots = args.parallel or 1
+    if slots > 1 and "mtp" in args.spec_type.split(","):
+        return _fail(f"--spec-type {args.spec_type} with -np {slots}: the MTP head drafts for one stream; "
+                     f"parallel streams use the copy drafter (--spec-type ngram) or none")
     try:
         spec = spec_from_args(args)
         sampling = sampling_from_args(args)
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load() -> Engine:
         progress = LoadProgress(path)
-        engine = load_engine(args, path, plan, progress)
+        engine = load_engine(args, path, plan, progress, slots)
         if engine.mtp is None and "mtp" in SPEC_TYPES.get(spec.spec_type, ()):   # fail now, not in every request
             raise ValueError(f"--spec-type {spec.spec_type} needs a model with an MTP head and {path} has none "
                              f"(an in-file head, '<model>.mtp.gguf' beside it, or --draft-head FILE)")
@@ -141,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         warm_engine(args, engine, spec, progress)   # before /health says 200: the first request pays nothing
         c = engine.cfg
         print(f"alphallama: loaded {path}: {c.arch}, {c.n_layers} layers, d_model {c.d_model}, "
-              f"vocab {c.vocab_size}, context {engine.ctx_size}, layout {summary(plan)}, speculation "
+              f"vocab {c.vocab_size}, context {engine.ctx_size}"
+              f"{f' in each of {len(engine.slots)} slots' if len(engine.slots) > 1 else ''}, layout {summary(plan)}, speculation "
               f"{spec.on_device(engine.cache.k.device.type).spec_type} ({spec.mode}"
               f"{', wide rounds on the tensor cores' if getattr(engine.model, 'hybrid', False) else ''}); ready",
               file=sys.stderr, flush=True)

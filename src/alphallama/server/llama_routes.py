@@ -103,7 +103,7 @@ async def props(request: Request):
     return {
         "default_generation_settings": {"n_ctx": engine.ctx_size,
                                         "params": params_json(st, s.sampling, s.n_predict, [], False, 0)},
-        "total_slots": 1, "model_alias": s.alias, "model_path": engine.gguf.path,
+        "total_slots": len(engine.slots), "model_alias": s.alias, "model_path": engine.gguf.path,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
         "chat_template": tmpl.source, "chat_template_caps": {},
@@ -115,20 +115,25 @@ async def props(request: Request):
     }
 
 
-@router.get("/slots", summary="The slot's state (llama-server's shape; this server has one slot)",
+@router.get("/slots", summary="The slots' state (llama-server's shape; -np N slots)",
             response_model=list[Slot], responses=error_responses(401, 503))
 async def slots(request: Request, fail_on_no_slot: str | None = None):
     st = app_state(request)
     engine = st.ready_engine()
-    busy = st.worker.processing > 0
-    if fail_on_no_slot and busy:
+    w = st.worker
+    one = len(engine.slots) == 1
+    out = []
+    for s in engine.slots:
+        job = (w.last_job if one else w.slot_jobs.get(s.id))
+        busy = w.processing > 0 if one else (job is not None and job in w.running)
+        slot: dict[str, Any] = {"id": s.id, "n_ctx": engine.ctx_size,
+                                "speculative": _spec_type(st, engine) != "none", "is_processing": busy}
+        if job is not None:
+            slot.update(_job_json(st, engine, job))
+        out.append(slot)
+    if fail_on_no_slot and all(s["is_processing"] for s in out):
         raise APIError("unavailable", "no slot available")
-    slot: dict[str, Any] = {"id": 0, "n_ctx": engine.ctx_size, "speculative": _spec_type(st, engine) != "none",
-                            "is_processing": busy}
-    job = st.worker.last_job
-    if job is not None:
-        slot.update(_job_json(st, engine, job))
-    return [slot]
+    return out
 
 
 def _job_json(st: AppState, engine: Engine, job: Job) -> dict:

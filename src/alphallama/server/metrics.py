@@ -66,7 +66,7 @@ class Metrics:
             metric("draft_tokens_accepted_total", "counter", "Draft tokens accepted.",
                    one(self.draft_tokens_accepted))
         metric("queue_depth", "gauge", "Requests waiting for the engine.", one(queue_depth))
-        metric("requests_processing", "gauge", "Requests being generated (0 or 1).", one(processing))
+        metric("requests_processing", "gauge", "Requests being generated (at most the slots, -np).", one(processing))
         metric("model_loaded", "gauge", "1 once the model is loaded.", one(int(loaded)))
         return "\n".join(out) + "\n"
 

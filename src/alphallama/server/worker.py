@@ -1,9 +1,11 @@
 """The one thread that owns the engine, and the bounded FIFO queue in front of it.
 
 Generation is long, synchronous CPU/GPU work, so it never runs on the event loop: a
-single worker thread loads the model and then takes jobs one at a time, in arrival
-order (one engine, one user). Its results go back to the request's coroutine through
-an asyncio.Queue fed with call_soon_threadsafe.
+single worker thread loads the model and then takes jobs in arrival order. With one
+slot (-np 1, the default) it runs them one at a time; with N slots (parallel streams)
+it runs rounds (worker_rounds.py): up to N jobs decode together, the rest wait in the
+same FIFO queue. Its results go back to the request's coroutine through an
+asyncio.Queue fed with call_soon_threadsafe.
 
 Cancelling (client gone) sets a flag the worker checks after every token; it then
 closes the engine's generator, which is how the engine stops, and takes the next job.
@@ -129,6 +131,8 @@ class EngineWorker:
         self._waiting: collections.deque[Job] = collections.deque()
         self._current: Job | None = None
         self._last: Job | None = None    # the latest job the engine took (running or done)
+        self.running: set[Job] = set()   # parallel streams: the jobs holding a slot
+        self.slot_jobs: dict[int, Job] = {}   # slot id -> the latest job that ran on it
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._main, name="alphallama-engine", daemon=True)
@@ -165,6 +169,8 @@ class EngineWorker:
             waiting, self._waiting = list(self._waiting), collections.deque()
             if self._current is not None:
                 self._current.cancelled.set()
+            for job in self.running:
+                job.cancelled.set()
             self._cond.notify_all()
         for job in waiting:
             job.emit(Failed(APIError("unavailable", "the server is shutting down")))
@@ -182,7 +188,7 @@ class EngineWorker:
 
     @property
     def processing(self) -> int:
-        return int(self._current is not None)
+        return int(self._current is not None) + len(self.running)
 
     @property
     def last_job(self) -> Job | None:
@@ -205,13 +211,17 @@ class EngineWorker:
             self.engine = engine
             if self.state == "loading":
                 self.state = "ready"
+        if len(engine.slots) > 1:
+            from .worker_rounds import run_rounds
+            run_rounds(self, engine)
+            return
         while True:
             with self._cond:
                 while not self._waiting and self.state == "ready":
                     self._cond.wait()
                 if self.state != "ready":
                     return
-                job = self._current = self._last = self._waiting.popleft()
+                job = self._current = self._last = self.slot_jobs[0] = self._waiting.popleft()
             try:
                 self._run(engine, job)
             except Exception as e:   # the worker must survive anything one request does
@@ -234,44 +244,65 @@ class EngineWorker:
             self.metrics.request(r.endpoint, "ok")
             job.emit(Result(value))
             return
-        gen = Generation()
-        detok = ShownSpecials(engine.tokenizer, r.shown_tokens) if r.shown_tokens else engine.tokenizer.stream()
-        text = TextStream(detok, r.stops)
-        pending: list[tuple[int, float, list[tuple[int, float]]]] = []
-        ids: list[int] = []
-        finish: str | None = None
-        tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=gen, spec=self.spec,
+        run = JobRun(engine, job, self.metrics)
+        tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=run.gen, spec=self.spec,
                                  logprobs=r.n_logprobs, cancel=job.cancelled.is_set, constraint=r.constraint)
         try:
             for tid in tokens:
-                job.n_decoded += 1
-                ids.append(tid)
-                if r.n_logprobs is not None:
-                    lp, top = gen.logprobs[-1]
-                    pending.append((tid, lp, top))
-                piece = text.feed(tid)
-                if piece:
-                    job.emit(Delta(piece, pending, ids))
-                    pending, ids = [], []
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if job.cancelled.is_set():
+                if not run.feed(tid):
                     break
         finally:
             tokens.close()   # stops the engine mid-generation; its timings are final after this
+        run.end()
+
+
+class JobRun:
+    """One generation job's output side: its tokens turned into Deltas (stop strings, held-back
+    text, logprobs) and its end into Done or Cancelled. Both worker loops feed it."""
+
+    def __init__(self, engine: Engine, job: Job, metrics: Metrics):
+        r = job.request
+        self.job, self.metrics = job, metrics
+        self.gen = Generation()
+        detok = ShownSpecials(engine.tokenizer, r.shown_tokens) if r.shown_tokens else engine.tokenizer.stream()
+        self.text = TextStream(detok, r.stops)
+        self.pending: list[tuple[int, float, list[tuple[int, float]]]] = []
+        self.ids: list[int] = []
+        self.finish: str | None = None
+
+    def feed(self, tid: int) -> bool:
+        """One generated token -> whether to go on (False: a stop string matched, or cancelled)."""
+        job, r = self.job, self.job.request
+        job.n_decoded += 1
+        self.ids.append(tid)
+        if r.n_logprobs is not None:
+            lp, top = self.gen.logprobs[-1]
+            self.pending.append((tid, lp, top))
+        piece = self.text.feed(tid)
+        if piece:
+            job.emit(Delta(piece, self.pending, self.ids))
+            self.pending, self.ids = [], []
+        if self.text.stopped:
+            self.finish = "stop"
+            return False
+        return not job.cancelled.is_set()
+
+    def end(self) -> None:
+        """After the engine stopped (its timings final): Done, or Cancelled."""
+        job, r, gen, text = self.job, self.job.request, self.gen, self.text
         timings = gen.stats.timings()
         self.metrics.generation(len(r.prompt_ids), timings)
+        finish = self.finish
         if job.cancelled.is_set() and finish is None:
             self.metrics.request(r.endpoint, "cancelled")
             job.emit(Cancelled())
             return
         if finish is None:
             tail = text.finish()
-            if tail or pending or ids:
-                job.emit(Delta(tail, pending, ids))
+            if tail or self.pending or self.ids:
+                job.emit(Delta(tail, self.pending, self.ids))
             finish = "stop" if text.stopped else (gen.finish_reason or "length")
-        elif ids:   # a stop string ended it: the ids behind the held-back text (llama-server sends them too)
-            job.emit(Delta("", [], ids))
+        elif self.ids:   # a stop string ended it: the ids behind the held-back text (llama-server sends them too)
+            job.emit(Delta("", [], self.ids))
         self.metrics.request(r.endpoint, "ok")
         job.emit(Done(finish, len(gen.tokens), timings, text.matched))

@@ -41,6 +41,7 @@ import triton.language as tl
 from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 from ..gemv.qgemv_mma import Q8K, emit_q8k, new_q8k
 from ..gemv.qmatvec_i8 import emit_q8, new_q8
+from .rows import rows_stride
 
 BLOCK_N = 32       # keys per tile, and the smallest split: 16 splits at depth 512. 64 is no faster at W = 1
                    # and within noise at W = 8 (docs/decisions/launch-cuts-kept.md)
@@ -104,7 +105,7 @@ def _tile(q, k, v, nmask, m_i, l_i, acc):
 
 
 @triton.jit
-def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
+def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, first, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                     BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, EARLY: tl.constexpr = False,
@@ -121,7 +122,9 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
     run while kernels several launches back still run. A decode round qualifies (a
     layer's cache rows below pos come from earlier rounds, finished before its graph
     launched); an MTP chain, whose later steps read rows its earlier steps wrote, does not.
-    WINDOW > 0: the splits cover the row's last WINDOW keys only (the module docstring)."""
+    WINDOW > 0: the splits cover the row's last WINDOW keys only (the module docstring).
+    first: the position of the round's first row of this row's stream (its rows below
+    were written by earlier rounds); K, V: this row's sequence (its KV base applied)."""
     lo, n_keys = _span(length, WINDOW)
     split = _split_size(n_keys, BLOCK_N, MAX_SPLITS)
     start = lo + s * split
@@ -131,7 +134,6 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, scale,
         heads = kvh * GROUP + g
         gmask = g < GROUP
         end = tl.minimum(start + split, length)
-        first = length - row - 1                                            # the round's first position
         if EARLY:
             n = start + tl.arange(0, BLOCK_N)
             k_old, v_old = _kv(K, V, kvh, n, d, (n < first) & (n < end),   # written before this round
@@ -206,16 +208,26 @@ def _attn_split_kernel(Q, K, V, O, M, L, pos_ptr, scale,
                        stride_ow, stride_oh, stride_os,
                        N_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
                        BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
-                       EARLY: tl.constexpr = False, WINDOW: tl.constexpr = 0):
+                       EARLY: tl.constexpr = False, WINDOW: tl.constexpr = 0, ROWS: tl.constexpr = 0):
     """EARLY: the first tile's old keys and values before the PDL wait (_split_partials);
-    pos is a graph input, written before the round, so it may be read before the wait."""
+    pos is a graph input, written before the round, so it may be read before the wait.
+    ROWS > 0: pos_ptr is a row table [3, ROWS] (rows.py): row r's position, KV base and its
+    stream's first position in the round; its keys are the cache rows from its base on."""
     if EARLY:
         pdl_trigger(PDL)
     else:
         pdl_start(PDL)
     row = tl.program_id(0)
-    length = tl.load(pos_ptr) + row + 1          # keys this row may see
-    _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, scale,
+    if ROWS:
+        length = tl.load(pos_ptr + row) + 1
+        base = tl.load(pos_ptr + ROWS + row).to(tl.int64)
+        K += base * stride_kn
+        V += base * stride_vn
+        first = tl.load(pos_ptr + 2 * ROWS + row)
+    else:
+        length = tl.load(pos_ptr) + row + 1      # keys this row may see
+        first = length - row - 1                 # the round's first position
+    _split_partials(Q, K, V, O, M, L, row, tl.program_id(1), tl.program_id(2), length, first, scale,
                     stride_qw, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, stride_ow, stride_oh, stride_os,
                     N_HEADS, GROUP, G_PAD, HD, BLOCK_N, MAX_SPLITS, EARLY, PDL, WINDOW)
 
@@ -225,12 +237,16 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
                          N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                          XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
                          BITS1: tl.constexpr = 4, PDL: tl.constexpr = False, Q8K: tl.constexpr = False,
-                         XF=None, XK=None, DXK=None, XL=None, WINDOW: tl.constexpr = 0):
+                         XF=None, XK=None, DXK=None, XL=None, WINDOW: tl.constexpr = 0, ROWS: tl.constexpr = 0):
     """Q8K: a program combines the two heads of one 256-value super-block (HD 128), each as
-    alone (the same ops: the same bits), and emits their q8_K activations (qgemv_mma.emit_q8k)."""
+    alone (the same ops: the same bits), and emits their q8_K activations (qgemv_mma.emit_q8k).
+    ROWS > 0: pos_ptr is a row table (rows.py), the row's length its position + 1."""
     pdl_start(PDL)
     row = tl.program_id(0)
-    length = tl.load(pos_ptr) + row + 1
+    if ROWS:
+        length = tl.load(pos_ptr + row) + 1
+    else:
+        length = tl.load(pos_ptr) + row + 1
     if Q8K:
         tl.static_assert(HD == 128, "q8_K activations from the combine: two heads of 128 a super-block")
         h0 = tl.program_id(1) * 2
@@ -250,7 +266,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
                      window: int = 0) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
-    the rows up to pos+W-1; pos: int32 [1] on the device (a graph input).
+    the rows up to pos+W-1; pos: int32 [1] on the device (a graph input), or a row table
+    int32 [3, R >= W] (rows.py: the rows of several streams, each its own position and KV base).
     -> [W, n_heads * hd] in out_dtype. max_len (the cache's capacity) is accepted for the
     callers but unused: the grid is (W, n_kv, MAX_SPLITS) at every position and capacity.
     Two launches: split, combine. early: the split launch loads the rows below pos before
@@ -304,10 +321,12 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
     split_const = dict(N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
                        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
     _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5 if scale is None else scale, *strides,
-                                              **split_const, EARLY=early, WINDOW=window, **pdl_kwargs(pdl, q.device))
+                                              **split_const, EARLY=early, WINDOW=window, ROWS=rows_stride(pos),
+                                              **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
                                        N_HEADS=n_heads, HD=hd, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS,
-                                       num_warps=COMBINE_WARPS, WINDOW=window, **qargs, **pdl_kwargs(pdl, q.device))
+                                       num_warps=COMBINE_WARPS, WINDOW=window, ROWS=rows_stride(pos), **qargs,
+                                       **pdl_kwargs(pdl, q.device))
     return out, q8
 
 

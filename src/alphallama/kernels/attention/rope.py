@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import pdl_kwargs, pdl_start
+from .rows import rows_stride
 
 
 @triton.jit
@@ -16,17 +17,25 @@ def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
                      stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n,
                      N_HEADS: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
                      HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False,
-                     ROT: tl.constexpr = 0):
+                     ROT: tl.constexpr = 0, ROWS: tl.constexpr = 0):
     """One program per (row, head) over the fused [W, (H + 2*n_kv) * hd] projection.
-    ROT: the rotated dims of a partial rope (0: the whole head)."""
+    ROT: the rotated dims of a partial rope (0: the whole head). ROWS (0: row r at
+    pos_ptr[0] + r, its K/V at the same cache row) > 0: pos_ptr is a row table int32
+    [3, ROWS] (rows.py): row r at position pos_ptr[r], its K/V written at cache row
+    pos_ptr[ROWS + r] + pos_ptr[r] (its stream's KV base); RoPE takes the position."""
     pdl_start(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)                     # 0..H-1 query, H..H+n_kv-1 key, then value
-    pos = tl.load(pos_ptr) + row
+    if ROWS:
+        pos = tl.load(pos_ptr + row)
+        kvpos = tl.load(pos_ptr + ROWS + row) + pos
+    else:
+        pos = tl.load(pos_ptr) + row
+        kvpos = pos
     QKV_W: tl.constexpr = (N_HEADS + 2 * N_KV) * HD
     if ROT:
         _partial_head(QKV + row * QKV_W + head * HD, BIAS + head * HD, QN, KN, COS, SIN, QOUT, KC, VC, pos,
-                      row, head, eps, stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n,
+                      kvpos, row, head, eps, stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n,
                       N_HEADS, N_KV, HD, ROT, HAS_BIAS, QK_NORM)
     else:
         HALF: tl.constexpr = HD // 2
@@ -43,8 +52,8 @@ def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
             b += tl.load(BIAS + head * HD + ib)
         if head >= N_HEADS + N_KV:                  # value: straight into the cache
             vh = head - N_HEADS - N_KV
-            tl.store(VC + vh * stride_vc_h + pos * stride_vc_n + ia, a.to(tl.float16))
-            tl.store(VC + vh * stride_vc_h + pos * stride_vc_n + ib, b.to(tl.float16))
+            tl.store(VC + vh * stride_vc_h + kvpos * stride_vc_n + ia, a.to(tl.float16))
+            tl.store(VC + vh * stride_vc_h + kvpos * stride_vc_n + ib, b.to(tl.float16))
         else:
             if QK_NORM:
                 nw = QN if head < N_HEADS else KN
@@ -60,12 +69,12 @@ def _qkv_rope_kernel(QKV, BIAS, QN, KN, COS, SIN, QOUT, KC, VC, pos_ptr, eps,
                 tl.store(QOUT + (row * N_HEADS + head) * HD + ib, rb)
             else:
                 kh = head - N_HEADS
-                tl.store(KC + kh * stride_kc_h + pos * stride_kc_n + ia, ra.to(tl.float16))
-                tl.store(KC + kh * stride_kc_h + pos * stride_kc_n + ib, rb.to(tl.float16))
+                tl.store(KC + kh * stride_kc_h + kvpos * stride_kc_n + ia, ra.to(tl.float16))
+                tl.store(KC + kh * stride_kc_h + kvpos * stride_kc_n + ib, rb.to(tl.float16))
 
 
 @triton.jit
-def _partial_head(base, bias, QN, KN, COS, SIN, QOUT, KC, VC, pos, row, head, eps,
+def _partial_head(base, bias, QN, KN, COS, SIN, QOUT, KC, VC, pos, kvpos, row, head, eps,
                   stride_kc_h, stride_kc_n, stride_vc_h, stride_vc_n, N_HEADS: tl.constexpr, N_KV: tl.constexpr,
                   HD: tl.constexpr, ROT: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr):
     """One head of a partial NEOX rope: dim j < ROT turns with its partner j +- ROT/2
@@ -80,7 +89,7 @@ def _partial_head(base, bias, QN, KN, COS, SIN, QOUT, KC, VC, pos, row, head, ep
         x += tl.load(bias + j)
         xp += tl.load(bias + partner, mask=rot, other=0.0)
     if head >= N_HEADS + N_KV:                                   # value: straight into the cache
-        tl.store(VC + (head - N_HEADS - N_KV) * stride_vc_h + pos * stride_vc_n + j, x.to(tl.float16))
+        tl.store(VC + (head - N_HEADS - N_KV) * stride_vc_h + kvpos * stride_vc_n + j, x.to(tl.float16))
     else:
         if QK_NORM:
             nw = QN if head < N_HEADS else KN
@@ -93,7 +102,7 @@ def _partial_head(base, bias, QN, KN, COS, SIN, QOUT, KC, VC, pos, row, head, ep
         if head < N_HEADS:
             tl.store(QOUT + (row * N_HEADS + head) * HD + j, out)
         else:
-            tl.store(KC + (head - N_HEADS) * stride_kc_h + pos * stride_kc_n + j, out.to(tl.float16))
+            tl.store(KC + (head - N_HEADS) * stride_kc_h + kvpos * stride_kc_n + j, out.to(tl.float16))
 
 
 def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None,
@@ -102,7 +111,9 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor 
              neox: bool, pdl: bool = False, rope_dim: int | None = None) -> torch.Tensor:
     """qkv: [W, (H + 2 n_kv) hd] fp32 -> roped q [W, H, hd] fp32; k, v written (fp16) into
     k_cache/v_cache [n_kv, max_len, hd] at rows pos..pos+W-1. cos/sin: [max_len, rope_dim/2];
-    rope_dim (None: hd) < hd turns the first rope_dim dims only (NEOX pairs)."""
+    rope_dim (None: hd) < hd turns the first rope_dim dims only (NEOX pairs).
+    pos: int32 [1] (row r at pos + r), or a row table int32 [3, R >= W] (rows.py: each row's
+    position and KV base: the rows of several streams in one round)."""
     W = qkv.shape[0]
     rot = 0 if rope_dim is None or rope_dim == hd else rope_dim
     if rot and (not neox or rot % 2 or rot > hd or cos.shape[-1] != rot // 2):
@@ -114,5 +125,5 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor 
         k_norm if k_norm is not None else dummy, cos, sin, q, k_cache, v_cache, pos, eps,
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         N_HEADS=n_heads, N_KV=n_kv, HD=hd, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None, NEOX=neox,
-        ROT=rot, **pdl_kwargs(pdl, qkv.device))
+        ROT=rot, ROWS=rows_stride(pos), **pdl_kwargs(pdl, qkv.device))
     return q

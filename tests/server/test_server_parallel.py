@@ -1,0 +1,70 @@
+"""Parallel streams through the server (-np 2, the CPU reference: its streams interleave):
+two concurrent requests decode together (each one's chunks arrive while the other's do),
+each gets the text it gets alone, a third waits for a free slot; /slots shows both slots
+and /props total_slots."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from alphallama.engine import Engine
+
+from serverutil import _one_torch_thread, serve  # noqa: F401
+
+MODEL = "stories260K.gguf"
+PROMPTS = ["Once upon a time", "The little dog ran to the", "Tom had a red ball and"]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def alone(stories_path) -> list[str]:
+    e = Engine.load(str(stories_path), ctx_size=512)
+    out = []
+    for p in PROMPTS:
+        e.reset()
+        out.append(e.tokenizer.decode(list(e.generate(e.encode_prompt(p), N)), continuation=True))
+    return out
+
+
+def test_two_requests_decode_together_and_a_third_waits(stories_path, alone):
+    engine = Engine.load(str(stories_path), ctx_size=512, slots=2)
+    assert engine.ctx_size == 256 and len(engine.slots) == 2
+    with serve(engine, stories_path) as server:
+        times: dict[int, list[float]] = {i: [] for i in range(3)}
+        texts: dict[int, str] = {}
+
+        def run(i: int) -> None:
+            stream = server.client().completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=N,
+                                                        temperature=0, stream=True)
+            parts = []
+            for chunk in stream:
+                times[i].append(time.monotonic())
+                parts.append(chunk.choices[0].text)
+            texts[i] = "".join(parts)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)               # arrival order 0, 1, 2
+        for t in threads:
+            t.join(60)
+        assert [texts[i] for i in range(3)] == alone
+        # 0 and 1 overlap: each one's first chunk came before the other's last
+        assert times[0][0] < times[1][-1] and times[1][0] < times[0][-1]
+        # 2 waited for a slot: its first chunk after one of them ended
+        assert times[2][0] > min(times[0][-1], times[1][-1])
+        slots = httpx.get(server.base + "/slots", headers=server.headers).json()
+        assert [s["id"] for s in slots] == [0, 1] and all(s["n_ctx"] == 256 for s in slots)
+        assert not any(s["is_processing"] for s in slots)
+        assert {s["id_task"] for s in slots} <= {0, 1, 2} and len({s["id_task"] for s in slots}) == 2
+        props = httpx.get(server.base + "/props", headers=server.headers).json()
+        assert props["total_slots"] == 2
+
+
+def test_np_leaving_a_slot_too_little_context_is_refused(stories_path):
+    with pytest.raises(ValueError, match="-np 8 leaves each slot 64 tokens"):
+        Engine.load(str(stories_path), ctx_size=512, slots=8)
+    with pytest.raises(ValueError, match="at least 1"):
+        Engine.load(str(stories_path), ctx_size=512, slots=0)

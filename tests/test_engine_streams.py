@@ -1,0 +1,118 @@
+"""Parallel streams (streams.py, engine_slots.py): streams of different prompts decoded
+together, started at different times, give each stream exactly the tokens it gets alone
+(greedy, with and without the copy drafter), on the GPU runtime (its rows side by side
+in one pass; the interpreter on the CPU) and on the CPU reference (its streams
+interleaved); a stream stopped mid-way leaves the others' tokens unchanged; the slot
+choice (longest common prefix, then least recently used)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alphallama.engine import Engine, Generation
+from alphallama.engine_slots import Slot, choose_slot
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.model.loader import load_model
+from alphallama.spec.config import SpecConfig
+from alphallama.streams import Streams
+from alphallama.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+CTX, N_NEW = 40, 4
+SPECS = {"plain": SpecConfig("none"), "ngram": SpecConfig("ngram", 4, 1, gate=False)}
+
+
+@pytest.fixture(scope="module", params=["gpu", "reference"])
+def made(request, tmp_path_factory):
+    """(a model, its file, each prompt's plain greedy tokens alone): the GPU runtime (one cache
+    in slots, shared passes; small attention tiles and fp32 GEMVs: the interpreter's cost
+    is per program) or the CPU reference."""
+    path = tmp_path_factory.mktemp("m") / "m.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q8_0", seed=5, d_model=64, n_heads=2, n_kv_heads=1,
+                                          head_dim=32, d_ff=128, vocab_size=260), path)
+    f = GGUFFile(path)
+    if request.param == "gpu":
+        from alphallama.runtime.gpu_model import GPUModel
+        from alphallama.runtime.overrides import Overrides
+        model = GPUModel(f, CTX, device=DEV, overrides=Overrides(decode_gemv="f32", attention_tiles=(16, 4)))
+    else:
+        model = load_model(f, CTX)
+    return model, f, _alone((model, f), _prompts(model.cfg.vocab_size))
+
+
+def _engine(made, slots: int) -> Engine:
+    model, f = made[:2]
+    return Engine(f, model, Tokenizer.from_metadata(f.metadata), None, CTX, slots=slots)
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    base = [torch.randint(vocab, (n,), generator=g).tolist() for n in (3, 2, 4)]
+    return [base[0] * 2, base[1] * 2 + [7], base[2]]      # repeats: the copy drafter finds matches
+
+
+def _alone(made, prompts) -> list[list[int]]:
+    """Plain greedy decoding of each prompt alone, from an empty cache, on one slot."""
+    e = _engine(made, 1)
+    out = []
+    for p in prompts:
+        e.reset()
+        out.append(list(e.generate(p, N_NEW)))
+    return out
+
+
+def _together(made, prompts, spec, stop_after: dict[int, int] | None = None) -> tuple[list[list[int]], list]:
+    """Stream i starts at step i (staggered); stop_after {i: n}: stream i stops after n tokens."""
+    e = _engine(made, 3)
+    streams = Streams(e)
+    got: list[list[int]] = [[] for _ in prompts]
+    gens = [Generation() for _ in prompts]
+
+    def taker(i):
+        def on_token(t):
+            got[i].append(t)
+            return len(got[i]) < (stop_after or {}).get(i, N_NEW + 1)
+        return on_token
+    runs, step = [], 0
+    while len(runs) < len(prompts) or streams.runs:
+        if len(runs) < len(prompts) and step >= len(runs):
+            i = len(runs)
+            runs.append(streams.add(prompts[i], N_NEW, taker(i), gen=gens[i], spec=spec))
+        for r in streams.step():
+            assert r.error is None, r.error
+        step += 1
+        assert step < 200
+    assert all(not s.busy for s in e.slots)
+    return got, runs
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_streams_together_get_their_tokens_alone(made, spec):
+    """Each stream's tokens, with or without drafts, are its plain greedy tokens alone."""
+    prompts, alone = _prompts(made[0].cfg.vocab_size), made[2]
+    together, runs = _together(made, prompts, SPECS[spec])
+    assert together == alone
+    assert all(len(t) == N_NEW for t in alone)
+    assert all(r.rows for r in runs)                                   # every stream's rounds ran
+    assert (max(max(r.rows) for r in runs) > 1) == (spec == "ngram")   # drafts rode in the rounds
+
+
+def test_a_stopped_stream_leaves_the_others_unchanged(made):
+    prompts, alone = _prompts(made[0].cfg.vocab_size), made[2]
+    together, _ = _together(made, prompts, SPECS["plain"], stop_after={0: 2})
+    assert together[0] == alone[0][:2]
+    assert together[1:] == alone[1:]
+
+
+def test_slot_choice_is_longest_prefix_then_least_recently_used():
+    slots = [Slot(0, None, [1, 2, 3], used=3), Slot(1, None, [1, 2], used=1), Slot(2, None, [], used=2)]
+    assert choose_slot(slots, [1, 2, 3, 4]).id == 0          # the longest common prefix
+    assert choose_slot(slots, [9]).id == 1                   # none shares: the least recently used
+    slots[0].busy = True
+    assert choose_slot(slots, [1, 2, 3, 4]).id == 1          # a busy slot is never chosen
+    for s in slots:
+        s.busy = True
+    with pytest.raises(ValueError, match="busy"):
+        choose_slot(slots, [1])
