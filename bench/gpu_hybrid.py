@@ -1,7 +1,7 @@
 """The hybrids on the GPU runtime (runtime/gpu_hybrid.py; decisions/hybrid-gpu-runtime.md), one
 device call: the Qwen3.6-35B-A3B-like shape (PRESETS["qwen36-35b-a3b"]: 16 key / 32 value heads of
 128, attention every 4th layer, 256 experts of 512 + a shared one) cut to --layers layers and
---experts experts, Q4_K_M, written on the device, then (eager rounds: no graphs yet)
+--experts experts, Q4_K_M, written on the device, then (the rounds through CUDA graphs on a GPU)
 
 - prefill: a 512-row prompt chunk (deltanet_prefill, the scratch's GEMMs, SDPA), ms;
 - decode: rounds of W = 1 at increasing positions, ms a round;
@@ -104,10 +104,13 @@ def main() -> None:
         ctx = args.prompt + args.tokens + 128
         gpu = GPUHybridModel(f, ctx, device=dev)
         out["load_s"] = time.perf_counter() - t0
+        out["graphs"] = gpu.use_graphs
         V = gpu.cfg.vocab_size
         cache = gpu.new_cache(ctx)
         prompt = _toks(args.prompt, V, 0)
-        gpu.forward(prompt, 0, gpu.new_cache(ctx), logits=False)          # compiles the prefill's kernels
+        out["capture_s"] = gpu.capture_s                                     # the graphs of this cache
+        gpu.forward(prompt, 0, cache, logits=False)                           # compiles the prefill's kernels
+        cache.truncate(0)
         t0 = now()
         gpu.forward(prompt, 0, cache, logits=False)
         out["prefill_ms"] = 1e3 * (now() - t0)
@@ -128,6 +131,9 @@ def main() -> None:
         out["verify"] = {}
         for W in map(int, args.widths.split(",")):
             rows = _toks(W, V, W)
+            gpu.verify(rows, pos, cache)                                      # warm (eager: compiles this width)
+            cache.truncate(pos + 1)
+            cache.truncate(pos)
             per: dict = {}
             for n in (1, W):
                 tv = tc = 0.0

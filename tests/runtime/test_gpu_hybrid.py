@@ -190,6 +190,33 @@ def test_rows_keep_their_bits_and_the_commit_leaves_single_steps_state(files, na
         assert torch.equal(outs[W - 1][0], outs[4][0][:W]) and torch.equal(outs[W - 1][1], outs[4][1][:W])
 
 
+def test_a_padded_round_committed_is_the_rows_own(files):
+    """What the graphs replay (runtime/hybrid_graphs.py): a forward of T rows as a verify round
+    padded to its width bucket (T = 9 in the bucket of 12) and committed to the T rows gives the
+    logits of the T rows run as a step round, leaves their recurrent state, conv window and K/V
+    rows, and the next row gets the same bits."""
+    from alphallama.runtime import hybrid_round
+    from alphallama.runtime.widths import bucket_of
+    gpu = GPUHybridModel(files["tiny-qwen35"], CTX, device=DEV, overrides=F32, graphs=False)
+    prompt, rows, nxt = _toks(3, 2), _toks(9, 3), _toks(1, 4)
+    plain, padded = gpu.new_cache(CTX), gpu.new_cache(CTX)
+    for c in (plain, padded):
+        gpu.forward(prompt, 0, c)
+    want = gpu.forward(rows, 3, plain)[0].clone()
+    b = bucket_of(9)
+    assert b == 12
+    gpu._pos.fill_(3)
+    lg, _ = hybrid_round.rows(gpu, torch.cat([rows, torch.zeros(b - 9, dtype=rows.dtype)]).to(DEV), gpu._pos, padded,
+                              verify=True)
+    gpu._commit(padded, 3, 9)
+    padded.length = 12
+    assert torch.equal(lg[:9], want)
+    assert torch.equal(padded.ssm, plain.ssm)
+    assert torch.equal(state_from_ring(padded.ring[0], 12, 4), state_from_ring(plain.ring[0], 12, 4))
+    assert torch.equal(padded.k[:, :, :12], plain.k[:, :, :12])
+    assert torch.equal(gpu.forward(nxt, 12, padded)[0], gpu.forward(nxt, 12, plain)[0])
+
+
 def test_exact_speculation_and_turns_through_the_engine(files):
     """qwen35moe on the product's kernels through the engine. Exact mode gives plain greedy's
     tokens with the n-gram drafter (a model that repeats what it saw: _copying, a prompt that

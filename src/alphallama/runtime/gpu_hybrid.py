@@ -10,8 +10,10 @@ reference HybridTransformer: new_cache, forward, verify.
   fast mode are the same pass); the cache keeps the round open, and the engine's truncate to
   the accepted prefix commits it (one deltanet_commit launch for every recurrent layer, n on
   the device; runtime/hybrid_cache.py).
-- The rounds run eagerly (no CUDA graphs yet); the MTP head is not wired (the engine runs a
-  hybrid's MTP head on the reference model only).
+- On the GPU the rounds replay CUDA graphs captured per cache (runtime/hybrid_graphs.py: the
+  step, and the verify round per width bucket; a prompt's 2..64 rows are a verify round
+  committed to all of them); elsewhere they run eagerly. The MTP head is not wired (the engine
+  runs a hybrid's MTP head on the reference model only).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ..gguf.reader import GGUFFile
 from ..kernels.deltanet.step import deltanet_commit
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels
 from ..model.qwen35 import hybrid_rope_tables
-from . import hybrid_round
+from . import hybrid_graphs, hybrid_round
 from .gpu_model import GPUModel
 from .hybrid_cache import GPUHybridCache
 from .hybrid_layers import build_hybrid_layer, deltanet_shape, stacked_deltanet
@@ -40,7 +42,8 @@ class GPUHybridModel:
     embed = GPUModel.embed          # tokens [T] -> [T, D] fp32: the same table and gather
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", progress=None,
-                 prefill_chunk: int | None = None, overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS):
+                 prefill_chunk: int | None = None, overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS,
+                 graphs: bool | None = None):
         cfg = load_config(f)
         if not isinstance(cfg, HybridConfig):
             raise TypeError(f"{f.path}: {cfg.arch} is not a Gated DeltaNet hybrid (runtime.gpu_model runs it)")
@@ -69,6 +72,10 @@ class GPUHybridModel:
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
         self.scratch = prefill_scratch(o, self.act_dtype, self.device, graphs=False)
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # the round's position
+        self._tokens = torch.zeros(MAX_W, dtype=torch.int64, device=self.device)    # the graphs' rows
+        self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.capture_s = 0.0
         self._commit_pos = torch.zeros(1, dtype=torch.int32, device=self.device)    # the commit's (pos, n)
         self._commit_n = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.cache: GPUHybridCache | None = None
@@ -81,7 +88,23 @@ class GPUHybridModel:
                                self._commit, self.device)
         cache.max_len -= MAX_W
         self.cache = cache
+        self.graphs.clear()
+        if self.use_graphs:
+            self.capture_s = hybrid_graphs.capture(self, cache)
         return cache
+
+    def _round(self, tokens: torch.Tensor, pos: int, cache: GPUHybridCache,
+               verify: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """W <= 64 rows at pos: through the graphs when they were captured on this cache (a
+        forward of W > 1 rows is a verify round committed to all W), else eagerly."""
+        self._pos.fill_(pos)
+        if not (self.use_graphs and cache is self.cache):
+            return hybrid_round.rows(self, tokens, self._pos, cache, verify)
+        W = tokens.shape[0]
+        out = hybrid_graphs.replay(self, tokens, verify or W > 1)
+        if W > 1 and not verify:
+            self._commit(cache, pos, W)
+        return out
 
     def _commit(self, cache: GPUHybridCache, pos: int, n: int) -> None:
         """The state after the first n rows of the verify round at pos, every recurrent layer at once."""
@@ -110,8 +133,9 @@ class GPUHybridModel:
         else:
             outs = []
             for s in range(0, T, MAX_W):
-                self._pos.fill_(pos + s)
-                outs.append(hybrid_round.rows(self, tokens[s:s + MAX_W], self._pos, cache, verify=False))
+                lg, hd = self._round(tokens[s:s + MAX_W], pos + s, cache, verify=False)
+                # the graphs' outputs are static buffers: the next chunk would overwrite them
+                outs.append((lg.clone(), hd.clone()) if T > MAX_W else (lg, hd))
         cache.length = pos + T
         hidden = torch.cat([o[1] for o in outs]) if len(outs) > 1 else outs[0][1]
         if not logits:
@@ -128,8 +152,7 @@ class GPUHybridModel:
         if W > MAX_W:
             raise ValueError(f"a verify round takes at most {MAX_W} rows, got {W}")
         self._check(tokens, pos, cache)
-        self._pos.fill_(pos)
-        out = hybrid_round.rows(self, tokens.to(self.device), self._pos, cache, verify=True)
+        out = self._round(tokens.to(self.device), pos, cache, verify=True)
         cache.length = pos + W
         cache.open_round(pos, W)
         return out
