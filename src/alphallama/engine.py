@@ -151,10 +151,6 @@ class Engine:
         if weights_read is not None:
             weights_read()
         head = find_mtp_head(f, cfg, draft_head)
-        if head is not None and isinstance(cfg, HybridConfig) and resolve_device(device) == "cuda":
-            warnings.warn(f"{path}: the GPU runtime has no MTP head for hybrids yet; drafts come from the "
-                          f"copy drafter only", RuntimeWarning, stacklevel=2)
-            head = None
         if head is not None and slots > 1:
             warnings.warn(f"{path}: the MTP head drafts for one stream; with -np {slots} drafts come from the "
                           f"copy drafter only", RuntimeWarning, stacklevel=2)

@@ -7,7 +7,8 @@ A round's MTP work is one graph replay and one host sync:
             and those tokens) make their permanent depth-1 entries, one batched block
     chain:  from the last entry, draft 1 = argmax of its logits over the draft
             vocabulary; draft k = a depth-k entry at the next position, fed h' of the
-            previous entry and the token it drafted (read on the device, never the host)
+            previous entry (the hybrids' head, runtime/hybrid_mtp.py: shared_head_norm(h'))
+            and the token it drafted (read on the device, never the host)
     out:    [tokens..., probabilities...] in one float64 buffer -> .tolist()
 
 Graphs are keyed by (width bucket of the extend, depth); depth 0 is extend-only (the
@@ -105,13 +106,11 @@ class GPUMTPHead:
         self.enorm, self.hnorm = vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight")
         self.head_norm = vec(p + "nextn.shared_head_norm.weight")
         self.eh = Linear([t[p + "nextn.eh_proj.weight"]], dev)
-        # the head's block on the model's GEMVs (no split runs, no tensor cores: the block calls each Linear whole)
-        # fp32 GEMVs (qmatmul, the control arm), not the model's plan: on int8 activations
-        # tests/runtime/test_gpu_mtp's MoE chain flips a near tie against the reference
-        self.layer = build_layer(t, BlockNames(p), self.cfg, dev, hc.moe, "f32", "f32")
+        self.act_dtype = model.act_dtype
+        self.layer = self._load_block(t, hc)
         self.max_len = max_len
-        cos, sin = rope_tables(max_len + SPARE, self.cfg.rope_dim, self.cfg.rope_base)
-        self.cos, self.sin = cos.to(dev), sin.to(dev)                             # [max_len+SPARE, hd/2]
+        cos, sin = self._rope_tables(max_len + SPARE)
+        self.cos, self.sin = cos.to(dev), sin.to(dev)                             # [max_len+SPARE, rope/2]
         self.full = model.output.weights[0]                                       # [V, D] the model's head
         self.scored = self.full
         self.vocab_ids: torch.Tensor | None = None                                # [S] on the host; None: all
@@ -127,6 +126,20 @@ class GPUMTPHead:
         self.cache: KVCache | None = None
         self.use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.capture_s = 0.0
+
+    # -- what a head of another block kind overrides (runtime/hybrid_mtp.py) ----------------
+    def _load_block(self, t: dict, hc: MTPHeadConfig):
+        """The head's block on fp32 GEMVs (qmatmul, the control arm), not the model's plan: on
+        int8 activations tests/runtime/test_gpu_mtp's MoE chain flips a near tie against the
+        reference (no split runs, no tensor cores: the block calls each Linear whole)."""
+        return build_layer(t, BlockNames(hc.prefix), self.cfg, self.device, hc.moe, "f32", "f32")
+
+    def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(n, self.cfg.rope_dim, self.cfg.rope_base)
+
+    def _entry(self, g: torch.Tensor) -> torch.Tensor:
+        """What a depth-1 entry's g [W, D] (the main model's hidden rows) enters the block as."""
+        return g
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """Entries for positions 0..max_len (the token after a full context has one too)."""
@@ -167,13 +180,11 @@ class GPUMTPHead:
     def _block(self, g: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
                cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Entries at positions pos..pos+W-1 (pos: int32 [1] on the device) from g [W, D]
-        fp32 and tokens [W]: -> (h' [W, D] fp32, shared_head_norm(h') [W, D] in act dtype)."""
-        c, L, m = self.cfg, self.layer, self.model
-        act = m.act_dtype
-        e = m.embed(tokens)                                                         # [W, D]
-        a = add_rmsnorm(e, None, self.enorm, c.norm_eps, act)                       # [W, D]
-        b = add_rmsnorm(g, None, self.hnorm, c.norm_eps, act)                       # [W, D]
-        x = self.eh(torch.cat([a, b], dim=1))                                       # [W, D] fp32
+        fp32 and tokens [W]: -> (what the next depth's entry is fed: h' [W, D] fp32,
+        shared_head_norm(h') [W, D] in act dtype)."""
+        c, L = self.cfg, self.layer
+        act = self.act_dtype
+        x = self._project(g, tokens)                                                # [W, D] fp32
         h = add_rmsnorm(x, None, L.attn_norm, c.norm_eps, act)
         qkv = L.qkv(h)                                                              # [W, (H + 2 n_kv) hd]
         q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[0], cache.v[0], pos,
@@ -186,19 +197,26 @@ class GPUMTPHead:
         hn = add_rmsnorm(x, d, self.head_norm, c.norm_eps, act)                    # x += ffn: h'
         return x, hn
 
+    def _project(self, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """eh_proj(cat([enorm(embed(tokens)), hnorm(g)])): g [W, D] fp32, tokens [W] -> [W, D] fp32."""
+        c, act = self.cfg, self.act_dtype
+        a = add_rmsnorm(self.model.embed(tokens), None, self.enorm, c.norm_eps, act)   # [W, D]
+        b = add_rmsnorm(g, None, self.hnorm, c.norm_eps, act)                         # [W, D]
+        return self.eh(torch.cat([a, b], dim=1))
+
     def _run(self, b: int, depth: int, cache: KVCache) -> torch.Tensor | None:
         """The static inputs' first b rows through the block; then (depth > 0) the chain
         -> [2 * depth] float64: drafted token ids, then their probabilities."""
-        hp, hn = self._block(self._g[:b], self._tok[:b], self._pos, cache)
+        g, hn = self._block(self._entry(self._g[:b]), self._tok[:b], self._pos, cache)
         if depth == 0:
             return None
         out = torch.empty(2 * depth, dtype=torch.float64, device=self.device)
-        h, hn = hp.index_select(0, self._last), hn.index_select(0, self._last)   # [1, D] the last real row
+        g, hn = g.index_select(0, self._last), hn.index_select(0, self._last)    # [1, D] the last real row
         pos = self._pos + self._last.to(torch.int32) + self._steps[:depth]         # [depth] the chain's positions
         tok = None                                                                 # step k > 0 feeds step k-1's pick
         for k in range(depth):
             if k:
-                h, hn = self._block(h, tok, pos[k:k + 1], cache)
+                g, hn = self._block(g, tok, pos[k:k + 1], cache)
             logits = qmatmul(hn, self.scored, rows_per_thread=ROWS_PER_THREAD)     # [1, S]
             tok = pick(logits, self._ids, out, k)                                  # [1]
         return out

@@ -92,13 +92,16 @@ def stacked_deltanet(t: dict[str, TensorInfo], c: HybridConfig, device) -> Delta
 
 
 def build_hybrid_layer(t: dict[str, TensorInfo], i: int, c: HybridConfig, device, gemv: str = "f32",
-                       moe_gemv: str = "f32", kernels: Kernels = DEFAULT_KERNELS) -> HybridLayer:
-    """Block i of a hybrid on its plans (gemv: the dense GEMVs' family, as GPUModel's)."""
+                       moe_gemv: str = "f32", kernels: Kernels = DEFAULT_KERNELS,
+                       attn_slot: int | None = None) -> HybridLayer:
+    """Block i of a hybrid on its plans (gemv: the dense GEMVs' family, as GPUModel's).
+    attn_slot: a gated attention block past the model's layers with this K/V layer (the
+    in-file MTP block, blk.{n_layers}: slot 0 of its own cache, runtime/hybrid_mtp.py)."""
     n, vec = BlockNames(f"blk.{i}."), vectors(t, device)
 
     def lin(parts: list[TensorInfo]) -> Linear:
         return Linear(parts, device, gemv, kernels=kernels)
-    if c.recurrent[i]:
+    if attn_slot is None and c.recurrent[i]:
         ba = [rows_of(t[n.ssm_ba], ba_order(c.ssm_v_heads, c.ssm_k_heads))] if c.fused_ba \
             else [t[n.ssm_beta], t[n.ssm_alpha]]
         mixer = Recurrent(lin([t[n.attn_qkv]]), lin([t[n.attn_gate], *ba]), vec(n.ssm_norm), lin([t[n.ssm_out]]),
@@ -106,7 +109,8 @@ def build_hybrid_layer(t: dict[str, TensorInfo], i: int, c: HybridConfig, device
     else:
         qr, gr = q_gate_rows(c.n_heads, c.head_dim)
         mixer = GatedAttention(lin([rows_of(t[n.attn_q], qr), t[n.attn_k], t[n.attn_v]]), lin([rows_of(t[n.attn_q], gr)]),
-                               vec(n.attn_q_norm), vec(n.attn_k_norm), lin([t[n.attn_output]]), c.attn_layers.index(i))
+                               vec(n.attn_q_norm), vec(n.attn_k_norm), lin([t[n.attn_output]]),
+                               c.attn_layers.index(i) if attn_slot is None else attn_slot)
     L = HybridLayer(vec(n.attn_norm), mixer, vec(n.post_attention_norm))
     if not c.is_moe:
         L.gate_up, L.down = lin([t[n.ffn_gate], t[n.ffn_up]]), lin([t[n.ffn_down]])

@@ -42,6 +42,8 @@ from .hybrid_layers import GatedAttention, HybridLayer, Recurrent
 
 if TYPE_CHECKING:
     from .gpu_hybrid import GPUHybridModel
+    from .hybrid_mtp import GPUHybridMTPHead
+    from ..kv_cache import KVCache
 
 
 def layer_weights(m: GPUHybridModel, R: Recurrent) -> DeltaNetWeights:
@@ -76,24 +78,25 @@ def recurrent_rows(m: GPUHybridModel, R: Recurrent, h: torch.Tensor, pos: torch.
     return R.out(gated_norm(m, o, z, R.norm, m.act_dtype))
 
 
-def _attention_q(m: GPUHybridModel, A: GatedAttention, qkv: torch.Tensor, pos: torch.Tensor,
-                 cache: GPUHybridCache) -> torch.Tensor:
+def _attention_q(m: GPUHybridModel | GPUHybridMTPHead, A: GatedAttention, qkv: torch.Tensor, pos: torch.Tensor,
+                 cache: KVCache) -> torch.Tensor:
     """q/k norms and rope of qkv [T, (H + 2 n_kv) hd], K/V written -> q [T, H, hd]."""
     c = m.cfg
     return qkv_rope(qkv, None, A.q_norm, A.k_norm, m.cos, m.sin, cache.k[A.slot], cache.v[A.slot], pos,
                     c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, True, rope_dim=c.rope_dim)
 
 
-def attention_rows(m: GPUHybridModel, A: GatedAttention, h: torch.Tensor, pos: torch.Tensor,
-                   cache: GPUHybridCache) -> torch.Tensor:
-    """A gated attention layer's W rows (h [W, D] normed) -> its output [W, D] fp32."""
+def attention_rows(m: GPUHybridModel | GPUHybridMTPHead, A: GatedAttention, h: torch.Tensor, pos: torch.Tensor,
+                   cache: KVCache) -> torch.Tensor:
+    """A gated attention layer's W rows (h [W, D] normed) -> its output [W, D] fp32. m: the
+    model or its MTP head (each has cfg, its rope tables cos / sin and act_dtype)."""
     q = _attention_q(m, A, A.qkv(h), pos, cache)                                # [W, H, hd]
     a = decode_attention(q, cache.k[A.slot], cache.v[A.slot], pos, cache.k.shape[2])   # [W, H*hd] fp32
     return A.o((a * torch.sigmoid(A.gate(h))).to(m.act_dtype))
 
 
-def ffn_rows(m: GPUHybridModel, L: HybridLayer, h: torch.Tensor) -> torch.Tensor:
-    """The FFN of W rows (h [W, D] normed) -> [W, D] fp32."""
+def ffn_rows(m: GPUHybridModel | GPUHybridMTPHead, L: HybridLayer, h: torch.Tensor) -> torch.Tensor:
+    """The FFN of W rows (h [W, D] normed) -> [W, D] fp32 (m: the model or its MTP head)."""
     act = m.act_dtype
     if L.moe is None:
         return L.down(silu_mul(L.gate_up(h), act))

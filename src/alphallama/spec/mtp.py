@@ -186,7 +186,8 @@ def make_mtp_drafter(engine, depth: int, min_p: float) -> MTPDrafter:
 
 def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
     """The MTP head of `hc` (arch.find_mtp_head) on the model's runtime: the reference
-    block beside the reference Transformer, the GPU block beside a GPUModel."""
+    block beside the reference Transformer (the hybrids' beside HybridTransformer), the GPU
+    block beside a GPUModel (the hybrids' beside GPUHybridModel)."""
     from ..model.mtp import MTPHead
     from ..model.qwen35 import HybridTransformer
     from ..model.qwen35_mtp import HybridMTPHead
@@ -195,9 +196,11 @@ def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
         head = MTPHead.load(head_file, hc, model, ctx_size)
     elif isinstance(model, HybridTransformer):   # the hybrids' own block (model/qwen35_mtp.py)
         head = HybridMTPHead.load(head_file, hc, model, ctx_size)
-    else:
+    else:                                        # the GPU runtime: GPUModel or GPUHybridModel
+        from ..runtime.gpu_hybrid import GPUHybridModel
         from ..runtime.gpu_mtp import GPUMTPHead
-        head = GPUMTPHead(model, head_file, hc, ctx_size)
+        from ..runtime.hybrid_mtp import GPUHybridMTPHead
+        head = (GPUHybridMTPHead if isinstance(model, GPUHybridModel) else GPUMTPHead)(model, head_file, hc, ctx_size)
     state = MTPState(head, ctx_size, tokenizer)
     prepare = getattr(head, "prepare", None)
     if prepare is not None:      # capture at load, as the model does, for the default depth
