@@ -7,12 +7,14 @@ device call: the Qwen3.6-35B-A3B-like shape (PRESETS["qwen36-35b-a3b"]: 16 key /
 - decode: rounds of W = 1 at increasing positions, ms a round;
 - verify: rounds of W = 4 / 8 / 16 (the verify kernel) and the commit of n = 1 and n = W
   rows (the engine's truncate: one deltanet_commit for every recurrent layer), ms each;
-- engine: 64 greedy tokens plain and with the n-gram drafter in exact mode (the same tokens
-  asked), tokens/s.
+- engine: 64 greedy tokens plain, with the n-gram drafter, the in-file MTP head
+  (runtime/hybrid_mtp.py: min-p 0 and no switch, so the head's chain runs every round, its
+  whole cost) and both (`mtp,ngram`: the policy, on the verify rounds' cost table timed once),
+  in exact mode: tokens/s, and each run's tokens against plain's.
 
     PYTHONUNBUFFERED=1 python bench/gpu_hybrid.py [--layers 8] [--experts 32]
     TRITON_INTERPRET=1 python bench/gpu_hybrid.py --device cpu --preset tiny-qwen35moe --layers 2 \
-        --experts 4 --prompt 70 --tokens 3 --reps 1 --widths 4
+        --experts 4 --mtp moe --prompt 70 --tokens 3 --reps 1 --widths 4
 
 (the second: a CPU smoke of the script). $OUT/gpu_hybrid-*.json.
 """
@@ -31,11 +33,12 @@ import torch
 from alphallama.bench.engine_bench import copy_bandwidth
 from alphallama.bench.hostinfo import host_state
 from alphallama.engine import Engine, Generation
-from alphallama.gguf.arch import load_config
+from alphallama.gguf.arch import find_mtp_head, load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.spec.config import SpecConfig
+from alphallama.spec.mtp import load_mtp_state
 from alphallama.tokenizer import Tokenizer
 
 
@@ -82,6 +85,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--widths", default="4,8,16", help="verify widths")
+    ap.add_argument("--mtp", default=None, choices=["dense", "moe", "none"],
+                    help="the file's MTP block (default: the preset's; the 35B-A3B-like one has one)")
     ap.add_argument("--file", default=None, help="the GGUF to write, or to reuse where it exists (kept: llama-bench reads it)")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -89,6 +94,8 @@ def main() -> None:
     kw = {"n_layers": args.layers}
     if args.experts:
         kw["n_experts"] = args.experts
+    if args.mtp is not None:
+        kw["mtp"] = None if args.mtp == "none" else args.mtp
     spec = PRESETS[args.preset](**kw)
     out: dict = {**host_state(), "commit": os.environ.get("GIT_COMMIT") or _git_head(), "preset": args.preset, "layers": args.layers,
                  "experts": spec.n_experts, "device": str(dev)}
@@ -147,11 +154,22 @@ def main() -> None:
                     cache.truncate(pos)                                       # the checkpoint's copies back
                 per[f"verify_ms_n{n}"], per[f"commit_ms_n{n}"] = 1e3 * tv / args.reps, 1e3 * tc / args.reps
             out["verify"][W] = per
-        engine = Engine(f, gpu, Tokenizer.from_metadata(f.metadata), None, ctx)
+        tokenizer = Tokenizer.from_metadata(f.metadata)
+        head = find_mtp_head(f, gpu.cfg)
+        t0 = time.perf_counter()
+        mtp = load_mtp_state(*head, gpu, ctx, tokenizer) if head is not None else None
+        engine = Engine(f, gpu, tokenizer, None, ctx, mtp=mtp)
         base = _toks(16, V, 2).tolist()
         prompt_ids = base * 4
+        specs = {"plain": None, "ngram": SpecConfig("ngram", 16, 2, gate=False)}
+        if mtp is not None:
+            out["mtp_head"] = {"kind": type(mtp.head).__name__, "load_s": time.perf_counter() - t0}
+            tables = tempfile.mkdtemp(dir=tmp)        # the policy's cost table: timed once, for mtp,ngram
+            for name in ("mtp", "mtp,ngram"):
+                specs[name] = SpecConfig(name, 16, 2, gate=False, mtp_min_p=0.0, mtp_switch=False,
+                                         cost_cache_dir=tables)
         runs = {}
-        for name, sc in (("plain", None), ("ngram", SpecConfig("ngram", 16, 2, gate=False))):
+        for name, sc in specs.items():
             engine.reset()
             g = Generation()
             toks = list(engine.generate(prompt_ids, args.tokens, gen=g, stop_ids=set(),
@@ -160,7 +178,11 @@ def main() -> None:
                           "prompt_ms": g.stats.prompt_ms, "rounds": g.stats.rounds,
                           "draft_n": g.stats.draft_n, "accepted": g.stats.draft_n_accepted}
         out["engine"] = {k: {x: y for x, y in v.items() if x != "tokens"} for k, v in runs.items()}
-        out["engine"]["same_tokens"] = runs["plain"]["tokens"] == runs["ngram"]["tokens"]
+        out["engine"]["same_tokens"] = all(r["tokens"] == runs["plain"]["tokens"] for r in runs.values())
+        for name, r in runs.items():
+            out["engine"][name]["same_as_plain"] = r["tokens"] == runs["plain"]["tokens"]
+        if mtp is not None:
+            out["mtp_head"]["capture_s"] = mtp.head.capture_s
     print(json.dumps(out, indent=1, default=str))
     dest = Path(os.environ.get("OUT", "."))
     name = f"gpu_hybrid-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -12,8 +12,8 @@ reference HybridTransformer: new_cache, forward, verify.
   the device; runtime/hybrid_cache.py).
 - On the GPU the rounds replay CUDA graphs captured per cache (runtime/hybrid_graphs.py: the
   step, and the verify round per width bucket; a prompt's 2..64 rows are a verify round
-  committed to all of them); elsewhere they run eagerly. The MTP head is not wired (the engine
-  runs a hybrid's MTP head on the reference model only).
+  committed to all of them); elsewhere they run eagerly. The in-file MTP head runs beside it
+  as runtime/hybrid_mtp.py's GPUHybridMTPHead (spec/mtp.py's load_mtp_state picks it).
 """
 from __future__ import annotations
 
