@@ -41,9 +41,9 @@ from .hybrid_cache import GPUHybridCache
 from .hybrid_layers import GatedAttention, HybridLayer, Recurrent
 
 if TYPE_CHECKING:
+    from ..kv_cache import KVCache
     from .gpu_hybrid import GPUHybridModel
     from .hybrid_mtp import GPUHybridMTPHead
-    from ..kv_cache import KVCache
 
 
 def layer_weights(m: GPUHybridModel, R: Recurrent) -> DeltaNetWeights:
