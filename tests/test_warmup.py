@@ -2,6 +2,8 @@
 that never warmed up, no prefix re-used from it, nothing learned kept but the cost table."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from alphallama.cli_run import resolve_model
@@ -14,8 +16,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _spec(tmp_path) -> SpecConfig:
-    # the embedded model has an MTP head: both drafters, the policy and the priced gate run
-    return SpecConfig("mtp,ngram", cost_cache_dir=str(tmp_path), cost_budget_s=0.05)
+    # the embedded model has an MTP head: both drafters, the policy and the priced gate run. The
+    # policy prices MTP's drafts by the head's measured ms: a clock that advances 0.5 ms a reading
+    # (not the wall's) gives the warm and the cold engine the same prices, so the same drafts
+    ticks = itertools.count()
+    return SpecConfig("mtp,ngram", cost_cache_dir=str(tmp_path), cost_budget_s=0.05, clock=lambda: 5e-4 * next(ticks))
 
 
 def test_a_request_after_the_warmup_is_what_it_is_without_one(tmp_path):

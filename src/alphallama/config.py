@@ -70,12 +70,9 @@ class TrainDefaults:
     held_out_fraction: float = 0.02   # of corpus files, chosen by content hash, never trained on
     corpus_mb: int = 160              # Python source taken (the stdlib whole, then site-packages)
     tokenizer_sample_mb: int = 24     # text the BPE is trained on
-    instruct_examples: int = 56000    # generated ChatML examples (edits + code-writing requests)
-    write_function_weight: int = 10   # code-writing requests per one of each edit kind: chat
-                                      # requests are what a user asks first. 56k at 10: ~33k requests
-                                      # as before, ~3.3k of each edit kind (was 5.5k at 72k / 6): edits,
-                                      # whose answers repeat their prompts, were 24% of the stream's
-                                      # characters (16% now), raw code 66% (73% now)
+    instruct_examples: int = 72000    # generated ChatML examples (edits + code-writing requests)
+    write_function_weight: int = 6    # code-writing requests per one of each edit kind (the shipped
+                                      # model's mix; 56k at 10, fewer edits, lost: lost-experiments.md)
     vocab_size: int = 12288
     ctx_len: int = 1024
     d_model: int = 512

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -52,6 +53,9 @@ class SpecConfig:
     cost_cache_dir: str = D.cost_cache_dir
     cost_budget_s: float = D.cost_budget_s
     memory: SpecMemory = field(default_factory=SpecMemory, compare=False, repr=False)
+    # what the policy times the MTP head's proposals by (their ms price its drafts): a test's
+    # deterministic clock makes two engines' decisions comparable
+    clock: Callable[[], float] = field(default=time.perf_counter, compare=False, repr=False)
 
     def validate(self) -> None:
         if self.spec_type != AUTO and self.spec_type not in SPEC_TYPES:
@@ -138,7 +142,7 @@ class SpecConfig:
         if not (policy or switched or gate.on):
             return mtp or copy
         _, mem = self.memory.for_engine(engine, not self.fast)
-        return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules(), switch=self.mtp_switch)
+        return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules(), switch=self.mtp_switch, clock=self.clock)
 
 
 def _mtp(cfg: SpecConfig, engine) -> Drafter:
