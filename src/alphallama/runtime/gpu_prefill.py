@@ -74,11 +74,13 @@ def shared_units(L, scratch: Scratch) -> list:
     return [] if sh is None else scratch.units(sh.gate_up.weights) + scratch.units(sh.down.weights)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
-                      out_dtype: torch.dtype, scale: float | None = None, window: int = 0) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int, out_dtype: torch.dtype,
+                      scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, hd] (rows at pos..pos+T-1), k/v [n_kv, max_len, hd] with rows 0..pos+T-1
     written -> [T, H * hd] in out_dtype. Row t sees keys 0..pos+t; with window > 0 (a
-    sliding-window layer) only keys pos+t-window < j <= pos+t. scale: of q.k (None: 1/sqrt(hd))."""
+    sliding-window layer) only keys pos+t-window < j <= pos+t. scale: of q.k (None: 1/sqrt(hd)).
+    sinks [H] fp32 (gpt-oss): each head's sink logit joins the softmax's denominator, as a
+    key 0 before the real ones that every row sees, whose value is zero (_with_sink_key)."""
     T, H, hd = q.shape
     n_kv, L = k.shape[0], pos + T
     dt = k.dtype if q.is_cuda else torch.float32          # fp16 tensor cores; fp32 on CPU
@@ -87,17 +89,47 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
     qh = q.transpose(0, 1).to(dt)[None]                          # [1, H, T, hd]
     kk = k[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
     vv = v[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
+    lead = 0                                                     # keys before the real ones
+    if sinks is not None:     # (the scale then named: SDPA's default would be the wider head's)
+        scale = hd ** -0.5 if scale is None else scale
+        qh, kk, vv = _with_sink_key(qh, kk, vv, sinks, scale)
+        lead = 1
     if window and pos + T > window:     # some row's window starts past key 0: an explicit mask
         p = pos + torch.arange(T, device=q.device)[:, None]                     # [T, 1] each row's position
-        j = torch.arange(L, device=q.device)[None, :]                           # [1, L]
-        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=(j <= p) & (p - j < window), scale=scale)
-    elif pos == 0:
+        j = torch.arange(-lead, L, device=q.device)[None, :]                    # [1, lead + L]
+        mask = ((j <= p) & (p - j < window)) | (j < 0)                          # the sink key: every row's
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=mask, scale=scale)
+    elif pos == 0 and not lead:
         o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True, scale=scale)  # [1, H, T, hd]
     else:
-        # is_causal aligns the triangle top-left; with a prefix it sits bottom-right,
-        # which the flash kernel takes as such (an explicit mask would rule flash out)
-        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, L), scale=scale)
-    return o[0].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
+        # is_causal aligns the triangle top-left; with a prefix (or the sink key) it sits
+        # bottom-right, which the flash kernel takes as such (an explicit mask would rule flash out)
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, lead + L), scale=scale)
+    return o[0, :, :, :hd].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
+
+
+SINK_PAD = 8   # head-dim columns the sink key adds (the fused kernels take multiples of 8)
+
+
+def _with_sink_key(qh: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, sinks: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([1, H, T, hd], [1, H, L, hd] x2) -> the same with SINK_PAD more columns and one key
+    first: q's new columns (1, 1, 0, ...), the real keys' zeros (their scores unchanged: + 0),
+    the sink key's (hi, lo, 0, ...) with hi + lo = sinks[h] / scale split in the inputs' type
+    (fp16: one rounding would be ~1e-3 of the logit), so its score after the scale is the sink
+    logit; its value is zero, so it adds exp(sink) to the denominator only."""
+    _, H, T, hd = qh.shape
+    s = (sinks.double() / scale).view(H, 1)                                     # [H, 1]
+    hi = s.to(qh.dtype)
+    lo = (s - hi.double()).to(qh.dtype)
+    ones = torch.zeros(1, H, T, SINK_PAD, dtype=qh.dtype, device=qh.device)
+    ones[..., :2] = 1
+    sink_k = torch.zeros(1, H, 1, hd + SINK_PAD, dtype=qh.dtype, device=qh.device)
+    sink_k[0, :, 0, hd:hd + 2] = torch.cat([hi, lo], 1)
+    pad = kk.new_zeros(1, H, kk.shape[2], SINK_PAD)
+    kk = torch.cat([sink_k, torch.cat([kk, pad], 3)], 2)                        # [1, H, 1 + L, hd + 8]
+    vv = torch.cat([torch.zeros_like(sink_k), torch.cat([vv, pad], 3)], 2)      # [1, H, 1 + L, hd + 8]
+    return torch.cat([qh, ones], 3), kk, vv                                     # q: [1, H, T, hd + 8]
 
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
