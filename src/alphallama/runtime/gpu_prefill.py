@@ -38,8 +38,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ..kernels.norm.rmsnorm import add_rmsnorm
 from ..kernels.attention.rope import qkv_rope
-from ..kernels.activations.silu import silu_mul
-from ..kernels.moe.route import moe_route
+from ..kernels.activations.silu import GATED
 from ..kernels.moe.moe_gemm import moe_prefill
 from .round import post_norm, query_temperature, softcap
 from .scratch import Scratch
@@ -137,9 +136,10 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
     moe_gemm.moe_prefill (moe.prefill_fused: no host sync); an expert store's (or prefill_fused off)
     through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
-    weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
+    weights, experts = moe.route(logits)                                       # [T, k] each
     if moe_fused(moe):
-        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down)
+        biases = None if moe.gate_up_bias is None else (moe.gate_up_bias, moe.down_bias)
+        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down, biases=biases, act=moe.act)
     return moe_loop(moe, h, weights, experts, scratch)
 
 
@@ -170,10 +170,15 @@ def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     y = torch.empty(T * moe.top_k, ws[0][1].N, dtype=torch.float32, device=h.device)  # [T * k, D]
     units = [(scratch.units([gu], cache=False), scratch.units([dn], cache=False)) for gu, dn in ws]
     scratch.expect([u for gu_dn in units for part in gu_dn for u in part])
+    gated = GATED[moe.gating.act]
     for e, (gu_units, dn_units) in zip(hit, units):
         pairs = order[starts[e]:starts[e] + counts[e]]                         # [n] (row, slot) pairs
         gu = scratch.gemm(h[pairs // moe.top_k], gu_units)                     # [n, 2F]
-        y[pairs] = scratch.gemm(silu_mul(gu, scratch.dtype), dn_units)         # [n, D]
+        if moe.gate_up_bias is not None:                                       # gpt-oss's biases
+            gu = gu + moe.gate_up_bias[e]
+        y[pairs] = scratch.gemm(gated.plain(gu, scratch.dtype), dn_units)      # [n, D]
+        if moe.down_bias is not None:
+            y[pairs] += moe.down_bias[e]
     return (y.view(T, moe.top_k, -1) * weights[:, :, None]).sum(1)            # [T, D]
 
 
@@ -189,7 +194,8 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         h = add_rmsnorm(x, None, m.layers[0].attn_norm, c.norm_eps, act)                 # [T, D]
     else:
         L = m.layers[i - 1]
-        o = post_norm(m, gemm_linear(L.o, a, s), L.post_attn_norm)                       # [T, D]
+        o = gemm_linear(L.o, a, s)                                                       # [T, D]
+        o = post_norm(m, o if L.o_bias is None else o + L.o_bias, L.post_attn_norm)
         h = add_rmsnorm(x, o, L.ffn_norm, c.norm_eps, act)                               # x += o(a)
         if L.moe is not None:
             d = moe_grouped(L.moe, h, s, rows_per_thread)                                 # [T, D]
@@ -277,7 +283,7 @@ class ChunkGraphs:
         # reference back would make a cycle that only the cyclic collector frees, resetting
         # the graphs wherever it runs, inside another capture too (runtime/capture.py)
         self.n_layers, self.cache, self.logits, self.T = len(m.layers), cache, logits, T
-        self.scale, self.windows = m.attn_scale, m.windows
+        self.scale, self.windows, self.sinks = m.attn_scale, m.windows, [L.sinks for L in m.layers]
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
         self.pos = torch.full((1,), pos, dtype=torch.int32, device=m.device)  # warm-up writes K/V rows the chunk owns
         self.a = torch.zeros(T, c.n_heads * c.head_dim, dtype=m.scratch.dtype, device=m.device)  # [T, H*hd]
@@ -306,7 +312,7 @@ class ChunkGraphs:
         for i in range(self.n_layers):
             self.replays[i]()
             self.a.copy_(prefill_attention(self.outs[i], self.cache.k[i], self.cache.v[i], pos, self.a.dtype,
-                                           self.scale, self.windows[i]))
+                                           self.scale, self.windows[i], self.sinks[i]))
         self.replays[-1]()
         logits = self.outs[-1]
         return (logits.clone() if logits is not None else None), self.x.clone()
@@ -367,5 +373,6 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
     a = None
     for i in range(len(m.layers)):
         q = _segment(m, i, x, a, pos_t, cache, logits, rows_per_thread)     # [T, H, hd]
-        a = prefill_attention(q, cache.k[i], cache.v[i], pos, s.dtype, m.attn_scale, m.windows[i])   # [T, H*hd]
+        a = prefill_attention(q, cache.k[i], cache.v[i], pos, s.dtype, m.attn_scale, m.windows[i],
+                              m.layers[i].sinks)                                                 # [T, H*hd]
     return _segment(m, len(m.layers), x, a, pos_t, cache, logits, rows_per_thread), x
