@@ -93,3 +93,23 @@ def test_prefill_attention_sinks(pos, T, window):
     ref = attention(q, k[:, :pos + T].float(), v[:, :pos + T].float(), pos, SCALE, window, sinks)   # [T, H*16]
     torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
     assert (attention(q, k[:, :pos + T].float(), v[:, :pos + T].float(), pos, SCALE, window) - ref).abs().max() > 0.1
+
+
+def compile_sinks() -> None:
+    """The combine with sinks for sm_90 (gpt-oss-120b: 64 heads of 64), plain and with the o
+    projection's int8 activations."""
+    from tests.kernels.sm90 import compile_sm90
+    blocks = {"BLOCK_N": A.BLOCK_N, "MAX_SPLITS": A.MAX_SPLITS, "WINDOW": 128, "SINKS": True,
+              "XF": None, "XK": None, "DXK": None, "XL": None, "Q8K": False, "ROWS": 0}
+    compile_sm90(A._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "*i32"] + ["i32"] * 4 + ["*fp32"],
+                 dict(N_HEADS=64, HD=64, XP1=None, XS1=None, NQ=0, SLOT1=32, V1=4, BITS1=4, PDL=False, **blocks),
+                 num_warps=A.COMBINE_WARPS, fp_fusion=True, divisible_ints=True)
+    compile_sm90(A._attn_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "*i32"] + ["i32"] * 4
+                 + ["*i8", "*i32", "*fp32"],
+                 dict(N_HEADS=64, HD=64, NQ=1, SLOT1=32, V1=4, BITS1=4, PDL=True, **blocks),
+                 num_warps=A.COMBINE_WARPS, divisible_ints=True)
+
+
+def test_sink_kernels_compile_for_sm90():
+    from tests.kernels.sm90 import run_in_child
+    run_in_child("test_attention_sinks", "compile_sinks", timeout=600)

@@ -19,6 +19,7 @@ from alphallama.kernels.moe.moe_f32 import moe_down, moe_down_ref, moe_gate_up, 
 from alphallama.kernels.moe.moe_gemm import moe_prefill  # noqa: E402
 from alphallama.kernels.moe.route import moe_route  # noqa: E402
 from alphallama.model.layers import swiglu_oai  # noqa: E402
+from tests.kernels.sm90 import run_in_child  # noqa: E402
 from alphallama.gguf.quants import QUANTS  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -101,3 +102,36 @@ def test_dense_swiglu_oai_launches():
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     q8_out, q8 = swiglu_oai_mul_q8(gu.to(DEV), torch.float32, ((32, 4, 4),))
     assert torch.equal(q8_out.cpu(), out) and len(q8) == 1
+
+
+def compile_oai() -> None:
+    """gpt-oss's kernel variants for sm_90 (MXFP4 experts of gpt-oss-120b's sizes: D 2880, F 2880,
+    128 experts, top 4): the route with the bias and the softmax after top-k, the decode GEMVs
+    and the prefill's grouped GEMM with biases and swiglu_oai, the dense swiglu_oai launch."""
+    from alphallama.kernels.activations import silu
+    from alphallama.kernels.formats.qweight import format_of
+    from alphallama.kernels.moe import moe_f32, moe_gemm, route
+    from tests.kernels.sm90 import compile_sm90 as build
+
+    f, K = format_of(T.MXFP4), 2880
+    dt = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
+    planes = {n: dt[p.dtype] for n, p in f.pack(torch.zeros((1, K // f.block_size, f.type_size),
+                                                            dtype=torch.uint8)).items()}
+    args = [planes.get(n, planes["qs"]) for n in ("qs", "qh", "sc", "sd")]   # absent planes: qs
+    fmt = dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P)
+    build(route._route_kernel, ["*fp32", "*fp32", "*i32", "i32", "*fp32"],
+          dict(TOP_K=4, BLOCK_E=128, BLOCK_K=4, NORM=False, PDL=False, HAS_BIAS=True, AFTER=True), num_warps=route.ROUTE_WARPS)
+    build(moe_f32._gate_up_kernel, ["*bf16", "*bf16", "*i32", "*i32", *args, *args, "i32", "i32", "i32", "*fp32"],
+          dict(TOP_K=4, TABLE=True, BN=8, NT=32, HAS_BIAS=True, ACT=silu.ACT_IDS["swiglu_oai"], **fmt))
+    build(moe_f32._down_part_kernel, ["*bf16", "*fp32", "*i32", "*i32", *args, *args, "i32", "i32", "*fp32"],
+          dict(TABLE=True, BN=8, NT=32, HAS_BIAS=True, **fmt))
+    build(moe_gemm._moe_gemm_kernel, ["*bf16", "*bf16", "*i32", "*i32", "*i32", *args,
+                                      "i32", "i32", "i32", "i32", "i32", "i32", "*fp32"],
+          dict(TOP_K=4, GATHER=True, GATED=True, PREC="tf32", BM=32, BN=64, NT=64 // f.slot, HAS_BIAS=True,
+               ACT=silu.ACT_IDS["swiglu_oai"], **fmt))
+    build(silu._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"],
+          {"F": 2880, "BLOCK": 1024, "NQ": 1, "SLOT1": 32, "V1": 4, "BITS1": 4, "ACT": silu.ACT_IDS["swiglu_oai"]})
+
+
+def test_oai_kernels_compile_for_sm90():
+    run_in_child("test_moe_oai", "compile_oai", timeout=600)
