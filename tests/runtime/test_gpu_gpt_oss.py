@@ -122,3 +122,17 @@ def test_prompt_and_greedy_steps_through_the_rounds(model):
     _, ref, gpu = model
     toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(1))
     follows_reference(ref, gpu, toks, CTX, alone_from=3, steps=2)
+
+
+def test_expert_store_keeps_the_biases(model, run):
+    """With an expert store (2 bank slots of 4 experts; the CPU workers off: biased experts are
+    outside the contract) the prefill chunk (moe_loop: each hit expert from its slot or the host
+    tier) and the decode round (the fp32 kernels through the table) follow the reference."""
+    f, _, _ = model
+    toks, lr, _, _ = run
+    m = GPUModel(f, CTX, device=DEV, expert_slots=2, cpu_tier=True, overrides=Overrides(attention_tiles=(16, 4)))
+    assert m.cpu_tier is None and m.store is not None
+    cache = m.new_cache(CTX)
+    chunk = m.forward(toks[:PROMPT], 0, cache)[0].clone()
+    rnd = m.forward(toks[PROMPT:], PROMPT, cache)[0].clone()
+    torch.testing.assert_close(torch.cat([chunk, rnd]).cpu(), lr, atol=TOL * lr.abs().max().item(), rtol=0)
