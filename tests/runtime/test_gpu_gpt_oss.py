@@ -91,7 +91,7 @@ def test_chunk_and_round_follow_the_reference(model, run):
     toks, lr, lg, _ = run
     atol = TOL * lr.abs().max().item()
     err = [(lg[r] - lr[r]).abs().max().item() / atol for r in (slice(0, PROMPT), slice(PROMPT, None))]
-    assert max(err) < 1, err      # (measured: chunk, round)
+    assert max(err) < 1, err      # (measured: 0.004, 0.15 of it)
     # (tensors dropped, flags changed, the least distance of the control in units of atol in the
     # chunk and in the round; measured: chunk, round)
     controls = [(("attn_sinks.weight",), {}, 2),                    # 13, 3.2: the sinks
