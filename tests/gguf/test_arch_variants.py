@@ -27,7 +27,8 @@ ON_GPU = ("tiny-llama31", "tiny-llama-yarn", "tiny-llama-linear",   # rope scali
           "tiny-phi3",                                                # longrope, fused projections
           "tiny-mistral3",                                            # the query temperature (round.query_temperature)
           "tiny-qwen2moe",                                            # the shared expert (runtime/shared_expert.py)
-          "tiny-gemma3")    # windows, own rope base, post norms, GeGLU, scales, softcap (test_gpu_gemma3.py)
+          "tiny-gemma3",    # windows, own rope base, post norms, GeGLU, scales, softcap (test_gpu_gemma3.py)
+          "tiny-gpt-oss")   # sinks, biases, swiglu_oai, its gating (test_gpu_gpt_oss.py)
 
 
 def _meta(**keys) -> Meta:

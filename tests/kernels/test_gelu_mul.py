@@ -35,7 +35,7 @@ def compile_gelu() -> None:
     from alphallama.kernels.activations import silu
     from tests.kernels.sm90 import compile_sm90
     compile_sm90(silu._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"],
-                 {"F": 21504, "BLOCK": 1024, "NQ": 1, "SLOT1": 32, "V1": 4, "BITS1": 4, "GELU": True})
+                 {"F": 21504, "BLOCK": 1024, "NQ": 1, "SLOT1": 32, "V1": 4, "BITS1": 4, "ACT": silu.ACT_IDS["gelu"]})
 
 
 def test_gelu_compiles_for_sm90():

@@ -22,7 +22,7 @@ from alphallama.runtime.gpu_model import GPUModel
 
 ARCH_PRESETS = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "qwen3moe": "tiny-qwen3moe",
                 "qwen2moe": "tiny-qwen2moe", "mistral3": "tiny-mistral3",
-                "phi3": "tiny-phi3", "gemma3": "tiny-gemma3"}
+                "phi3": "tiny-phi3", "gemma3": "tiny-gemma3", "gpt-oss": "tiny-gpt-oss"}
 CTX = 256
 
 
@@ -56,7 +56,10 @@ def _held_bytes(m: GPUModel) -> tuple[int, int]:
     dense = embd + sum(qw(w) for w in m.output.weights) + m.output_norm.numel() * 4
     experts = 0
     for L in m.layers:
-        vecs = [L.attn_norm, L.ffn_norm, L.qkv_bias, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm]
+        vecs = [L.attn_norm, L.ffn_norm, L.qkv_bias, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm,
+                L.sinks, L.o_bias]
+        if L.moe is not None:                       # gpt-oss: the router's and the experts' biases
+            vecs += [L.moe.router_bias, L.moe.gate_up_bias, L.moe.down_bias]
         dense += sum(v.numel() * 4 for v in vecs if v is not None)
         dense += sum(qw(w) for lin in (L.qkv, L.o, L.gate_up, L.down) if lin is not None for w in lin.weights)
         if L.shared is not None:

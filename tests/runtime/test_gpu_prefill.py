@@ -247,7 +247,7 @@ def test_moe_prefill_takes_the_fused_path(tmp_path_factory, monkeypatch):
     assert gpu.layers[0].moe.prefill_fused and gp.capturable(gpu.layers[0])
     calls = []
     real = gp.moe_prefill
-    monkeypatch.setattr(gp, "moe_prefill", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(gp, "moe_prefill", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     toks = torch.randint(0, gpu.cfg.vocab_size, (N1,), generator=torch.Generator().manual_seed(5))
     _, hf = gpu.forward(toks, 0, gpu.new_cache(CTX), logits=False)
     hf = hf.clone()

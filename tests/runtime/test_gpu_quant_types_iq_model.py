@@ -5,7 +5,7 @@ equals its rows run alone (exact mode).
 
   IQ3_XXS   an IQ3_XXS-style mix: IQ3_XXS attention and ffn, IQ4_XS v, Q3_K down (llama)
   rest      IQ2_XXS / IQ2_XS / IQ2_S / IQ3_S / IQ1_S / IQ1_M / TQ1_0 / TQ2_0, one tensor each (llama)
-  MXFP4     gpt-oss's expert type: MXFP4 routed experts (qwen3moe; gpt-oss itself is not on the GPU)
+  MXFP4     gpt-oss's expert type: MXFP4 routed experts (qwen3moe; gpt-oss itself: test_gpu_gpt_oss.py)
 """
 from __future__ import annotations
 

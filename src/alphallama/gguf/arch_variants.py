@@ -223,13 +223,14 @@ def global_tensors(cfg) -> dict[str, tuple[int, ...]]:
 
 
 def gpu_departures(cfg) -> list[str]:
-    """What the GPU runtime (runtime/gpu_model.py) does not implement for this model."""
+    """What the GPU runtime (runtime/gpu_model.py) does not implement for this model. Every
+    flag above runs there now (gpt-oss's sinks, o bias, pre-FFN norm, swiglu_oai, gating and
+    expert biases included: decisions/architectures.md); what a new flag value would need:"""
     v = cfg.variant
-    # dense FFNs: SiLU or GELU (kernels/activations/silu.GATED); the MoE kernels: SiLU only
-    acts = ("silu",) if cfg.is_moe else ("silu", "gelu")
-    checks = [(v.attn_sinks, "attention sinks"), (v.attn_out_bias, "attention output bias"),
-              (v.ffn_norm != "ffn_norm", f"pre-FFN norm {v.ffn_norm}"), (v.ffn_act not in acts, f"{v.ffn_act} FFN"),
-              (v.moe_gating != "softmax", f"{v.moe_gating} expert gating"), (v.expert_bias, "expert biases")]
+    # the gated activations of kernels/activations/silu.ACT_IDS (dense FFNs and the MoE kernels
+    # alike); the gatings of kernels/moe/route.py
+    checks = [(v.ffn_act not in ("silu", "gelu", "swiglu_oai"), f"{v.ffn_act} FFN"),
+              (v.moe_gating not in ("softmax", "softmax_weight"), f"{v.moe_gating} expert gating")]
     return [what for bad, what in checks if bad]
 
 

@@ -99,12 +99,13 @@ class GPUModel:
         self._fuse_q8 = (o.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts); not with post
-        # norms (gemma3): those normalize o's and down's whole outputs before the residual add
+        # norms (gemma3): those normalize o's and down's whole outputs before the residual add,
+        # nor with o's bias (gpt-oss): added to o's whole output (round.branch_out)
         v = cfg.variant
-        split = o.gemv_split and gemv == "i8" and not v.post_norms
+        split = o.gemv_split and gemv == "i8" and not v.post_norms and not v.attn_out_bias
         if v.ffn_act not in GATED:
             raise NotImplementedError(f"the GPU runtime has no {v.ffn_act} FFN")
-        self.gated = GATED[v.ffn_act]         # the dense FFN's gated activation (SiLU, or GeGLU: gemma3)
+        self.gated = GATED[v.ffn_act]         # the dense FFN's gated activation (SiLU, GeGLU: gemma3, swiglu_oai)
         # Q4_K dense weights on the tensor cores (Linear; emulated under the interpreter)
         mma = None
         if o.gemv_mma and gemv == "i8":
@@ -118,7 +119,11 @@ class GPUModel:
             if progress is not None:
                 progress(f"layer {i}", 0)
         self.cpu_tier = None
-        if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
+        # (experts with biases or another activation than SiLU: outside the expert contract, moe.Gating)
+        plain = all(L.moe.gating.plain for L in self.layers if L.moe is not None)
+        if self.store is not None and not plain and progress is not None:
+            progress("CPU expert workers off: the experts' biases / activation are outside the contract", 0)
+        if self.store is not None and plain and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
             self.cpu_tier = start_cpu_tier(self.store, cfg.d_model, cfg.n_experts_used, MAX_W, self.device,
                                            cpu_threads, DEFAULTS.offload.cpu_share, progress)
         if self.store is not None and self.store.mapped and self.cpu_tier is None:

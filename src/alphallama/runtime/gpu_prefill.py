@@ -38,8 +38,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ..kernels.norm.rmsnorm import add_rmsnorm
 from ..kernels.attention.rope import qkv_rope
-from ..kernels.activations.silu import silu_mul
-from ..kernels.moe.route import moe_route
+from ..kernels.activations.silu import GATED
 from ..kernels.moe.moe_gemm import moe_prefill
 from .round import post_norm, query_temperature, softcap
 from .scratch import Scratch
@@ -74,11 +73,13 @@ def shared_units(L, scratch: Scratch) -> list:
     return [] if sh is None else scratch.units(sh.gate_up.weights) + scratch.units(sh.down.weights)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
-                      out_dtype: torch.dtype, scale: float | None = None, window: int = 0) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int, out_dtype: torch.dtype,
+                      scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, hd] (rows at pos..pos+T-1), k/v [n_kv, max_len, hd] with rows 0..pos+T-1
     written -> [T, H * hd] in out_dtype. Row t sees keys 0..pos+t; with window > 0 (a
-    sliding-window layer) only keys pos+t-window < j <= pos+t. scale: of q.k (None: 1/sqrt(hd))."""
+    sliding-window layer) only keys pos+t-window < j <= pos+t. scale: of q.k (None: 1/sqrt(hd)).
+    sinks [H] fp32 (gpt-oss): each head's sink logit joins the softmax's denominator, as a
+    key 0 before the real ones that every row sees, whose value is zero (_with_sink_key)."""
     T, H, hd = q.shape
     n_kv, L = k.shape[0], pos + T
     dt = k.dtype if q.is_cuda else torch.float32          # fp16 tensor cores; fp32 on CPU
@@ -87,17 +88,47 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: in
     qh = q.transpose(0, 1).to(dt)[None]                          # [1, H, T, hd]
     kk = k[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
     vv = v[:, :L].to(dt).repeat_interleave(H // n_kv, 0)[None]   # [1, H, L, hd]
+    lead = 0                                                     # keys before the real ones
+    if sinks is not None:     # (the scale then named: SDPA's default would be the wider head's)
+        scale = hd ** -0.5 if scale is None else scale
+        qh, kk, vv = _with_sink_key(qh, kk, vv, sinks, scale)
+        lead = 1
     if window and pos + T > window:     # some row's window starts past key 0: an explicit mask
         p = pos + torch.arange(T, device=q.device)[:, None]                     # [T, 1] each row's position
-        j = torch.arange(L, device=q.device)[None, :]                           # [1, L]
-        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=(j <= p) & (p - j < window), scale=scale)
-    elif pos == 0:
+        j = torch.arange(-lead, L, device=q.device)[None, :]                    # [1, lead + L]
+        mask = ((j <= p) & (p - j < window)) | (j < 0)                          # the sink key: every row's
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=mask, scale=scale)
+    elif pos == 0 and not lead:
         o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True, scale=scale)  # [1, H, T, hd]
     else:
-        # is_causal aligns the triangle top-left; with a prefix it sits bottom-right,
-        # which the flash kernel takes as such (an explicit mask would rule flash out)
-        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, L), scale=scale)
-    return o[0].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
+        # is_causal aligns the triangle top-left; with a prefix (or the sink key) it sits
+        # bottom-right, which the flash kernel takes as such (an explicit mask would rule flash out)
+        o = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=causal_lower_right(T, lead + L), scale=scale)
+    return o[0, :, :, :hd].transpose(0, 1).reshape(T, H * hd).to(out_dtype)  # [T, H*hd]
+
+
+SINK_PAD = 8   # head-dim columns the sink key adds (the fused kernels take multiples of 8)
+
+
+def _with_sink_key(qh: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, sinks: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([1, H, T, hd], [1, H, L, hd] x2) -> the same with SINK_PAD more columns and one key
+    first: q's new columns (1, 1, 0, ...), the real keys' zeros (their scores unchanged: + 0),
+    the sink key's (hi, lo, 0, ...) with hi + lo = sinks[h] / scale split in the inputs' type
+    (fp16: one rounding would be ~1e-3 of the logit), so its score after the scale is the sink
+    logit; its value is zero, so it adds exp(sink) to the denominator only."""
+    _, H, T, hd = qh.shape
+    s = (sinks.double() / scale).view(H, 1)                                     # [H, 1]
+    hi = s.to(qh.dtype)
+    lo = (s - hi.double()).to(qh.dtype)
+    ones = torch.zeros(1, H, T, SINK_PAD, dtype=qh.dtype, device=qh.device)
+    ones[..., :2] = 1
+    sink_k = torch.zeros(1, H, 1, hd + SINK_PAD, dtype=qh.dtype, device=qh.device)
+    sink_k[0, :, 0, hd:hd + 2] = torch.cat([hi, lo], 1)
+    pad = kk.new_zeros(1, H, kk.shape[2], SINK_PAD)
+    kk = torch.cat([sink_k, torch.cat([kk, pad], 3)], 2)                        # [1, H, 1 + L, hd + 8]
+    vv = torch.cat([torch.zeros_like(sink_k), torch.cat([vv, pad], 3)], 2)      # [1, H, 1 + L, hd + 8]
+    return torch.cat([qh, ones], 3), kk, vv                                     # q: [1, H, T, hd + 8]
 
 
 def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) -> torch.Tensor:
@@ -105,9 +136,10 @@ def moe_grouped(moe, h: torch.Tensor, scratch: Scratch, rows_per_thread: int) ->
     moe_gemm.moe_prefill (moe.prefill_fused: no host sync); an expert store's (or prefill_fused off)
     through moe_loop, one expert at a time from the scratch."""
     logits = qmatmul(h, moe.router, rows_per_thread=rows_per_thread)           # [T, E]
-    weights, experts = moe_route(logits, moe.top_k, moe.norm)                  # [T, k] each
+    weights, experts = moe.route(logits)                                       # [T, k] each
     if moe_fused(moe):
-        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down)
+        biases = None if moe.gate_up_bias is None else (moe.gate_up_bias, moe.down_bias)
+        return moe_prefill(h.to(scratch.dtype), weights, experts, moe.gate_up, moe.down, biases=biases, act=moe.act)
     return moe_loop(moe, h, weights, experts, scratch)
 
 
@@ -138,10 +170,15 @@ def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     y = torch.empty(T * moe.top_k, ws[0][1].N, dtype=torch.float32, device=h.device)  # [T * k, D]
     units = [(scratch.units([gu], cache=False), scratch.units([dn], cache=False)) for gu, dn in ws]
     scratch.expect([u for gu_dn in units for part in gu_dn for u in part])
+    gated = GATED[moe.gating.act]
     for e, (gu_units, dn_units) in zip(hit, units):
         pairs = order[starts[e]:starts[e] + counts[e]]                         # [n] (row, slot) pairs
         gu = scratch.gemm(h[pairs // moe.top_k], gu_units)                     # [n, 2F]
-        y[pairs] = scratch.gemm(silu_mul(gu, scratch.dtype), dn_units)         # [n, D]
+        if moe.gate_up_bias is not None:                                       # gpt-oss's biases
+            gu = gu + moe.gate_up_bias[e]
+        y[pairs] = scratch.gemm(gated.plain(gu, scratch.dtype), dn_units)      # [n, D]
+        if moe.down_bias is not None:
+            y[pairs] += moe.down_bias[e]
     return (y.view(T, moe.top_k, -1) * weights[:, :, None]).sum(1)            # [T, D]
 
 
@@ -157,7 +194,8 @@ def _segment(m, i: int, x: torch.Tensor, a: torch.Tensor | None, pos_t: torch.Te
         h = add_rmsnorm(x, None, m.layers[0].attn_norm, c.norm_eps, act)                 # [T, D]
     else:
         L = m.layers[i - 1]
-        o = post_norm(m, gemm_linear(L.o, a, s), L.post_attn_norm)                       # [T, D]
+        o = gemm_linear(L.o, a, s)                                                       # [T, D]
+        o = post_norm(m, o if L.o_bias is None else o + L.o_bias, L.post_attn_norm)
         h = add_rmsnorm(x, o, L.ffn_norm, c.norm_eps, act)                               # x += o(a)
         if L.moe is not None:
             d = moe_grouped(L.moe, h, s, rows_per_thread)                                 # [T, D]
@@ -245,7 +283,7 @@ class ChunkGraphs:
         # reference back would make a cycle that only the cyclic collector frees, resetting
         # the graphs wherever it runs, inside another capture too (runtime/capture.py)
         self.n_layers, self.cache, self.logits, self.T = len(m.layers), cache, logits, T
-        self.scale, self.windows = m.attn_scale, m.windows
+        self.scale, self.windows, self.sinks = m.attn_scale, m.windows, [L.sinks for L in m.layers]
         self.x = torch.zeros(T, c.d_model, dtype=torch.float32, device=m.device)               # [T, D]
         self.pos = torch.full((1,), pos, dtype=torch.int32, device=m.device)  # warm-up writes K/V rows the chunk owns
         self.a = torch.zeros(T, c.n_heads * c.head_dim, dtype=m.scratch.dtype, device=m.device)  # [T, H*hd]
@@ -274,7 +312,7 @@ class ChunkGraphs:
         for i in range(self.n_layers):
             self.replays[i]()
             self.a.copy_(prefill_attention(self.outs[i], self.cache.k[i], self.cache.v[i], pos, self.a.dtype,
-                                           self.scale, self.windows[i]))
+                                           self.scale, self.windows[i], self.sinks[i]))
         self.replays[-1]()
         logits = self.outs[-1]
         return (logits.clone() if logits is not None else None), self.x.clone()
@@ -335,5 +373,6 @@ def prefill_rows(m, tokens: torch.Tensor, pos: int, cache, logits: bool,
     a = None
     for i in range(len(m.layers)):
         q = _segment(m, i, x, a, pos_t, cache, logits, rows_per_thread)     # [T, H, hd]
-        a = prefill_attention(q, cache.k[i], cache.v[i], pos, s.dtype, m.attn_scale, m.windows[i])   # [T, H*hd]
+        a = prefill_attention(q, cache.k[i], cache.v[i], pos, s.dtype, m.attn_scale, m.windows[i],
+                              m.layers[i].sinks)                                                 # [T, H*hd]
     return _segment(m, len(m.layers), x, a, pos_t, cache, logits, rows_per_thread), x

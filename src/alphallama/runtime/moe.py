@@ -1,11 +1,20 @@
 """MoE: a layer's routed experts, resident or in an expert store's tiers (offload/store.py
-says where each is read; offload/cpu_tier.py whether the CPU workers take the host ones)."""
+says where each is read; offload/cpu_tier.py whether the CPU workers take the host ones).
+
+gpt-oss's experts (Gating): a bias on the router's logits, the softmax over the k chosen
+logits, a bias on every expert's gate, up and down, and the clamped swiglu_oai. The fp32
+kernels take them (moe_f32, moe_gemm for prefill chunks); the int8 kernels and the expert
+contract (the CPU workers) do not yet, so such a layer runs on the fp32 kernels (its MXFP4
+experts have no int8 form anyway) and its store's host tier is read over PCIe."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..gguf.reader import TensorInfo
 from ..kernels.formats.qweight import QuantWeight
+from ..kernels.activations.silu import ACT_IDS
 from ..kernels.gemv.qmatmul import qmatmul
 from ..kernels.gemv.qmatvec_i8 import prepare_i8
 from ..kernels.gemv.registry import ROWS_PER_THREAD
@@ -18,6 +27,19 @@ from ..offload.store import ExpertStore, Tiers, pack_experts
 from .overrides import PRODUCT
 
 
+@dataclass(frozen=True)
+class Gating:
+    """What a layer's routing and experts add to the base (softmax over all E, SiLU, no bias)."""
+    act: str = "silu"                    # Variant.ffn_act (activations.silu.ACT_IDS)
+    after: bool = False                  # softmax over the k chosen logits (Variant.moe_gating softmax_weight)
+    biases: tuple | None = None          # (router [E], gate|up [E, 2F], down [E, D]) fp32 on the device
+
+    @property
+    def plain(self) -> bool:
+        """The experts are the base's: SiLU, no biases (the int8 kernels and the expert contract)."""
+        return self.act == "silu" and self.biases is None
+
+
 class MoE:
     """Routed experts: router [E, D] (F32 in GGUF files, through qmatmul: row-invariant,
     unlike a cuBLAS GEMM whose kernel may change with W), gate|up fused along N per
@@ -26,8 +48,10 @@ class MoE:
 
     def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo, top_k: int,
                  norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
-                 prefill_fused: bool = PRODUCT.moe_prefill_fused):
+                 prefill_fused: bool = PRODUCT.moe_prefill_fused, gating: Gating = Gating()):
         E = gate.shape[0]
+        self.gating, self.act = gating, ACT_IDS[gating.act]
+        self.router_bias, self.gate_up_bias, self.down_bias = gating.biases or (None, None, None)
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
         # for the norm that computes the logits itself (engine.norm_router)
@@ -46,7 +70,7 @@ class MoE:
         # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe/moe_i8.py), the layer's
         # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
-        self.i8 = gemv == "i8" and moe_i8_ok(gu, dn)
+        self.i8 = gemv == "i8" and moe_i8_ok(gu, dn) and gating.plain
         self._orders = (moe_i8_order(gu),) if self.i8 else ()
         # what one row reads: the router and k of the E experts
         self.nbytes = self.router.nbytes + expert_bytes * top_k // E
@@ -81,12 +105,19 @@ class MoE:
         logits = qmatmul(h, self.router, rows_per_thread=ROWS_PER_THREAD)        # [W, E]
         t = self.tiers(h.shape[0])
         # with a store the ids also land in its record of the round (its admission policy)
-        weights, experts = moe_route(logits, self.top_k, self.norm, experts_out=t.routes)   # [W, k] each
+        weights, experts = self.route(logits, t.routes)                         # [W, k] each
         if self.link is not None:   # the expert contract: the CPU takes host pairs, same bits as the GPU
             return moe_q8(h, weights, experts, t.gate_up, t.down, t.bank_gate_up, t.bank_down, t.table,
                           self.layer, self.link)
-        act = moe_gate_up(h, t.gate_up, experts, act_dtype, ROWS_PER_THREAD, t.table, t.bank_gate_up)  # [W, k, F]
-        return moe_down(act, t.down, experts, weights, ROWS_PER_THREAD, t.table, t.bank_down)
+        act = moe_gate_up(h, t.gate_up, experts, act_dtype, ROWS_PER_THREAD, t.table, t.bank_gate_up,
+                          self.gate_up_bias, self.act)                                                 # [W, k, F]
+        return moe_down(act, t.down, experts, weights, ROWS_PER_THREAD, t.table, t.bank_down, self.down_bias)
+
+    def route(self, logits: torch.Tensor, experts_out: torch.Tensor | None = None,
+              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's logits [W, E] -> (weights, expert ids) [W, k]: the layer's gating."""
+        return moe_route(logits, self.top_k, self.norm, experts_out=experts_out, pdl=pdl, bias=self.router_bias,
+                         after=self.gating.after)
 
     def tiers(self, W: int) -> Tiers:
         """Where a round of W rows reads this layer's experts."""
@@ -98,7 +129,7 @@ class MoE:
                     q8: dict | None, pdl: bool, combine: bool) -> "torch.Tensor | MoEParts":
         x8 = (q8 or {}).get(self._orders[0])
         t = self.tiers(h.shape[0])
-        weights, experts = moe_route(logits, self.top_k, self.norm, experts_out=t.routes, pdl=pdl)   # [W, k] each
+        weights, experts = self.route(logits, t.routes, pdl)                   # [W, k] each
         x8 = x8 or prepare_i8(h, t.gate_up.expert(0), pdl)
         act = moe_gate_up_i8(x8, t.gate_up, experts, act_dtype, t.table, t.bank_gate_up, pdl)        # [W, k, F]
         return moe_down_i8(act, t.down, experts, weights, t.table, t.bank_down, pdl, combine)

@@ -6,14 +6,15 @@ add takes is decided once per width (RoundPlan, from each Linear's plan:
 kernels/gemv/registry.py); `rows` only reads it:
 
     embed (x sqrt(d): gemma) -> per layer: [add+RMSNorm] -> qkv GEMV -> bias/qk-norm/RoPE/KV write
-          (-> q temperature) -> split-KV attention (a sliding window on gemma3's SWA layers)
-          -> o GEMV (-> post norm) -> [add+RMSNorm (+ the router's logits)]
+          (-> q temperature) -> split-KV attention (a sliding window on SWA layers, gpt-oss's sinks)
+          -> o GEMV (+ bias: gpt-oss) (-> post norm) -> [add+RMSNorm (+ the router's logits)]
           -> gate|up GEMV -> SiLU*up or GELU*up -> down GEMV (or the MoE layer, + its shared expert)
           (-> post norm) -> ... -> [add+RMSNorm] -> output GEMV (-> softcap)
 
 A layer with post norms (gemma3) normalizes o's and the FFN's whole outputs before their
 residual adds: no add in o's epilogue (norm_router), no partial-sum runs (gpu_model turns
-the split off), the norm after them takes the normalized branch as its y.
+the split off), the norm after them takes the normalized branch as its y. An o bias
+(gpt-oss) likewise: o's whole output plus the bias is the norm's y (branch_out).
 """
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def plan_round(m: "GPUModel", W: int) -> RoundPlan:
         lanes = tuple(o for o in o_in if o != Q8K)[:1] or \
             ((Q8K,) if Q8K in o_in and c.head_dim == 128 and c.n_heads % 2 == 0 else ())
         mo = L.moe
-        router = (m.norm_router and mo is not None and mo.i8 and mo.link is None
-                  and mo.router_rows is not None and fuse and L.o.adds(W) and L.post_attn_norm is None)
+        router = (m.norm_router and mo is not None and mo.i8 and mo.link is None and mo.router_rows is not None
+                  and fuse and L.o.adds(W) and L.post_attn_norm is None and L.o_bias is None)
         nxt = m.layers[i + 1].qkv if i + 1 < len(m.layers) else m.output
         layers.append(LayerStep(
             attention=lanes if fuse else (), norm_router=router, o_runs=router and L.o.runs(W) > 1,
@@ -88,6 +89,16 @@ def post_norm(m: "GPUModel", y: torch.Tensor, w: torch.Tensor | None, pdl: bool 
     """A branch's output y [W, D] fp32 before its residual add: rmsnorm(y) * w (gemma3's
     post_attention_norm / post_ffw_norm), fp32; y itself where the layer has none."""
     return y if w is None else add_rmsnorm(y, None, w, m.cfg.norm_eps, torch.float32, pdl)
+
+
+def branch_out(m: "GPUModel", lin, bias: torch.Tensor | None, post: torch.Tensor | None, a: torch.Tensor,
+               q8: dict | None, pdl: bool = False):
+    """A branch's output before its residual add: lin(a) [W, D] (+ bias) (-> post norm); its
+    runs (Linear.parts) for the norm to add where there is neither."""
+    if bias is None and post is None:
+        return lin.parts(a, q8, pdl)
+    y = lin(a, q8, pdl)
+    return post_norm(m, y if bias is None else y + bias, post, pdl)
 
 
 def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -120,15 +131,16 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
                      c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox, pdl)   # [W, H, hd]
         if m.q_temp is not None:
             q = query_temperature(q, pos, *m.q_temp)
-        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i], "tiles": m.attn_tiles}
+        att = {"early": m.early_kv, "scale": m.attn_scale, "window": m.windows[i], "tiles": m.attn_tiles,
+               "sinks": L.sinks}
         if s.attention:
             a, q8 = decode_attention_q8(q, cache.k[i], cache.v[i], pos, act, s.attention, pdl, **att)   # [W, H*hd]
         else:
             a, q8 = decode_attention(q, cache.k[i], cache.v[i], pos, kv_len, act, pdl, **att), None
         logits = None
-        if L.post_attn_norm is not None:      # x += rmsnorm(o(a)) * w_post, then the FFN norm
-            h, q8 = _norm(m, x, post_norm(m, L.o(a, q8, pdl), L.post_attn_norm, pdl), L.ffn_norm, s.ffn_norm)
-        elif s.norm_router:         # x += o(a) in the GEMV; one launch: the norm and the router's logits
+        if not s.norm_router:       # x += o(a) (+ bias) (-> its post norm), then the FFN norm
+            h, q8 = _norm(m, x, branch_out(m, L.o, L.o_bias, L.post_attn_norm, a, q8, pdl), L.ffn_norm, s.ffn_norm)
+        else:         # x += o(a) in the GEMV; one launch: the norm and the router's logits
             parts, x_in = None, x
             if s.o_runs:          # o's runs, added by the norm into a new residual tensor
                 parts, x = L.o.parts(a, q8, pdl), torch.empty_like(x)
@@ -137,8 +149,6 @@ def rows(m: "GPUModel", tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache)
             x_out = x if parts is not None else None
             h, q8, logits = rmsnorm_router_q8(x_in, L.ffn_norm, L.moe.router_rows, c.norm_eps, act,
                                               s.ffn_norm, pdl, parts, x_out)   # [W, D], q8, [W, E]
-        else:
-            h, q8 = _norm(m, x, L.o.parts(a, q8, pdl), L.ffn_norm, s.ffn_norm)   # x += o(a)
         if L.moe is not None:     # [W, D], or its ranks unsummed for the next norm (combine_in_norm)
             d = L.moe(h, act, q8, pdl, logits=logits,
                       combine=not m.combine_in_norm or L.shared is not None or L.post_ffn_norm is not None)

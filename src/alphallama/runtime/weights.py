@@ -14,7 +14,7 @@ from ..kernels.formats.qweight import QuantWeight, embedding_planes
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels, MmaChoice
 from ..offload.store import ExpertStore
 from .linear import Linear
-from .moe import MoE
+from .moe import Gating, MoE
 from .overrides import PRODUCT, Overrides
 from .shared_expert import SharedExpert
 
@@ -56,6 +56,8 @@ class GPULayer:
     shared: SharedExpert | None = None   # beside the routed experts (qwen2moe)
     post_attn_norm: torch.Tensor | None = None   # gemma3: rmsnorm of o(a) and of the FFN's output,
     post_ffn_norm: torch.Tensor | None = None    # each before its residual add (Variant.post_norms)
+    sinks: torch.Tensor | None = None            # gpt-oss: [H] fp32, a sink logit a head (Variant.attn_sinks)
+    o_bias: torch.Tensor | None = None           # gpt-oss: [D] fp32, o's bias (Variant.attn_out_bias)
 
     @property
     def nbytes(self) -> int:
@@ -93,8 +95,14 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
     vec, v = vectors(t, device), cfg.variant
     experts = None
     if moe:
+        biases = None
+        if v.expert_bias:       # gpt-oss: the router's [E], gate|up's [E, 2F] (as the fused weight's rows), down's [E, D]
+            biases = (vec(n.bias("ffn_gate_inp")),
+                      torch.cat([vec(n.bias("ffn_gate_exps")), vec(n.bias("ffn_up_exps"))], 1),
+                      vec(n.bias("ffn_down_exps")))
         experts = MoE(t[n.ffn_gate_inp], *(t[x] for x in n.experts), cfg.n_experts_used, cfg.norm_topk_prob,
-                      device, store, layer, moe_gemv, o.moe_prefill_fused)
+                      device, store, layer, moe_gemv, o.moe_prefill_fused,
+                      Gating(v.ffn_act, v.moe_gating == "softmax_weight", biases))
 
     def lin(names, split_runs: bool = False) -> Linear:
         return Linear([t[x] for x in names], device, gemv, split=split_runs, mma=mma, kernels=kernels,
@@ -106,11 +114,13 @@ def build_layer(t: dict[str, TensorInfo], n: BlockNames, cfg: ModelConfig, devic
         q_norm=vec(n.attn_q_norm) if cfg.qk_norm else None,
         k_norm=vec(n.attn_k_norm) if cfg.qk_norm else None,
         o=lin([n.attn_output], split),
-        ffn_norm=vec(n.ffn_norm),
+        ffn_norm=vec(getattr(n, v.ffn_norm)),                                 # gpt-oss: post_attention_norm
         gate_up=None if moe else lin([n.ffn_up] if v.fused_gate_up else [n.ffn_gate, n.ffn_up]),   # phi3: [gate; up]
         down=None if moe else lin([n.ffn_down], split),
         moe=experts,
         post_attn_norm=vec(n.post_attention_norm) if v.post_norms else None,
         post_ffn_norm=vec(n.post_ffw_norm) if v.post_norms else None,
+        sinks=vec(n.attn_sinks) if v.attn_sinks else None,
+        o_bias=vec(n.bias("attn_output")) if v.attn_out_bias else None,
         shared=SharedExpert(lin([n.ffn_gate_shexp, n.ffn_up_shexp]), lin([n.ffn_down_shexp]), t[n.ffn_gate_inp_shexp],
                             device) if moe and v.shared_expert_ff else None)

@@ -29,6 +29,11 @@ lo = max(0, L - WINDOW) .. L-1. The splits then cover those n = L - lo keys as a
 lo: split(n), boundaries lo + s * split(n), the combine's live set cdiv(n, split(n)): still
 functions of the row's own L (and the layer's window, a constexpr) alone. WINDOW = 0 is
 the code without a window (the same integer arithmetic, lo = 0: the same bits).
+
+Attention sinks (SINKS, gpt-oss): one more logit per query head, sinks[h], with no value,
+joins the softmax's denominator. The splits do not see it; the combine takes it as one
+more term: m = max(m_s..., sink), out = sum_s w_s o_s / (sum_s w_s l_s + exp(sink - m)),
+w_s = exp(m_s - m). A constant per head: a row's bits still depend on its own L alone.
 """
 from __future__ import annotations
 
@@ -177,10 +182,11 @@ def _split_partials(Q, K, V, O, M, L, row, kvh, s, length, first, scale,
 def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os, stride_outw,
                   N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                   XP1, XS1, NQ: tl.constexpr, SLOT1: tl.constexpr, V1: tl.constexpr, BITS1: tl.constexpr,
-                  WINDOW: tl.constexpr = 0):
+                  WINDOW: tl.constexpr = 0, SINK=None, SINKS: tl.constexpr = False):
     """One (row, head): its live splits in one [MAX_SPLITS, HD] tile. Dead splits were never
     written; they are masked to exact zeros, so the fixed reduction tree (a constexpr shape)
-    adds exactly the live partials, and which splits are live depends on L alone."""
+    adds exactly the live partials, and which splits are live depends on L alone.
+    SINKS: the head's sink logit SINK[h] joins the maximum and the denominator."""
     n_keys = _span(length, WINDOW)[1]
     n_live = tl.cdiv(n_keys, _split_size(n_keys, BLOCK_N, MAX_SPLITS))
     s = tl.arange(0, MAX_SPLITS)
@@ -192,8 +198,13 @@ def _combine_head(O, M, L, OUT, row, h, length, stride_ow, stride_oh, stride_os,
     o_s = tl.load(O + row * stride_ow + h * stride_oh + s[:, None] * stride_os + d[None, :],
                   mask=live[:, None], other=0.0)                                      # [MAX_SPLITS, HD]
     m = tl.max(m_s, 0)
+    if SINKS:
+        sink = tl.load(SINK + h)
+        m = tl.maximum(m, sink)
     w = tl.where(live, tl.exp(m_s - m), 0.0)
     l_sum = tl.sum(l_s * w, 0)
+    if SINKS:
+        l_sum += tl.exp(sink - m)
     acc = tl.sum(o_s * w[:, None], 0)                                                 # [HD]
     out = (acc / l_sum).to(OUT.dtype.element_ty)
     tl.store(OUT + row * stride_outw + h * HD + d, out)
@@ -237,10 +248,12 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
                          N_HEADS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                          XP1=None, XS1=None, NQ: tl.constexpr = 0, SLOT1: tl.constexpr = 32, V1: tl.constexpr = 4,
                          BITS1: tl.constexpr = 4, PDL: tl.constexpr = False, Q8K: tl.constexpr = False,
-                         XF=None, XK=None, DXK=None, XL=None, WINDOW: tl.constexpr = 0, ROWS: tl.constexpr = 0):
+                         XF=None, XK=None, DXK=None, XL=None, WINDOW: tl.constexpr = 0, ROWS: tl.constexpr = 0,
+                         SINK=None, SINKS: tl.constexpr = False):
     """Q8K: a program combines the two heads of one 256-value super-block (HD 128), each as
     alone (the same ops: the same bits), and emits their q8_K activations (qgemv_mma.emit_q8k).
-    ROWS > 0: pos_ptr is a row table (rows.py), the row's length its position + 1."""
+    ROWS > 0: pos_ptr is a row table (rows.py), the row's length its position + 1.
+    SINKS: SINK [N_HEADS] fp32, each head's sink logit (_combine_head)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     if ROWS:
@@ -251,20 +264,20 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
         tl.static_assert(HD == 128, "q8_K activations from the combine: two heads of 128 a super-block")
         h0 = tl.program_id(1) * 2
         a = _combine_head(O, M, L, OUT, row, h0, length, stride_ow, stride_oh, stride_os, stride_outw,
-                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1, WINDOW)
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1, WINDOW, SINK, SINKS)
         b = _combine_head(O, M, L, OUT, row, h0 + 1, length, stride_ow, stride_oh, stride_os, stride_outw,
-                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1, WINDOW)
+                          N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, 0, SLOT1, V1, BITS1, WINDOW, SINK, SINKS)
         ab = tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * HD,)).to(tl.float32)   # head h0, then h0 + 1
         emit_q8k(ab, h0 * HD, row.to(tl.int64), XF, XK, DXK, XL, N_HEADS * HD)
     else:
         _combine_head(O, M, L, OUT, row, tl.program_id(1), length, stride_ow, stride_oh, stride_os, stride_outw,
-                      N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1, WINDOW)
+                      N_HEADS, HD, BLOCK_N, MAX_SPLITS, XP1, XS1, NQ, SLOT1, V1, BITS1, WINDOW, SINK, SINKS)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                      max_len: int, out_dtype: torch.dtype = torch.float32, pdl: bool = False,
                      early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
-                     window: int = 0) -> torch.Tensor:
+                     window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [W, n_heads, hd] (fp32 or fp16); k_cache/v_cache: [n_kv, max_len, hd] fp16 holding
     the rows up to pos+W-1; pos: int32 [1] on the device (a graph input), or a row table
     int32 [3, R >= W] (rows.py: the rows of several streams, each its own position and KV base).
@@ -273,24 +286,25 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Two launches: split, combine. early: the split launch loads the rows below pos before
     its PDL wait (_split_partials says when that is valid); the same bits either way.
     tiles: (BLOCK_N, MAX_SPLITS). scale: of q.k (None: 1/sqrt(hd)); window > 0: a row of
-    length L sees keys max(0, L - window) .. L-1 only (sliding-window layers)."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early, tiles, scale, window)[0]
+    length L sees keys max(0, L - window) .. L-1 only (sliding-window layers). sinks [n_heads]
+    fp32: each head's sink logit in the softmax's denominator (gpt-oss)."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, (), pdl, early, tiles, scale, window, sinks)[0]
 
 
 def decode_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                         out_dtype: torch.dtype, orders: tuple, pdl: bool = False,
                         early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
-                        window: int = 0) -> tuple[torch.Tensor, dict]:
+                        window: int = 0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """decode_attention, and the int8 activations of its output in (at most) one lane
     order, made by the combine (bit for bit prepare_i8 of the output; the launch that
     combines is compiled without fp fusion, as the quantization needs). early: as in
-    decode_attention, and so are scale and window. -> (out, {order: q8})."""
-    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early, tiles, scale, window)
+    decode_attention, and so are scale, window and sinks. -> (out, {order: q8})."""
+    return _attention(q, k_cache, v_cache, pos, out_dtype, tuple(orders), pdl, early, tiles, scale, window, sinks)
 
 
 def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                early: bool = False, tiles: Tiles = TILES, scale: float | None = None,
-               window: int = 0) -> tuple[torch.Tensor, dict]:
+               window: int = 0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     BLOCK_N, MAX_SPLITS = tiles
     W, n_heads, hd = q.shape
     if orders and (hd % 32 or len(orders) > 1):
@@ -309,6 +323,10 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
         q8[order] = xp, xsd = new_q8(W, n_heads * hd, order, q.device)
         qargs = {"XP1": xp.view(torch.int8), "XS1": xsd, "NQ": 1, "SLOT1": order[0], "V1": order[1],
                  "BITS1": order[2], "enable_fp_fusion": False}
+    if sinks is not None:
+        if tuple(sinks.shape) != (n_heads,) or sinks.dtype != torch.float32:
+            raise ValueError(f"sinks must be fp32 [{n_heads}], got {sinks.dtype} {tuple(sinks.shape)}")
+        qargs = qargs | {"SINK": sinks, "SINKS": True}
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv
     o = torch.empty(W, n_heads, MAX_SPLITS, hd, device=q.device, dtype=torch.float32)   # [W, H, S, hd]
@@ -331,7 +349,8 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
 
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int,
-                         scale: float | None = None, window: int = 0) -> torch.Tensor:
+                         scale: float | None = None, window: int = 0,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch reference (float64): same contract as decode_attention."""
     W, n_heads, hd = q.shape
     group = n_heads // k_cache.shape[0]
@@ -342,6 +361,10 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k = k_cache[:, lo:L].double().repeat_interleave(group, 0)           # [H, L - lo, hd]
         v = v_cache[:, lo:L].double().repeat_interleave(group, 0)
         sc = q[r].double()[:, None, :] @ k.transpose(1, 2)                   # [H, 1, L - lo]
-        p = torch.softmax(sc / hd ** 0.5 if scale is None else sc * scale, -1)
+        sc = sc / hd ** 0.5 if scale is None else sc * scale
+        if sinks is not None:                        # one more logit a head, no value
+            sc = torch.cat([sc, sinks.double()[:, None, None]], -1)          # [H, 1, L - lo + 1]
+            v = torch.cat([v, v.new_zeros(n_heads, 1, hd)], 1)
+        p = torch.softmax(sc, -1)
         out.append((p @ v).reshape(-1))
     return torch.stack(out).float()

@@ -5,6 +5,10 @@
     down:    for every (row, rank): act_j @ down[e_j]^T -> [W, k, D]; then for every row
              the sum over ranks j of weight_j * that, in rank order        -> [W, D]
 
+gpt-oss's experts: a bias per expert on gate, up ([E, 2F]: gate|up's rows) and down ([E, D]),
+added to each (row, rank) pair's sums before the activation and before the weighted sum, and
+the activation a constexpr (activations/silu.gated: SiLU, or the clamped swiglu_oai).
+
 Nothing leaves the device (expert ids are read by the kernels from a device tensor),
 so the layer is captured in the round's CUDA graph like the dense FFN.
 
@@ -29,12 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ...model.layers import ACTIVATIONS
+from ..activations.silu import ACT_IDS, gated
 from ..pdl import pdl_start
 from ..gemv.qmatmul import ROWS_PER_THREAD, row_fma, tile
 from ..backend import use_triton
 from ..formats.qweight import QuantWeight
 
 NUM_WARPS = 4
+ACT_NAMES = {i: name for name, i in ACT_IDS.items()}   # the references' activations (model/layers.py)
 MoEParts = tuple[torch.Tensor, torch.Tensor]    # (part [W, k, D] fp32, weights [W, k] fp32): moe_down_i8(combine=False)
 
 
@@ -77,11 +84,13 @@ def _gate_up_rows(x_row, qs, qh, sc, sd, row_g, F, one, n_slots: tl.constexpr, L
 @triton.jit(do_not_specialize=["one"])
 def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, stride_xw, one,
                     TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
-                    FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+                    FIELD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr,
+                    BIAS=None, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
     """Program (pair, n block): pair = row * TOP_K + rank. The weight is gate|up fused
     along N, [E, 2F, K]: gate rows e * 2F + n, up rows e * 2F + F + n. With TABLE, the
     planes b* are the bank [S, 2F, K] and expert e sits in slot table[e] (>= 0) or in
-    the host planes (< 0): one branch or the other, the same arithmetic."""
+    the host planes (< 0): one branch or the other, the same arithmetic. HAS_BIAS: BIAS
+    [E, 2F] fp32 (gate's then up's) added to the sums; ACT: silu.gated's activation."""
     n_fb = tl.cdiv(F, BN)
     pair = tl.program_id(0) // n_fb
     n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)  # [BN]
@@ -100,7 +109,10 @@ def _gate_up_kernel(x, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, 
         g, u = _gate_up_rows(x_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, FIELD, V, P, BN, NT)
     g = tl.sum(tl.sum(g, axis=2), axis=0)  # [BN]
     u = tl.sum(tl.sum(u, axis=2), axis=0)
-    y = g / (1.0 + tl.exp(-g)) * u         # silu(gate) * up, as fused.silu_mul
+    if HAS_BIAS:
+        g += tl.load(BIAS + e * 2 * F + n_out, mask=n_out < F, other=0.0)
+        u += tl.load(BIAS + e * 2 * F + F + n_out, mask=n_out < F, other=0.0)
+    y = gated(g, u, ACT)                   # silu(gate) * up (as silu_mul), or swiglu_oai
     tl.store(out + pair.to(tl.int64) * F + n_out, y.to(out.dtype.element_ty), mask=n_out < F)
 
 
@@ -134,38 +146,46 @@ def _resolve(w: QuantWeight, table: torch.Tensor | None, bank: QuantWeight | Non
 
 def moe_gate_up(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
                 out_dtype: torch.dtype = torch.float32, rows_per_thread: int = ROWS_PER_THREAD,
-                table: torch.Tensor | None = None, bank: QuantWeight | None = None) -> torch.Tensor:
+                table: torch.Tensor | None = None, bank: QuantWeight | None = None,
+                bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
     """x [W, K] (bf16/fp32), gate_up [E, 2F, K] (gate rows then up rows per expert),
     experts [W, k] int32 -> silu(x @ gate[e]^T) * (x @ up[e]^T) [W, k, F] in out_dtype.
     rows_per_thread is part of the summation order (qmatmul.tile). With table [E] int32
     and bank [S, 2F, K]: expert e is read from bank slot table[e] when >= 0, else from
-    gate_up (the host tier)."""
+    gate_up (the host tier). bias [E, 2F] fp32: added to gate's and up's sums (gpt-oss);
+    act: activations.silu.ACT_IDS' id of the activation in silu's place."""
     if len(gate_up.shape) != 3 or gate_up.N % 2 or x.shape[1] != gate_up.K:
         raise ValueError(f"x {tuple(x.shape)} does not match a fused gate|up weight {gate_up.shape}")
     check_bank(gate_up, table, bank)
     W, k = experts.shape
     F = gate_up.N // 2
+    if bias is not None and tuple(bias.shape) != (gate_up.shape[0], 2 * F):
+        raise ValueError(f"gate|up bias {tuple(bias.shape)} does not match the experts {gate_up.shape}")
     if not use_triton(x):
-        return moe_gate_up_ref(x, _resolve(gate_up, table, bank), experts).to(out_dtype)
+        return moe_gate_up_ref(x, _resolve(gate_up, table, bank), experts, bias, act).to(out_dtype)
     x = x if x.stride(1) == 1 else x.contiguous()
     experts = experts.contiguous()
     out = torch.empty((W, k, F), dtype=out_dtype, device=x.device)  # [W, k, F]
     BN, NT, num_warps = tile(gate_up, rows_per_thread, num_warps=NUM_WARPS)
     fmt = gate_up.fmt
+    extra = {} if bias is None and not act else {"BIAS": bias, "HAS_BIAS": bias is not None, "ACT": act}
     _gate_up_kernel[(W * k * triton.cdiv(F, BN),)](
         x, out, experts, *bank_args(gate_up, table, bank), F, x.stride(0), 1, TOP_K=k, TABLE=table is not None,
         n_slots=gate_up.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V, P=fmt.P, BN=BN, NT=NT,
-        num_warps=num_warps, enable_fp_fusion=False)
+        num_warps=num_warps, enable_fp_fusion=False, **extra)
     return out
 
 
-def moe_gate_up_ref(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor) -> torch.Tensor:
-    """Plain torch, fp32 from the planes: [W, k, F]."""
-    gu = gate_up.dequantize()                                # [E, 2F, K]
+def moe_gate_up_ref(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
+                    bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+    """Plain torch, fp32 from the planes: [W, k, F] (float64 where x is)."""
+    gu = gate_up.dequantize().to(x.dtype if x.dtype == torch.float64 else torch.float32)   # [E, 2F, K]
     F = gu.shape[1] // 2
     w = gu[experts.long()]                                   # [W, k, 2F, K]
-    y = torch.einsum("wk,wjnk->wjn", x.float(), w)           # [W, k, 2F]
-    return torch.nn.functional.silu(y[..., :F]) * y[..., F:]
+    y = torch.einsum("wk,wjnk->wjn", x.to(w.dtype), w)       # [W, k, 2F]
+    if bias is not None:
+        y = y + bias.to(y.dtype)[experts.long()]             # [W, k, 2F]
+    return ACTIVATIONS[ACT_NAMES[act]](y[..., :F], y[..., F:])
 
 
 # -- down projection + weighted sum over the selected experts -------------------------------
@@ -175,10 +195,12 @@ BD_COMBINE = 256        # output values per program of the rank sum
 @triton.jit(do_not_specialize=["one"])
 def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
                       TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr,
-                      V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+                      V: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr,
+                      BIAS=None, HAS_BIAS: tl.constexpr = False):
     """Program (pair, n block), pair = row * TOP_K + rank: one expert's GEMV of BN
-    output rows, reduced to [BN] and stored unweighted. The ranks of a row run side by
-    side (W * TOP_K * N / BN programs); the weighted sum is down_combine_kernel's."""
+    output rows, reduced to [BN] (+ the expert's bias row, BIAS [E, N], with HAS_BIAS) and
+    stored unweighted. The ranks of a row run side by side (W * TOP_K * N / BN programs);
+    the weighted sum is down_combine_kernel's."""
     n_nb = tl.cdiv(N, BN)
     pair = (tl.program_id(0) // n_nb).to(tl.int64)
     n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)  # [BN]
@@ -197,7 +219,10 @@ def _down_part_kernel(act, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, 
     else:
         acc = _acc_row(tl.zeros([NT, BN, V], tl.float32), a_row, qs, qh, sc, sd, e * N + nn, one,
                        n_slots, LOAD, FIELD, V, P, NT)
-    tl.store(part + pair * N + n_out, tl.sum(tl.sum(acc, axis=2), axis=0), mask=n_out < N)  # [BN]
+    y = tl.sum(tl.sum(acc, axis=2), axis=0)                                       # [BN]
+    if HAS_BIAS:
+        y += tl.load(BIAS + e * N + n_out, mask=n_out < N, other=0.0)
+    tl.store(part + pair * N + n_out, y, mask=n_out < N)
 
 
 @triton.jit
@@ -225,18 +250,21 @@ def down_combine_kernel(part, weights, out, N, TOP_K: tl.constexpr, BD: tl.const
 
 def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
              rows_per_thread: int = ROWS_PER_THREAD, table: torch.Tensor | None = None,
-             bank: QuantWeight | None = None) -> torch.Tensor:
+             bank: QuantWeight | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """act [W, k, F] (bf16/fp32), down [E, D, F], experts [W, k] int32, weights [W, k]
     fp32 -> sum_j weights[:, j] * (act[:, j] @ down[experts[:, j]]^T): [W, D] fp32.
     table/bank: as moe_gate_up. Two launches: every (row, rank, n block) GEMV in
-    parallel into a [W, k, D] fp32 buffer, then the weighted sum over the ranks."""
+    parallel into a [W, k, D] fp32 buffer, then the weighted sum over the ranks.
+    bias [E, D] fp32: expert e's added to its GEMV before the weighting (gpt-oss)."""
     W, k, F = act.shape
     if len(down.shape) != 3 or down.K != F or experts.shape != (W, k) or weights.shape != (W, k):
         raise ValueError(f"act {tuple(act.shape)}, experts {tuple(experts.shape)}, weights "
                          f"{tuple(weights.shape)} do not match the down weight {down.shape}")
     check_bank(down, table, bank)
+    if bias is not None and tuple(bias.shape) != (down.shape[0], down.N):
+        raise ValueError(f"down bias {tuple(bias.shape)} does not match the experts {down.shape}")
     if not use_triton(act):
-        return moe_down_ref(act, _resolve(down, table, bank), experts, weights)
+        return moe_down_ref(act, _resolve(down, table, bank), experts, weights, bias)
     D = down.N
     part = torch.empty((W, k, D), dtype=torch.float32, device=act.device)  # [W, k, D]
     out = torch.empty((W, D), dtype=torch.float32, device=act.device)      # [W, D]
@@ -245,14 +273,20 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
     _down_part_kernel[(W * k * triton.cdiv(D, BN),)](
         act.contiguous(), part, experts.contiguous(), *bank_args(down, table, bank), D, 1,
         TABLE=table is not None, n_slots=down.n_slots, LOAD=fmt.triton_load, FIELD=fmt.triton_field, V=fmt.V,
-        P=fmt.P, BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False)
+        P=fmt.P, BN=BN, NT=NT, num_warps=num_warps, enable_fp_fusion=False,
+        **({} if bias is None else {"BIAS": bias, "HAS_BIAS": True}))
     down_combine_kernel[(W * triton.cdiv(D, BD_COMBINE),)](
         part, weights.float().contiguous(), out, D, TOP_K=k, BD=BD_COMBINE, num_warps=2, enable_fp_fusion=False)
     return out
 
 
-def moe_down_ref(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Plain torch, fp32 from the planes: [W, D]."""
-    w = down.dequantize()[experts.long()]                    # [W, k, D, F]
-    y = torch.einsum("wjf,wjdf->wjd", act.float(), w)        # [W, k, D]
-    return (y * weights.float()[..., None]).sum(1)
+def moe_down_ref(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain torch, fp32 from the planes: [W, D] (float64 where act is)."""
+    dt = torch.float64 if act.dtype == torch.float64 else torch.float32
+    w = down.dequantize().to(dt)[experts.long()]             # [W, k, D, F]
+    y = torch.einsum("wjf,wjdf->wjd", act.to(dt), w)         # [W, k, D]
+    if bias is not None:
+        y = y + bias.to(dt)[experts.long()]                  # [W, k, D]
+    return (y * weights.to(dt)[..., None]).sum(1)
+

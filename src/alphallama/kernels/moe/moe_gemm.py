@@ -15,6 +15,9 @@ silu(gate) * up stored per padded slot. down ([E, D, F]) reads those rows in pla
 stores each real pair's row at the pair's index; the k ranks of a row are then summed
 in rank order (moe_prefill): every value written once, no atomics: deterministic.
 
+gpt-oss: BIAS rows per expert ([E, 2F] gate|up's, [E, D] down's) added to the block's sums,
+and the activation a constexpr (activations/silu.gated: SiLU or swiglu_oai).
+
 Not row-invariant (the block a pair lands in and its padding depend on the chunk):
 prefill only, like qgemm (gpu_model.py says what that means for exact mode).
 """
@@ -24,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..activations.silu import gated
 from ..formats.dequant import slot_values
 from ..formats.qweight import QuantWeight
 
@@ -63,11 +67,13 @@ def moe_align(experts: torch.Tensor, E: int, BM: int) -> tuple[torch.Tensor, tor
 def _moe_gemm_kernel(a, out, slot_pair, block_expert, total, qs, qh, sc, sd, n_pairs, N_OUT, N_W, K, stride_a,
                      one, TOP_K: tl.constexpr, GATHER: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
                      n_slots: tl.constexpr, LOAD: tl.constexpr, FIELD: tl.constexpr, V: tl.constexpr,
-                     P: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+                     P: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr,
+                     BIAS=None, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
     """Program (block b, n block): out rows of the block's BM padded slots, columns n.
     GATHER: activations are a's rows pair // TOP_K (gate|up), else its rows b * BM..
     (down, reading gate|up's output) and the rows are stored at their pairs. GATED:
-    weight rows e * N_W + n (gate) and + N_OUT (up), silu(gate) * up stored."""
+    weight rows e * N_W + n (gate) and + N_OUT (up), silu(gate) * up stored (ACT: silu.gated's).
+    HAS_BIAS: BIAS [E, N_W] fp32, expert e's row added to the sums (gate's n, up's N_OUT + n)."""
     b = tl.program_id(0)
     if b * BM < tl.load(total):
         e = tl.load(block_expert + b).to(tl.int64)
@@ -99,8 +105,12 @@ def _moe_gemm_kernel(a, out, slot_pair, block_expert, total, qs, qh, sc, sd, n_p
                 w = tl.reshape(tl.permute(w, (0, 2, 1)), (BK, BN)).to(dt)
                 acc_u = tl.dot(x, w, acc_u, input_precision=PREC)
         cols = (n < N_OUT)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(BIAS + e * N_W + n, mask=n < N_OUT, other=0.0)[None, :]
+            if GATED:
+                acc_u += tl.load(BIAS + e * N_W + N_OUT + n, mask=n < N_OUT, other=0.0)[None, :]
         if GATED:
-            y = acc / (1.0 + tl.exp(-acc)) * acc_u                           # silu(gate) * up, as fused.silu_mul
+            y = gated(acc, acc_u, ACT)                                       # silu(gate) * up, as fused.silu_mul
             tl.store(out + m.to(tl.int64)[:, None] * N_OUT + n[None, :], y.to(out.dtype.element_ty), mask=cols)
         else:
             tl.store(out + pair.to(tl.int64)[:, None] * N_OUT + n[None, :], acc.to(out.dtype.element_ty),
@@ -108,7 +118,8 @@ def _moe_gemm_kernel(a, out, slot_pair, block_expert, total, qs, qh, sc, sd, n_p
 
 
 def _launch(a: torch.Tensor, w: QuantWeight, out: torch.Tensor, align: tuple, n_pairs: int, top_k: int,
-            gather: bool, gated: bool, BM: int, BN: int, warps: int, stages: int) -> torch.Tensor:
+            gather: bool, gated: bool, BM: int, BN: int, warps: int, stages: int,
+            bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
     slot_pair, block_expert, total = align
     E, N_W, K = w.shape
     n_out = N_W // 2 if gated else N_W
@@ -118,6 +129,8 @@ def _launch(a: torch.Tensor, w: QuantWeight, out: torch.Tensor, align: tuple, n_
     planes = tuple(p if p is w.table else p.reshape(E * N_W, p.shape[-1])
                    for p in w.plane_args())  # the experts' rows one after another (a codebook as it is)
     extra = {"num_stages": stages} if a.is_cuda else {}
+    if bias is not None or act:
+        extra |= {"BIAS": bias, "HAS_BIAS": bias is not None, "ACT": act}
     _moe_gemm_kernel[grid](a, out, slot_pair, block_expert, total, *planes, n_pairs, n_out, N_W, K, a.stride(0), 1,
                            TOP_K=top_k, GATHER=gather, GATED=gated, n_slots=w.n_slots,
                            PREC="ieee" if a.dtype == torch.float32 else "tf32",   # fp32 in (CPU tests): no tf32
@@ -128,11 +141,12 @@ def _launch(a: torch.Tensor, w: QuantWeight, out: torch.Tensor, align: tuple, n_
 
 
 def moe_prefill(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: QuantWeight,
-                down: QuantWeight, tile: tuple = TILE) -> torch.Tensor:
+                down: QuantWeight, tile: tuple = TILE, biases: tuple | None = None, act: int = 0) -> torch.Tensor:
     """The routed rows (weights, experts [T, k]) of h [T, D] through resident experts
     (gate_up [E, 2F, D], down [E, D, F]) -> [T, D] float32. Two GEMM launches and a
     handful of small ones, no host sync. h's dtype is the tensor cores' input (bf16 on
-    the GPU). tile: (BN, warps, stages)."""
+    the GPU). tile: (BN, warps, stages). biases: the experts' (gate|up [E, 2F], down [E, D])
+    fp32 (gpt-oss); act: activations.silu.ACT_IDS' id in SiLU's place."""
     T, k = experts.shape
     E, F2, D = gate_up.shape
     if down.shape != (E, D, F2 // 2) or h.shape != (T, D):
@@ -144,8 +158,9 @@ def moe_prefill(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, g
     if not h.is_cuda:
         h = h.float()   # the interpreter's bf16 tl.dot is not faithful (garbage, seen under Triton 3.6)
     h = h.contiguous()
-    act = torch.empty(align[0].shape[0], F2 // 2, dtype=h.dtype, device=h.device)  # [MB * BM, F]
-    _launch(h, gate_up, act, align, P, k, True, True, BM, BN, warps, stages)
+    hidden = torch.empty(align[0].shape[0], F2 // 2, dtype=h.dtype, device=h.device)  # [MB * BM, F]
+    gu_bias, down_bias = biases if biases is not None else (None, None)
+    _launch(h, gate_up, hidden, align, P, k, True, True, BM, BN, warps, stages, gu_bias, act)
     y = torch.empty(P, D, dtype=torch.float32, device=h.device)              # [P, D]
-    _launch(act, down, y, align, P, k, False, False, BM, BN, warps, stages)
+    _launch(hidden, down, y, align, P, k, False, False, BM, BN, warps, stages, down_bias)
     return (y.view(T, k, D) * weights[:, :, None]).sum(1)                   # [T, D]
