@@ -14,7 +14,7 @@ device call: the Qwen3.6-35B-A3B-like shape (PRESETS["qwen36-35b-a3b"]: 16 key /
 
     PYTHONUNBUFFERED=1 python bench/gpu_hybrid.py [--layers 8] [--experts 32]
     TRITON_INTERPRET=1 python bench/gpu_hybrid.py --device cpu --preset tiny-qwen35moe --layers 2 \
-        --experts 4 --mtp moe --prompt 70 --tokens 3 --reps 1 --widths 4
+        --experts 4 --mtp moe --prompt 70 --tokens 3 --reps 1 --widths 4 --repeat 4
 
 (the second: a CPU smoke of the script). $OUT/gpu_hybrid-*.json.
 """
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,6 +86,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--widths", default="4,8,16", help="verify widths")
+    ap.add_argument("--repeat", type=int, default=16, help="the engine's prompt: a random stretch this long, 4 times")
     ap.add_argument("--mtp", default=None, choices=["dense", "moe", "none"],
                     help="the file's MTP block (default: the preset's; the 35B-A3B-like one has one)")
     ap.add_argument("--file", default=None, help="the GGUF to write, or to reuse where it exists (kept: llama-bench reads it)")
@@ -159,7 +161,7 @@ def main() -> None:
         t0 = time.perf_counter()
         mtp = load_mtp_state(*head, gpu, ctx, tokenizer) if head is not None else None
         engine = Engine(f, gpu, tokenizer, None, ctx, mtp=mtp)
-        base = _toks(16, V, 2).tolist()
+        base = _toks(args.repeat, V, 2).tolist()
         prompt_ids = base * 4
         specs = {"plain": None, "ngram": SpecConfig("ngram", 16, 2, gate=False)}
         if mtp is not None:
@@ -170,6 +172,7 @@ def main() -> None:
                                          cost_cache_dir=tables)
         runs = {}
         for name, sc in specs.items():
+            print(f"engine: {name}", file=sys.stderr, flush=True)
             engine.reset()
             g = Generation()
             toks = list(engine.generate(prompt_ids, args.tokens, gen=g, stop_ids=set(),
