@@ -78,13 +78,13 @@ def test_tables_are_the_format_tables():
 def test_the_codebook_rides_in_qh_place():
     """A codebook weight's table is its kernels' qh argument; an expert's view and the expert
     store's host / bank / sub-range weights share the device weight's table (no copy)."""
-    from alphallama.offload.store import _bank_like, _host_like, _sub
+    from alphallama.offload.planes import bank_like, host_like, sub_experts
     _, w = _weight(T.IQ2_XXS, 8, 256, seed=2)
     assert w.plane_args()[1] is w.table and w.table.dtype == torch.int16 and "qh" not in w.planes
     w3 = QuantWeight.from_raw(valid_raw(T.IQ3_S, 6, 256, 2), T.IQ3_S, (3, 2, 256), DEV)
-    host = _host_like(w3, 3)
+    host = host_like(w3, 3)
     assert w3.expert(1).table is w3.table and host.table is w3.table
-    assert _bank_like(host, 2, DEV).table is w3.table and _sub(host, 1, 2).table is w3.table
+    assert bank_like(host, 2, DEV).table is w3.table and sub_experts(host, 1, 2).table is w3.table
     _, q = _weight(T.MXFP4, 8, 256, seed=2)
     assert q.table is None and q.plane_args()[1] is q.planes["qs"]      # no qh, no table: qs stands in
 
