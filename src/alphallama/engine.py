@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Callable, Generator, Iterator
 import torch
 
 from .config import DEFAULTS
+from .engine_models import build_model, resolve_device  # noqa: F401 (resolve_device: re-exported)
 from .engine_slots import CHUNK, Chunk, Slot, Verify, choose_slot, drain, new_slots, slot_context
 from .generation import GenStats, Generation, _logprobs  # noqa: F401 (re-exported: engine.Generation)
 from .gguf.arch import ModelConfig
-from .gguf.arch_qwen35 import HybridConfig
-from .gguf.reader import GGUFError, GGUFFile
+from .gguf.reader import GGUFFile
 from .model.layers import rms_norm
-from .model.loader import load_model
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
 from .spec.drafter import NO_DRAFT
@@ -31,15 +30,6 @@ from .spec.verify import greedy_accept, speculative_sample
 
 if TYPE_CHECKING:   # llguidance is imported only when a request brings a grammar
     from .grammar import GrammarVocab, TokenConstraint
-
-
-def resolve_device(device: str) -> str:
-    """auto -> cuda when a GPU is present, else cpu."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA GPU is available")
-    return device
 
 
 # Prompt texts up to this many characters are tokenized whatever the context, to count
@@ -126,28 +116,7 @@ class Engine:
         ctx = slot_context(min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len), slots)
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
-        if resolve_device(device) == "cuda":
-            from .gguf.arch_variants import gpu_departures
-            if isinstance(cfg, HybridConfig):   # Gated DeltaNet hybrids: their own facade (runtime/gpu_hybrid.py)
-                if slots > 1:
-                    raise ValueError(f"{path}: parallel streams (-np > 1) need per-slot recurrent state, which "
-                                     f"the hybrids' GPU runtime does not have yet; use -np 1")
-                if expert_slots is not None:
-                    raise ValueError(f"{path}: the GPU runtime keeps a hybrid's experts resident (no expert "
-                                     f"store yet); --device cpu runs the reference model")
-                from .runtime.gpu_hybrid import GPUHybridModel
-                model = GPUHybridModel(f, ctx, "cuda", progress=progress)
-            else:
-                from .runtime.gpu_model import GPUModel
-                missing = gpu_departures(cfg)
-                if missing:   # never run a model the GPU path would compute wrongly
-                    raise GGUFError(f"{path}: the GPU runtime does not implement {', '.join(missing)} "
-                                    f"({cfg.arch}); run it with --device cpu")
-                model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots,
-                                 cpu_threads=cpu_threads, fast=fast and expert_slots is None,
-                                 host_bytes=host_bytes)
-        else:
-            model = load_model(f, ctx, progress)
+        model = build_model(f, cfg, ctx, device, progress, expert_slots, cpu_threads, fast, host_bytes, slots)
         if weights_read is not None:
             weights_read()
         head = find_mtp_head(f, cfg, draft_head)
