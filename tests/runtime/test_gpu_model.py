@@ -19,8 +19,9 @@ from gpucheck import follows_reference  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# (tiny-qwen2 Q8_0, its biases and tied head, is in the golden records' presets: test_golden.py)
-@pytest.fixture(scope="module", params=[("tiny-qwen3", "Q4_K"), ("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")],
+# a dense and an MoE model (tiny-qwen2 and tiny-qwen3, dense Q4_K among their types, are the golden
+# records' presets: test_golden.py checks their values and every width's bits)
+@pytest.fixture(scope="module", params=[("tiny-llama", "Q6_K"), ("tiny-qwen3moe", "Q4_K")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def models(request, tmp_path_factory):
     preset, quant = request.param
