@@ -16,7 +16,7 @@ from serverutil import _one_torch_thread, serve  # noqa: F401
 
 MODEL = "stories260K.gguf"
 PROMPTS = ["Once upon a time", "The little dog ran to the", "Tom had a red ball and"]
-N = 24
+N = 96    # long enough that 0 and 1, started together, are both decoding for most of it
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,10 @@ def test_two_requests_decode_together_and_a_third_waits(stories_path, alone):
                 parts.append(chunk.choices[0].text)
             texts[i] = "".join(parts)
         threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)               # arrival order 0, 1, 2
+        threads[0].start()
+        threads[1].start()                 # 0 and 1 together (a gap let 0 end first on a loaded machine)
+        time.sleep(0.2)
+        threads[2].start()                 # then 2, which waits for a slot
         for t in threads:
             t.join(60)
         assert [texts[i] for i in range(3)] == alone
