@@ -2,6 +2,7 @@
 reference transformer's, and a round's rows equal the same rows run one at a time."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 TOL = 4e-2   # of the largest logit: fp16 K/V, fp16 attention inputs and int8 activations
@@ -27,3 +28,34 @@ def follows_reference(ref, gpu, toks: torch.Tensor, ctx: int, alone_from: int, s
         step = gpu.forward(nxt, p, cache)[0].cpu()
         torch.testing.assert_close(step, last, atol=TOL * last.abs().max().item(), rtol=0)
     return lr
+
+
+def _chain(head, g: torch.Tensor, toks: torch.Tensor, depth: int, ctx: int):
+    """3 rows staged by extend, then a chain of `depth` drafts from the rest -> (tokens, probs)."""
+    cache = head.new_cache(ctx)
+    head.extend(g[:3], toks[:3], 0, cache)
+    out = head.draft(g[3:], toks[3:], 3, depth, cache)
+    assert cache.length == len(toks)
+    return out
+
+
+def chains_follow(rhead, ghead, g: torch.Tensor, toks: torch.Tensor, depth: int, vocab: int, ctx: int,
+                  dev: str) -> None:
+    """An MTP head's chain of `depth` drafts gives the reference head's tokens, their probabilities
+    within 2e-3; then over a draft vocabulary (the odd ids) a chain of depth - 1 does too."""
+    want, want_p = _chain(rhead, g, toks, depth, ctx)
+    got, got_p = _chain(ghead, g.to(dev), toks, depth, ctx)
+    assert got == want
+    assert got_p == pytest.approx(want_p, abs=2e-3)
+    ids = torch.arange(1, vocab, 2)
+    rhead.set_vocab(ids)
+    ghead.set_vocab(ids)
+    try:
+        want, want_p = _chain(rhead, g, toks, depth - 1, ctx)
+        got, got_p = _chain(ghead, g.to(dev), toks, depth - 1, ctx)
+    finally:
+        rhead.set_vocab(None)
+        ghead.set_vocab(None)
+    assert got == want and all(t % 2 == 1 for t in got)
+    assert got_p == pytest.approx(want_p, abs=2e-3)
+    assert ghead.use_graphs == (dev == "cuda")

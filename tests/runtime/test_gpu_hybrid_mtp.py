@@ -16,6 +16,7 @@ import torch
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpucheck import TOL as GPU_TOL
+from gpucheck import chains_follow
 
 from alphallama.gguf.arch import find_mtp_head, load_config
 from alphallama.gguf.reader import GGUFFile
@@ -57,14 +58,6 @@ def _inputs(D: int, V: int, m: int, seed: int) -> tuple[torch.Tensor, torch.Tens
     return g, torch.randint(0, V, (m,), generator=gen)
 
 
-def _chain(head, g, toks, depth):
-    cache = head.new_cache(CTX)
-    head.extend(g[:3], toks[:3], 0, cache)
-    out = head.draft(g[3:], toks[3:], 3, depth, cache)
-    assert cache.length == len(toks)
-    return out
-
-
 def test_entries_logits_follow_the_reference(heads):
     """Five depth-1 entries in one block (output_norm of the main model's rows, the gated attention
     with its partial / sectioned rope over the head's cache, the FFN): the logits of
@@ -90,22 +83,7 @@ def test_chain_matches_the_reference(heads):
     rhead, ghead = heads
     c = rhead.cfg
     g, toks = _inputs(c.d_model, c.vocab_size, 5, 1)
-    want, want_p = _chain(rhead, g, toks, 3)
-    got, got_p = _chain(ghead, g.to(DEV), toks, 3)
-    assert got == want
-    assert got_p == pytest.approx(want_p, abs=2e-3)
-    ids = torch.arange(1, c.vocab_size, 2)
-    rhead.set_vocab(ids)
-    ghead.set_vocab(ids)
-    try:
-        want, want_p = _chain(rhead, g, toks, 2)
-        got, got_p = _chain(ghead, g.to(DEV), toks, 2)
-    finally:
-        rhead.set_vocab(None)
-        ghead.set_vocab(None)
-    assert got == want and all(t % 2 == 1 for t in got)
-    assert got_p == pytest.approx(want_p, abs=2e-3)
-    assert ghead.use_graphs == (DEV == "cuda")
+    chains_follow(rhead, ghead, g, toks, 3, c.vocab_size, CTX, DEV)
 
 
 def test_exact_mtp_and_mtp_ngram_through_the_engine(tmp_path):

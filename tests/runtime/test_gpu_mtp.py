@@ -21,6 +21,7 @@ from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
 from alphallama.runtime.gpu_mtp import GPUMTPHead, pick, pick_ref  # noqa: E402
 from alphallama.spec.mtp import MTPState, make_mtp_drafter  # noqa: E402
 from alphallama.tokenizer import Tokenizer  # noqa: E402
+from gpucheck import chains_follow  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 64
@@ -70,36 +71,13 @@ def test_pick_kernel(S):
         assert float(out[0]) == float(out[2]) == -1.0   # other slots untouched
 
 
-def _chain(head, g, toks, depth):
-    cache = head.new_cache(CTX)
-    head.extend(g[:3], toks[:3], 0, cache)
-    out = head.draft(g[3:], toks[3:], 3, depth, cache)
-    assert cache.length == len(toks)
-    return out
-
-
 def test_chain_matches_reference(heads):
     _, ref, rhead, _, ghead = heads
     V, D = ref.cfg.vocab_size, ref.cfg.d_model
     gen = torch.Generator().manual_seed(0)
     toks = torch.randint(0, V, (5,), generator=gen)
     g = torch.cat([torch.zeros(1, D), torch.randn(4, D, generator=gen)])
-    want, want_p = _chain(rhead, g, toks, 2)
-    got, got_p = _chain(ghead, g.to(DEV), toks, 2)
-    assert got == want
-    assert got_p == pytest.approx(want_p, abs=2e-3)
-    ids = torch.arange(1, V, 2)                           # a draft vocabulary: the odd ids
-    rhead.set_vocab(ids)
-    ghead.set_vocab(ids)
-    try:
-        want, want_p = _chain(rhead, g, toks, 1)
-        got, got_p = _chain(ghead, g.to(DEV), toks, 1)
-    finally:
-        rhead.set_vocab(None)
-        ghead.set_vocab(None)
-    assert got == want and all(t % 2 == 1 for t in got)
-    assert got_p == pytest.approx(want_p, abs=2e-3)
-    assert ghead.use_graphs == (DEV == "cuda")
+    chains_follow(rhead, ghead, g, toks, 2, V, CTX, DEV)      # then over the odd ids, a chain of 1
 
 
 def test_exact_decoding_with_mtp_on_the_gpu_runtime(dense):
