@@ -9,8 +9,10 @@ deserialize. Neutral ground: offload/native and kernels/cuda both use it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -47,6 +49,23 @@ def private_dir(path: str | os.PathLike, owner: int | None = None) -> Path:
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "alphallama"
+
+
+def read_json(path: Path) -> dict:
+    """A cache's JSON object, {} when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write a cache's JSON object whole or not at all (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, path)
 
 
 def digest_path(so: Path) -> Path:

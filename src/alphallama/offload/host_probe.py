@@ -14,16 +14,14 @@ results are cached per host, file system and GPU in ~/.cache/alphallama/host_pro
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from ..private_dir import cache_dir
+from ..private_dir import cache_dir, read_json, write_json
 
 MiB = 1 << 20
 FILE_PROBE = 64 * MiB   # the file range read cold, then cached
@@ -121,14 +119,9 @@ def measure(path: str, cache: bool = True) -> Bandwidths:
     """The host's bandwidths as the plan prices them (cached per host, file system, GPU)."""
     store = cache_dir() / "host_probe.json"
     key = _key(path)
-    saved: dict = {}
-    if cache and store.exists():
-        try:
-            saved = json.loads(store.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        if key in saved:
-            return Bandwidths(**{**saved[key], "source": "measured (cached)"})
+    saved = read_json(store) if cache else {}
+    if key in saved:
+        return Bandwidths(**{**saved[key], "source": "measured (cached)"})
     disk, page = file_rates(path, FILE_PROBE)
     pcie = gpu = None
     if torch.cuda.is_available():
@@ -137,9 +130,5 @@ def measure(path: str, cache: bool = True) -> Bandwidths:
     bw = Bandwidths(ram_rate(), disk, page, pcie, gpu, "measured (a small file: rough)" if small else "measured")
     if cache and not small:
         saved[key] = {k: v for k, v in bw.to_dict().items() if k != "source"}
-        store.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=store.parent, suffix=".json")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(saved, fh, indent=1)
-        os.replace(tmp, store)
+        write_json(store, saved)
     return bw

@@ -10,14 +10,13 @@ in ~/.cache/alphallama/cpu_probe.json.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import platform
-import tempfile
 
 import torch
 
 from ...config import DEFAULTS
+from ...private_dir import read_json, write_json
 from .build import cache_dir, lib
 
 
@@ -62,14 +61,9 @@ def probe(nbytes: int = DEFAULTS.offload.probe_bytes, within: float = DEFAULTS.o
     cpus = usable_cpus()
     key = _host_key(nbytes)
     path = cache_dir() / "cpu_probe.json"
-    saved = {}
-    if cache and path.exists():
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        if key in saved:
-            return {**saved[key], "cached": True}
+    saved = read_json(path) if cache else {}
+    if key in saved:
+        return {**saved[key], "cached": True}
     counts, n = [], 1
     while n < len(cpus):
         counts.append(n)
@@ -83,11 +77,7 @@ def probe(nbytes: int = DEFAULTS.offload.probe_bytes, within: float = DEFAULTS.o
               "probe_bytes": nbytes}
     if cache:
         saved[key] = result
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(saved, fh, indent=1)
-        os.replace(tmp, path)
+        write_json(path, saved)
     return {**result, "cached": False}
 
 
