@@ -12,7 +12,7 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/m
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 MIXES=${MIXES:-"Q4_K_M Q3_K_M IQ4_XS IQ3_XXS"}
 HYBRID=/tmp/m/qwen36-35b-a3b-40L-32E.gguf
 case "${1:-}" in

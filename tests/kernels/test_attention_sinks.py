@@ -6,12 +6,10 @@ several splits; a row's bits the same alone and in rounds; the q8 combine and th
 loads the same values / bits."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.kernels.attention import decode as A  # noqa: E402
 from alphallama.kernels.attention.decode import decode_attention, decode_attention_q8, decode_attention_ref  # noqa: E402

@@ -6,12 +6,10 @@ not depend on W or its column. On a GPU this compares two compiled kernels, so i
 checks that the compiler reduces the split kernel's tile in the same order."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

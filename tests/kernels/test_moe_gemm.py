@@ -3,12 +3,10 @@ against a float64 reference built from the weights' own plain-torch dequantizati
 moe_align's padded blocks against a hand-built routing."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 

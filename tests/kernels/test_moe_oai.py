@@ -5,11 +5,9 @@ same bits) and in the prefill's grouped GEMMs (moe_gemm), and swiglu_oai's dense
 (activations/silu.py: plain and with the down's int8 activations, the same values)."""
 from __future__ import annotations
 
-import os
 
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 

@@ -4,12 +4,10 @@ both), kept here as the reference and launched at the same warp count (the softm
 layout follows the warps), and breaks ties toward the lower expert id."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

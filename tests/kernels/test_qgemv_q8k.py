@@ -2,12 +2,10 @@
 of the same activations: the narrow-W and wide-W kernels of one float order."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 

@@ -3,14 +3,12 @@ takes, the plan a Linear gets for W = 1..64, and exact mode's check that a weigh
 bits family across widths (a check that fails where a plan mixes them)."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
 from alphallama.kernels.gemv.qgemv_mma import Q8K  # noqa: E402

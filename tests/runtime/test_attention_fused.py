@@ -2,12 +2,10 @@
 Triton interpreter on CPU (and natively on a GPU), with the column-rotation check."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the first kernel launch
 
 from alphallama.kernels.attention.decode import decode_attention, decode_attention_ref  # noqa: E402
 from alphallama.kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_ref

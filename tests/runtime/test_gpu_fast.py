@@ -4,12 +4,10 @@ family's (engine.gemv_mma), and an exact verify on such a model still gives plai
 decoding's rows. Runs on the CPU under TRITON_INTERPRET=1 (the mma emulated) and on CUDA."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.gguf.reader import GGUFFile  # noqa: E402
 from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402

@@ -14,13 +14,11 @@ this head size (gemma3's query_pre_attn_scalar is the head dim but in the 27B); 
 0.3 is checked in the kernel test and in test_prefill_attention_window here."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.gguf.arch_variants import gpu_departures
 from alphallama.gguf.reader import GGUFFile

@@ -13,14 +13,12 @@ the reference without one piece, which must differ by more than the GPU tests' t
 (gpucheck.TOL) by the margin measured."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.gguf.arch_variants import gpu_departures  # noqa: E402
 from alphallama.gguf.reader import GGUFFile  # noqa: E402

@@ -13,13 +13,11 @@ a hybrid's logits by several percent, as they move llama.cpp's (decisions/hybrid
 its Q4_K_M agreement), and would hide a wrong piece; the bit tests run the product's."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpucheck import TOL as GPU_TOL
 

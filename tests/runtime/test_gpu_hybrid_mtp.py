@@ -8,12 +8,10 @@ The files: test_gpu_hybrid.py's tiny shapes (2 layers, d_model 64, Q8_0) with an
 (blk.2: a gated attention block with the model's FFN kind)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpucheck import TOL as GPU_TOL
 from gpucheck import chains_follow

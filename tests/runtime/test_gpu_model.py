@@ -2,12 +2,10 @@
 transformer, and its row invariance: a round of W rows equals W single-row rounds."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.gguf.reader import GGUFFile  # noqa: E402
 from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402

@@ -2,12 +2,10 @@
 row invariance, and the GPU runtime on a tiny qwen3moe against the reference model."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # must precede the kernels' import
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 

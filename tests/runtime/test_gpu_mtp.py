@@ -3,12 +3,10 @@ the same entries and the same chain of drafts over a whole vocabulary and over a
 draft-vocabulary subset, and exact decoding with MTP drafts on the GPU runtime."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.chat import ChatTemplate  # noqa: E402
 from alphallama.engine import Engine, Generation  # noqa: E402

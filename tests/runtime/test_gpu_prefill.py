@@ -4,12 +4,10 @@ after a cached prefix, for a dense and an MoE model; and exact speculative == pl
 greedy decoding with a prompt long enough to take that path."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.engine import Engine, Generation  # noqa: E402
 from alphallama.gguf.reader import GGUFFile  # noqa: E402

@@ -9,13 +9,11 @@ equals its rows run alone (exact mode).
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.gguf.reader import GGUFFile  # noqa: E402
 from alphallama.gguf.writer import PRESETS, write_synthetic  # noqa: E402

@@ -8,13 +8,11 @@ presets). So: the tables must be the reference's, bit for bit, with the scaling 
 the unscaled one (Triton kernels; the interpreter on CPU)."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from alphallama.gguf.arch_variants import RopeScaling, gpu_departures
 from alphallama.gguf.reader import GGUFFile

@@ -3,13 +3,11 @@ one): a dense SwiGLU beside the routed experts, scaled per row by sigmoid(h . g)
 Triton kernels; the interpreter on CPU."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpucheck import TOL, follows_reference
 
