@@ -123,6 +123,17 @@ def main() -> None:
         t0 = now()
         gpu.forward(prompt, 0, cache, logits=False)
         out["prefill_ms"] = 1e3 * (now() - t0)
+        out["prefill_delta_rule"] = gpu.delta_rule_name                       # fla's chunks or ours
+        if gpu.delta_rule is not None:                                        # ours beside it, same file
+            rule, gpu.delta_rule = gpu.delta_rule, None
+            for _ in range(2):
+                cache.truncate(0)
+                t0 = now()
+                gpu.forward(prompt, 0, cache, logits=False)
+            out["prefill_ms_our_rule"] = 1e3 * (now() - t0)
+            gpu.delta_rule = rule
+            cache.truncate(0)
+            gpu.forward(prompt, 0, cache, logits=False)
         pos = args.prompt
         tok = _toks(1, V, 1)
         gpu.forward(tok, pos, cache)                                          # compiles the round's

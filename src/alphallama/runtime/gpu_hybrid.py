@@ -23,6 +23,7 @@ from ..config import DEFAULTS
 from ..gguf.arch import load_config
 from ..gguf.arch_qwen35 import HybridConfig
 from ..gguf.reader import GGUFFile
+from ..kernels.deltanet.fla_rule import prefill_rule
 from ..kernels.deltanet.step import deltanet_commit
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels
 from ..model.qwen35 import hybrid_rope_tables
@@ -69,6 +70,7 @@ class GPUHybridModel:
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
         self.act_dtype = activation_dtype(self.device)
         self.prefill_path = o.prefill_path
+        self.delta_rule_name, self.delta_rule = prefill_rule(o.deltanet_prefill, self.device)   # fla's or ours
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
         self.scratch = prefill_scratch(o, self.act_dtype, self.device, graphs=False)
         self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)           # the round's position

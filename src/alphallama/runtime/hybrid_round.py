@@ -136,7 +136,7 @@ def prefill_rows(m: GPUHybridModel, tokens: torch.Tensor, pos: int, cache: GPUHy
             z, ba = _split_zba(m, gemm_linear(mx.zba, h, s))                     # [T, Vd], [T, 2Hv]
             o = deltanet_prefill(gemm_linear(mx.qkv, h, s).contiguous(), ba[:, hv:], ba[:, :hv],
                                  layer_weights(m, mx), cache.ring[mx.slot], cache.ssm[mx.slot], pos,
-                                 m.deltanet_shape)                              # [T, Hv, dv]
+                                 m.deltanet_shape, rule=m.delta_rule)           # [T, Hv, dv]
             y = gemm_linear(mx.out, gated_norm(m, o, z, mx.norm, act), s)
         else:
             q = _attention_q(m, mx, gemm_linear(mx.qkv, h, s), pos_t, cache)   # [T, H, hd]

@@ -26,6 +26,8 @@ class Overrides:
     prefill_overlap: bool = False   # dequantize the next weight on a side stream (host-bound: off): prefill-tensor-cores.md
     prefill_graphs: bool = True     # prefill chunks replayed as CUDA graphs: prefill-tensor-cores.md
     moe_prefill_fused: bool = True  # resident experts' chunks as grouped GEMMs (moe_gemm.moe_prefill), not a loop
+    deltanet_prefill: str = "fla"   # hybrids' prefill delta rule: fla-core's chunks where importable on CUDA | "ours":
+                                    # deltanet-kernels.md
     attention_tiles: tuple[int, int] = (32, 64)   # decode attention's (BLOCK_N, MAX_SPLITS): attention/decode.py's
                                     # TILES (tests pass small ones: the interpreter runs every dead split)
 
@@ -34,6 +36,8 @@ class Overrides:
             raise ValueError(f"decode_gemv and moe_gemv are 'i8' or 'f32', got {self.decode_gemv!r}, {self.moe_gemv!r}")
         if self.prefill_path not in ("dequant", "gemv"):
             raise ValueError(f"prefill_path must be 'dequant' or 'gemv', got {self.prefill_path!r}")
+        if self.deltanet_prefill not in ("fla", "ours"):
+            raise ValueError(f"deltanet_prefill must be 'fla' or 'ours', got {self.deltanet_prefill!r}")
 
 
 PRODUCT = Overrides()

@@ -28,6 +28,8 @@ Dead rows of a last partial chunk load as zeros and are masked out of D.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -159,10 +161,11 @@ def chunk_delta_rule(xc: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, 
 
 def deltanet_prefill(mix: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, w: DeltaNetWeights,
                      ring: torch.Tensor, state: torch.Tensor, pos: int, shape: DeltaNetShape, *,
-                     block_v: int = BLOCK_V) -> torch.Tensor:
+                     block_v: int = BLOCK_V, rule: Callable | None = None) -> torch.Tensor:
     """T prompt rows of one layer at positions pos..pos+T-1 (any T), from the conv ring and
     the state before them (the step kernel's layouts): state updated in place, the last
-    d_conv - 1 mix rows written into the ring. -> out [T, Hv, dv]."""
+    d_conv - 1 mix rows written into the ring. -> out [T, Hv, dv]. rule: the delta rule over
+    the conv output (chunk_delta_rule's signature; fla_rule.fla_delta_rule), ours by default."""
     _check(shape, w, state, block_v)
     T, C = mix.shape
     check_ring(ring, shape, 1)
@@ -175,7 +178,7 @@ def deltanet_prefill(mix: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
     _conv_kernel[(triton.cdiv(T, CONV_ROWS), 2 * shape.hk + shape.hv)](
         mix, ring, w.conv_w, xc, pos, T, R, shape.eps, shape.hk, shape.hv, shape.dk, shape.dv,
         max(shape.dk, shape.dv), CONV_ROWS, shape.d_conv, num_warps=NUM_WARPS)
-    out = chunk_delta_rule(xc, alpha, beta, w, state, shape, block_v)
+    out = (rule or chunk_delta_rule)(xc, alpha, beta, w, state, shape, block_v)
     first = max(0, T - (shape.d_conv - 1))                                       # the rows the conv state keeps
     ring[(torch.arange(pos + first, pos + T) % R).to(ring.device)] = mix[first:]
     return out

@@ -1,0 +1,70 @@
+"""The prefill's delta rule by flash-linear-attention's chunk pipeline (fla-core, a GPU extra),
+where it is importable and the rows are on CUDA; ours (prefill.chunk_delta_rule) elsewhere.
+
+Why (docs/decisions/deltanet-kernels.md, H100): fla's `chunk_gated_delta_rule` takes 1.04 ms a
+layer at 512 rows and 0.97 ms at 4096, ours 7.58 and 55.7 (ours solves each 64-row chunk row by
+row on CUDA cores). Its solve runs in TF32: 1.6e-3 of the output's largest value against
+float64, inside the prefill's float32 tolerance and outside every bit contract, as every
+prefill path is (a prompt's rows are never compared bit for bit with a round's).
+
+The same inputs as ours: the conv output xc [T, C] = [q | k | v] with q, k L2-normalised per key
+head; alpha, beta [T, Hv] the raw projections (gates() makes the log-decay and the write
+strength); state [Hv, dk, dv] updated in place. q and k are expanded to the value heads by the
+layer's own key-head map (tiled for qwen35, grouped for qwen3next) before fla sees them, so
+fla's grouped value attention is never relied on for the map.
+"""
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+import torch
+
+from ...model.deltanet import gates
+from .common import DeltaNetShape
+from .step import DeltaNetWeights
+
+
+@cache
+def _fla():
+    """fla.ops.gated_delta_rule, or the reason it cannot be imported (str)."""
+    try:
+        return importlib.import_module("fla.ops.gated_delta_rule")
+    except Exception as e:          # not installed, or its import failed (a triton or torch it does not know)
+        return f"fla-core is not importable ({type(e).__name__}: {e})"
+
+
+def fla_unavailable(device: torch.device) -> str | None:
+    """Why fla's chunk pipeline cannot run the prefill on device (None: it can)."""
+    if torch.device(device).type != "cuda":
+        return "fla's kernels run on CUDA only"
+    mod = _fla()
+    return mod if isinstance(mod, str) else None
+
+
+def fla_delta_rule(xc: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, w: DeltaNetWeights,
+                   state: torch.Tensor, shape: DeltaNetShape, block_v: int | None = None) -> torch.Tensor:
+    """prefill.chunk_delta_rule's contract through fla: xc [T, C], alpha, beta [T, Hv], state
+    [Hv, dk, dv] (in place) -> out [T, Hv, dv] float32. block_v: ours only (ignored)."""
+    mod = _fla()
+    if isinstance(mod, str):
+        raise RuntimeError(mod)
+    T, K = xc.shape[0], shape.hk * shape.dk
+    kh = shape.key_head().to(xc.device)                                          # [Hv]
+    q = xc[:, :K].view(T, shape.hk, shape.dk)[:, kh]                             # [T, Hv, dk]
+    k = xc[:, K:2 * K].view(T, shape.hk, shape.dk)[:, kh]                        # [T, Hv, dk]
+    v = xc[:, 2 * K:].view(T, shape.hv, shape.dv)                                # [T, Hv, dv]
+    g, b = gates(alpha.float(), beta.float(), w.dt_bias, w.ssm_a)                # [T, Hv] each
+    o, final = mod.chunk_gated_delta_rule(q[None].float(), k[None].float(), v[None].float().contiguous(),
+                                          g[None].contiguous(), b[None].contiguous(), scale=shape.dk ** -0.5,
+                                          initial_state=state[None].float(), output_final_state=True)
+    state.copy_(final[0])
+    return o[0].float()                                                          # [T, Hv, dv]
+
+
+def prefill_rule(choice: str, device: torch.device) -> tuple[str, object | None]:
+    """The delta rule of a hybrid's prefill chunks: ("fla", fla_delta_rule) where choice is "fla"
+    and fla can run on device, else ("ours", None) (deltanet_prefill's own)."""
+    if choice == "fla" and fla_unavailable(device) is None:
+        return "fla", fla_delta_rule
+    return "ours", None
