@@ -3,7 +3,9 @@ together, started at different times, give each stream exactly the tokens it get
 (greedy, with and without the copy drafter), on the GPU runtime (its rows side by side
 in one pass; the interpreter on the CPU) and on the CPU reference (its streams
 interleaved); a stream stopped mid-way leaves the others' tokens unchanged; the slot
-choice (longest common prefix, then least recently used)."""
+choice (longest common prefix, then least recently used); the round's rows allotted across
+streams (spec/allot.py): drafts priced at the round's total width, a round no wider than
+its room, one stream through the streams' rounds drafting as it does alone."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +17,7 @@ from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.model.loader import load_model
 from alphallama.spec.config import SpecConfig
+from alphallama.spec.gate import MAX_WIDTH, CostTable
 from alphallama.streams import Streams
 from alphallama.tokenizer import Tokenizer
 
@@ -53,35 +56,40 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [base[0] * 2, base[1] * 2 + [7], base[2]]      # repeats: the copy drafter finds matches
 
 
-def _alone(made, prompts) -> list[list[int]]:
+def _alone(made, prompts, n_new: int = N_NEW) -> list[list[int]]:
     """Plain greedy decoding of each prompt alone, from an empty cache, on one slot."""
     e = _engine(made, 1)
     out = []
     for p in prompts:
         e.reset()
-        out.append(list(e.generate(p, N_NEW)))
+        out.append(list(e.generate(p, n_new)))
     return out
 
 
-def _together(made, prompts, spec, stop_after: dict[int, int] | None = None) -> tuple[list[list[int]], list]:
-    """Stream i starts at step i (staggered); stop_after {i: n}: stream i stops after n tokens."""
+def _together(made, prompts, spec, stop_after: dict[int, int] | None = None, max_rows: int = MAX_WIDTH,
+              rounds: list | None = None, n_new: int = N_NEW) -> tuple[list[list[int]], list]:
+    """Stream i starts at step i (staggered); stop_after {i: n}: stream i stops after n tokens.
+    max_rows: the round's most rows; rounds: receives (streams in the round, its rows) per round."""
     e = _engine(made, 3)
-    streams = Streams(e)
+    streams = Streams(e, max_rows)
     got: list[list[int]] = [[] for _ in prompts]
     gens = [Generation() for _ in prompts]
 
     def taker(i):
         def on_token(t):
             got[i].append(t)
-            return len(got[i]) < (stop_after or {}).get(i, N_NEW + 1)
+            return len(got[i]) < (stop_after or {}).get(i, n_new + 1)
         return on_token
     runs, step = [], 0
     while len(runs) < len(prompts) or streams.runs:
         if len(runs) < len(prompts) and step >= len(runs):
             i = len(runs)
-            runs.append(streams.add(prompts[i], N_NEW, taker(i), gen=gens[i], spec=spec))
+            runs.append(streams.add(prompts[i], n_new, taker(i), gen=gens[i], spec=spec))
+        before = sum(len(r.rows) for r in runs)
         for r in streams.step():
             assert r.error is None, r.error
+        if rounds is not None and sum(len(r.rows) for r in runs) > before:
+            rounds.append((sum(len(r.rows) for r in runs) - before, streams.width))
         step += 1
         assert step < 200
     assert all(not s.busy for s in e.slots)
@@ -104,6 +112,71 @@ def test_a_stopped_stream_leaves_the_others_unchanged(made):
     together, _ = _together(made, prompts, SPECS["plain"], stop_after={0: 2})
     assert together[0] == alone[0][:2]
     assert together[1:] == alone[1:]
+
+
+LONG_NEW = 12      # the allotment tests: long enough that the three streams share many rounds
+
+
+@pytest.fixture(scope="module")
+def long_runs(made):
+    """(prompts that repeat, each one's plain greedy tokens alone, LONG_NEW of them)."""
+    g = torch.Generator().manual_seed(11)
+    base = [torch.randint(made[0].cfg.vocab_size, (n,), generator=g).tolist() for n in (3, 2, 4)]
+    prompts = [base[0] * 2, base[1] * 3, base[2] * 2]
+    return prompts, _alone(made, prompts, LONG_NEW)
+
+
+def test_the_rooms_shrink_when_the_round_is_full(made, long_runs):
+    """Rounds of at most 3 rows, ungated drafts: three streams together verify no drafts,
+    fewer streams share the room; each stream's tokens are still its own."""
+    prompts, alone = long_runs
+    rounds: list = []
+    together, _ = _together(made, prompts, SPECS["ngram"], max_rows=3, rounds=rounds, n_new=LONG_NEW)
+    assert together == alone
+    assert all(w <= 3 for n, w in rounds) and any(n == 3 for n, w in rounds)
+    assert any(w > n for n, w in rounds if n == 2)             # two streams shared the room's third row
+
+
+# W = 2 costs W = 1's: one draft alone is free; every row past 2 costs 100 ms more
+STEP = CostTable([1.0, 1.0] + [100.0 * (w - 1) for w in range(3, MAX_WIDTH + 1)], MAX_WIDTH)
+
+
+def _priced(made) -> SpecConfig:
+    """The copy drafter under the priced gate, its cost table STEP (a fresh policy memory)."""
+    spec = SpecConfig("ngram", 4, 1)
+    spec.memory.for_engine(_engine(made, 1), True)[1].table = STEP
+    return spec
+
+
+def test_drafts_are_priced_at_the_rounds_total_width(made, long_runs):
+    """Alone, a stream's one draft rides free (W = 2 costs W = 1's); beside another stream its
+    draft would make the round 3 rows wide, at 100x: rounds of several streams verify no
+    drafts (priced alone, each stream's draft would have ridden in them), and each stream's
+    tokens are its own."""
+    prompts, alone = long_runs
+    rounds: list = []
+    together, _ = _together(made, prompts, _priced(made), rounds=rounds, n_new=LONG_NEW)
+    assert together == alone
+    assert all(w == n for n, w in rounds if n > 1) and any(n == 3 for n, w in rounds)
+    assert any(w == 2 for n, w in rounds if n == 1)            # a stream alone in its round drafted
+
+
+def test_one_stream_in_the_rounds_drafts_as_it_does_alone(made, long_runs):
+    """One stream driven by Streams (its claims allotted within the round's room) and by
+    Engine.generate (the gate's width): the same drafts, rounds and tokens."""
+    prompt = long_runs[0][2]
+    gens = [Generation(), Generation()]
+    e = _engine(made, 1)
+    solo = list(e.generate(prompt, LONG_NEW, gen=gens[0], spec=_priced(made)))
+    e.reset()
+    streams, got = Streams(e), []
+    streams.add(prompt, LONG_NEW, lambda t: got.append(t) or True, gen=gens[1], spec=_priced(made))
+    while streams.runs:
+        streams.step()
+    assert got == solo == long_runs[1][2]
+    a, b = gens[0].stats, gens[1].stats
+    assert (a.rounds, a.draft_n, a.draft_n_accepted) == (b.rounds, b.draft_n, b.draft_n_accepted)
+    assert a.draft_n > 0                                       # drafts rode
 
 
 def test_slot_choice_is_longest_prefix_then_least_recently_used():

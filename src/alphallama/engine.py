@@ -25,7 +25,9 @@ from .gguf.reader import GGUFFile
 from .model.layers import rms_norm
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
+from .spec.allot import Claim, allot, cut
 from .spec.drafter import NO_DRAFT
+from .spec.policy import offer
 from .spec.verify import greedy_accept, speculative_sample
 
 if TYPE_CHECKING:   # llguidance is imported only when a request brings a grammar
@@ -258,6 +260,8 @@ class Engine:
             while True:
                 if isinstance(msg, Verify):
                     msg = core.send(self.model.verify(msg.tokens, msg.pos, msg.cache, exact=msg.exact))
+                elif isinstance(msg, Claim):           # alone in its rounds: the gate's width
+                    msg = core.send(allot([msg])[0])
                 elif msg is CHUNK:
                     msg = next(core)
                 else:
@@ -272,10 +276,11 @@ class Engine:
                stop_ids: set[int] | None = None, gen: Generation | None = None,
                spec: SpecConfig = SpecConfig(), logprobs: int | None = None,
                cancel: Callable[[], bool] | None = None, constraint: "TokenConstraint | None" = None,
-               slot: Slot | None = None) -> Generator[int | Chunk | Verify, tuple | None, None]:
+               slot: Slot | None = None) -> Generator[int | Chunk | Claim | Verify, tuple | int | None, None]:
         """One request's loop body (generate's arguments): yields its token ids, CHUNK after
-        each prompt chunk and Verify for each round, to which the driver sends the round's
-        (logits [w, V], hidden [w, D]). slot: one the caller took (take_slot), else it takes
+        each prompt chunk, a Claim for a round's drafts (spec/allot.py), to which the driver
+        sends how many of them to verify, and Verify for each round, to which it sends the
+        round's (logits [w, V], hidden [w, D]). slot: one the caller took (take_slot), else it takes
         choose_slot's; it frees the slot when it ends or is closed (a caller that closes it
         before its first step frees its slot itself)."""
         try:
@@ -333,7 +338,9 @@ class Engine:
                     gen.finish_reason = "length"
                     return
                 room = min(max_tokens - len(gen.tokens) - 1, self.ctx_size - pos - 1)
-                draft = drafter.propose(room) if drafter is not None and room > 0 else NO_DRAFT
+                draft, claim = offer(drafter, room) if drafter is not None and room > 0 else (NO_DRAFT, None)
+                if len(draft):             # the driver answers how many the round verifies (spec/allot.py)
+                    draft = cut(draft, (yield claim))
                 if constraint is not None and draft.tokens:      # a token the grammar rejects ends the draft
                     keep = constraint.valid_prefix(draft.tokens)
                     draft = replace(draft, tokens=draft.tokens[:keep], probs=draft.probs[:keep])

@@ -11,8 +11,9 @@ sequence (exact mode's guarantee for a continued conversation is "equal to plain
 decoding from the same cache state", decisions/parallel-streams.md).
 
 The driver's messages: a stream (Engine.stream, a generator) yields token ids, CHUNK
-after each prompt chunk it prefilled (a point where other streams may run), and Verify
-for its next round's rows, to which the driver sends (logits, hidden).
+after each prompt chunk it prefilled (a point where other streams may run), a Claim
+(spec/allot.py) for its next round's drafts, to which the driver sends how many of them
+the round verifies, and Verify for its next round's rows, to which it sends (logits, hidden).
 """
 from __future__ import annotations
 

@@ -5,11 +5,15 @@ Each step (`Streams.step`):
      last row and first token): a new request never stalls the others for a whole
      long prompt, and its prompt is computed alone, from its own chunks (never mixed into
      a decode round: a prompt's K/V bits must not depend on the traffic);
-  2. one round over every decoding stream's rows (engine_slots.run_round: one pass on the
+  2. the round's rows allotted: every decoding stream has one row (its last token) and
+     the drafts it claims (spec/allot.py: greedily by expected tokens per marginal ms at
+     the round's total width, MAX_WIDTH rows in all), so a stream's drafts are priced at
+     what they add to the shared round, not at what they would cost it alone;
+  3. one round over every decoding stream's rows (engine_slots.run_round: one pass on the
      GPU runtime, each row at its own position in its own slot), then each stream accepts
      its own rows and hands its new tokens to its `on_token`, which returns False to stop
      it (a stop string, a cancel);
-  3. the streams that ended are returned (their slots freed) for the caller to finish.
+  4. the streams that ended are returned (their slots freed) for the caller to finish.
 
 A stream's failure (raised from its own step) ends that stream only, with `error` set;
 a failure of the shared round raises from `step`: every stream's state is then unknown,
@@ -22,6 +26,8 @@ from typing import Callable, Generator
 
 from .engine import Engine
 from .engine_slots import CHUNK, Slot, Verify, run_round
+from .spec.allot import Claim, allot, round_room
+from .spec.gate import MAX_WIDTH
 
 
 @dataclass(eq=False)
@@ -41,9 +47,12 @@ class StreamRun:
 
 
 class Streams:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, max_rows: int = MAX_WIDTH):
+        """max_rows: the most rows a round verifies (drafts are allotted up to it)."""
         self.engine = engine
+        self.max_rows = max_rows
         self.runs: list[StreamRun] = []        # in arrival order
+        self.width = 0                         # the last round's rows, every stream's together
 
     @property
     def free(self) -> int:
@@ -76,8 +85,15 @@ class Streams:
         waiting = [r for r in self.runs if r.prefilling]
         if waiting:
             self._advance(waiting[0], None)
+        claiming = [r for r in self.runs if not r.done and isinstance(r.msg, Claim)]
+        if claiming:             # the others (no drafts) are at their Verify of one row
+            fixed = sum(r.msg.tokens.shape[0] for r in self.runs if not r.done and isinstance(r.msg, Verify))
+            drafts = allot([r.msg for r in claiming], fixed, round_room(fixed + len(claiming), self.max_rows))
+            for r, n in zip(claiming, drafts):
+                self._advance(r, n)
         deciding = [r for r in self.runs if not r.done and isinstance(r.msg, Verify)]
         if deciding:
+            self.width = sum(r.msg.tokens.shape[0] for r in deciding)
             outs = run_round(self.engine.model, [r.msg for r in deciding])
             for r, out in zip(deciding, outs):
                 r.rows.append(r.msg.tokens.shape[0])
@@ -89,8 +105,9 @@ class Streams:
         return ended
 
     def _advance(self, run: StreamRun, value) -> None:
-        """Send `value` (a round's output; None to start or after a chunk) and pass the
-        tokens that follow to on_token, up to the stream's next CHUNK or Verify, or its end."""
+        """Send `value` (a round's output, the drafts allotted to its claim; None to start or
+        after a chunk) and pass the tokens that follow to on_token, up to the stream's next
+        CHUNK, Claim or Verify, or its end."""
         try:
             msg = run.core.send(value) if run.msg is not None else next(run.core)
             while isinstance(msg, int):

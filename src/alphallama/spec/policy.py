@@ -14,7 +14,9 @@ copy's 9.6 alone.)
   MTP's by `copy_margin` (3%), both learned online (below); until each side has
   `min_obs` rounds at that length, MTP.
 
-Then the gate (spec/gate.py) keeps the leading drafts worth their columns.
+Then the gate (spec/gate.py) keeps the leading drafts worth their columns; with several
+streams in one round, spec/allot.py does, at the rows' marginal cost (`offer`: the draft
+and its confidences before the cut).
 
 Learning without extra host syncs: in exact mode a round commits exactly the drafts
 that equal the output that follows, so every proposal, verified or not, can be scored
@@ -52,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .allot import Claim, cut
 from .drafter import NO_DRAFT, Draft, Drafter, common_prefix
 from .gate import CopyConfidence, CostTable, Gate, cumulative
 
@@ -258,10 +261,19 @@ class Ledger:
 
 
 def gated(d: Draft, conf: list[float], gate: Gate, overhead: float = 0.0) -> Draft:
-    n = gate.width(conf, overhead) if len(d) else 0
-    if n == len(d):
-        return d
-    return Draft(d.tokens[:n], d.source if n else "none", d.match_len, d.probs[:n])
+    """The draft's leading drafts the gate verifies with it alone in the round."""
+    return cut(d, gate.width(conf, overhead) if len(d) else 0)
+
+
+def offer(drafter: Drafter, max_n: int) -> tuple[Draft, Claim]:
+    """A drafter's draft before the gate's cut and the claim that prices it (spec/allot.py):
+    the policy's own; a drafter without the policy runs ungated, so it wants all its
+    drafts, valued by their probabilities where it has them (MTP), else alike."""
+    if isinstance(drafter, PolicyDrafter):
+        return drafter.offer(max_n)
+    d = drafter.propose(max_n)
+    conf = cumulative(d.probs) if len(d.probs) == len(d) else [1.0] * len(d)
+    return d, Claim(tuple(conf), Gate())
 
 
 class PolicyDrafter:
@@ -297,8 +309,11 @@ class PolicyDrafter:
         self.seq.extend(tokens)
         self.ledger.resolve(self.seq)
 
+    def _copy_claim(self, c: Draft, overhead: float = 0.0) -> Claim:
+        return Claim(tuple(self.memory.copy_conf.conf(c.match_len, len(c))), self.gate, overhead)
+
     def _gate_copy(self, c: Draft, overhead: float = 0.0) -> Draft:
-        return gated(c, self.memory.copy_conf.conf(c.match_len, len(c)), self.gate, overhead)
+        return gated(c, list(self._copy_claim(c, overhead).conf), self.gate, overhead)
 
     @staticmethod
     def _mtp_first(m: Draft) -> int | None:
@@ -316,45 +331,56 @@ class PolicyDrafter:
         return m, self.memory.mtp_cost.ms
 
     def propose(self, max_n: int) -> Draft:
+        """The draft a round verifies with this stream alone in it: offer's, cut by the gate."""
+        d, claim = self.offer(max_n)
+        return cut(d, self.gate.width(list(claim.conf), claim.overhead) if len(d) else 0)
+
+    def offer(self, max_n: int) -> tuple[Draft, Claim]:
+        """The chosen drafter's draft before the gate's cut, and the claim that prices it
+        (spec/allot.py decides how many of its drafts a shared round verifies; alone, the
+        gate's width). The choice between the drafters and what the ledger learns are
+        priced with the stream alone in the round (MTP drafts for one stream only)."""
         c = self.copy.propose(max_n) if self.copy is not None else NO_DRAFT
         start = len(self.seq)
         if len(c):
             self.ledger.add(Pending(start, list(c.tokens), "depth", match_len=c.match_len))
-        alone = self._gate_copy(c)                     # what the round verifies without MTP
         if self.mtp is None:
-            return alone
+            return c, self._copy_claim(c)
+        alone = self._gate_copy(c)                     # what the round verifies without MTP
         if self.switch is not None and not self.switch.allow(self.rules):
             self.memory.count("mtp off")
-            return alone
+            return c, self._copy_claim(c)
         m, h = self._propose_mtp(max_n)
-        gm = gated(m, cumulative(m.probs), self.gate, h)
-        d = gm if self.copy is None else self._choose(m, gm, c, self._gate_copy(c, h), start, h)
+        m_claim = Claim(tuple(cumulative(m.probs)), self.gate, h)
+        gm, gc = gated(m, list(m_claim.conf), self.gate, h), self._gate_copy(c, h)
+        copy_wins = self.copy is not None and self._choose(m, gm, c, gc, start, h)
         if self.switch is not None:                    # this round against the same round without MTP
+            d = gc if copy_wins else gm
             self.ledger.add(Pending(start, list(d.tokens), "switch", ms=self._cost(d) + h, alt=list(alone.tokens),
                                     alt_ms=self._cost(alone), phase=self.switch.phase_id))
-        return d
+        return (c, self._copy_claim(c, h)) if copy_wins else (m, m_claim)
 
-    def _choose(self, m: Draft, gm: Draft, c: Draft, gc: Draft, start: int, h: float) -> Draft:
-        """MTP ran (h ms): its draft or the copy's (both gated with h in the round's cost)."""
+    def _choose(self, m: Draft, gm: Draft, c: Draft, gc: Draft, start: int, h: float) -> bool:
+        """MTP ran (h ms): the copy's draft (True) or its own? (Both gated with h in the round's cost.)"""
         if not len(c):
             self.memory.count("no match")
-            return gm
+            return False
         first = self._mtp_first(m)
         if first is not None and first != c.tokens[0]:
             self.memory.count("disagree")
-            return gm
+            return False
         L = c.match_len
         if L >= self.rules.long_match:
             self.memory.count("long match")
-            return gc if len(gc) else gm
+            return len(gc) > 0
         for d, g in (("mtp", gm), ("ngram", gc)):      # a sample for each side at this length
             self.ledger.add(Pending(start, list(g.tokens), "rate", d, L, self._cost(g) + h))
         rc, rm = self.memory.rate("ngram", L), self.memory.rate("mtp", L)
         if min(rc.n, rm.n) < self.rules.min_obs:
             self.memory.count("short match, learning")
-            return gm
+            return False
         if rc.per_ms > (1 + self.rules.copy_margin) * rm.per_ms and len(gc):
             self.memory.count("short match, copy priced higher")
-            return gc
+            return True
         self.memory.count("short match, mtp priced higher")
-        return gm
+        return False
