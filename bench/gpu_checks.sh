@@ -11,6 +11,7 @@
 #   bash bench/gpu_checks.sh kernels   # tests/kernels on the GPU (deltanet, quant types, windows, GELU among them)
 #   bash bench/gpu_checks.sh runtime   # tests/runtime but the golden (gemma3, rope, shared expert, quant-type model)
 #   bash bench/gpu_checks.sh timing    # the round at W = 1 / 8, before and after, same run, alternating
+#   bash bench/gpu_checks.sh files tests/x.py ...   # those files (TESTS_S: their limit; TAG names the log), -rfE --tb=short
 #   bash bench/gpu_checks.sh all-tests # golden (records kept in $OUT/golden.tgz), kernels and runtime at
 #                                      # once: three processes on one GPU, bits do not depend on company
 # Writes $OUT/checks-<stage>.log (+ $OUT/house-timing.jsonl).
@@ -71,6 +72,12 @@ print("golden:", "PASS" if bad == 0 else f"FAIL ({bad} differ)")
 PY
   tar -czf "$OUT/golden.tgz" -C /tmp g
 }
+files() {    # the test files named after the stage, failures with their short tracebacks
+  shift
+  PYTHONPATH=$AFTER timeout ${TESTS_S:-400} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short "$@" \
+      > "$OUT/checks-files${TAG:+-$TAG}.log" 2>&1
+  grep -E "passed|failed|error" "$OUT/checks-files${TAG:+-$TAG}.log" | tail -3
+}
 all_tests() {
   golden_records & kernels > /dev/null & runtime > /dev/null & wait
   tail -8 "$OUT/checks-golden.log"; tail -4 "$OUT/checks-kernels.log" "$OUT/checks-runtime.log"
@@ -81,5 +88,6 @@ case "$stage" in
   runtime) runtime ;;
   timing) timing ;;
   all-tests) all_tests ;;
-  *) echo "stage: golden | kernels | runtime | timing | all-tests"; exit 2 ;;
+  files) files "$@" ;;
+  *) echo "stage: golden | kernels | runtime | timing | all-tests | files F.py ..."; exit 2 ;;
 esac
