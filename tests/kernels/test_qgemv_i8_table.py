@@ -1,4 +1,5 @@
-"""qgemv_i8's int8 form of the table formats IQ4_NL and IQ4_XS (kernels/gemv/qgemv_i8_table.py):
+"""qgemv_i8's int8 form of IQ4_NL, IQ4_XS (a level lookup) and Q3_K (3-bit codes spread into
+8-bit lanes) (kernels/gemv/qgemv_i8_table.py):
 
   lanes     the lookup's lanes (biased levels of fields 0, 2, 4, 6 and 1, 3, 5, 7 of a qs
             word) from the kernel's path (interpreter: integer selects; GPU: the prmt asm)
@@ -7,7 +8,8 @@
             dequantized weights (random valid blocks; ragged rows: a masked last step)
   rows      every row of W = 1 / 3 / 8 bit-identical to that row alone, whatever its column
   epilogue  the residual add and the split runs, as the plan uses them
-  plan      the registry's plan puts them on qgemv_i8 at W = 1..16, in Q4_K's lane order, exact
+  plan      the registry's plan puts them on qgemv_i8 at W = 1..16, in Q4_K's (IQ4) or Q8_0's
+            (Q3_K) lane order, exact
 CPU: the Triton interpreter; on a GPU the same tests run compiled (the asm)."""
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from gguf.constants import GGMLQuantizationType as T
 from alphallama.kernels.formats.fmt_iq4 import LEVEL_WORDS
 from alphallama.kernels.formats.qweight import QuantWeight
 from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8
-from alphallama.kernels.gemv.qgemv_i8_table import IQ4_ASM, has_dense_i8_form, i8_codes, table_lanes
+from alphallama.kernels.gemv.qgemv_i8_table import ACT_ORDER, IQ4_ASM, has_dense_i8_form, i8_codes, table_lanes
 from alphallama.kernels.gemv.qmatvec_i8 import lane_order
 from alphallama.kernels.gemv.registry import QGEMV_I8, QMATMUL, plan_linear
 from tests.kernels.sm90 import run_in_child
@@ -33,9 +35,10 @@ from tests.kernels.test_qmatmul import random_raw
 from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TABLE = [T.IQ4_NL, T.IQ4_XS]
+TABLE = [T.IQ4_NL, T.IQ4_XS, T.Q3_K]
 IDS = [t.name for t in TABLE]
-RAGGED_K = {T.IQ4_NL: 288, T.IQ4_XS: 768}         # 9 and 24 slots: a masked last step
+RAGGED_K = {T.IQ4_NL: 288, T.IQ4_XS: 768, T.Q3_K: 768}    # 9, 24 and 48 slots: a masked last step
+SAME_ORDER = {T.IQ4_NL: T.Q4_K, T.IQ4_XS: T.Q4_K, T.Q3_K: T.Q8_0}   # whose activations they read
 LEVELS = np.array(gguf_quants.IQ4_NL.kvalues, dtype=np.int64)
 
 
@@ -89,7 +92,7 @@ def run_ptx(asm: str, x: int) -> tuple[int, int]:
 def _lanes_kernel(words, lo_out, hi_out, one, DP4A: tl.constexpr):
     i = tl.arange(0, 256)
     w = tl.reshape(tl.load(words + i), (256, 1, 1))
-    lo, hi = table_lanes(w, one, 1, DP4A)
+    lo, hi = table_lanes(w, w, one, 1, DP4A)
     tl.store(lo_out + i, tl.reshape(lo, (256,)))
     tl.store(hi_out + i, tl.reshape(hi, (256,)))
 
@@ -156,12 +159,13 @@ def test_rows_are_invariant_to_width_and_column(qtype):
         assert_same_bits(qgemv_i8(x[rows], w, tile=t), one[rows], f"{qtype.name} W={W} {t}")
 
 
-def test_epilogue_add_and_split_runs():
-    """The plan's epilogues for an IQ4_XS weight: out += x @ w^T is the fp32 add of the plain
-    product (bit for bit), and split runs' partials add up to the float64 product, each
-    row's the same as that row alone."""
+@pytest.mark.parametrize("qtype", [T.IQ4_XS, T.Q3_K], ids=["IQ4_XS", "Q3_K"])
+def test_epilogue_add_and_split_runs(qtype):
+    """The plan's epilogues: out += x @ w^T is the fp32 add of the plain product (bit for
+    bit), and split runs' partials add up to the float64 product, each row's the same as
+    that row alone."""
     n, k = 24, 1024
-    raw, w = _weight(T.IQ4_XS, n, k, seed=7)
+    raw, w = _weight(qtype, n, k, seed=7)
     x = _x(3, k, seed=8)
     base = torch.randn(3, n, generator=torch.Generator().manual_seed(9)).to(DEV)
     plain = qgemv_i8(x, w)
@@ -170,7 +174,7 @@ def test_epilogue_add_and_split_runs():
     assert_same_bits(out, base + plain, "accumulate")
     t = GemvTile(8, 8, 4, split=2)
     part = qgemv_i8(x, w, tile=t)                                        # [W, 2, N]
-    ref, scale = reference64(x, raw, T.IQ4_XS, n, k)
+    ref, scale = reference64(x, raw, qtype, n, k)
     assert (((part[:, 0] + part[:, 1]).cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
     assert_same_bits(qgemv_i8(x[2:3], w, tile=t)[0], part[2], "split row 2 alone")
 
@@ -178,10 +182,11 @@ def test_epilogue_add_and_split_runs():
 @pytest.mark.parametrize("qtype", TABLE, ids=IDS)
 def test_plan_picks_the_int8_gemv(qtype):
     """An "i8" plan runs them on qgemv_i8 at W = 1..16 (one bits family: exact), reading
-    Q4_K's lane order (so a Linear with both quantizes once); "f32" keeps qmatmul."""
+    Q4_K's lane order (IQ4) or Q8_0's (Q3_K), so a Linear with both quantizes once; "f32"
+    keeps qmatmul."""
     _, w = _weight(qtype, 32, 256, seed=0)
-    _, q4k = _weight(T.Q4_K, 32, 256, seed=0)
-    assert has_dense_i8_form(qtype) and i8_codes(qtype) == (4, 0, 128, False, 1)
+    _, q4k = _weight(SAME_ORDER[qtype], 32, 256, seed=0)
+    assert has_dense_i8_form(qtype) and i8_codes(qtype)[4] > 0
     assert QGEMV_I8.supports(w) is None and lane_order(w) == lane_order(q4k)
     plan = plan_linear([w], "i8", max_w=16)
     assert plan.i8 == (True,)
@@ -197,7 +202,7 @@ def test_plan_picks_the_int8_gemv(qtype):
 
 def compile_sm90() -> None:
     """The GEMV with the lookup asm for sm_90 (child process): IQ4_XS at the 8B's K (W = 1
-    and 4, two steps in flight), IQ4_NL (split runs, PDL) and the lanes kernel."""
+    and 4, two steps in flight), IQ4_NL (split runs, PDL), Q3_K and the lanes kernel."""
     from alphallama.kernels.gemv import qgemv_i8 as mod
     from alphallama.kernels.formats.format import PLANES
     from alphallama.kernels.formats.qweight import FORMATS
@@ -207,14 +212,18 @@ def compile_sm90() -> None:
     build(_lanes_kernel, ["*i32", "*i32", "*i32", "i32"], dict(DP4A=True))
     for qtype, K, BN, BW, NT, pre, split, warps in ((T.IQ4_XS, 4096, 16, 1, 32, 1, 1, 8),
                                                     (T.IQ4_XS, 12288, 16, 4, 32, 2, 1, 8),
-                                                    (T.IQ4_NL, 12288, 16, 4, 32, 1, 2, 8)):
+                                                    (T.IQ4_NL, 12288, 16, 4, 32, 1, 2, 8),
+                                                    (T.Q3_K, 4096, 16, 1, 32, 1, 1, 8),
+                                                    (T.Q3_K, 12288, 16, 4, 32, 1, 2, 8)):
         f = FORMATS[qtype]
         packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
         named = {n: packed.get(n, packed["qs"]) for n in PLANES}          # absent planes: qs (plane_args)
         bits, hbits, bias, has_min, table = i8_codes(qtype)
         types = ["*i32", "*i32", "*fp32", *[ptr[p.dtype] for p in named.values()], "i32", "i32", "i32", "i32"]
+        _, xv, xbits = ACT_ORDER.get(qtype, (f.slot, f.V, bits))
         const = dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                     HAS_MIN=has_min, BN=BN, NT=NT, BW=BW, PREFETCH=pre, DP4A=True, TABLE=table)
+                     HAS_MIN=has_min, BN=BN, NT=NT, BW=BW, PREFETCH=pre, DP4A=True, TABLE=table,
+                     XV=2 * xv if xbits == 4 else xv)
         if split > 1:
             types.append("i32")
             const.update(PDL=True, SPLIT=split, **{f"RUN_{n.upper()}": p.shape[-1] // split for n, p in named.items()})

@@ -32,10 +32,14 @@ from gguf.constants import GGMLQuantizationType as T
 from ..formats.fmt_iq4 import LEVEL_WORDS
 from ..moe.expert_q8_gpu import CODES
 
-# qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): qgemv_i8's constexprs; TABLE 0 for the
-# contract's formats (expert_q8_gpu.CODES), 1 for IQ4's levels
+# qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): qgemv_i8's constexprs; TABLE (how a slot's
+# words become dp4a lanes) 0 for the contract's formats (expert_q8_gpu.CODES: unpack_lanes),
+# 1 for IQ4's levels, 2 for Q3_K's 3-bit codes (q3k_lanes: 8-bit lanes, value = q - 4)
 TABLE_CODES: dict[T, tuple[int, int, int, bool, int]] = {
-    T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1)}
+    T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1), T.Q3_K: (8, 1, 4, False, 2)}
+# the activations' lane order (qmatvec_i8.lane_order) where it is not the format's own
+# (slot, V, BITS): Q3_K's one qs word of 16 codes a slot is spread into Q8_0's 4 words
+ACT_ORDER: dict[T, tuple[int, int, int]] = {T.Q3_K: (16, 4, 8)}
 
 
 def i8_codes(qtype: T) -> tuple[int, int, int, bool, int]:
@@ -101,11 +105,31 @@ def _levels_int(c):
 
 
 @triton.jit
-def table_lanes(words, one, TABLE: tl.constexpr, DP4A: tl.constexpr):
-    """words [NT, BN, V] -> (lo, hi) [NT, BN, V] int32: unpack_lanes's lanes with each code
-    replaced by its biased level (TABLE 1: IQ4's). `one`: a run-time 1 (see the asm)."""
-    tl.static_assert(TABLE == 1, "TABLE 1 (IQ4's levels) is the one table")
-    if DP4A:
+def q3k_lanes(words, h):
+    """Q3_K: a slot's qs word [NT, BN, 1] (16 two-bit codes, code k at bits 2k) and its
+    int16 hmask word h [NT, BN] (bit k: code k's third bit) -> the 3-bit codes q in Q8_0's
+    8-bit lane order [NT, BN, 4] (word v, byte j: k = (j // 2) 8 + 2 v + j % 2; value
+    (d sc) (q - 4)). Integer shifts and masks, the same on the GPU and in the interpreter."""
+    v = tl.arange(0, 4)[None, None, :]                                 # [1, 1, 4]
+    t = words >> (4 * v)                                               # k = 2v, 2v+1 at bits 0..3; 8+2v, 9+2v at 16..19
+    lanes = (t & 0x00030003) | ((t << 6) & 0x03000300)                 # -> bytes 0, 1 (bits 0, 8), 2, 3 (16, 24)
+    hv = h[:, :, None] >> (2 * v)                                      # their top bits at bits 0, 1, 8, 9
+    a = (hv & 0x3) | ((hv & 0x300) << 8)                               # bits 0, 1, 16, 17
+    a = (a & 0x10001) | ((a & 0x20002) << 7)                           # bits 0, 8, 16, 24
+    return lanes | (a << 2)
+
+
+@triton.jit
+def table_lanes(words, h, one, TABLE: tl.constexpr, DP4A: tl.constexpr):
+    """A step's words [NT, BN, V] (and qh words h [NT, BN]) -> (lo, hi) int32 lanes for
+    slot_terms_i8. TABLE 1: unpack_lanes's lanes with each code replaced by its biased IQ4
+    level ([NT, BN, V] each); 2: Q3_K's codes in 8-bit lanes (q3k_lanes, lo = hi).
+    `one`: a run-time 1 (see the asm)."""
+    tl.static_assert(TABLE == 1 or TABLE == 2, "TABLE 1 (IQ4's levels) or 2 (Q3_K)")
+    if TABLE == 2:
+        lo = q3k_lanes(words, h)
+        hi = lo
+    elif DP4A:
         # levels 0..3 and 8..11 go in as registers (prmt's first operand must be one; the
         # others are immediates): a zero the compiler cannot see, per thread, keeps ptxas
         # from copying them out of uniform registers before every permute (4 moves a word)
