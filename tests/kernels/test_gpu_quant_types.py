@@ -6,7 +6,8 @@ compiled on a GPU).
             invariant); test_qmatmul.py's types include them (gguf's values, float64, GPU sizes)
   dequant   the prefill scratch and the embedding gather: gguf's values, bit for bit
   int8      (Q4_1, Q5_1) qmatvec_i8 against the expert contract's plain-torch matvec, bit for
-            bit; qgemv_i8 against float64. The others have no int8 form: plans give them qmatmul
+            bit; qgemv_i8 against float64. Q3_K, IQ4_NL and IQ4_XS have the dense GEMV's int8
+            form only (test_qgemv_i8_table.py); Q2_K none: plans give it qmatmul
   moe       the contract's MoE kernels against its reference, bit for bit; the fp32 MoE
             GEMVs and the prefill's grouped GEMM against float64
   support   the registry and offload/support.py name the GPU for them; others are refused
@@ -51,6 +52,7 @@ gpu_only = pytest.mark.skipif(DEV != "cuda", reason="too slow for the CPU interp
 NEW = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 IDS = [t.name for t in NEW]
 INT8 = [T.Q4_1, T.Q5_1]                    # the expert contract's integer form (expert_q8.SLOT_TERMS)
+DENSE_INT8 = INT8 + [T.Q3_K, T.IQ4_NL, T.IQ4_XS]    # qgemv_i8's (and qgemv_i8_table.TABLE_CODES)
 STILL_CPU_ONLY = [T.Q8_K]                   # no GPU format (nor a CPU one: the file type of none)
 # K whose slot count is not a multiple of the step (a masked last step)
 RAGGED_K = {T.Q4_1: 288, T.Q5_1: 288, T.Q2_K: 768, T.Q3_K: 768, T.IQ4_NL: 288, T.IQ4_XS: 768}
@@ -151,14 +153,14 @@ def test_qgemv_i8_against_float64_and_row_invariant(qtype):
 @gpu_only
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_gpu_sizes(qtype):
-    """A 4096 x 4096 weight: the dequantize kernel gives gguf's values; with an int8 form,
-    qgemv_i8 at W = 8 against float64 and each row alone, qmatvec_i8 the contract's bits
+    """A 4096 x 4096 weight: the dequantize kernel gives gguf's values; with a dense int8 form,
+    qgemv_i8 at W = 8 against float64 and each row alone; with the contract's, qmatvec_i8 its bits
     (test_qmatmul.py runs qmatmul at these sizes)."""
     n = k = 4096
     raw, w = _weight(qtype, n, k, seed=3)
     ref = gguf_dequant(raw, qtype)
     assert torch.equal(_bits(dequantize_into(w, torch.empty(n, k, device=DEV))), _bits(ref))
-    if qtype not in INT8:
+    if qtype not in DENSE_INT8:
         return
     x = _x(8, k, seed=4)
     out = qgemv_i8(x, w)
@@ -166,7 +168,8 @@ def test_gpu_sizes(qtype):
     assert ((out.cpu().double() - ref64).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
     for m in (0, 5):
         assert_same_bits(qgemv_i8(x[m:m + 1], w), out[m:m + 1], f"qgemv_i8 row {m} alone")
-    assert_same_bits(qmatvec_i8(x, w), reference(x, w), f"qmatvec_i8 {qtype.name}")
+    if qtype in INT8:
+        assert_same_bits(qmatvec_i8(x, w), reference(x, w), f"qmatvec_i8 {qtype.name}")
 
 
 def test_moe_contract_kernels():
@@ -212,13 +215,13 @@ def test_moe_f32_and_prefill_gemm_against_float64(gt, dt, size):
 
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_registry_and_support_name_the_gpu(qtype):
-    """Every new type runs on qmatmul; those with an int8 form on qgemv_i8 in an "i8" plan,
-    the others are refused by it with the reason and planned on qmatmul at every width."""
+    """Every new type runs on qmatmul; those with a dense int8 form on qgemv_i8 in an "i8"
+    plan, the others are refused by it with the reason and planned on qmatmul at every width."""
     _, w = _weight(qtype, 32, 256, seed=0)
     assert QMATMUL.supports(w) is None
     assert "Q4_K only" in QGEMV_MMA_K.supports(w)
     plan = plan_linear([w], "i8")
-    if qtype in INT8:
+    if qtype in DENSE_INT8:
         assert QGEMV_I8.supports(w) is None
         assert plan.i8 == (True,) and plan.at(1).kernels == (QGEMV_I8,)
     else:

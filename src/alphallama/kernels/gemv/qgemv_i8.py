@@ -12,7 +12,9 @@ format's lane order, and per slot the record (sum of its q, dx)). Per slot and x
     t    = A * float(isum) [- B * float(xsum)]                       (A, B: the format's slot scales)
     acc[slot lane] = fma(t, dx, acc[slot lane])                      (slots of a lane in k order)
 
-and once at the end the lanes of a row are summed (tl.sum over the slot axis). Unlike
+and once at the end the lanes of a row are summed (tl.sum over the slot axis). The
+table formats (IQ4_NL, IQ4_XS) look their codes' levels up first, Q3_K spreads its 3-bit
+codes into 8-bit lanes (qgemv_i8_table.py). Unlike
 qmatvec_i8 (the expert contract, which fixes one float order for GPU and CPU and pays
 for it with layout shuffles through shared memory), the float order here is the
 kernel's own: a function of the tile, which depends on the weight's (type, N, K) only.
@@ -30,10 +32,11 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from ..moe.expert_q8 import QBLOCK, supports
+from ..moe.expert_q8 import QBLOCK
 from ..formats.format import PLANES
 from ..moe.expert_q8_gpu import CODES
-from .qmatvec_i8 import unpack_lanes, slot_terms_i8, prepare_i8
+from .qgemv_i8_table import TABLE_CODES, has_dense_i8_form, i8_codes, table_lanes
+from .qmatvec_i8 import lane_order, unpack_lanes, slot_terms_i8, prepare_i8
 from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from ..formats.qweight import QuantWeight, check_gemv_args
 
@@ -71,14 +74,16 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
                      PREFETCH: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False,
                      ADD: tl.constexpr = False, SPLIT: tl.constexpr = 1, stride_split=0,
                      RUN_QS: tl.constexpr = 0, RUN_QH: tl.constexpr = 0, RUN_SC: tl.constexpr = 0,
-                     RUN_SD: tl.constexpr = 0):
+                     RUN_SD: tl.constexpr = 0, TABLE: tl.constexpr = 0, XV: tl.constexpr = 0):
     """ADD: the sums are added to what `out` holds. SPLIT > 1: the slots are cut into
     SPLIT equal runs of whole steps (and whole blocks), one program each, and run s's sums
     go to out + s * stride_split (partials, for the consumer to add in run order). A run
     starts its planes RUN_* elements a run further on and its x rows its slots further on,
-    then walks its slots as a whole row's are walked: the same loop, the same registers."""
+    then walks its slots as a whole row's are walked: the same loop, the same registers.
+    TABLE > 0: the words become lanes as qgemv_i8_table.py says (IQ4's levels, Q3_K's codes);
+    XV: activation words a slot where not the format's (Q3_K: 4)."""
     EVEN: tl.constexpr = n_slots % NT == 0
-    XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
+    XROW: tl.constexpr = n_slots * (XV if XV else 2 * V if BITS == 4 else V)   # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
     SL: tl.constexpr = n_slots // SPLIT                                 # slots of a run (all of them: SPLIT 1)
     LAST: tl.constexpr = (SL - 1) // NT * NT
@@ -133,7 +138,10 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
             nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
         else:
             words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
-        lo, hi = unpack_lanes(words, h, BITS, HBITS)
+        if TABLE:
+            lo, hi = table_lanes(words, h, one, TABLE, DP4A)
+        else:
+            lo, hi = unpack_lanes(words, h, BITS, HBITS)
         u = s0 + tl.arange(0, NT)                                      # [NT]
         acc0 = row_step_i8(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
                          HAS_MIN, DP4A)
@@ -299,9 +307,9 @@ def _whole_runs(w: QuantWeight, runs: int, NT: int) -> bool:
 
 
 def _check_supported(w: QuantWeight) -> None:
-    if not supports(w):
+    if not has_dense_i8_form(w.qtype):
         raise ValueError(f"qgemv_i8 has no integer form of {w.qtype.name} "
-                         f"(supported: {', '.join(t.name for t in CODES)})")
+                         f"(supported: {', '.join(t.name for t in (*CODES, *TABLE_CODES))})")
 
 
 def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int, t: GemvTile,
@@ -311,9 +319,12 @@ def _launch(x: torch.Tensor, w: QuantWeight, out: torch.Tensor, stride_out: int,
     W = x.shape[0]
     xp, xsd = prepared if prepared is not None else prepare_i8(x if x.stride(1) == 1 else x.contiguous(), w, pdl)
     BW = min(MAX_BW, triton.next_power_of_2(W))
-    bits, hbits, bias, has_min = CODES[w.qtype]
+    bits, hbits, bias, has_min, table = i8_codes(w.qtype)
+    _, xv, xbits = lane_order(w)
+    extra = {"TABLE": table, "XV": 2 * xv if xbits == 4 else xv} if table else {}   # (the others: their defaults)
     grid = (triton.cdiv(w.N, t.BN) * triton.cdiv(W, BW) * t.split,)
     _qgemv_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, w.N, stride_out, 1, n_slots=w.n_slots,
                            LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
                            BN=t.BN, NT=t.NT, BW=BW, PREFETCH=int(t.prefetch), DP4A=x.is_cuda,
-                           num_warps=t.num_warps, enable_fp_fusion=False, **epilogue, **pdl_kwargs(pdl, x.device))
+                           num_warps=t.num_warps, enable_fp_fusion=False, **epilogue, **extra,
+                           **pdl_kwargs(pdl, x.device))

@@ -32,6 +32,7 @@ import triton.language as tl
 from ..moe.expert_q8 import CHUNK, QBLOCK, XS_GROUP, supports
 from ..moe.expert_q8_gpu import CODES, chunk_sums, quantize_block
 from ..formats.format import slot_positions
+from .qgemv_i8_table import ACT_ORDER, i8_codes
 from ..pdl import pdl_kwargs, pdl_start
 from ..formats.qweight import QuantWeight, check_gemv_args
 
@@ -363,9 +364,10 @@ def fit(t: Tile, w: QuantWeight) -> Tile:
 
 
 def lane_order(w: QuantWeight) -> tuple[int, int, int]:
-    """(slot, V, bits): what the activations' byte order depends on (Q4_K, Q5_K, Q4_0 and
-    Q5_0 share one; Q6_K and Q8_0 each have their own)."""
-    return w.fmt.slot, w.fmt.V, CODES[w.qtype][0]
+    """(slot, V, bits): what the activations' byte order depends on (Q4_K, Q5_K, Q4_0,
+    Q5_0 and the dense GEMV's IQ4_NL, IQ4_XS share one; Q6_K has its own; Q8_0 and the
+    dense GEMV's Q3_K another: qgemv_i8_table.ACT_ORDER)."""
+    return ACT_ORDER.get(w.qtype) or (w.fmt.slot, w.fmt.V, i8_codes(w.qtype)[0])
 
 
 def new_q8(W: int, K: int, order: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:

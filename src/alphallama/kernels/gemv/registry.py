@@ -21,9 +21,9 @@ import torch
 from gguf.constants import GGMLQuantizationType as QT
 
 from ..formats.qweight import QuantWeight
-from ..moe.expert_q8 import supports as has_int8_form
 from .qgemv_i8 import MAX_BW as I8_BW
 from .qgemv_i8 import SPLIT_MAX_N, SPLIT_MIN_K, gemv_tile, qgemv_i8, split_nt, split_runs
+from .qgemv_i8_table import has_dense_i8_form
 from .qgemv_mma import COLS, Q8K, mma_groups, mma_planes, mma_tile, prepare_q8k, qgemv_mma_k, supports_mma
 from .qgemv_q8k import q8k_tile, qgemv_q8k
 from .qmatmul import MAX_BW as QM_BW
@@ -63,7 +63,8 @@ def _any_format(w: QuantWeight) -> str | None:
 
 
 def _i8_support(w: QuantWeight) -> str | None:
-    return None if has_int8_form(w) else f"{w.qtype.name} has no int8 form (expert_q8.SLOT_TERMS)"
+    return None if has_dense_i8_form(w.qtype) else \
+        f"{w.qtype.name} has no int8 form (expert_q8.SLOT_TERMS, qgemv_i8_table.TABLE_CODES)"
 
 
 def _mma_support(w: QuantWeight) -> str | None:

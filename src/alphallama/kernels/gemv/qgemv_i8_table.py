@@ -1,0 +1,142 @@
+"""qgemv_i8_table: the int8 form of the table formats (IQ4_NL, IQ4_XS) in the dense
+decode GEMV (qgemv_i8), which the expert contract (expert_q8.SLOT_TERMS) does not have.
+
+Their 4-bit codes index 16 non-linear int8 levels (fmt_iq4.py), so a qs word's codes
+cannot go straight into dp4a's byte lanes as the affine formats' do: each lane takes a
+table lookup first. The lanes hold the biased levels (level + 128, fmt_iq4.level_words:
+0..255, dp4a's unsigned operand) and the slot's integer sum takes BIAS * xsum off, as
+Q8_0's does (its load flips the bytes' sign bits). So per slot and x row
+
+    isum = sum of dp4a(biased levels, x) - 128 * xsum = sum_k level_k xq_k     (exact)
+    t    = A * float(isum)        A = d (IQ4_NL) or d * sc (IQ4_XS): exact in fp32
+
+and qgemv_i8 goes on as for any format (its float order, tiles, split runs, epilogue
+add). The lanes are those of unpack_lanes (lo: fields 0, 2, 4, 6 of a qs word; hi: 1, 3,
+5, 7), so the activations are Q4_K's lane order (qmatvec_i8.lane_order: one prepare
+serves both).
+
+On CUDA the lookup is byte permutes (PTX prmt: a 4-byte result from an 8-byte pool by
+four 3-bit selectors), as llama.cpp's get_int_from_table_16: for a qs word's codes
+0..3, one permute over the table's levels 0..7 and one over 8..15 by the codes' low 3
+bits, then one picking each byte from either by the code's bit 3; the same for codes
+4..7 (selectors c[15:0] only: the word shifted by 16); two permutes sort the 8 bytes
+into the lo and hi lanes. 14 instructions a word of 8 codes. Under TRITON_INTERPRET=1
+(no inline asm) the same integers come from selects and shifts (the DP4A constexpr).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from ..formats.fmt_iq4 import LEVEL_WORDS
+from ..moe.expert_q8_gpu import CODES
+
+# qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): qgemv_i8's constexprs; TABLE (how a slot's
+# words become dp4a lanes) 0 for the contract's formats (expert_q8_gpu.CODES: unpack_lanes),
+# 1 for IQ4's levels, 2 for Q3_K's 3-bit codes (q3k_lanes: 8-bit lanes, value = q - 4)
+TABLE_CODES: dict[T, tuple[int, int, int, bool, int]] = {
+    T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1), T.Q3_K: (8, 1, 4, False, 2)}
+# the activations' lane order (qmatvec_i8.lane_order) where it is not the format's own
+# (slot, V, BITS): Q3_K's one qs word of 16 codes a slot is spread into Q8_0's 4 words
+ACT_ORDER: dict[T, tuple[int, int, int]] = {T.Q3_K: (16, 4, 8)}
+
+
+def i8_codes(qtype: T) -> tuple[int, int, int, bool, int]:
+    """The dense int8 GEMV's (BITS, HBITS, BIAS, HAS_MIN, TABLE) of a GGUF type (KeyError: none)."""
+    return (*CODES[qtype], 0) if qtype in CODES else TABLE_CODES[qtype]
+
+
+def has_dense_i8_form(qtype: T) -> bool:
+    """Has qgemv_i8 (the dense decode GEMV) an integer form of this type? The contract's
+    formats and the table ones."""
+    return qtype in CODES or qtype in TABLE_CODES
+
+
+def _u32(v: int) -> str:
+    return f"0x{v & 0xFFFFFFFF:08x}"
+
+
+def _lookup_asm(words: tuple[int, int, int, int]) -> str:
+    """PTX: $2 (a qs word), $3 and $4 (words[0] and words[2]) -> $0 lo, $1 hi lanes of
+    biased levels (bytes of `words`, fmt_iq4.level_words). s: the codes' low 3 bits
+    (prmt's byte index; bit 3 of a selector would ask for sign replication); h: 0..3 or
+    4..7 by the code's bit 3 (the low permute's byte or the high one's)."""
+    w1, w3 = _u32(words[1]), _u32(words[3])
+    return "\n".join([
+        "{", ".reg .b32 s, h, a, b, x0, x1;",
+        "and.b32 s, $2, 0x77777777;",
+        "shr.u32 h, $2, 1;",
+        "and.b32 h, h, 0x44444444;",
+        "or.b32 h, h, 0x32103210;",
+        f"prmt.b32 a, $3, {w1}, s;",
+        f"prmt.b32 b, $4, {w3}, s;",
+        "prmt.b32 x0, a, b, h;",                 # levels of codes 0..3 (fields 0..3)
+        "shr.u32 s, s, 16;",
+        "shr.u32 h, h, 16;",
+        f"prmt.b32 a, $3, {w1}, s;",
+        f"prmt.b32 b, $4, {w3}, s;",
+        "prmt.b32 x1, a, b, h;",                 # fields 4..7
+        "prmt.b32 $0, x0, x1, 0x6420;",          # fields 0, 2, 4, 6
+        "prmt.b32 $1, x0, x1, 0x7531;",          # fields 1, 3, 5, 7
+        "}"])
+
+
+IQ4_ASM = _lookup_asm(LEVEL_WORDS)
+_IQ4_ASM: tl.constexpr = tl.constexpr(IQ4_ASM)
+_W0: tl.constexpr = tl.constexpr(LEVEL_WORDS[0])
+_W1: tl.constexpr = tl.constexpr(LEVEL_WORDS[1])
+_W2: tl.constexpr = tl.constexpr(LEVEL_WORDS[2])
+_W3: tl.constexpr = tl.constexpr(LEVEL_WORDS[3])
+
+
+@triton.jit
+def _levels_int(c):
+    """Byte lanes of codes 0..15 -> the same lanes of biased levels (integer selects:
+    bits 2..3 of a code pick the word, bits 0..1 the byte): int32."""
+    out = c * 0
+    for j in tl.static_range(4):
+        q = (c >> (8 * j)) & 0xF
+        lo = tl.where((q & 4) != 0, _W1, _W0)
+        hi = tl.where((q & 4) != 0, _W3, _W2)
+        b = (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF
+        out = out | (b << (8 * j))
+    return out
+
+
+@triton.jit
+def q3k_lanes(words, h):
+    """Q3_K: a slot's qs word [NT, BN, 1] (16 two-bit codes, code k at bits 2k) and its
+    int16 hmask word h [NT, BN] (bit k: code k's third bit) -> the 3-bit codes q in Q8_0's
+    8-bit lane order [NT, BN, 4] (word v, byte j: k = (j // 2) 8 + 2 v + j % 2; value
+    (d sc) (q - 4)). Integer shifts and masks, the same on the GPU and in the interpreter."""
+    v = tl.arange(0, 4)[None, None, :]                                 # [1, 1, 4]
+    t = words >> (4 * v)                                               # k = 2v, 2v+1 at bits 0..3; 8+2v, 9+2v at 16..19
+    lanes = (t & 0x00030003) | ((t << 6) & 0x03000300)                 # -> bytes 0, 1 (bits 0, 8), 2, 3 (16, 24)
+    hv = h[:, :, None] >> (2 * v)                                      # their top bits at bits 0, 1, 8, 9
+    a = (hv & 0x3) | ((hv & 0x300) << 8)                               # bits 0, 1, 16, 17
+    a = (a & 0x10001) | ((a & 0x20002) << 7)                           # bits 0, 8, 16, 24
+    return lanes | (a << 2)
+
+
+@triton.jit
+def table_lanes(words, h, one, TABLE: tl.constexpr, DP4A: tl.constexpr):
+    """A step's words [NT, BN, V] (and qh words h [NT, BN]) -> (lo, hi) int32 lanes for
+    slot_terms_i8. TABLE 1: unpack_lanes's lanes with each code replaced by its biased IQ4
+    level ([NT, BN, V] each); 2: Q3_K's codes in 8-bit lanes (q3k_lanes, lo = hi).
+    `one`: a run-time 1 (see the asm)."""
+    tl.static_assert(TABLE == 1 or TABLE == 2, "TABLE 1 (IQ4's levels) or 2 (Q3_K)")
+    if TABLE == 2:
+        lo = q3k_lanes(words, h)
+        hi = lo
+    elif DP4A:
+        # levels 0..3 and 8..11 go in as registers (prmt's first operand must be one; the
+        # others are immediates): a zero the compiler cannot see, per thread, keeps ptxas
+        # from copying them out of uniform registers before every permute (4 moves a word)
+        z = tl.arange(0, words.shape[0])[:, None, None] & (one - 1)
+        lo, hi = tl.inline_asm_elementwise(_IQ4_ASM, "=r,=r,r,r,r", [words, z | _W0, z | _W2],
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    else:
+        lo = _levels_int(words & 0x0F0F0F0F)
+        hi = _levels_int((words >> 4) & 0x0F0F0F0F)
+    return lo, hi
