@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=16, help="the engine's prompt: a random stretch this long, 4 times")
     ap.add_argument("--mtp", default=None, choices=["dense", "moe", "none"],
                     help="the file's MTP block (default: the preset's; the 35B-A3B-like one has one)")
+    ap.add_argument("--no-engine", action="store_true", help="the kernels' rounds and prefill only (no engine runs)")
     ap.add_argument("--file", default=None, help="the GGUF to write, or to reuse where it exists (kept: llama-bench reads it)")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -167,36 +168,37 @@ def main() -> None:
                     cache.truncate(pos)                                       # the checkpoint's copies back
                 per[f"verify_ms_n{n}"], per[f"commit_ms_n{n}"] = 1e3 * tv / args.reps, 1e3 * tc / args.reps
             out["verify"][W] = per
-        tokenizer = Tokenizer.from_metadata(f.metadata)
-        head = find_mtp_head(f, gpu.cfg)
-        t0 = time.perf_counter()
-        mtp = load_mtp_state(*head, gpu, ctx, tokenizer) if head is not None else None
-        engine = Engine(f, gpu, tokenizer, None, ctx, mtp=mtp)
-        base = _toks(args.repeat, V, 2).tolist()
-        prompt_ids = base * 4
-        specs = {"plain": None, "ngram": SpecConfig("ngram", 16, 2, gate=False)}
-        if mtp is not None:
-            out["mtp_head"] = {"kind": type(mtp.head).__name__, "load_s": time.perf_counter() - t0}
-            tables = tempfile.mkdtemp(dir=tmp)        # the policy's cost table: timed once, for mtp,ngram
-            for name in ("mtp", "mtp,ngram"):
-                specs[name] = SpecConfig(name, 16, 2, gate=False, mtp_min_p=0.0, mtp_switch=False,
-                                         cost_cache_dir=tables)
-        runs = {}
-        for name, sc in specs.items():
-            print(f"engine: {name}", file=sys.stderr, flush=True)
-            engine.reset()
-            g = Generation()
-            toks = list(engine.generate(prompt_ids, args.tokens, gen=g, stop_ids=set(),
-                                        **({"spec": sc} if sc is not None else {})))
-            runs[name] = {"tokens": toks, "tok_s": 1e3 * len(toks) / g.stats.predicted_ms,    # after the prompt
-                          "prompt_ms": g.stats.prompt_ms, "rounds": g.stats.rounds,
-                          "draft_n": g.stats.draft_n, "accepted": g.stats.draft_n_accepted}
-        out["engine"] = {k: {x: y for x, y in v.items() if x != "tokens"} for k, v in runs.items()}
-        out["engine"]["same_tokens"] = all(r["tokens"] == runs["plain"]["tokens"] for r in runs.values())
-        for name, r in runs.items():
-            out["engine"][name]["same_as_plain"] = r["tokens"] == runs["plain"]["tokens"]
-        if mtp is not None:
-            out["mtp_head"]["capture_s"] = mtp.head.capture_s
+        if not args.no_engine:                                                # plain, ngram, mtp, mtp,ngram
+            tokenizer = Tokenizer.from_metadata(f.metadata)
+            head = find_mtp_head(f, gpu.cfg)
+            t0 = time.perf_counter()
+            mtp = load_mtp_state(*head, gpu, ctx, tokenizer) if head is not None else None
+            engine = Engine(f, gpu, tokenizer, None, ctx, mtp=mtp)
+            base = _toks(args.repeat, V, 2).tolist()
+            prompt_ids = base * 4
+            specs = {"plain": None, "ngram": SpecConfig("ngram", 16, 2, gate=False)}
+            if mtp is not None:
+                out["mtp_head"] = {"kind": type(mtp.head).__name__, "load_s": time.perf_counter() - t0}
+                tables = tempfile.mkdtemp(dir=tmp)        # the policy's cost table: timed once, for mtp,ngram
+                for name in ("mtp", "mtp,ngram"):
+                    specs[name] = SpecConfig(name, 16, 2, gate=False, mtp_min_p=0.0, mtp_switch=False,
+                                             cost_cache_dir=tables)
+            runs = {}
+            for name, sc in specs.items():
+                print(f"engine: {name}", file=sys.stderr, flush=True)
+                engine.reset()
+                g = Generation()
+                toks = list(engine.generate(prompt_ids, args.tokens, gen=g, stop_ids=set(),
+                                            **({"spec": sc} if sc is not None else {})))
+                runs[name] = {"tokens": toks, "tok_s": 1e3 * len(toks) / g.stats.predicted_ms,    # after the prompt
+                              "prompt_ms": g.stats.prompt_ms, "rounds": g.stats.rounds,
+                              "draft_n": g.stats.draft_n, "accepted": g.stats.draft_n_accepted}
+            out["engine"] = {k: {x: y for x, y in v.items() if x != "tokens"} for k, v in runs.items()}
+            out["engine"]["same_tokens"] = all(r["tokens"] == runs["plain"]["tokens"] for r in runs.values())
+            for name, r in runs.items():
+                out["engine"][name]["same_as_plain"] = r["tokens"] == runs["plain"]["tokens"]
+            if mtp is not None:
+                out["mtp_head"]["capture_s"] = mtp.head.capture_s
     print(json.dumps(out, indent=1, default=str))
     dest = Path(os.environ.get("OUT", "."))
     name = f"gpu_hybrid-{time.strftime('%Y%m%d-%H%M%S')}.json"
