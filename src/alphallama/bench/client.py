@@ -88,7 +88,8 @@ def apply_timings(m: Measurement, timings: dict[str, Any] | None) -> None:
 class _StreamState:
     """What the events of one response have told us so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_chunk: Callable[[float], None] | None = None) -> None:
+        self.on_chunk = on_chunk
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.chunks = 0
@@ -117,12 +118,15 @@ class _StreamState:
         for choice in obj.get("choices") or ():
             delta = choice.get("delta") or {}
             text += sum(len(delta.get(k) or "") for k in ("content", "reasoning_content"))
+            text += len(choice.get("text") or "")      # /v1/completions
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         if text:
             self.t_first = now if self.t_first is None else self.t_first
             self.t_last = now
             self.chunks += 1
             self.chars += text
+            if self.on_chunk is not None:
+                self.on_chunk(now)
         if isinstance(obj.get("timings"), dict):
             self.timings = obj["timings"]   # the last one sent is the final count
         if isinstance(obj.get("usage"), dict):
@@ -130,15 +134,17 @@ class _StreamState:
 
 
 def stream_chat(http: httpx.Client, root: str, body: dict[str, Any],
-                clock: Callable[[], float] = time.perf_counter) -> Measurement:
-    """POST one streaming chat completion to `root` and measure it."""
+                clock: Callable[[], float] = time.perf_counter, path: str = CHAT_PATH,
+                on_chunk: Callable[[float], None] | None = None) -> Measurement:
+    """POST one streaming chat completion (or, with path="/v1/completions", a text
+    completion) to `root` and measure it; `on_chunk(t)` hears each text chunk's arrival."""
     m = Measurement()
-    state = _StreamState()
+    state = _StreamState(on_chunk)
     decoder = SSEDecoder()
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     t0 = clock()
     try:
-        with http.stream("POST", root + CHAT_PATH, json=body) as resp:
+        with http.stream("POST", root + path, json=body) as resp:
             if resp.status_code != 200:
                 resp.read()
                 m.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
