@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.activations.silu import silu_mul_q8  # noqa: E402
-from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
+from alphallama.kernels.formats.qweight import FORMATS, QuantWeight  # noqa: E402
 from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
 from alphallama.kernels.gemv.qgemv_i8_grid import GRID_CODES, grid_lanes  # noqa: E402
 from alphallama.kernels.gemv.qgemv_i8_table import has_dense_i8_form, i8_codes  # noqa: E402
@@ -74,6 +74,13 @@ def test_lanes_are_the_signed_points():
     val = np.array([[2 * v, 2 * v + 1, 4 + 2 * v, 5 + 2 * v] for v in range(2)])                          # [2, 4]
     sign = 1 - 2 * ((g[:, None, None] >> (20 + val)) & 1)
     assert (got == 128 + sign * pts.reshape(256, 2, 4)).all()
+
+
+@pytest.mark.parametrize("qtype", GRID, ids=IDS)
+def test_points_fit_the_lanes(qtype):
+    """grid_lanes needs every point byte < 128 (128 +- point in 1..255, no carry)."""
+    table = FORMATS[qtype].table().view(torch.uint8)
+    assert int(table.max()) < 128 and int(table.min()) > 0
 
 
 @pytest.mark.parametrize("valid", [True, False], ids=["valid", "any_bytes"])

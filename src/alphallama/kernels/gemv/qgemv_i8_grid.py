@@ -1,12 +1,13 @@
 """qgemv_i8_grid: the int8 form of the codebook ("grid") formats in the dense decode GEMV
-(qgemv_i8): IQ3_XXS.
+(qgemv_i8): IQ3_XXS, IQ3_S.
 
 A slot is the format's group of 8 values (fmt_grid.py), loaded by the fp32 GEMV's own load
 (fmt_triton_grid.grid_load): its point bytes as 2 words (word v: values 2v, 2v + 1, 4 + 2v,
 5 + 2v of the group), the group word g (the 8 signs at bits 20..27, bit j = value j) and
 db = d (2 s + 1) C, the same float the fp32 GEMV multiplies by (exact in fp32: gguf's
-d (0.5 + s) 0.5 for IQ3_XXS, C = 1/4). The points' values are small and unsigned (IQ3_XXS:
-4..62, IQ3_S 1..15, IQ2 8..43: all < 128), so each byte becomes the biased signed value
+d (0.5 + s) 0.5 for IQ3_XXS, C = 1/4; d (1 + 2 s) for IQ3_S, C = 1). The points' values
+are small and unsigned (IQ3_XXS: 4..62, IQ3_S 1..15, IQ2 8..43: all < 128), so each byte
+becomes the biased signed value
 
     lane = 128 + sign * point  (66..190: dp4a's unsigned operand)
 
@@ -16,7 +17,8 @@ words' byte order (qmatvec_i8.lane_order (8, 2, 8): slot 8, 2 words of 8-bit lan
 record (sum of q, dx) a group), and per slot and x row
 
     isum = dp4a(lane word 0, x) + dp4a(lane word 1, x) - 128 * xsum
-         = sum_k sign_k point_k xq_k                       exact (|isum| <= 8 * 62 * 127)
+         = sum_k sign_k point_k xq_k                       exact (|isum| <= 8 * 62 * 127: IQ3_XXS's
+                                                            largest point; IQ3_S's is 15)
     t    = db * float(isum)                                 db exact; one rounding, as the
                                                             other formats' A * float(isum)
 
@@ -33,7 +35,8 @@ from gguf.constants import GGMLQuantizationType as T
 TABLE_GRID = 3          # qgemv_i8's TABLE constexpr of these formats (qgemv_i8_table.TABLE_CODES)
 
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): 8-bit lanes, biased by 128, no min term
-GRID_CODES: dict[T, tuple[int, int, int, bool, int]] = {T.IQ3_XXS: (8, 0, 128, False, TABLE_GRID)}
+GRID_CODES: dict[T, tuple[int, int, int, bool, int]] = {
+    T.IQ3_XXS: (8, 0, 128, False, TABLE_GRID), T.IQ3_S: (8, 0, 128, False, TABLE_GRID)}
 
 
 @triton.jit
