@@ -1,12 +1,13 @@
 """qgemv_i8_grid: the int8 form of the codebook ("grid") formats in the dense decode GEMV
-(qgemv_i8): IQ3_XXS, IQ3_S, IQ2_XXS.
+(qgemv_i8): IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS.
 
 A slot is the format's group of 8 values (fmt_grid.py), loaded by the fp32 GEMV's own load
 (fmt_triton_grid.grid_load): its point bytes as 2 words (word v: values 2v, 2v + 1, 4 + 2v,
 5 + 2v of the group), the group word g (the 8 signs at bits 20..27, bit j = value j) and
 db = d (2 s + 1) C, the same float the fp32 GEMV multiplies by (exact in fp32: gguf's
 d (0.5 + s) 0.5 for IQ3_XXS, C = 1/4; d (1 + 2 s) for IQ3_S, C = 1; d (0.5 + s) 0.25 for
-the IQ2s, C = 1/8; IQ2_XXS's eighth sign is the parity of its 7, made by the load). The points' values
+the IQ2s, C = 1/8; IQ2_XXS's and IQ2_XS's eighth sign is the parity of their 7, made by
+the load). The points' values
 are small and unsigned (IQ3_XXS: 4..62, IQ3_S 1..15, IQ2 8..43: all < 128), so each byte
 becomes the biased signed value
 
@@ -38,7 +39,7 @@ TABLE_GRID = 3          # qgemv_i8's TABLE constexpr of these formats (qgemv_i8_
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): 8-bit lanes, biased by 128, no min term
 GRID_CODES: dict[T, tuple[int, int, int, bool, int]] = {
     T.IQ3_XXS: (8, 0, 128, False, TABLE_GRID), T.IQ3_S: (8, 0, 128, False, TABLE_GRID),
-    T.IQ2_XXS: (8, 0, 128, False, TABLE_GRID)}
+    T.IQ2_XXS: (8, 0, 128, False, TABLE_GRID), T.IQ2_XS: (8, 0, 128, False, TABLE_GRID)}
 
 
 @triton.jit
