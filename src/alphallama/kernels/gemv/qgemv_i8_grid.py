@@ -1,5 +1,6 @@
 """qgemv_i8_grid: the int8 form of the codebook ("grid") formats in the dense decode GEMV
-(qgemv_i8): IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS.
+(qgemv_i8): IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S (the signed ones; IQ1's delta is not
+a sign, so IQ1_S / IQ1_M have none).
 
 A slot is the format's group of 8 values (fmt_grid.py), loaded by the fp32 GEMV's own load
 (fmt_triton_grid.grid_load): its point bytes as 2 words (word v: values 2v, 2v + 1, 4 + 2v,
@@ -39,7 +40,8 @@ TABLE_GRID = 3          # qgemv_i8's TABLE constexpr of these formats (qgemv_i8_
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): 8-bit lanes, biased by 128, no min term
 GRID_CODES: dict[T, tuple[int, int, int, bool, int]] = {
     T.IQ3_XXS: (8, 0, 128, False, TABLE_GRID), T.IQ3_S: (8, 0, 128, False, TABLE_GRID),
-    T.IQ2_XXS: (8, 0, 128, False, TABLE_GRID), T.IQ2_XS: (8, 0, 128, False, TABLE_GRID)}
+    T.IQ2_XXS: (8, 0, 128, False, TABLE_GRID), T.IQ2_XS: (8, 0, 128, False, TABLE_GRID),
+    T.IQ2_S: (8, 0, 128, False, TABLE_GRID)}
 
 
 @triton.jit
