@@ -14,7 +14,8 @@ format's lane order, and per slot the record (sum of its q, dx)). Per slot and x
 
 and once at the end the lanes of a row are summed (tl.sum over the slot axis). The
 table formats (IQ4_NL, IQ4_XS) look their codes' levels up first, Q3_K spreads its 3-bit
-codes into 8-bit lanes (qgemv_i8_table.py). Unlike
+codes into 8-bit lanes (qgemv_i8_table.py), the codebook ones sign their point bytes
+(qgemv_i8_grid.py). Unlike
 qmatvec_i8 (the expert contract, which fixes one float order for GPU and CPU and pays
 for it with layout shuffles through shared memory), the float order here is the
 kernel's own: a function of the tile, which depends on the weight's (type, N, K) only.
@@ -35,6 +36,7 @@ from gguf.constants import GGMLQuantizationType
 from ..moe.expert_q8 import QBLOCK
 from ..formats.format import PLANES
 from ..moe.expert_q8_gpu import CODES
+from .qgemv_i8_grid import grid_lanes
 from .qgemv_i8_table import TABLE_CODES, has_dense_i8_form, i8_codes, table_lanes
 from .qmatvec_i8 import lane_order, unpack_lanes, slot_terms_i8, prepare_i8
 from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
@@ -80,8 +82,9 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     go to out + s * stride_split (partials, for the consumer to add in run order). A run
     starts its planes RUN_* elements a run further on and its x rows its slots further on,
     then walks its slots as a whole row's are walked: the same loop, the same registers.
-    TABLE > 0: the words become lanes as qgemv_i8_table.py says (IQ4's levels, Q3_K's codes);
-    XV: activation words a slot where not the format's (Q3_K: 4)."""
+    TABLE > 0: the words become lanes as qgemv_i8_table.py says (IQ4's levels, Q3_K's codes)
+    or qgemv_i8_grid.py (3: signed points); XV: activation words a slot where not
+    the format's (Q3_K: 4)."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (XV if XV else 2 * V if BITS == 4 else V)   # int32 words per packed x row
     XS: tl.constexpr = n_slots * 2
@@ -138,7 +141,10 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
             nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
         else:
             words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
-        if TABLE:
+        if TABLE == 3:                                                 # qgemv_i8_grid.TABLE_GRID
+            lo = grid_lanes(words, h)                                  # h: the group words
+            hi = lo
+        elif TABLE:
             lo, hi = table_lanes(words, h, one, TABLE, DP4A)
         else:
             lo, hi = unpack_lanes(words, h, BITS, HBITS)
@@ -293,7 +299,9 @@ def _split_partials(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None, t
                          f"got {out.dtype} {tuple(out.shape)}")
     # x and w checked as for any GEMV, run 0's columns standing for [W, N] (no spare buffer)
     check_gemv_args(x, w, out[:, 0], "qgemv_i8", k_multiple=QBLOCK, out_col_slice=True)
-    runs = {f"RUN_{n.upper()}": p.shape[-1] // t.split for n, p in zip(PLANES, w.plane_args())}   # elements a run
+    # elements a run (a codebook's table, in qh's place, is the same for every run)
+    runs = {f"RUN_{n.upper()}": 0 if p is w.table else p.shape[-1] // t.split
+            for n, p in zip(PLANES, w.plane_args())}
     _launch(x, w, out, t.split * N, t, prepared, pdl, SPLIT=t.split, stride_split=N, **runs)
     return out
 

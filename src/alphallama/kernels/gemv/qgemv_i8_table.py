@@ -31,12 +31,15 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..formats.fmt_iq4 import LEVEL_WORDS
 from ..moe.expert_q8_gpu import CODES
+from .qgemv_i8_grid import GRID_CODES
 
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): qgemv_i8's constexprs; TABLE (how a slot's
 # words become dp4a lanes) 0 for the contract's formats (expert_q8_gpu.CODES: unpack_lanes),
-# 1 for IQ4's levels, 2 for Q3_K's 3-bit codes (q3k_lanes: 8-bit lanes, value = q - 4)
+# 1 for IQ4's levels, 2 for Q3_K's 3-bit codes (q3k_lanes: 8-bit lanes, value = q - 4),
+# 3 for the codebook formats' signed points (qgemv_i8_grid.grid_lanes: value = lane - 128)
 TABLE_CODES: dict[T, tuple[int, int, int, bool, int]] = {
-    T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1), T.Q3_K: (8, 1, 4, False, 2)}
+    T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1), T.Q3_K: (8, 1, 4, False, 2),
+    **GRID_CODES}
 # the activations' lane order (qmatvec_i8.lane_order) where it is not the format's own
 # (slot, V, BITS): Q3_K's one qs word of 16 codes a slot is spread into Q8_0's 4 words
 ACT_ORDER: dict[T, tuple[int, int, int]] = {T.Q3_K: (16, 4, 8)}
@@ -49,7 +52,7 @@ def i8_codes(qtype: T) -> tuple[int, int, int, bool, int]:
 
 def has_dense_i8_form(qtype: T) -> bool:
     """Has qgemv_i8 (the dense decode GEMV) an integer form of this type? The contract's
-    formats and the table ones."""
+    formats, the table ones and the codebook ones (qgemv_i8_grid.GRID_CODES)."""
     return qtype in CODES or qtype in TABLE_CODES
 
 

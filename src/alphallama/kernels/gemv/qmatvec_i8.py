@@ -79,6 +79,9 @@ def emit_q8(a, k0, m, xp, xsd, K: tl.constexpr, SLOT: tl.constexpr, V: tl.conste
     xsum = tl.sum(tl.reshape(q, (BQ // SLOT, SLOT)), axis=1)          # [BQ/SLOT]
     if SLOT == 16:
         dxs = tl.reshape(tl.join(dx, dx), (BQ // SLOT,))              # two slots per 32-block
+    elif SLOT == 8:                                                    # four (the codebook formats' groups)
+        d2 = tl.join(dx, dx)
+        dxs = tl.reshape(tl.join(d2, d2), (BQ // SLOT,))
     else:
         dxs = dx
     rec = tl.join(xsum, dxs.to(tl.int32, bitcast=True))               # [BQ/SLOT, 2]
@@ -366,7 +369,8 @@ def fit(t: Tile, w: QuantWeight) -> Tile:
 def lane_order(w: QuantWeight) -> tuple[int, int, int]:
     """(slot, V, bits): what the activations' byte order depends on (Q4_K, Q5_K, Q4_0,
     Q5_0 and the dense GEMV's IQ4_NL, IQ4_XS share one; Q6_K has its own; Q8_0 and the
-    dense GEMV's Q3_K another: qgemv_i8_table.ACT_ORDER)."""
+    dense GEMV's Q3_K another: qgemv_i8_table.ACT_ORDER; the codebook formats' (8, 2, 8)
+    a fourth, a record per group of 8: qgemv_i8_grid.py)."""
     return ACT_ORDER.get(w.qtype) or (w.fmt.slot, w.fmt.V, i8_codes(w.qtype)[0])
 
 
