@@ -114,6 +114,25 @@ def test_n_predict_zero_evaluates_the_prompt_only(stories_server):
     assert len(evs) == 1 and evs[0]["stop"] is True
 
 
+def test_ignore_eos_generates_past_end_of_generation(stories_server, monkeypatch):
+    """llama-server's ignore_eos, on both completion routes: a token of the answer made an
+    end-of-generation id ends the answer before it without ignore_eos, and is generated through
+    with it (the same 12 tokens)."""
+    plain = post(stories_server, {"prompt": PROMPT, "n_predict": 12, "return_tokens": True}).json()["tokens"]
+    k = next(i for i in range(2, 12) if plain[i] not in plain[:i])      # its first appearance
+    tok = stories_server.state.worker.engine.tokenizer
+    monkeypatch.setattr(tok, "_eog", frozenset({plain[k]}))
+    ended = post(stories_server, {"prompt": PROMPT, "n_predict": 12, "return_tokens": True}).json()
+    assert ended["tokens"] == plain[:k] and ended["stop_type"] == "eos"
+    through = post(stories_server, {"prompt": PROMPT, "n_predict": 12, "return_tokens": True,
+                                    "ignore_eos": True}).json()
+    assert through["tokens"] == plain and through["stop_type"] == "limit"
+    oai = post(stories_server, {"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True}, path="/v1/completions").json()
+    assert oai["usage"]["completion_tokens"] == 12 and oai["choices"][0]["finish_reason"] == "length"
+    oai = post(stories_server, {"prompt": PROMPT, "max_tokens": 12}, path="/v1/completions").json()
+    assert oai["usage"]["completion_tokens"] == k and oai["choices"][0]["finish_reason"] == "stop"
+
+
 def test_response_fields(stories_server):
     a = post(stories_server, {"prompt": PROMPT, "n_predict": 3,
                               "response_fields": ["content", "generation_settings/n_predict", "nope/x"]}).json()
@@ -124,7 +143,6 @@ def test_response_fields(stories_server):
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": PROMPT, "id_slot": 2}, "id_slot"),
     ({"prompt": [1, 99999]}, "prompt[1]"),
-    ({"prompt": PROMPT, "ignore_eos": True}, "ignore_eos"),
     ({"prompt": PROMPT, "grammar": "root ::= ((("}, "grammar"),           # GBNF that does not parse
     ({"prompt": PROMPT, "json_schema": {"type": "nonsense"}}, "json_schema"),
     ({"prompt": PROMPT, "n_predict": -2}, "n_predict"),

@@ -61,8 +61,6 @@ class NativeCompletionRequest(_Body):
         if self.id_slot not in (-1, 0):
             raise APIError("invalid_request", f"id_slot {self.id_slot} does not exist: this server has one "
                            "slot, 0", param="id_slot")
-        if self.ignore_eos:
-            raise APIError("invalid_request", "ignore_eos is not supported", param="ignore_eos")
         if self.grammar and self.json_schema is not None:
             raise APIError("invalid_request", "send grammar or json_schema, not both", param="grammar")
         if self.n_cmpl != 1:

@@ -67,7 +67,7 @@ async def completion(body: NativeCompletionRequest, request: Request):
         if limit == 0:   # the prompt only: evaluated into the cache, nothing generated
             return await _prompt_only(request, answer)
         gen = GenRequest(ENDPOINT, ids, limit if limit > 0 else engine.ctx_size, sampling, stops,
-                         body.n_probs if body.n_probs > 0 else None, constraint=constraint)
+                         body.n_probs if body.n_probs > 0 else None, constraint=constraint, ignore_eos=body.ignore_eos)
         job = Job(gen, asyncio.get_running_loop())
         st.worker.submit(job)
     except APIError as e:

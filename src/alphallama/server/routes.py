@@ -106,7 +106,7 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
             raise APIError("invalid_request", str(e)) from None
         limit = body.token_limit if body.token_limit is not None else st.settings.n_predict
         gen = GenRequest(endpoint, ids, limit if limit > 0 else engine.ctx_size, _sampling(st, body),
-                         body.stop_list(), body.n_logprobs,
+                         body.stop_list(), body.n_logprobs, ignore_eos=body.ignore_eos,
                          **({} if output is None else {"constraint": output.constraint,
                                                        "shown_tokens": output.shown_tokens}))
         job = Job(gen, asyncio.get_running_loop())

@@ -138,6 +138,7 @@ class _Common(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
+    ignore_eos: bool = False     # llama-server's extension: end-of-generation tokens do not end the answer
 
     def stop_list(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

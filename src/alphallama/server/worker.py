@@ -46,6 +46,12 @@ class GenRequest:
     n_logprobs: int | None = None   # None: no logprobs; k: each token's and the top k
     constraint: TokenConstraint | None = None       # a grammar the output obeys (grammar.py)
     shown_tokens: frozenset[int] = frozenset()      # control tokens rendered as text (tool-call markers)
+    ignore_eos: bool = False                        # end-of-generation tokens do not stop it (max_tokens does)
+
+    @property
+    def stop_ids(self) -> set[int] | None:
+        """The engine's stop_ids: none when ignore_eos, else the tokenizer's (None)."""
+        return set() if self.ignore_eos else None
 
 
 @dataclass(frozen=True)
@@ -245,8 +251,8 @@ class EngineWorker:
             job.emit(Result(value))
             return
         run = JobRun(engine, job, self.metrics)
-        tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, gen=run.gen, spec=self.spec,
-                                 logprobs=r.n_logprobs, cancel=job.cancelled.is_set, constraint=r.constraint)
+        tokens = engine.generate(r.prompt_ids, r.max_tokens, r.sampling, stop_ids=r.stop_ids, gen=run.gen,
+                                 spec=self.spec, logprobs=r.n_logprobs, cancel=job.cancelled.is_set, constraint=r.constraint)
         try:
             for tid in tokens:
                 if not run.feed(tid):

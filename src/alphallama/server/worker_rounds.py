@@ -70,7 +70,8 @@ def _admit(w: EngineWorker, engine: Engine, streams: Streams, runs: dict, job: J
             job.emit(Result(value))
         else:
             jr = JobRun(engine, job, w.metrics)
-            run = streams.add(r.prompt_ids, r.max_tokens, jr.feed, sampling=r.sampling, gen=jr.gen, spec=w.spec,
+            run = streams.add(r.prompt_ids, r.max_tokens, jr.feed, sampling=r.sampling, stop_ids=r.stop_ids,
+                              gen=jr.gen, spec=w.spec,
                               logprobs=r.n_logprobs, cancel=job.cancelled.is_set, constraint=r.constraint)
             runs[run] = jr
             w.slot_jobs[run.slot.id] = job
