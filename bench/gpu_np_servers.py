@@ -3,8 +3,8 @@
 N it starts the server with N slots of --ctx-per-slot tokens, waits for /health 200, warms it
 with one request, sends N concurrent streaming /v1/completions (a prompt of --prompt-tokens
 token ids, seeded random normal tokens, a different one per stream; max_tokens --tokens,
-temperature 0; llama-server gets "ignore_eos": true, ours has no such field: the tokens
-actually received are recorded), then stops it (SIGTERM to its process group, SIGKILL after
+temperature 0, "ignore_eos": true for both servers: every stream makes --tokens tokens; the
+tokens actually received are recorded), then stops it (SIGTERM to its process group, SIGKILL after
 --stop-timeout). Writes $OUT/gpu_np_servers-<stem>-<date>.json and prints a table.
 
 Figures, per stream: TTFT (request sent -> first text chunk), decode tok/s (tokens after the
@@ -250,11 +250,10 @@ def main() -> int:
                 cmd = [sys.executable, "-m", "alphallama.cli", "serve", "-m", gguf, "--host", "127.0.0.1",
                        "--port", str(port), "-np", str(N), "-c", str(ctx), "--device", args.device,
                        *shlex.split(args.ours_args)]
-                extra: dict = {}
             else:
                 cmd = [args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-ngl", "99",
                        "-fa", "on", "-np", str(N), "-c", str(ctx), *shlex.split(args.llama_args)]
-                extra = {"ignore_eos": True}
+            extra = {"ignore_eos": True}
             print(f"[{server} N={N}] {shlex.join(cmd)}", flush=True)
             r = run_arm(server, cmd, f"http://127.0.0.1:{port}", out_dir / f"np-{server}-N{N}.log",
                         prompts[:N], warm, args, extra)
