@@ -1,9 +1,10 @@
-"""qgemv_i8's int8 form of MXFP4 (the IQ4 lookup on the doubled E2M1 levels,
-kernels/gemv/qgemv_i8_table.py):
+"""qgemv_i8's int8 form of MXFP4 (the IQ4 lookup on the doubled E2M1 levels) and Q2_K (2-bit
+codes spread into Q8_0's 8-bit lanes, an affine slot) (kernels/gemv/qgemv_i8_table.py):
 
   lanes     MXFP4's lookup lanes (biased doubled E2M1 levels of fields 0, 2, 4, 6 and 1, 3, 5,
             7 of a qs word) from the kernel's path and from its asm text run by
-            test_qgemv_i8_table's PTX model, against gguf's 16 levels
+            test_qgemv_i8_table's PTX model, against gguf's 16 levels; crumb_lanes's bytes
+            (Q2_K's codes) against numpy
   float64   the GEMV against a float64 product of the same int8 activations with gguf's
             dequantized weights (random valid blocks, and random bytes with sane scales;
             ragged rows: a masked last step)
@@ -25,7 +26,8 @@ from gguf.constants import GGMLQuantizationType as T
 from alphallama.kernels.formats.fmt_misc import E2M1_WORDS
 from alphallama.kernels.formats.qweight import QuantWeight
 from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8
-from alphallama.kernels.gemv.qgemv_i8_table import MX_ASM, TABLE_MX, has_dense_i8_form, i8_codes, table_lanes
+from alphallama.kernels.gemv.qgemv_i8_table import (ACT_ORDER, MX_ASM, TABLE_MX, has_dense_i8_form, i8_codes,
+                                                    table_lanes)
 from alphallama.kernels.gemv.qmatvec_i8 import lane_order
 from alphallama.kernels.gemv.registry import QGEMV_I8, QMATMUL, plan_linear
 from tests.kernels.sm90 import run_in_child
@@ -36,10 +38,10 @@ from tests.kernels.test_qmatmul import random_raw
 from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TYPES = [T.MXFP4]
+TYPES = [T.MXFP4, T.Q2_K]
 IDS = [t.name for t in TYPES]
-RAGGED_K = {T.MXFP4: 288}                  # 9 slots: a masked last step
-SAME_ORDER = {T.MXFP4: T.Q4_K}             # whose activations they read
+RAGGED_K = {T.MXFP4: 288, T.Q2_K: 768}     # 9, 48 slots: a masked last step
+SAME_ORDER = {T.MXFP4: T.Q4_K, T.Q2_K: T.Q8_0}     # whose activations they read
 MX_LEVELS = np.array(gguf_quants.MXFP4.kvalues, dtype=np.int64)
 E_RANGE = (112, 141)                       # E8M0 bytes of the any-bytes weights: d = 2^-16 .. 2^12
 
@@ -91,6 +93,28 @@ def test_mxfp4_lanes_are_the_levels():
     assert (hi.cpu().numpy().view(np.uint32) == hi_ref).all()
     got = np.array([run_ptx(MX_ASM, int(x), E2M1_WORDS) for x in words], dtype=np.int64)   # [n, 2]
     assert (got[:, 0] == lo_ref).all() and (got[:, 1] == hi_ref).all()
+
+
+@triton.jit
+def _crumb_lanes_kernel(words, out, one, DP4A: tl.constexpr):
+    i = tl.arange(0, 256)
+    w = tl.reshape(tl.load(words + i), (256, 1, 1))
+    lo, hi = table_lanes(w, w, one, 2, DP4A, 0)
+    tl.store(out + 4 * i[:, None] + tl.arange(0, 4)[None, :], tl.reshape(lo, (256, 4)))
+
+
+def test_crumb_lanes_are_the_codes_in_q8_0_order():
+    """2-bit codes (Q2_K's, TABLE 2 without hmask bits): byte j of word v is code
+    k = (j // 2) 8 + 2 v + j % 2 of the qs word (field k at bits 2k), Q8_0's lane order."""
+    assert i8_codes(T.Q2_K) == (8, 0, 0, True, 2) and ACT_ORDER[T.Q2_K] == (16, 4, 8)
+    words = np.random.default_rng(3).integers(0, 1 << 32, 256, dtype=np.int64)
+    out = torch.empty(256, 4, dtype=torch.int32, device=DEV)
+    w = torch.from_numpy(words.astype(np.uint32).view(np.int32)).to(DEV)
+    _crumb_lanes_kernel[(1,)](w, out, 1, DP4A=w.is_cuda)
+    got = (out.cpu().numpy().view(np.uint32).astype(np.int64)[:, :, None] >> (8 * np.arange(4))) & 0xFF  # [256, 4, 4]
+    v, j = np.meshgrid(np.arange(4), np.arange(4), indexing="ij")
+    k = (j // 2) * 8 + 2 * v + j % 2                                                   # [4, 4]
+    assert (got == (words[:, None, None] >> (2 * k)) & 3).all()
 
 
 @pytest.mark.parametrize("valid", [True, False], ids=["valid", "any_bytes"])
@@ -170,7 +194,7 @@ def test_plan_picks_the_int8_gemv(qtype):
 
 def compile_sm90() -> None:
     """The GEMV for sm_90 (child process): each type at the 8B's K (W = 1, one step ahead)
-    and at K = 12288 (W = 4, split runs, PDL, two steps ahead); MXFP4's lanes kernel."""
+    and at K = 12288 (W = 4, split runs, PDL, two steps ahead); the lanes kernels."""
     from alphallama.kernels.gemv import qgemv_i8 as mod
     from alphallama.kernels.formats.format import PLANES
     from alphallama.kernels.formats.qweight import FORMATS
@@ -178,6 +202,7 @@ def compile_sm90() -> None:
 
     ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
     build(_mx_lanes_kernel, ["*i32", "*i32", "*i32", "i32"], dict(DP4A=True))
+    build(_crumb_lanes_kernel, ["*i32", "*i32", "i32"], dict(DP4A=True))
     for qtype in TYPES:
         for K, BW, pre, split in ((4096, 1, 1, 1), (12288, 4, 2, 2)):
             f = FORMATS[qtype]

@@ -28,6 +28,15 @@ bits, then one picking each byte from either by the code's bit 3; the same for c
 4..7 (selectors c[15:0] only: the word shifted by 16); two permutes sort the 8 bytes
 into the lo and hi lanes. 14 instructions a word of 8 codes. Under TRITON_INTERPRET=1
 (no inline asm) the same integers come from selects and shifts (the DP4A constexpr).
+
+The 2-bit formats' slot is one qs word of 16 codes (fmt_kquant_low.py): crumb_lanes spreads
+it by shifts and masks into 4 words of 8-bit lanes in Q8_0's lane order (ACT_ORDER (16, 4,
+8): Q8_0, Q3_K and Q2_K share one prepare); Q3_K ORs its hmask bit on top (q3k_lanes, BIAS
+4, t = (d sc) isum). Q2_K is affine, as the K-quants' contract forms: codes 0..3, BIAS 0,
+
+    t = A * float(isum) - B * float(xsum)     A = d * sc, B = dmin * m (the load's: exact)
+
+(isum and xsum exact; A * isum, B * xsum and their difference each rounded once, as Q4_K's).
 """
 from __future__ import annotations
 
@@ -42,16 +51,17 @@ from .qgemv_i8_grid import GRID_CODES
 
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): qgemv_i8's constexprs; TABLE (how a slot's
 # words become dp4a lanes) 0 for the contract's formats (expert_q8_gpu.CODES: unpack_lanes),
-# 1 for IQ4's levels, 2 for Q3_K's 3-bit codes (q3k_lanes: 8-bit lanes, value = q - 4),
+# 1 for IQ4's levels, 2 for 2-bit codes in 8-bit lanes (crumb_lanes: Q2_K, value A q - B;
+# HBITS 1: Q3_K's 3-bit codes, q3k_lanes, value = q - 4),
 # 3 for the codebook formats' signed points (qgemv_i8_grid.grid_lanes: value = lane - 128),
 # 4 for MXFP4's levels (TABLE 1's lookup on E2M1_WORDS)
 TABLE_MX = 4
 TABLE_CODES: dict[T, tuple[int, int, int, bool, int]] = {
     T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1), T.Q3_K: (8, 1, 4, False, 2),
-    **GRID_CODES, T.MXFP4: (4, 0, 128, False, TABLE_MX)}
+    **GRID_CODES, T.MXFP4: (4, 0, 128, False, TABLE_MX), T.Q2_K: (8, 0, 0, True, 2)}
 # the activations' lane order (qmatvec_i8.lane_order) where it is not the format's own
-# (slot, V, BITS): Q3_K's one qs word of 16 codes a slot is spread into Q8_0's 4 words
-ACT_ORDER: dict[T, tuple[int, int, int]] = {T.Q3_K: (16, 4, 8)}
+# (slot, V, BITS): Q3_K's and Q2_K's one qs word of 16 codes a slot is spread into Q8_0's 4 words
+ACT_ORDER: dict[T, tuple[int, int, int]] = {T.Q3_K: (16, 4, 8), T.Q2_K: (16, 4, 8)}
 
 
 def i8_codes(qtype: T) -> tuple[int, int, int, bool, int]:
@@ -123,29 +133,40 @@ def _levels_int(c, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.
 
 
 @triton.jit
-def q3k_lanes(words, h):
-    """Q3_K: a slot's qs word [NT, BN, 1] (16 two-bit codes, code k at bits 2k) and its
-    int16 hmask word h [NT, BN] (bit k: code k's third bit) -> the 3-bit codes q in Q8_0's
-    8-bit lane order [NT, BN, 4] (word v, byte j: k = (j // 2) 8 + 2 v + j % 2; value
-    (d sc) (q - 4)). Integer shifts and masks, the same on the GPU and in the interpreter."""
+def crumb_lanes(words):
+    """A 16-value slot's qs word [NT, BN, 1] (16 two-bit codes, code k at bits 2k) -> the
+    codes in Q8_0's 8-bit lane order [NT, BN, 4] (word v, byte j: k = (j // 2) 8 + 2 v + j % 2):
+    Q2_K, TQ2_0 / TQ1_0 and (with the hmask bits on top, q3k_lanes) Q3_K. Integer shifts
+    and masks, the same on the GPU and in the interpreter."""
     v = tl.arange(0, 4)[None, None, :]                                 # [1, 1, 4]
     t = words >> (4 * v)                                               # k = 2v, 2v+1 at bits 0..3; 8+2v, 9+2v at 16..19
-    lanes = (t & 0x00030003) | ((t << 6) & 0x03000300)                 # -> bytes 0, 1 (bits 0, 8), 2, 3 (16, 24)
-    hv = h[:, :, None] >> (2 * v)                                      # their top bits at bits 0, 1, 8, 9
-    a = (hv & 0x3) | ((hv & 0x300) << 8)                               # bits 0, 1, 16, 17
-    a = (a & 0x10001) | ((a & 0x20002) << 7)                           # bits 0, 8, 16, 24
-    return lanes | (a << 2)
+    return (t & 0x00030003) | ((t << 6) & 0x03000300)                  # -> bytes 0, 1 (bits 0, 8), 2, 3 (16, 24)
 
 
 @triton.jit
-def table_lanes(words, h, one, TABLE: tl.constexpr, DP4A: tl.constexpr):
+def q3k_lanes(words, h):
+    """Q3_K: a slot's qs word [NT, BN, 1] and its int16 hmask word h [NT, BN] (bit k: code
+    k's third bit) -> the 3-bit codes q = code | hbit << 2 in crumb_lanes's order [NT, BN, 4]
+    (value (d sc) (q - 4))."""
+    v = tl.arange(0, 4)[None, None, :]                                 # [1, 1, 4]
+    hv = h[:, :, None] >> (2 * v)                                      # their top bits at bits 0, 1, 8, 9
+    a = (hv & 0x3) | ((hv & 0x300) << 8)                               # bits 0, 1, 16, 17
+    a = (a & 0x10001) | ((a & 0x20002) << 7)                           # bits 0, 8, 16, 24
+    return crumb_lanes(words) | (a << 2)
+
+
+@triton.jit
+def table_lanes(words, h, one, TABLE: tl.constexpr, DP4A: tl.constexpr, HBITS: tl.constexpr = 0):
     """A step's words [NT, BN, V] (and qh words h [NT, BN]) -> (lo, hi) int32 lanes for
     slot_terms_i8. TABLE 1 (4): unpack_lanes's lanes with each code replaced by its biased
-    IQ4 (MXFP4) level ([NT, BN, V] each); 2: Q3_K's codes in 8-bit lanes (q3k_lanes, lo = hi).
-    `one`: a run-time 1 (see the asm)."""
-    tl.static_assert(TABLE == 1 or TABLE == 2 or TABLE == 4, "TABLE 1 (IQ4's levels), 2 (Q3_K), 4 (MXFP4)")
+    IQ4 (MXFP4) level ([NT, BN, V] each); 2: 2-bit codes in 8-bit lanes (crumb_lanes, lo = hi),
+    HBITS 1: with Q3_K's hmask bit on top (q3k_lanes). `one`: a run-time 1 (see the asm)."""
+    tl.static_assert(TABLE == 1 or TABLE == 2 or TABLE == 4, "TABLE 1 (IQ4's levels), 2 (2-bit codes), 4 (MXFP4)")
     if TABLE == 2:
-        lo = q3k_lanes(words, h)
+        if HBITS:
+            lo = q3k_lanes(words, h)
+        else:
+            lo = crumb_lanes(words)                                    # (h: qs standing in for an absent qh)
         hi = lo
     elif DP4A:
         # levels 0..3 and 8..11 go in as registers (prmt's first operand must be one; the
