@@ -1,10 +1,11 @@
-"""qgemv_i8's int8 form of MXFP4 (the IQ4 lookup on the doubled E2M1 levels) and Q2_K (2-bit
-codes spread into Q8_0's 8-bit lanes, an affine slot) (kernels/gemv/qgemv_i8_table.py):
+"""qgemv_i8's int8 form of MXFP4 (the IQ4 lookup on the doubled E2M1 levels), Q2_K (2-bit
+codes spread into Q8_0's 8-bit lanes, an affine slot) and TQ2_0 / TQ1_0 (the same lanes, BIAS
+1) (kernels/gemv/qgemv_i8_table.py):
 
   lanes     MXFP4's lookup lanes (biased doubled E2M1 levels of fields 0, 2, 4, 6 and 1, 3, 5,
             7 of a qs word) from the kernel's path and from its asm text run by
             test_qgemv_i8_table's PTX model, against gguf's 16 levels; crumb_lanes's bytes
-            (Q2_K's codes) against numpy
+            (Q2_K's and TQ's codes) against numpy
   float64   the GEMV against a float64 product of the same int8 activations with gguf's
             dequantized weights (random valid blocks, and random bytes with sane scales;
             ragged rows: a masked last step)
@@ -38,10 +39,10 @@ from tests.kernels.test_qmatmul import random_raw
 from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TYPES = [T.MXFP4, T.Q2_K]
+TYPES = [T.MXFP4, T.Q2_K, T.TQ2_0, T.TQ1_0]
 IDS = [t.name for t in TYPES]
-RAGGED_K = {T.MXFP4: 288, T.Q2_K: 768}     # 9, 48 slots: a masked last step
-SAME_ORDER = {T.MXFP4: T.Q4_K, T.Q2_K: T.Q8_0}     # whose activations they read
+RAGGED_K = {T.MXFP4: 288, T.Q2_K: 768, T.TQ2_0: 768, T.TQ1_0: 768}     # 9, 48 slots: a masked last step
+SAME_ORDER = {T.MXFP4: T.Q4_K, T.Q2_K: T.Q8_0, T.TQ2_0: T.Q8_0, T.TQ1_0: T.Q8_0}     # whose activations they read
 MX_LEVELS = np.array(gguf_quants.MXFP4.kvalues, dtype=np.int64)
 E_RANGE = (112, 141)                       # E8M0 bytes of the any-bytes weights: d = 2^-16 .. 2^12
 
@@ -104,9 +105,11 @@ def _crumb_lanes_kernel(words, out, one, DP4A: tl.constexpr):
 
 
 def test_crumb_lanes_are_the_codes_in_q8_0_order():
-    """2-bit codes (Q2_K's, TABLE 2 without hmask bits): byte j of word v is code
+    """2-bit codes (Q2_K's and TQ's, TABLE 2 without hmask bits): byte j of word v is code
     k = (j // 2) 8 + 2 v + j % 2 of the qs word (field k at bits 2k), Q8_0's lane order."""
     assert i8_codes(T.Q2_K) == (8, 0, 0, True, 2) and ACT_ORDER[T.Q2_K] == (16, 4, 8)
+    for tq in (T.TQ2_0, T.TQ1_0):
+        assert i8_codes(tq) == (8, 0, 1, False, 2) and ACT_ORDER[tq] == (16, 4, 8)
     words = np.random.default_rng(3).integers(0, 1 << 32, 256, dtype=np.int64)
     out = torch.empty(256, 4, dtype=torch.int32, device=DEV)
     w = torch.from_numpy(words.astype(np.uint32).view(np.int32)).to(DEV)

@@ -29,14 +29,17 @@ bits, then one picking each byte from either by the code's bit 3; the same for c
 into the lo and hi lanes. 14 instructions a word of 8 codes. Under TRITON_INTERPRET=1
 (no inline asm) the same integers come from selects and shifts (the DP4A constexpr).
 
-The 2-bit formats' slot is one qs word of 16 codes (fmt_kquant_low.py): crumb_lanes spreads
-it by shifts and masks into 4 words of 8-bit lanes in Q8_0's lane order (ACT_ORDER (16, 4,
-8): Q8_0, Q3_K and Q2_K share one prepare); Q3_K ORs its hmask bit on top (q3k_lanes, BIAS
-4, t = (d sc) isum). Q2_K is affine, as the K-quants' contract forms: codes 0..3, BIAS 0,
+The 2-bit formats' slot is one qs word of 16 codes (fmt_kquant_low.py, fmt_misc.py):
+crumb_lanes spreads it by shifts and masks into 4 words of 8-bit lanes in Q8_0's lane
+order (ACT_ORDER (16, 4, 8): Q8_0, Q3_K, Q2_K and TQ share one prepare); Q3_K ORs its
+hmask bit on top (q3k_lanes, BIAS 4, t = (d sc) isum). Q2_K is affine, as the K-quants'
+contract forms: codes 0..3, BIAS 0,
 
     t = A * float(isum) - B * float(xsum)     A = d * sc, B = dmin * m (the load's: exact)
 
 (isum and xsum exact; A * isum, B * xsum and their difference each rounded once, as Q4_K's).
+TQ2_0 (and TQ1_0, decoded to TQ2_0's planes at load): BIAS 1, t = d * isum, exact (d an fp16,
+|isum| <= 16 * 2 * 127 < 2^12: 23 significant bits at most).
 """
 from __future__ import annotations
 
@@ -51,17 +54,18 @@ from .qgemv_i8_grid import GRID_CODES
 
 # qtype -> (BITS, HBITS, BIAS, HAS_MIN, TABLE): qgemv_i8's constexprs; TABLE (how a slot's
 # words become dp4a lanes) 0 for the contract's formats (expert_q8_gpu.CODES: unpack_lanes),
-# 1 for IQ4's levels, 2 for 2-bit codes in 8-bit lanes (crumb_lanes: Q2_K, value A q - B;
+# 1 for IQ4's levels, 2 for 2-bit codes in 8-bit lanes (crumb_lanes: Q2_K, value A q - B; TQ, q - 1;
 # HBITS 1: Q3_K's 3-bit codes, q3k_lanes, value = q - 4),
 # 3 for the codebook formats' signed points (qgemv_i8_grid.grid_lanes: value = lane - 128),
 # 4 for MXFP4's levels (TABLE 1's lookup on E2M1_WORDS)
 TABLE_MX = 4
 TABLE_CODES: dict[T, tuple[int, int, int, bool, int]] = {
     T.IQ4_NL: (4, 0, 128, False, 1), T.IQ4_XS: (4, 0, 128, False, 1), T.Q3_K: (8, 1, 4, False, 2),
-    **GRID_CODES, T.MXFP4: (4, 0, 128, False, TABLE_MX), T.Q2_K: (8, 0, 0, True, 2)}
+    **GRID_CODES, T.MXFP4: (4, 0, 128, False, TABLE_MX), T.Q2_K: (8, 0, 0, True, 2),
+    T.TQ2_0: (8, 0, 1, False, 2), T.TQ1_0: (8, 0, 1, False, 2)}
 # the activations' lane order (qmatvec_i8.lane_order) where it is not the format's own
-# (slot, V, BITS): Q3_K's and Q2_K's one qs word of 16 codes a slot is spread into Q8_0's 4 words
-ACT_ORDER: dict[T, tuple[int, int, int]] = {T.Q3_K: (16, 4, 8), T.Q2_K: (16, 4, 8)}
+# (slot, V, BITS): the 2-bit formats' one qs word of 16 codes a slot is spread into Q8_0's 4 words
+ACT_ORDER: dict[T, tuple[int, int, int]] = {t: (16, 4, 8) for t in (T.Q3_K, T.Q2_K, T.TQ2_0, T.TQ1_0)}
 
 
 def i8_codes(qtype: T) -> tuple[int, int, int, bool, int]:
