@@ -6,8 +6,8 @@ compiled on a GPU).
             invariant); test_qmatmul.py's types include them (gguf's values, float64, GPU sizes)
   dequant   the prefill scratch and the embedding gather: gguf's values, bit for bit
   int8      (Q4_1, Q5_1) qmatvec_i8 against the expert contract's plain-torch matvec, bit for
-            bit; qgemv_i8 against float64. Q3_K, IQ4_NL and IQ4_XS have the dense GEMV's int8
-            form only (test_qgemv_i8_table.py); Q2_K none: plans give it qmatmul
+            bit; qgemv_i8 against float64. Q2_K, Q3_K, IQ4_NL and IQ4_XS have the dense GEMV's
+            int8 form only (test_qgemv_i8_table.py, Q2_K: test_qgemv_i8_more.py)
   moe       the contract's MoE kernels against its reference, bit for bit; the fp32 MoE
             GEMVs and the prefill's grouped GEMM against float64
   support   the registry and offload/support.py name the GPU for them; others are refused
@@ -52,7 +52,7 @@ gpu_only = pytest.mark.skipif(DEV != "cuda", reason="too slow for the CPU interp
 NEW = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 IDS = [t.name for t in NEW]
 INT8 = [T.Q4_1, T.Q5_1]                    # the expert contract's integer form (expert_q8.SLOT_TERMS)
-DENSE_INT8 = INT8 + [T.Q3_K, T.IQ4_NL, T.IQ4_XS]    # qgemv_i8's (and qgemv_i8_table.TABLE_CODES)
+DENSE_INT8 = INT8 + [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]    # qgemv_i8's (and qgemv_i8_table.TABLE_CODES)
 STILL_CPU_ONLY = [T.Q8_K]                   # no GPU format (nor a CPU one: the file type of none)
 # K whose slot count is not a multiple of the step (a masked last step)
 RAGGED_K = {T.Q4_1: 288, T.Q5_1: 288, T.Q2_K: 768, T.Q3_K: 768, T.IQ4_NL: 288, T.IQ4_XS: 768}

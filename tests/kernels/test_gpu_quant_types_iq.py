@@ -9,7 +9,8 @@ format-generic kernels at small sizes (the Triton interpreter on CPU; compiled o
   f32       qmatmul at ragged sizes against float64; its exact-mode rows (column and W invariant)
   moe       the fp32 MoE GEMVs and the prefill's grouped GEMM against float64 (MXFP4 experts)
   support   qmatmul takes them, the int8 kernels refuse those without an int8 form with the
-            reason, `plan` runs them
+            reason (the dense int8 GEMV's: test_qgemv_i8_grid.py, test_qgemv_i8_more.py), `plan`
+            runs them
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from alphallama.kernels.formats.dequant import dequantize_into  # noqa: E402
 from alphallama.kernels.formats.fmt_grid import grid_table  # noqa: E402
 from alphallama.kernels.formats.fmt_iq4 import words_levels  # noqa: E402
 from alphallama.kernels.formats.fmt_misc import E2M1_WORDS  # noqa: E402
-from alphallama.kernels.gemv.qgemv_i8_grid import GRID_CODES  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8_table import has_dense_i8_form  # noqa: E402
 from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
 from alphallama.kernels.gemv.registry import QGEMV_I8, QGEMV_MMA_K, QMATMUL, plan_linear  # noqa: E402
 from alphallama.kernels.moe.moe_f32 import moe_down, moe_gate_up  # noqa: E402
@@ -184,13 +185,14 @@ def test_codebook_experts_through_the_grouped_gemm():
 @pytest.mark.parametrize("qtype", NEW, ids=IDS)
 def test_registry_and_support_name_the_gpu(qtype):
     """qmatmul takes every new type; the int8 kernels refuse those without an int8 form
-    (qgemv_i8_grid.GRID_CODES have one: test_qgemv_i8_grid.py) with the reason, so plans
-    give them qmatmul at every width; support.py (plan, inspect) names the GPU."""
+    (the dense GEMV's: qgemv_i8_grid.GRID_CODES, test_qgemv_i8_grid.py; MXFP4 and TQ,
+    test_qgemv_i8_more.py) with the reason, so plans give them qmatmul at every width;
+    support.py (plan, inspect) names the GPU."""
     _, w = _weight(qtype, 32, 256, seed=0)
     assert QMATMUL.supports(w) is None
     assert "Q4_K only" in QGEMV_MMA_K.supports(w)
     plan = plan_linear([w], "i8")
-    if qtype in GRID_CODES:
+    if has_dense_i8_form(qtype):
         assert QGEMV_I8.supports(w) is None and plan.i8 == (True,)
         assert all(st.kernels == (QGEMV_I8,) for st in plan.steps)
     else:

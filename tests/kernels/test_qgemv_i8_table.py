@@ -69,10 +69,10 @@ def _prmt(a: int, b: int, c: int) -> int:
     return out
 
 
-def run_ptx(asm: str, x: int) -> tuple[int, int]:
+def run_ptx(asm: str, x: int, table: tuple[int, ...] = LEVEL_WORDS) -> tuple[int, int]:
     """The lookup asm's instructions (and, shr, or, prmt on .b32) run on word x, with the
-    table words table_lanes passes in registers: ($0, $1)."""
-    regs = {"$2": x & 0xFFFFFFFF, "$3": LEVEL_WORDS[0] & 0xFFFFFFFF, "$4": LEVEL_WORDS[2] & 0xFFFFFFFF}
+    table words table_lanes passes in registers (words 0 and 2 of `table`): ($0, $1)."""
+    regs = {"$2": x & 0xFFFFFFFF, "$3": table[0] & 0xFFFFFFFF, "$4": table[2] & 0xFFFFFFFF}
 
     def val(tok: str) -> int:
         return int(tok, 0) if tok[0].isdigit() else regs[tok]

@@ -19,8 +19,8 @@ from gpucheck import follows_reference  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # one MoE model holding the six: Q4_1 for the embedding's gather and the routed experts'
 # gate|up, Q5_1 for the attention output and the experts' down, q in Q2_K, k in Q3_K, v in
-# IQ4_NL (the q|k|v Linear mixes kernels: Q2_K on qmatmul, Q3_K and IQ4_NL on qgemv_i8), the head
-# in IQ4_XS (qgemv_i8)
+# IQ4_NL (all three on qgemv_i8, in two lane orders: Q2_K and Q3_K Q8_0's, IQ4_NL Q4_K's), the
+# head in IQ4_XS (qgemv_i8)
 MIX = {g: T.Q4_1 for g in ("embd", "ffn_gate_exps", "ffn_up_exps")} | \
       {g: T.Q5_1 for g in ("attn_output", "ffn_down_exps")} | \
       {"attn_q": T.Q2_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_NL, "output": T.IQ4_XS}

@@ -13,9 +13,9 @@ format's lane order, and per slot the record (sum of its q, dx)). Per slot and x
     acc[slot lane] = fma(t, dx, acc[slot lane])                      (slots of a lane in k order)
 
 and once at the end the lanes of a row are summed (tl.sum over the slot axis). The
-table formats (IQ4_NL, IQ4_XS) look their codes' levels up first, Q3_K spreads its 3-bit
-codes into 8-bit lanes (qgemv_i8_table.py), the codebook ones sign their point bytes
-(qgemv_i8_grid.py). Unlike
+table formats (IQ4_NL, IQ4_XS, MXFP4) look their codes' levels up first, Q3_K, Q2_K and TQ
+spread their 3- and 2-bit codes into 8-bit lanes (qgemv_i8_table.py), the codebook ones
+sign their point bytes (qgemv_i8_grid.py). Unlike
 qmatvec_i8 (the expert contract, which fixes one float order for GPU and CPU and pays
 for it with layout shuffles through shared memory), the float order here is the
 kernel's own: a function of the tile, which depends on the weight's (type, N, K) only.
@@ -82,7 +82,8 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
     go to out + s * stride_split (partials, for the consumer to add in run order). A run
     starts its planes RUN_* elements a run further on and its x rows its slots further on,
     then walks its slots as a whole row's are walked: the same loop, the same registers.
-    TABLE > 0: the words become lanes as qgemv_i8_table.py says (IQ4's levels, Q3_K's codes)
+    TABLE > 0: the words become lanes as qgemv_i8_table.py says (IQ4's and MXFP4's levels, Q3_K's,
+    Q2_K's and TQ's codes)
     or qgemv_i8_grid.py (3: signed points); XV: activation words a slot where not
     the format's (Q3_K: 4)."""
     EVEN: tl.constexpr = n_slots % NT == 0
@@ -145,7 +146,7 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
             lo = grid_lanes(words, h)                                  # h: the group words
             hi = lo
         elif TABLE:
-            lo, hi = table_lanes(words, h, one, TABLE, DP4A)
+            lo, hi = table_lanes(words, h, one, TABLE, DP4A, HBITS)
         else:
             lo, hi = unpack_lanes(words, h, BITS, HBITS)
         u = s0 + tl.arange(0, NT)                                      # [NT]
