@@ -100,13 +100,13 @@ def test_matches_float64_of_the_quantized_activations(qtype, valid):
 def test_rows_are_invariant_to_width_and_column(qtype):
     """Each row of W = 1 / 3 / 8 has the bits of that row alone, at another column too
     (rotated rows), with the interpreter's tile and with the GPU's."""
-    n, k = 40, 512
+    n, k = 20, 512                                     # 20: a masked weight-row tile
     raw, w = _weight(qtype, n, k, seed=5)
-    x = _x(11, k, seed=6)
-    alone = torch.stack([qgemv_i8(x[m:m + 1], w)[0] for m in range(11)])
+    x = _x(8, k, seed=6)
+    alone = torch.stack([qgemv_i8(x[m:m + 1], w)[0] for m in range(8)])
     for W in (1, 3, 8):
         for shift in (0, 5):
-            rows = torch.roll(torch.arange(11), shift)[:W]
+            rows = torch.roll(torch.arange(8), shift)[:W]
             assert_same_bits(qgemv_i8(x[rows], w), alone[rows], f"{qtype.name} W={W} shift={shift}")
     ref, scale = reference64(x, raw, qtype, n, k)
     assert ((alone.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
