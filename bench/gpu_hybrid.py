@@ -125,6 +125,7 @@ def main() -> None:
         gpu.forward(prompt, 0, cache, logits=False)
         out["prefill_ms"] = 1e3 * (now() - t0)
         out["prefill_delta_rule"] = gpu.delta_rule_name                       # fla's chunks or ours
+        out["prefill_fla_failed"] = getattr(gpu.delta_rule, "failed", None)   # fla raised: ours ran
         if gpu.delta_rule is not None:                                        # ours beside it, same file
             rule, gpu.delta_rule = gpu.delta_rule, None
             for _ in range(2):

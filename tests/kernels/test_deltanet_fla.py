@@ -85,6 +85,29 @@ def test_fla_chunks_follow_the_recurrence(shape, T):
 def test_the_choice():
     assert fla_rule.prefill_rule("ours", DEV) == ("ours", None)
     name, rule = fla_rule.prefill_rule("fla", DEV)
-    assert (name, rule) == (("fla", fla_rule.fla_delta_rule) if fla_rule.fla_unavailable(DEV) is None
-                            else ("ours", None))
+    assert name == ("fla" if fla_rule.fla_unavailable(DEV) is None else "ours")
+    assert (rule is None) == (name == "ours")
     assert fla_rule.fla_unavailable("cpu") == "fla's kernels run on CUDA only"
+
+
+def test_a_failing_fla_falls_back_to_ours(monkeypatch, capsys):
+    """fla raising at its first call (a triton it was not built for): the chunk is redone by our
+    rule from the same inputs, with one warning, and ours runs from then on."""
+    from alphallama.kernels.deltanet.prefill import chunk_delta_rule
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(1)
+        raise RuntimeError("no kernel image")
+    monkeypatch.setattr(fla_rule, "_fla", lambda: SimpleNamespace(chunk_gated_delta_rule=broken))
+    shape = SHAPES[0]
+    mix, alpha, beta, w, conv, S0 = _layer(shape, 8, seed=2)
+    rule = fla_rule._FlaOrOurs()
+    xc = mix                       # any conv output: both rules read the same inputs
+    s1, s2 = S0.clone(), S0.clone()
+    for _ in range(2):
+        got = rule(xc, alpha, beta, w, s1, shape)
+        want = chunk_delta_rule(xc, alpha, beta, w, s2, shape)
+        assert torch.equal(got, want) and torch.equal(s1, s2)
+    assert len(calls) == 1 and "no kernel image" in rule.failed
+    assert capsys.readouterr().err.count("fla's delta rule failed") == 1

@@ -16,6 +16,7 @@ fla's grouped value attention is never relied on for the map.
 from __future__ import annotations
 
 import importlib
+import sys
 from functools import cache
 
 import torch
@@ -62,9 +63,30 @@ def fla_delta_rule(xc: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, w:
     return o[0].float()                                                          # [T, Hv, dv]
 
 
+class _FlaOrOurs:
+    """fla_delta_rule until it raises once (a triton or driver fla was not built for: its kernels
+    compile at the first call), then ours from then on, with one warning. fla leaves the state
+    untouched until it returns, so the failed chunk is redone by ours from the same inputs."""
+    name = "fla"
+
+    def __init__(self):
+        self.failed: str | None = None
+
+    def __call__(self, xc, alpha, beta, w, state, shape, block_v=None):
+        if self.failed is None:
+            try:
+                return fla_delta_rule(xc, alpha, beta, w, state, shape)
+            except Exception as e:      # any failure of fla's kernels: ours is always there
+                self.failed = f"{type(e).__name__}: {e}"[:300]
+                print(f"alphallama: warning: fla's delta rule failed ({self.failed}); the prefill runs "
+                      f"AlphaLlama's own from now on", file=sys.stderr)
+        from .prefill import BLOCK_V, chunk_delta_rule
+        return chunk_delta_rule(xc, alpha, beta, w, state, shape, block_v or BLOCK_V)
+
+
 def prefill_rule(choice: str, device: torch.device) -> tuple[str, object | None]:
-    """The delta rule of a hybrid's prefill chunks: ("fla", fla_delta_rule) where choice is "fla"
-    and fla can run on device, else ("ours", None) (deltanet_prefill's own)."""
+    """The delta rule of a hybrid's prefill chunks: ("fla", fla's rule falling back to ours should it
+    fail) where choice is "fla" and fla imports on device, else ("ours", None) (deltanet_prefill's own)."""
     if choice == "fla" and fla_unavailable(device) is None:
-        return "fla", fla_delta_rule
+        return "fla", _FlaOrOurs()
     return "ours", None
