@@ -27,17 +27,18 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels.activations.silu import silu_mul_q8  # noqa: E402
 from alphallama.kernels.formats.qweight import FORMATS, QuantWeight  # noqa: E402
-from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8  # noqa: E402
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8  # noqa: E402
 from alphallama.kernels.gemv.qgemv_i8_grid import GRID_CODES, grid_lanes  # noqa: E402
 from alphallama.kernels.gemv.qgemv_i8_table import has_dense_i8_form, i8_codes  # noqa: E402
 from alphallama.kernels.gemv.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from alphallama.kernels.gemv.registry import QGEMV_I8, QMATMUL, plan_linear  # noqa: E402
 from alphallama.kernels.norm.rmsnorm import add_rmsnorm_q8  # noqa: E402
+from tests.kernels.i8checks import EPILOGUE_NK, ROWS_NK, epilogues_add_up, rows_keep_their_bits  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_gpu_quant_types_iq import valid_raw  # noqa: E402
 from tests.kernels.test_qgemv_i8 import reference64  # noqa: E402
 from tests.kernels.test_qmatmul import random_raw  # noqa: E402
-from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits  # noqa: E402
+from tests.kernels.test_qmatvec_i8 import _x  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GRID = list(GRID_CODES)
@@ -101,43 +102,14 @@ def test_matches_float64_of_the_quantized_activations(qtype, valid):
 
 @pytest.mark.parametrize("qtype", FAMILIES, ids=lambda t: t.name)
 def test_rows_are_invariant_to_width_and_column(qtype):
-    """Each row of W = 1 / 3 / 8 has the bits of that row alone, at another column too
-    (rotated rows), with the interpreter's tile and with the GPU's."""
-    n, k = 20, 512                                     # 20: a masked weight-row tile
-    raw, w = _weight(qtype, n, k, seed=5)
-    x = _x(8, k, seed=6)
-    alone = torch.stack([qgemv_i8(x[m:m + 1], w)[0] for m in range(8)])
-    for W in (1, 3, 8):
-        for shift in (0, 5):
-            rows = torch.roll(torch.arange(8), shift)[:W]
-            assert_same_bits(qgemv_i8(x[rows], w), alone[rows], f"{qtype.name} W={W} shift={shift}")
-    ref, scale = reference64(x, raw, qtype, n, k)
-    assert ((alone.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
-    t = gemv_tile(w)
-    one = torch.stack([qgemv_i8(x[m:m + 1], w, tile=t)[0] for m in range(8)])
-    for W in (3, 8):
-        rows = torch.roll(torch.arange(8), 2)[:W]
-        assert_same_bits(qgemv_i8(x[rows], w, tile=t), one[rows], f"{qtype.name} W={W} {t}")
+    raw, w = _weight(qtype, *ROWS_NK, seed=5)
+    rows_keep_their_bits(qtype, raw, w)
 
 
 @pytest.mark.parametrize("qtype", FAMILIES, ids=lambda t: t.name)
 def test_epilogue_add_and_split_runs(qtype):
-    """The plan's epilogues: out += x @ w^T is the fp32 add of the plain product (bit for
-    bit), and split runs' partials (run 1 reads the same codebook) add up to the float64
-    product, each row's the same as that row alone."""
-    n, k = 24, 1024
-    raw, w = _weight(qtype, n, k, seed=7)
-    x = _x(3, k, seed=8)
-    base = torch.randn(3, n, generator=torch.Generator().manual_seed(9)).to(DEV)
-    plain = qgemv_i8(x, w)
-    out = base.clone()
-    qgemv_i8(x, w, out=out, accumulate=True)
-    assert_same_bits(out, base + plain, "accumulate")
-    t = GemvTile(8, 8, 4, split=2)
-    part = qgemv_i8(x, w, tile=t)                                        # [W, 2, N]
-    ref, scale = reference64(x, raw, qtype, n, k)
-    assert (((part[:, 0] + part[:, 1]).cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
-    assert_same_bits(qgemv_i8(x[2:3], w, tile=t)[0], part[2], "split row 2 alone")
+    raw, w = _weight(qtype, *EPILOGUE_NK, seed=7)
+    epilogues_add_up(qtype, raw, w)
 
 
 def test_producers_emit_the_grid_order():

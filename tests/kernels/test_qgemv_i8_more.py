@@ -26,17 +26,17 @@ from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels.formats.fmt_misc import E2M1_WORDS
 from alphallama.kernels.formats.qweight import QuantWeight
-from alphallama.kernels.gemv.qgemv_i8 import GemvTile, gemv_tile, qgemv_i8
-from alphallama.kernels.gemv.qgemv_i8_table import (ACT_ORDER, MX_ASM, TABLE_MX, has_dense_i8_form, i8_codes,
+from alphallama.kernels.gemv.qgemv_i8 import qgemv_i8
+from alphallama.kernels.gemv.qgemv_i8_table import (ACT_ORDER, MX_ASM, TABLE_MX, i8_codes,
                                                     table_lanes)
 from alphallama.kernels.gemv.qmatvec_i8 import lane_order
-from alphallama.kernels.gemv.registry import QGEMV_I8, QMATMUL, plan_linear
+from tests.kernels.i8checks import EPILOGUE_NK, ROWS_NK, epilogues_add_up, plan_shares_the_order, rows_keep_their_bits
 from tests.kernels.sm90 import run_in_child
 from tests.kernels.test_gpu_quant_types_iq import valid_raw
 from tests.kernels.test_qgemv_i8 import reference64
 from tests.kernels.test_qgemv_i8_table import _words, run_ptx
 from tests.kernels.test_qmatmul import random_raw
-from tests.kernels.test_qmatvec_i8 import _x, assert_same_bits
+from tests.kernels.test_qmatvec_i8 import _x
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TYPES = [T.MXFP4, T.Q2_K, T.TQ2_0, T.TQ1_0]
@@ -137,64 +137,20 @@ def test_matches_float64_of_the_quantized_activations(qtype, valid):
 
 @pytest.mark.parametrize("qtype", FAMILIES, ids=lambda t: t.name)
 def test_rows_are_invariant_to_width_and_column(qtype):
-    """Each row of W = 1 / 3 / 8 has the bits of that row alone, at another column too
-    (rotated rows), with the interpreter's tile and with the GPU's."""
-    n, k = 20, 512                                     # 20: a masked weight-row tile
-    raw, w = _weight(qtype, n, k, seed=5, valid=False)
-    x = _x(8, k, seed=6)
-    alone = torch.stack([qgemv_i8(x[m:m + 1], w)[0] for m in range(8)])
-    for W in (1, 3, 8):
-        for shift in (0, 5):
-            rows = torch.roll(torch.arange(8), shift)[:W]
-            assert_same_bits(qgemv_i8(x[rows], w), alone[rows], f"{qtype.name} W={W} shift={shift}")
-    ref, scale = reference64(x, raw, qtype, n, k)
-    assert ((alone.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
-    t = gemv_tile(w)
-    one = torch.stack([qgemv_i8(x[m:m + 1], w, tile=t)[0] for m in range(8)])
-    for W in (3, 8):
-        rows = torch.roll(torch.arange(8), 2)[:W]
-        assert_same_bits(qgemv_i8(x[rows], w, tile=t), one[rows], f"{qtype.name} W={W} {t}")
+    raw, w = _weight(qtype, *ROWS_NK, seed=5, valid=False)
+    rows_keep_their_bits(qtype, raw, w)
 
 
 @pytest.mark.parametrize("qtype", FAMILIES, ids=lambda t: t.name)
 def test_epilogue_add_and_split_runs(qtype):
-    """The plan's epilogues: out += x @ w^T is the fp32 add of the plain product (bit for
-    bit), and split runs' partials add up to the float64 product, each row's the same as
-    that row alone."""
-    n, k = 24, 1024
-    raw, w = _weight(qtype, n, k, seed=7, valid=False)
-    x = _x(3, k, seed=8)
-    base = torch.randn(3, n, generator=torch.Generator().manual_seed(9)).to(DEV)
-    plain = qgemv_i8(x, w)
-    out = base.clone()
-    qgemv_i8(x, w, out=out, accumulate=True)
-    assert_same_bits(out, base + plain, "accumulate")
-    t = GemvTile(8, 8, 4, split=2)
-    part = qgemv_i8(x, w, tile=t)                                        # [W, 2, N]
-    ref, scale = reference64(x, raw, qtype, n, k)
-    assert (((part[:, 0] + part[:, 1]).cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item() < 2e-6
-    assert_same_bits(qgemv_i8(x[2:3], w, tile=t)[0], part[2], "split row 2 alone")
+    raw, w = _weight(qtype, *EPILOGUE_NK, seed=7, valid=False)
+    epilogues_add_up(qtype, raw, w)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_plan_picks_the_int8_gemv(qtype):
-    """An "i8" plan runs them on qgemv_i8 at W = 1..16 (one bits family: exact), reading the
-    lane order of SAME_ORDER's format, so a Linear with both quantizes once; "f32" keeps
-    qmatmul."""
-    _, w = _weight(qtype, 32, 256, seed=0)
-    _, other = _weight(SAME_ORDER[qtype], 32, 256, seed=0)
-    assert has_dense_i8_form(qtype) and i8_codes(qtype)[4] > 0
-    assert QGEMV_I8.supports(w) is None and lane_order(w) == lane_order(other)
-    plan = plan_linear([w], "i8", max_w=16)
-    assert plan.i8 == (True,)
-    for W in range(1, 17):
-        assert plan.at(W).kernels == (QGEMV_I8,) and plan.at(W).orders == (lane_order(other),)
-    plan.check_exact()
-    assert plan.families(0) == {"i8"}
-    mixed = plan_linear([other, w], "i8", max_w=16)
-    assert all(s.orders == (lane_order(other),) for s in mixed.steps)
-    mixed.check_exact()
-    assert plan_linear([w], "f32", max_w=16).at(1).kernels == (QMATMUL,)
+    """Each reads the lane order of SAME_ORDER's format."""
+    plan_shares_the_order(qtype, _weight(qtype, 32, 256, seed=0)[1], _weight(SAME_ORDER[qtype], 32, 256, seed=0)[1])
 
 
 def compile_sm90() -> None:
