@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-CLI = [sys.executable, "-m", "alphallama.cli"]
+CLI = [sys.executable, "-m", "alphallama"]   # __main__.py: what the device scripts call
 RAISES = "{{ raise_exception('this model takes no user turns') }}"
 BAD_TYPES = "{{ messages[0]['content'] + 1 }}"   # str + int: fails while rendering, not parsing
 
