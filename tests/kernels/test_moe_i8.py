@@ -110,7 +110,7 @@ def _sm90_args(qtype, K, kern, table):
     from alphallama.kernels.formats.format import PLANES
     from alphallama.kernels.formats.qweight import FORMATS
 
-    ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}
+    ptr = {torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8", torch.uint8: "*u8"}
     f = FORMATS[qtype]
     packed = f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8))
     planes = [ptr[packed.get(n, packed["qs"]).dtype] for n in PLANES] * 2

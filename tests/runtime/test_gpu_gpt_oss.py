@@ -2,8 +2,8 @@
 split-KV decode attention and the prefill's SDPA (tests/kernels/test_attention_sinks.py),
 sliding-window layers alternating with full ones (YaRN on both), q/k/v and o biases, the
 pre-FFN norm named post_attention_norm, the router's bias and its softmax over the k chosen
-logits, MXFP4 experts with biases and the clamped swiglu_oai (the fp32 MoE kernels: decode,
-and moe_gemm's grouped GEMMs for a prefill chunk), against the float32 reference
+logits, MXFP4 experts with biases and the clamped swiglu_oai (decode rounds on the int8 MoE
+kernels, moe_i8; a prefill chunk on moe_gemm's grouped GEMMs), against the float32 reference
 (model/transformer.py, proven against llama.cpp: decisions/architectures.md).
 
 The model: tiny-gpt-oss at two layers (layer 0 slides over 16 keys, layer 1 is global), its
@@ -58,7 +58,7 @@ def model(tmp_path_factory):
     assert gpu_departures(ref.cfg) == [] and gpu_problems(f.tensors) == []
     L = gpu.layers[0]
     assert gpu.windows == (16, 0) and L.sinks is not None and L.o_bias is not None
-    assert L.moe.gating.after and L.moe.gating.act == "swiglu_oai" and not L.moe.i8   # (MXFP4: fp32 kernels)
+    assert L.moe.gating.after and L.moe.gating.act == "swiglu_oai" and L.moe.i8       # (decode: moe_i8)
     return f, ref, gpu
 
 
@@ -89,7 +89,7 @@ def test_chunk_and_round_follow_the_reference(model, run):
     toks, lr, lg, _ = run
     atol = TOL * lr.abs().max().item()
     err = [(lg[r] - lr[r]).abs().max().item() / atol for r in (slice(0, PROMPT), slice(PROMPT, None))]
-    assert max(err) < 1, err      # (measured: 0.004, 0.15 of it)
+    assert max(err) < 1, err      # (measured: 0.004, 0.17 of it; 0.15 in the round on the fp32 MoE kernels)
     # (tensors dropped, flags changed, the least distance of the control in units of atol in the
     # chunk and in the round; measured: chunk, round)
     controls = [(("attn_sinks.weight",), {}, 2),                    # 13, 3.2: the sinks
@@ -125,11 +125,11 @@ def test_prompt_and_greedy_steps_through_the_rounds(model):
 def test_expert_store_keeps_the_biases(model, run):
     """With an expert store (2 bank slots of 4 experts; the CPU workers off: biased experts are
     outside the contract) the prefill chunk (moe_loop: each hit expert from its slot or the host
-    tier) and the decode round (the fp32 kernels through the table) follow the reference."""
+    tier) and the decode round (moe_i8 through the table) follow the reference."""
     f, _, _ = model
     toks, lr, _, _ = run
     m = GPUModel(f, CTX, device=DEV, expert_slots=2, cpu_tier=True, overrides=Overrides(attention_tiles=(16, 4)))
-    assert m.cpu_tier is None and m.store is not None
+    assert m.cpu_tier is None and m.store is not None and all(L.moe.i8 for L in m.layers)
     cache = m.new_cache(CTX)
     chunk = m.forward(toks[:PROMPT], 0, cache)[0].clone()
     rnd = m.forward(toks[PROMPT:], PROMPT, cache)[0].clone()

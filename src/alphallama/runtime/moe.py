@@ -2,10 +2,10 @@
 says where each is read; offload/cpu_tier.py whether the CPU workers take the host ones).
 
 gpt-oss's experts (Gating): a bias on the router's logits, the softmax over the k chosen
-logits, a bias on every expert's gate, up and down, and the clamped swiglu_oai. The fp32
-kernels take them (moe_f32, moe_gemm for prefill chunks); the int8 kernels and the expert
-contract (the CPU workers) do not yet, so such a layer runs on the fp32 kernels (its MXFP4
-experts have no int8 form anyway) and its store's host tier is read over PCIe."""
+logits, a bias on every expert's gate, up and down, and the clamped swiglu_oai. The int8
+kernels take them in decode (moe_i8, its MXFP4 experts included), the fp32 ones with
+gemv "f32" and for prefill chunks (moe_f32, moe_gemm); the expert contract (the CPU
+workers) does not yet, so with a store such a layer's host tier is read over PCIe."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +36,7 @@ class Gating:
 
     @property
     def plain(self) -> bool:
-        """The experts are the base's: SiLU, no biases (the int8 kernels and the expert contract)."""
+        """The experts are the base's: SiLU, no biases (the expert contract: the CPU workers)."""
         return self.act == "silu" and self.biases is None
 
 
@@ -67,10 +67,11 @@ class MoE:
             expert_bytes = store.layer_bytes(layer)
         self.top_k, self.norm = top_k, norm
         self.prefill_fused = prefill_fused   # resident experts' prefill chunks through moe_gemm.moe_prefill
-        # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe/moe_i8.py), the layer's
-        # input in gate_up's lane order (its norm can emit it: Linear.orders says the same)
+        # gemv "i8": the experts' GEMVs on int8 activations (kernels/moe/moe_i8.py; gpt-oss's
+        # biases and swiglu_oai too), the layer's input in gate_up's lane order (its norm can
+        # emit it: Linear.orders says the same)
         gu, dn = (self.gate_up, self.down) if store is None else (v.host_gate_up, v.host_down)
-        self.i8 = gemv == "i8" and moe_i8_ok(gu, dn) and gating.plain
+        self.i8 = gemv == "i8" and moe_i8_ok(gu, dn)
         self._orders = (moe_i8_order(gu),) if self.i8 else ()
         # what one row reads: the router and k of the E experts
         self.nbytes = self.router.nbytes + expert_bytes * top_k // E
@@ -131,5 +132,6 @@ class MoE:
         t = self.tiers(h.shape[0])
         weights, experts = self.route(logits, t.routes, pdl)                   # [W, k] each
         x8 = x8 or prepare_i8(h, t.gate_up.expert(0), pdl)
-        act = moe_gate_up_i8(x8, t.gate_up, experts, act_dtype, t.table, t.bank_gate_up, pdl)        # [W, k, F]
-        return moe_down_i8(act, t.down, experts, weights, t.table, t.bank_down, pdl, combine)
+        act = moe_gate_up_i8(x8, t.gate_up, experts, act_dtype, t.table, t.bank_gate_up, pdl,
+                             bias=self.gate_up_bias, act=self.act)                                # [W, k, F]
+        return moe_down_i8(act, t.down, experts, weights, t.table, t.bank_down, pdl, combine, self.down_bias)

@@ -58,6 +58,22 @@ def row_step_i8(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_s
 
 
 @triton.jit
+def lanes_i8(words, h, one, BITS: tl.constexpr, HBITS: tl.constexpr, TABLE: tl.constexpr, DP4A: tl.constexpr):
+    """A step's words [NT, BN, V] (and qh / group words h [NT, BN]) -> the (lo, hi) int32
+    dp4a lanes of any format with an int8 form: TABLE 0 the contract's (unpack_lanes), 3 the
+    codebook formats' signed points (qgemv_i8_grid.grid_lanes), else qgemv_i8_table.table_lanes
+    (the IQ4s' and MXFP4's levels, the 2- and 3-bit codes). Shared by qgemv_i8 and moe_i8."""
+    if TABLE == 3:                                                     # qgemv_i8_grid.TABLE_GRID
+        lo = grid_lanes(words, h)                                      # h: the group words
+        hi = lo
+    elif TABLE:
+        lo, hi = table_lanes(words, h, one, TABLE, DP4A, HBITS)
+    else:
+        lo, hi = unpack_lanes(words, h, BITS, HBITS)
+    return lo, hi
+
+
+@triton.jit
 def _store(out, acc, m, W, N, n_out, stride_out, ADD: tl.constexpr = False):
     """Row m's sums into out (ADD: added to what out holds, one fp32 add: the residual
     stream's x + o(a), bit for bit what a later kernel adding them would make)."""
@@ -142,13 +158,7 @@ def _qgemv_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, stride_out, one, n_slot
             nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
         else:
             words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
-        if TABLE == 3:                                                 # qgemv_i8_grid.TABLE_GRID
-            lo = grid_lanes(words, h)                                  # h: the group words
-            hi = lo
-        elif TABLE:
-            lo, hi = table_lanes(words, h, one, TABLE, DP4A, HBITS)
-        else:
-            lo, hi = unpack_lanes(words, h, BITS, HBITS)
+        lo, hi = lanes_i8(words, h, one, BITS, HBITS, TABLE, DP4A)
         u = s0 + tl.arange(0, NT)                                      # [NT]
         acc0 = row_step_i8(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
                          HAS_MIN, DP4A)
