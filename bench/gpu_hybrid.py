@@ -10,7 +10,9 @@ device call: the Qwen3.6-35B-A3B-like shape (PRESETS["qwen36-35b-a3b"]: 16 key /
 - engine: 64 greedy tokens plain, with the n-gram drafter, the in-file MTP head
   (runtime/hybrid_mtp.py: min-p 0 and no switch, so the head's chain runs every round, its
   whole cost) and both (`mtp,ngram`: the policy, on the verify rounds' cost table timed once),
-  in exact mode: tokens/s, and each run's tokens against plain's.
+  in exact mode: tokens/s, and each run's tokens against plain's. Each arm after a warm-up
+  (warmup.warm_up, what serve does at load): the cost table's timing and the head's first
+  compiles otherwise land in the first speculative arm (session 42's "mtp" figure).
 
     PYTHONUNBUFFERED=1 python bench/gpu_hybrid.py [--layers 8] [--experts 32]
     TRITON_INTERPRET=1 python bench/gpu_hybrid.py --device cpu --preset tiny-qwen35moe --layers 2 \
@@ -41,6 +43,7 @@ from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.spec.config import SpecConfig
 from alphallama.spec.mtp import load_mtp_state
 from alphallama.tokenizer import Tokenizer
+from alphallama.warmup import WarmRun, warm_up
 
 
 def _clock(device: torch.device):
@@ -187,12 +190,15 @@ def main() -> None:
             runs = {}
             for name, sc in specs.items():
                 print(f"engine: {name}", file=sys.stderr, flush=True)
+                t0 = time.perf_counter()       # what serve does at load: the cost table timed, graphs compiled
+                warm_up(engine, sc if sc is not None else SpecConfig(), [WarmRun(len(prompt_ids))])
+                warm_s = time.perf_counter() - t0
                 engine.reset()
                 g = Generation()
                 toks = list(engine.generate(prompt_ids, args.tokens, gen=g, stop_ids=set(),
                                             **({"spec": sc} if sc is not None else {})))
                 runs[name] = {"tokens": toks, "tok_s": 1e3 * len(toks) / g.stats.predicted_ms,    # after the prompt
-                              "prompt_ms": g.stats.prompt_ms, "rounds": g.stats.rounds,
+                              "prompt_ms": g.stats.prompt_ms, "rounds": g.stats.rounds, "warm_up_s": warm_s,
                               "draft_n": g.stats.draft_n, "accepted": g.stats.draft_n_accepted}
             out["engine"] = {k: {x: y for x, y in v.items() if x != "tokens"} for k, v in runs.items()}
             out["engine"]["same_tokens"] = all(r["tokens"] == runs["plain"]["tokens"] for r in runs.values())
