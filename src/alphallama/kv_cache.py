@@ -13,6 +13,9 @@ GPU round reads the slot's base (KVSlot.base) from its row table.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 
@@ -34,8 +37,23 @@ class KVCache:
         """The longest prefix of at most n rows the cache can return to (any, up to its length)."""
         return min(n, self.length)
 
+    boundary = None     # a recurrent cache's remembered point (hybrid_cache.py); none here
+
     def checkpoint(self) -> None:
         """Nothing to remember: any prefix of the rows is restorable."""
+
+    @contextmanager
+    def trial(self) -> Iterator[int]:
+        """Rows run inside are thrown away: inside, truncate(start) returns to the start (a
+        hybrid's recurrent state too, through a checkpoint there); on exit the cache is at its
+        length again with the points it had (the prompt boundary a next turn continues from)."""
+        start, kept = self.length, self.boundary
+        self.checkpoint()
+        try:
+            yield start
+        finally:
+            self.truncate(start)
+            self.boundary = kept
 
     def split(self, n: int, rows: int) -> list["KVSlot"]:
         """n slots of `rows` rows each, at bases 0, rows, 2 rows, ...; the rows past them stay spare."""

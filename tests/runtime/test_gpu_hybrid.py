@@ -282,3 +282,32 @@ def test_cache_points_commits_and_refusals():
         cache.prepare(8)
     cache.truncate(0)
     assert cache.ssm.abs().max() == 0 and cache.boundary is None and cache.length == 0
+    cache.length, cache.ssm[:] = 5, 1.0
+    cache.checkpoint()
+    cache.length, cache.ssm[:] = 7, 2.0                      # two rows stepped past the boundary
+    with cache.trial() as start:                             # the round-cost timing's frame
+        assert start == 7
+        cache.length, cache.ssm[:] = 8, 3.0                  # a W = 1 forward: no round, state written
+        cache.truncate(start)
+        assert cache.ssm.eq(2).all()
+        cache.open_round(7, 4)
+        cache.length = 11
+    assert cache.length == 7 and cache.ssm.eq(2).all() and cache.boundary[0] == 5 and cache.restorable(6) == 5
+
+
+def test_round_costs_are_timed_from_the_cached_state_and_leave_it(files):
+    """The confidence gate's cost table (spec/gate.measure) re-runs rounds at one position; W = 1
+    is a plain step that writes the recurrent state, so each round starts from the checkpoint
+    trial() takes: the state, the length and the prompt boundary are the cache's own after."""
+    from alphallama.spec.gate import measure
+    gpu = GPUHybridModel(files["tiny-qwen35"], CTX, device=DEV, overrides=F32)
+    cache = gpu.new_cache(CTX)
+    gpu.forward(_toks(5, 6), 0, cache, logits=False)
+    cache.checkpoint()
+    gpu.forward(_toks(2, 7), 5, cache, logits=False)
+    conv = lambda: [state_from_ring(r, 7, 4) for r in cache.ring]           # noqa: E731  the rows before 7
+    before, ssm = conv(), cache.ssm.clone()
+    ms, measured = measure(gpu, cache, TINY["vocab_size"], True, budget_s=0.0, max_width=3, min_width=3, reps=1)
+    assert measured == 3 and len(ms) == 3 and all(m > 0 for m in ms)
+    assert cache.length == 7 and cache.boundary[0] == 5 and cache.round is None
+    assert all(map(torch.equal, conv(), before)) and torch.equal(cache.ssm, ssm)

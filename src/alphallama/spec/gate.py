@@ -153,30 +153,30 @@ def measure(model, cache, vocab: int, exact: bool, budget_s: float,
     model (the CPU reference at real size) stops there, after at least 1..min_width, and
     the rest continue the line through the widths measured. The table is made
     non-decreasing (a wider round never costs less; timing noise could say so)."""
-    pos = committed = cache.length
-    if pos + max_width > cache.max_len:
-        raise ValueError(f"no room to time rounds: {pos} + {max_width} > {cache.max_len}")
+    if cache.length + max_width > cache.max_len:
+        raise ValueError(f"no room to time rounds: {cache.length} + {max_width} > {cache.max_len}")
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(vocab, (max_width,), generator=g)
-    probe, _ = model.verify(tokens[:1], pos, cache, exact=exact)          # warm-up
-    sync = torch.cuda.synchronize if probe.device.type == "cuda" else (lambda: None)
     ms: list[float] = []
-    t_start = time.perf_counter()
-    for w in range(1, max_width + 1):
-        within = time.perf_counter() - t_start < budget_s
-        times: list[float] = []
-        for r in range(reps + 1 if within else 1):
-            sync()
-            t0 = time.perf_counter()
-            model.verify(tokens[:w], pos, cache, exact=exact)
-            sync()
-            if r or not within:
-                times.append(1000 * (time.perf_counter() - t0))
-        times.sort()
-        ms.append(times[len(times) // 2])
-        if w >= min_width and time.perf_counter() - t_start > 2 * budget_s:
-            break
-    cache.truncate(committed)
+    with cache.trial() as pos:                  # every round from the same state, all dropped after
+        probe, _ = model.verify(tokens[:1], pos, cache, exact=exact)      # warm-up
+        sync = torch.cuda.synchronize if probe.device.type == "cuda" else (lambda: None)
+        t_start = time.perf_counter()
+        for w in range(1, max_width + 1):
+            within = time.perf_counter() - t_start < budget_s
+            times: list[float] = []
+            for r in range(reps + 1 if within else 1):
+                cache.truncate(pos)
+                sync()
+                t0 = time.perf_counter()
+                model.verify(tokens[:w], pos, cache, exact=exact)
+                sync()
+                if r or not within:
+                    times.append(1000 * (time.perf_counter() - t0))
+            times.sort()
+            ms.append(times[len(times) // 2])
+            if w >= min_width and time.perf_counter() - t_start > 2 * budget_s:
+                break
     measured = len(ms)
     if measured < max_width:
         lo = measured // 2
