@@ -69,9 +69,13 @@ def test_entries_logits_follow_the_reference(heads):
     hn, _ = ghead._block(ghead._entry(g.to(DEV)), toks.to(DEV), pos, cache)
     lg = qmatmul(hn, ghead.scored)                                                         # [5, V]
     torch.testing.assert_close(lg.cpu(), lr, atol=TOL * lr.abs().max().item(), rtol=0)
-    # control: without the depth-1 output_norm (GPUMTPHead's feed) the logits are far outside TOL
-    other, _ = ghead._block(g.to(DEV), toks.to(DEV), pos, ghead.new_cache(CTX))
-    assert (qmatmul(other, ghead.scored).cpu() - lr).abs().max() > 5 * TOL * lr.abs().max()
+    # control: without the depth-1 output_norm (GPUMTPHead's feed) the logits are far outside TOL.
+    # Only the norm's weight tells the two apart (the head's hnorm undoes its scale): 1.7% of the
+    # largest logit here, inside the GPU's bf16 tolerance (4%; H100 2026-12-06), so the float32
+    # interpreter run is the one that proves the feed
+    if DEV == "cpu":
+        other, _ = ghead._block(g.to(DEV), toks.to(DEV), pos, ghead.new_cache(CTX))
+        assert (qmatmul(other, ghead.scored).cpu() - lr).abs().max() > 5 * TOL * lr.abs().max()
 
 
 def test_chain_matches_the_reference(heads):
