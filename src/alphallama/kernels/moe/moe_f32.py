@@ -178,13 +178,14 @@ def moe_gate_up(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
 
 def moe_gate_up_ref(x: torch.Tensor, gate_up: QuantWeight, experts: torch.Tensor,
                     bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
-    """Plain torch, fp32 from the planes: [W, k, F] (float64 where x is)."""
-    gu = gate_up.dequantize().to(x.dtype if x.dtype == torch.float64 else torch.float32)   # [E, 2F, K]
+    """Plain torch, fp32 from the planes: [W, k, F] (float64 where x is; on x's device)."""
+    gu = gate_up.dequantize().to(x.device, x.dtype if x.dtype == torch.float64 else torch.float32)   # [E, 2F, K]
     F = gu.shape[1] // 2
-    w = gu[experts.long()]                                   # [W, k, 2F, K]
+    ids = experts.long().to(x.device)
+    w = gu[ids]                                              # [W, k, 2F, K]
     y = torch.einsum("wk,wjnk->wjn", x.to(w.dtype), w)       # [W, k, 2F]
     if bias is not None:
-        y = y + bias.to(y.dtype)[experts.long()]             # [W, k, 2F]
+        y = y + bias.to(x.device, y.dtype)[ids]              # [W, k, 2F]
     return ACTIVATIONS[ACT_NAMES[act]](y[..., :F], y[..., F:])
 
 
@@ -282,11 +283,12 @@ def moe_down(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weight
 
 def moe_down_ref(act: torch.Tensor, down: QuantWeight, experts: torch.Tensor, weights: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain torch, fp32 from the planes: [W, D] (float64 where act is)."""
-    dt = torch.float64 if act.dtype == torch.float64 else torch.float32
-    w = down.dequantize().to(dt)[experts.long()]             # [W, k, D, F]
+    """Plain torch, fp32 from the planes: [W, D] (float64 where act is; on act's device)."""
+    dt, dev = torch.float64 if act.dtype == torch.float64 else torch.float32, act.device
+    ids = experts.long().to(dev)
+    w = down.dequantize().to(dev, dt)[ids]                   # [W, k, D, F]
     y = torch.einsum("wjf,wjdf->wjd", act.to(dt), w)         # [W, k, D]
     if bias is not None:
-        y = y + bias.to(dt)[experts.long()]                  # [W, k, D]
-    return (y * weights.to(dt)[..., None]).sum(1)
+        y = y + bias.to(dev, dt)[ids]                        # [W, k, D]
+    return (y * weights.to(dev, dt)[..., None]).sum(1)
 
