@@ -12,6 +12,8 @@
 #   bash bench/gpu_checks.sh runtime   # tests/runtime but the golden (gemma3, rope, shared expert, quant-type model)
 #   bash bench/gpu_checks.sh timing    # the round at W = 1 / 8, before and after, same run, alternating
 #   bash bench/gpu_checks.sh files tests/x.py ...   # those files (TESTS_S: their limit; TAG names the log), -rfE --tb=short
+#   bash bench/gpu_checks.sh groups "a.py b.py" "c.py" ...   # each quoted group of files a pytest process
+#                                      # (in parallel on one GPU), logs tarred in $OUT/groups.tgz: a call returns 8 files
 #   bash bench/gpu_checks.sh all-tests # golden (records kept in $OUT/golden.tgz), kernels and runtime at
 #                                      # once: three processes on one GPU, bits do not depend on company
 # Writes $OUT/checks-<stage>.log (+ $OUT/house-timing.jsonl).
@@ -78,6 +80,19 @@ files() {    # the test files named after the stage, failures with their short t
       > "$OUT/checks-files${TAG:+-$TAG}.log" 2>&1
   grep -E "passed|failed|error" "$OUT/checks-files${TAG:+-$TAG}.log" | tail -3
 }
+groups() {   # one process a group; the summary lines printed, the logs in one tar
+  shift
+  mkdir -p /tmp/groups; local i=0
+  for g in "$@"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    (PYTHONPATH=$AFTER timeout ${TESTS_S:-400} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short $g \
+        > /tmp/groups/group-$i.log 2>&1) &
+  done
+  wait
+  for f in /tmp/groups/group-*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" | tail -6; done
+  tar -czf "$OUT/groups.tgz" -C /tmp groups
+}
 all_tests() {
   golden_records & kernels > /dev/null & runtime > /dev/null & wait
   tail -8 "$OUT/checks-golden.log"; tail -4 "$OUT/checks-kernels.log" "$OUT/checks-runtime.log"
@@ -89,5 +104,6 @@ case "$stage" in
   timing) timing ;;
   all-tests) all_tests ;;
   files) files "$@" ;;
-  *) echo "stage: golden | kernels | runtime | timing | all-tests | files F.py ..."; exit 2 ;;
+  groups) groups "$@" ;;
+  *) echo "stage: golden | kernels | runtime | timing | all-tests | files F.py ... | groups \"F.py ...\" ..."; exit 2 ;;
 esac
