@@ -7,8 +7,8 @@ a one-slot engine (exact mode per stream, decisions/parallel-streams.md).
   stream's commit leaves its own state, conv window and K/V rows;
 - the engine (streams.Streams): -np 3 with prompts of different lengths started at different
   steps, one stopped after 2 tokens while the others go on, a fourth taking its freed slot; then
-  a continued conversation re-using its slot (the prompt-boundary checkpoint) beside a new
-  stream; -np 2 with the n-gram drafter in exact mode (drafts accepted in the shared rounds).
+  a continued conversation and a repeated prompt, each re-using its slot (the prompt-boundary
+  checkpoint); -np 2 with the n-gram drafter in exact mode (drafts accepted in the shared rounds).
 
 The models: tests/runtime/test_gpu_hybrid.py's tiny qwen35 (2 layers: Gated DeltaNet, then
 gated attention) on fp32 activations and small attention tiles (the interpreter's cost)."""
@@ -68,22 +68,20 @@ def _alone(f: GGUFFile, prompts: list[list[int]], n_new: list[int] | None = None
 
 def test_a_pass_of_streams_gives_each_its_rows_alone(files):
     """Prompts of 5, 2 and 7 rows; then one pass of stream 2's verify round of 4 rows, stream 0's
-    of 3 and stream 1's step; commits of 0, 2 and 1 rows; then a pass of every stream's next
-    row. Each stream's logits (bit for bit), recurrent state, conv window and K/V rows are
-    those of its rows run alone on a one-stream cache."""
+    of 3 and stream 1's step; commits of 0, 2 and 1 rows. Each stream's logits (bit for bit),
+    recurrent state, conv window and K/V rows are those of its rows run alone on a one-stream
+    cache."""
     f = files["plain"]
     prompts, drafts, keep = [_toks(5, 1), _toks(2, 2), _toks(7, 3)], [_toks(3, 4), _toks(1, 5), _toks(4, 6)], [2, 1, 0]
-    nxt = _toks(3, 7)
     alone = []
     m = GPUHybridModel(f, CTX, device=DEV, overrides=FAST)
-    for p, d, k, t in zip(prompts, drafts, keep, nxt):
+    for p, d, k in zip(prompts, drafts, keep):
         c = m.new_cache(CTX)
         m.forward(torch.tensor(p), 0, c)
         lg = m.verify(torch.tensor(d), len(p), c)[0].clone()
         c.truncate(len(p) + k)
-        lg2 = m.forward(torch.tensor([t]), len(p) + k, c)[0].clone()
-        at = len(p) + k + 1
-        alone.append((lg, lg2, c.ssm.clone(), state_from_ring(c.ring[0], at, 4), c.k[:, :, :at].clone()))
+        at = len(p) + k
+        alone.append((lg, c.ssm.clone(), state_from_ring(c.ring[0], at, 4), c.k[:, :, :at].clone()))
     slots = m.new_cache(CTX, slots=3).split(3, CTX)
     assert all(isinstance(s, HybridSlot) for s in slots)
     for p, s in zip(prompts, slots):
@@ -93,13 +91,10 @@ def test_a_pass_of_streams_gives_each_its_rows_alone(files):
     for i, (lg, _) in zip(order, outs):
         assert torch.equal(lg, alone[i][0]), i
     assert slots[1].round is None and slots[0].round == (5, 3)            # a step's state is written; a round is open
-    for p, s, k in zip(prompts, slots, keep):
-        s.truncate(len(p) + k)                                            # each stream's commit
-    outs = m.round([(torch.tensor([t]), len(p) + k, s) for p, s, k, t in zip(prompts, slots, keep, nxt)])
     for i, (p, s, k) in enumerate(zip(prompts, slots, keep)):
-        at = len(p) + k + 1
-        lg2, ssm, window, kv = alone[i][1:]
-        assert torch.equal(outs[i][0], lg2), i
+        s.truncate(len(p) + k)                                            # each stream's commit
+        at = len(p) + k
+        ssm, window, kv = alone[i][1:]
         assert torch.equal(s.ssm, ssm) and torch.equal(state_from_ring(s.ring[0], at, 4), window), i
         assert torch.equal(s.k[:, :, :at], kv), i
 
@@ -132,40 +127,40 @@ def _drive(e: Engine, waves: list[tuple[int, list[int], int]], spec=None,
 
 
 PROMPTS = [_toks(6, 11), _toks(3, 12), _toks(9, 13), _toks(4, 14)]
-WANT = [N_NEW + 2, N_NEW, N_NEW, N_NEW]      # stream 0 runs longest: the slot stream 1 frees is the only free one
-TURN2 = _toks(2, 15)            # the second turn's new tokens after stream 0's answer
+STOP = 2                        # stream 0 stops after 2 tokens: its slot is the first one freed
+TURN2 = _toks(2, 15)            # the second turn's new tokens after stream 2's answer
 
 
 @pytest.fixture(scope="module")
 def first_wave(files):
-    """-np 3: streams 0..2 start at steps 0, 1, 2 (prompts of 6, 3 and 9 rows), stream 1 stops
-    after 2 tokens, stream 3 waits for a slot and takes the one stream 1 freed.
+    """-np 3: streams 0..2 start at steps 0, 1, 2 (prompts of 6, 3 and 9 rows), stream 0 stops
+    after 2 tokens, stream 3 waits for a slot and takes the one stream 0 freed.
     -> (engine, tokens, runs, alone tokens)."""
     f = files["plain"]
-    alone = _alone(f, PROMPTS, WANT)
+    alone = _alone(f, PROMPTS, [STOP, N_NEW, N_NEW, N_NEW])
     e = _engine(f, 3)
-    got, _, runs = _drive(e, [(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, WANT))], stop_after={1: 2})
+    got, _, runs = _drive(e, [(i, p, N_NEW) for i, p in enumerate(PROMPTS)], stop_after={0: STOP})
     return e, got, runs, alone
 
 
 def test_streams_of_different_lengths_get_their_tokens_alone(first_wave):
     _, got, runs, alone = first_wave
-    assert got[1] == alone[1][:2]                       # stopped after 2
-    assert [got[i] for i in (0, 2, 3)] == [alone[i] for i in (0, 2, 3)]
-    assert runs[3].slot is runs[1].slot                 # the freed slot, reset for a new prompt
-    assert max(len(r.rows) for r in runs) == WANT[0] - 1 and min(r.rows[0] for r in runs) == 1
+    assert [got[i] for i in range(4)] == alone
+    assert runs[3].slot is runs[0].slot                 # the freed slot, reset for a new prompt
+    assert {len(r.rows) for r in runs} == {STOP - 1, N_NEW - 1} and all(r.rows[0] == 1 for r in runs)
 
 
 def test_a_continued_conversation_reuses_its_slot(files, first_wave):
-    """After the first wave, stream 0's conversation continues (its prompt, 3 tokens of its
-    answer, 2 new ones) beside a new stream: it lands in its old slot and re-uses the prompt up
-    to its boundary checkpoint; both get the tokens a fresh one-slot engine gives."""
+    """After the first wave, stream 2's conversation continues (its prompt, 1 token of its
+    answer, 2 new ones) beside stream 1's prompt again: each lands in its old slot and re-uses
+    its prompt up to its boundary checkpoint; both get the tokens a fresh one-slot engine gives."""
     e, _, first, alone = first_wave
-    turn2 = PROMPTS[0] + alone[0][:3] + TURN2
+    turn2 = PROMPTS[2] + alone[2][:1] + TURN2        # (its 2 answer rows cached: a point; 1 is not)
     fresh = _alone(files["plain"], [turn2])[0]
     again, gens, runs = _drive(e, [(0, turn2, N_NEW), (0, PROMPTS[1], N_NEW)])
-    assert runs[0].slot is first[0].slot and runs[1].slot is not first[0].slot
-    assert gens[0].stats.prompt_reused == len(PROMPTS[0]) - 1     # back to the prompt boundary
+    assert runs[0].slot is first[2].slot and runs[1].slot is first[1].slot
+    assert gens[0].stats.prompt_reused == len(PROMPTS[2]) - 1     # back to the prompt boundary
+    assert gens[1].stats.prompt_reused == len(PROMPTS[1]) - 1
     assert again[0] == fresh and again[1] == alone[1]
 
 
@@ -174,8 +169,9 @@ def test_ngram_drafts_in_shared_rounds_are_exact(files):
     its own continuation): drafts ride and are accepted in the shared rounds, and each
     stream's tokens are its plain greedy tokens alone."""
     f = files["copying"]
-    starts = [_toks(3, 21), _toks(4, 22)]
-    prompts = [s + a + s for s, a in zip(starts, _alone(f, starts))]
+    start = _toks(3, 21)
+    cont = _alone(f, [start])[0]                           # what the model says after it
+    prompts = [start + cont + start, start[1:] + cont + start[1:]]
     alone = _alone(f, prompts)
     got, gens, runs = _drive(_engine(f, 2), [(0, prompts[0], N_NEW), (0, prompts[1], N_NEW)],
                              spec=SpecConfig("ngram", 4, 1, gate=False))

@@ -91,9 +91,9 @@ def test_a_hybrid_on_the_gpu_runtime_decodes_streams_together(tmp_path):
     def engine(slots: int) -> Engine:
         model = GPUHybridModel(f, 40, device="cpu", overrides=Overrides(decode_gemv="f32", attention_tiles=(16, 4)))
         return Engine(f, model, Tokenizer.from_metadata(f.metadata), None, 40, slots=slots)
-    # the first runs longer: the interpreter holds the GIL, so the second request reaches the
-    # worker a round or more after it
-    prompts, n = [[5, 17, 99, 3, 42], [250, 7, 7]], [6, 3]
+    # the first runs long and the second starts once the first streams: the interpreter holds the
+    # GIL, so a request reaches the worker rounds after it was sent
+    prompts, n = [[5, 17, 99, 3, 42], [250, 7, 7]], [10, 3]
     solo = engine(1)
     alone = []
     for p, k in zip(prompts, n):
@@ -112,9 +112,11 @@ def test_a_hybrid_on_the_gpu_runtime_decodes_streams_together(tmp_path):
                 parts.append(chunk.choices[0].text)
             texts[i] = "".join(parts)
         threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
+        threads[0].start()
+        while not times[0] and threads[0].is_alive():
+            time.sleep(0.01)
+        threads[1].start()
         for t in threads:
             t.join(120)
         assert [texts[0], texts[1]] == alone
-        assert times[0][0] < times[1][-1] and times[1][0] < times[0][-1]     # together
+        assert times[0][0] < times[1][0] and times[1][-1] < times[0][-1]     # 1 ran inside 0's run
