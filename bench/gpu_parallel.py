@@ -2,11 +2,12 @@
 N = 1, 2, 4 on a synthetic shape, and whether every stream's greedy tokens equal its
 prompt's tokens alone (exact mode per stream). Writes $OUT/gpu_parallel-<preset>-<date>.json.
 
-    PYTHONUNBUFFERED=1 python bench/gpu_parallel.py [--preset qwen3-8b] [--layers N]
+    PYTHONUNBUFFERED=1 python bench/gpu_parallel.py [--preset qwen3-8b] [--layers N] [--experts E]
         [--ns 1 2 4] [--prompt 512] [--tokens 128] [--spec none|ngram] [--commit SHA]
 
-One GPUModel is loaded once; each N gets an engine of N slots on it (its cache and graphs
-made anew: new_cache(slots=N)). N = 1 runs each prompt alone, one after another (the
+One model is loaded once (GPUModel, or GPUHybridModel for a Gated DeltaNet hybrid such as
+--preset qwen36-35b-a3b --layers 8 --experts 32); each N gets an engine of N slots on it (its
+cache and graphs made anew: new_cache(slots=N)). N = 1 runs each prompt alone, one after another (the
 single-stream path, -np 1); N > 1 starts N streams of different prompts at once and steps
 them (streams.Streams: one prefill chunk a step, one shared round). Decode figures count
 from the step where the last stream finished its prompt (tokens and time before it are
@@ -19,6 +20,8 @@ tokens (--prompt long; the depth the rounds attend to), greedy, no end-of-genera
 CPU smoke (the interpreter; small attention tiles keep it short):
     TRITON_INTERPRET=1 python bench/gpu_parallel.py --device cpu --preset tiny-qwen3 --layers 1 \\
         --prompt 8 --tokens 4 --ns 1 2 --small-tiles
+    TRITON_INTERPRET=1 python bench/gpu_parallel.py --device cpu --preset tiny-qwen35moe --layers 2 \\
+        --experts 4 --prompt 8 --tokens 3 --ns 1 2 --small-tiles
 """
 from __future__ import annotations
 
@@ -33,8 +36,11 @@ import torch
 
 from alphallama.bench.hostinfo import host_state
 from alphallama.engine import Engine, Generation
+from alphallama.gguf.arch import load_config
+from alphallama.gguf.arch_qwen35 import HybridConfig
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
+from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.runtime.gpu_model import GPUModel
 from alphallama.runtime.overrides import Overrides
 from alphallama.spec.config import SpecConfig
@@ -112,6 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-8b")
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--experts", type=int, default=None, help="routed experts kept (default: the preset's)")
     ap.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens of each stream")
     ap.add_argument("--tokens", type=int, default=128, help="tokens each stream generates")
@@ -123,6 +130,8 @@ def main() -> int:
     out_dir = Path(os.environ.get("OUT", "."))
     path = f"/tmp/parallel-{args.preset}.gguf"
     overrides = {"n_layers": args.layers} if args.layers else {}
+    if args.experts:
+        overrides["n_experts"] = args.experts
     t0 = time.perf_counter()
     write_synthetic(PRESETS[args.preset](**overrides), path)
     res = {"host": host_state(sys.argv), "commit": args.commit, "preset": args.preset, "overrides": overrides,
@@ -134,7 +143,9 @@ def main() -> int:
     ctx = max(ctx, 128)
     t0 = time.perf_counter()
     o = Overrides(attention_tiles=(16, 4)) if args.small_tiles else Overrides()
-    model = GPUModel(f, ctx, device=args.device, overrides=o)
+    runtime = GPUHybridModel if isinstance(load_config(f), HybridConfig) else GPUModel
+    model = runtime(f, ctx, device=args.device, overrides=o)
+    res["runtime"] = runtime.__name__
     res["load_s"] = time.perf_counter() - t0
     tok = Tokenizer.from_metadata(f.metadata)
     spec = SpecConfig(args.spec, 16, 2, gate=False) if args.spec == "ngram" else SpecConfig("none")

@@ -118,7 +118,7 @@ class Engine:
         ctx = slot_context(min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len), slots)
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
-        model = build_model(f, cfg, ctx, device, progress, expert_slots, cpu_threads, fast, host_bytes, slots)
+        model = build_model(f, cfg, ctx, device, progress, expert_slots, cpu_threads, fast, host_bytes)
         if weights_read is not None:
             weights_read()
         head = find_mtp_head(f, cfg, draft_head)

@@ -23,15 +23,12 @@ def resolve_device(device: str) -> str:
 
 
 def build_model(f: GGUFFile, cfg: ModelConfig, ctx: int, device: str, progress: Callable[[str, int], None] | None,
-                expert_slots: int | None, cpu_threads: int | None, fast: bool, host_bytes: int | None, slots: int):
+                expert_slots: int | None, cpu_threads: int | None, fast: bool, host_bytes: int | None):
     """The runtime of f on `device` with rows for ctx positions (Engine.load's arguments)."""
     path = f.path
     if resolve_device(device) == "cuda":
         from .gguf.arch_variants import gpu_departures
         if isinstance(cfg, HybridConfig):   # Gated DeltaNet hybrids: their own facade (runtime/gpu_hybrid.py)
-            if slots > 1:
-                raise ValueError(f"{path}: parallel streams (-np > 1) need per-slot recurrent state, which "
-                                 f"the hybrids' GPU runtime does not have yet; use -np 1")
             if expert_slots is not None:
                 raise ValueError(f"{path}: the GPU runtime keeps a hybrid's experts resident (no expert "
                                  f"store yet); --device cpu runs the reference model")

@@ -2,8 +2,9 @@
 
 One slot (`-np 1`, the default) is the engine's whole cache, as it always was. N slots
 (`-np N`, parallel streams) split it: on the GPU runtime one cache of N slots whose rows
-share a round (runtime/gpu_model.round, kernels/attention/rows.py), on the CPU reference
-one cache each (its exact verify runs rows one by one, so streams there interleave).
+share a round (runtime/gpu_model.round, kernels/attention/rows.py; the hybrids' each stream's
+recurrent state too: runtime/gpu_hybrid.round), on the CPU reference one cache each (its exact
+verify runs rows one by one, so streams there interleave).
 
 A request takes the free slot that already holds the longest prefix of its prompt, then
 the least recently used, then the lowest id: a deterministic function of the request

@@ -183,14 +183,16 @@ def test_shapes_are_checked():
 
 
 def compile_sm90() -> None:
-    """The step kernel in its three modes and the prefill's conv, at the 35B-A3B-like shape."""
+    """The step kernel in its four modes and the prefill's conv, at the 35B-A3B-like shape."""
     from alphallama.kernels.deltanet import prefill, step
     from tests.kernels.sm90 import compile_sm90 as compile_kernel
 
     shape = {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "D_CONV": 4, "TILED": True}
     types = ["*fp32"] * 10 + ["*i32", "*i32"] + ["i32"] * 8 + ["fp32", "fp32"]
-    for mode in ((False, True, True, False), (False, True, False, True), (True, False, True, False)):
-        const = dict(zip(("FROM_RING", "WRITE_OUT", "WRITE_STATE", "HAS_SNAP"), mode))
+    modes = ((False, True, True, False, 0), (False, True, False, True, 0), (True, False, True, False, 0),
+             (False, True, True, False, 4))                         # the last: deltanet_slots's, 4 segments
+    for mode in modes:
+        const = dict(zip(("FROM_RING", "WRITE_OUT", "WRITE_STATE", "HAS_SNAP", "SEGS"), mode))
         compile_kernel(step._step_kernel, types, {**shape, "BV": step.BLOCK_V, **const})
     compile_kernel(prefill._conv_kernel, ["*fp32"] * 4 + ["i32"] * 3 + ["fp32"],
                    {k: shape[k] for k in ("HK", "HV", "DK", "DV", "D_CONV")} | {"BLOCK": 128, "BR": prefill.CONV_ROWS},

@@ -58,7 +58,7 @@ def _copying(spec):
     @dataclass(frozen=True)
     class Copying(type(spec)):
         def init_override(self, name: str) -> tuple[float, float] | None:
-            if name.endswith(("ssm_out.weight", "attn_output.weight", "ffn_down_exps.weight",
+            if name.endswith(("ssm_out.weight", "attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight",
                               "ffn_down_shexp.weight")):
                 return 0.0, 0.002
             return super().init_override(name)

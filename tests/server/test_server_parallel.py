@@ -1,7 +1,8 @@
 """Parallel streams through the server (-np 2, the CPU reference: its streams interleave):
 two concurrent requests decode together (each one's chunks arrive while the other's do),
 each gets the text it gets alone, a third waits for a free slot; /slots shows both slots
-and /props total_slots."""
+and /props total_slots. A Gated DeltaNet hybrid on the GPU runtime (the interpreter) at
+-np 2: its streams in shared rounds, each text its text alone."""
 from __future__ import annotations
 
 import threading
@@ -69,3 +70,53 @@ def test_np_leaving_a_slot_too_little_context_is_refused(stories_path):
         Engine.load(str(stories_path), ctx_size=512, slots=8)
     with pytest.raises(ValueError, match="at least 1"):
         Engine.load(str(stories_path), ctx_size=512, slots=0)
+
+
+def test_a_hybrid_on_the_gpu_runtime_decodes_streams_together(tmp_path):
+    """-np 2 on a Gated DeltaNet hybrid (tiny qwen35) through the GPU runtime (the interpreter
+    here): two streaming requests decode in shared rounds, each its own slot's recurrent state,
+    and each text is its prompt's text alone on a one-slot engine."""
+    from alphallama.gguf.reader import GGUFFile
+    from alphallama.gguf.writer import PRESETS, write_synthetic
+    from alphallama.runtime.gpu_hybrid import GPUHybridModel
+    from alphallama.runtime.overrides import Overrides
+    from alphallama.spec.config import SpecConfig
+    from alphallama.tokenizer import Tokenizer
+    path = tmp_path / "qwen35.gguf"           # tests/runtime/test_gpu_hybrid.py's tiny shape: 2 layers of 64
+    write_synthetic(PRESETS["tiny-qwen35"](n_layers=2, full_attention_interval=2, d_model=64, n_heads=2, n_kv_heads=1,
+                                           head_dim=32, d_ff=64, vocab_size=288, rope_dim=16, quant="Q8_0", seed=3),
+                    path)
+    f = GGUFFile(path)
+
+    def engine(slots: int) -> Engine:
+        model = GPUHybridModel(f, 40, device="cpu", overrides=Overrides(decode_gemv="f32", attention_tiles=(16, 4)))
+        return Engine(f, model, Tokenizer.from_metadata(f.metadata), None, 40, slots=slots)
+    # the first runs long and the second starts once the first streams: the interpreter holds the
+    # GIL, so a request reaches the worker rounds after it was sent
+    prompts, n = [[5, 17, 99, 3, 42], [250, 7, 7]], [10, 3]
+    solo = engine(1)
+    alone = []
+    for p, k in zip(prompts, n):
+        solo.reset()
+        alone.append(solo.tokenizer.decode(list(solo.generate(p, k)), continuation=True))
+    with serve(engine(2), path, spec=SpecConfig("none")) as server:
+        times: dict[int, list[float]] = {0: [], 1: []}
+        texts: dict[int, str] = {}
+
+        def run(i: int) -> None:
+            stream = server.client().completions.create(model=path.name, prompt=prompts[i], max_tokens=n[i],
+                                                        temperature=0, stream=True)
+            parts = []
+            for chunk in stream:
+                times[i].append(time.monotonic())
+                parts.append(chunk.choices[0].text)
+            texts[i] = "".join(parts)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        threads[0].start()
+        while not times[0] and threads[0].is_alive():
+            time.sleep(0.01)
+        threads[1].start()
+        for t in threads:
+            t.join(120)
+        assert [texts[0], texts[1]] == alone
+        assert times[0][0] < times[1][0] and times[1][-1] < times[0][-1]     # 1 ran inside 0's run

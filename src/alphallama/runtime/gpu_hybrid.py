@@ -14,6 +14,11 @@ reference HybridTransformer: new_cache, forward, verify.
   step, and the verify round per width bucket; a prompt's 2..64 rows are a verify round
   committed to all of them); elsewhere they run eagerly. The in-file MTP head runs beside it
   as runtime/hybrid_mtp.py's GPUHybridMTPHead (spec/mtp.py's load_mtp_state picks it).
+- round (parallel streams, `-np N`: new_cache(slots=N), decisions/parallel-streams.md): several
+  streams' rows side by side in passes of up to 64 rows over one HybridSlots cache, each stream
+  on its own K/V rows, ring and state (runtime/hybrid_seats.py); a stream's one row is a step,
+  its wider verify round stays open for its own commit. With slots every call runs this way,
+  one stream's too; the graphs are captured once on the slots' storage, a bucket for any mix.
 """
 from __future__ import annotations
 
@@ -23,14 +28,16 @@ from ..config import DEFAULTS
 from ..gguf.arch import load_config
 from ..gguf.arch_qwen35 import HybridConfig
 from ..gguf.reader import GGUFFile
+from ..kernels.attention.decode import Tiles
 from ..kernels.deltanet.fla_rule import prefill_rule
 from ..kernels.deltanet.step import deltanet_commit
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels
 from ..model.qwen35 import hybrid_rope_tables
 from . import hybrid_graphs, hybrid_round
 from .gpu_model import GPUModel
-from .hybrid_cache import GPUHybridCache
+from .hybrid_cache import GPUHybridCache, HybridSlot, HybridSlots
 from .hybrid_layers import build_hybrid_layer, deltanet_shape, stacked_deltanet
+from .hybrid_seats import Seats
 from .overrides import PRODUCT, Overrides
 from .scratch import activation_dtype, prefill_scratch
 from .weights import load_head
@@ -69,6 +76,7 @@ class GPUHybridModel:
         cos, sin = hybrid_rope_tables(max_len + MAX_W, cfg)                  # [max_len + 64, rope_dim / 2]
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
         self.act_dtype = activation_dtype(self.device)
+        self.attn_tiles = Tiles(*o.attention_tiles)
         self.prefill_path = o.prefill_path
         self.delta_rule_name, self.delta_rule = prefill_rule(o.deltanet_prefill, self.device)   # fla's or ours
         self.prefill_chunk = prefill_chunk or DEFAULTS.engine.prefill_chunk
@@ -80,15 +88,26 @@ class GPUHybridModel:
         self.capture_s = 0.0
         self._commit_pos = torch.zeros(1, dtype=torch.int32, device=self.device)    # the commit's (pos, n)
         self._commit_n = torch.zeros(1, dtype=torch.int32, device=self.device)
-        self.cache: GPUHybridCache | None = None
+        self.cache: GPUHybridCache | HybridSlots | None = None
+        self.seats: Seats | None = None   # a HybridSlots cache's pass inputs (parallel streams)
         self.hybrid = False          # (GPUModel's fast-mode flag: no tensor-core family here)
 
-    def new_cache(self, max_len: int | None = None) -> GPUHybridCache:
+    def new_cache(self, max_len: int | None = None, slots: int = 1) -> GPUHybridCache | HybridSlots:
+        """The model's cache (its graphs captured on it). slots > 1 (parallel streams): the
+        storage of `slots` slots of max_len rows (its split gives the engine's slots)."""
         c = self.cfg
-        cache = GPUHybridCache(len(c.attn_layers), c.n_kv_heads, (max_len or self.max_len) + MAX_W, c.head_dim,
-                               len(c.recurrent_layers), c.conv_dim, (c.ssm_v_heads, c.ssm_head_dim, c.ssm_head_dim),
-                               self._commit, self.device)
-        cache.max_len -= MAX_W
+        rows = max_len or self.max_len
+        if slots < 1 or (slots > 1 and rows > self.max_len):   # (a slot's positions: the rope tables')
+            raise ValueError(f"a cache of {slots} slots of {rows} rows (this model's positions: {self.max_len})")
+        shape = (len(c.attn_layers), c.n_kv_heads)
+        rec = (len(c.recurrent_layers), c.conv_dim, (c.ssm_v_heads, c.ssm_head_dim, c.ssm_head_dim))
+        if slots == 1:
+            cache = GPUHybridCache(*shape, rows + MAX_W, c.head_dim, *rec, self._commit, self.device)
+            cache.max_len -= MAX_W
+            self.seats = None
+        else:
+            cache = HybridSlots(slots, rows, *shape, c.head_dim, *rec, self._commit, self.device)
+            self.seats = Seats.new(slots, self.device)
         self.cache = cache
         self.graphs.clear()
         if self.use_graphs:
@@ -98,7 +117,10 @@ class GPUHybridModel:
     def _round(self, tokens: torch.Tensor, pos: int, cache: GPUHybridCache,
                verify: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """W <= 64 rows at pos: through the graphs when they were captured on this cache (a
-        forward of W > 1 rows is a verify round committed to all W), else eagerly."""
+        forward of W > 1 rows is a verify round committed to all W), else eagerly. A slot's:
+        a pass of its rows alone (a forward's a step of W rows)."""
+        if isinstance(cache, HybridSlot):
+            return self._pass([(tokens, pos, cache, not verify)])
         self._pos.fill_(pos)
         if not (self.use_graphs and cache is self.cache):
             return hybrid_round.rows(self, tokens, self._pos, cache, verify)
@@ -118,6 +140,8 @@ class GPUHybridModel:
 
     def _check(self, tokens: torch.Tensor, pos: int, cache: GPUHybridCache) -> None:
         T = tokens.shape[0]
+        if isinstance(cache, HybridSlot) and cache.parent is not self.cache:
+            raise ValueError("a slot of another cache than this model's (its graphs and seats are the latest new_cache's)")
         if pos > cache.length or pos + T > cache.max_len:
             raise ValueError(f"rows {pos}..{pos + T} do not fit a cache of {cache.length}/{cache.max_len}")
         cache.prepare(pos)
@@ -158,3 +182,50 @@ class GPUHybridModel:
         cache.length = pos + W
         cache.open_round(pos, W)
         return out
+
+    # -- parallel streams ------------------------------------------------------------------
+    @torch.inference_mode()
+    def round(self, parts: list[tuple[torch.Tensor, int, GPUHybridCache]], exact: bool = True):
+        """Several streams' verify rows, parts [(tokens [w], first position, slot)], side by side
+        in passes of up to 64 rows -> [(logits [w, V], hidden [w, D])] per part: the bits each
+        part's verify gives alone (every kernel is row-invariant; each stream's recurrent rows
+        walk its own state). A part of one row is a step; a wider one a verify round left open
+        on its slot for its commit. Without slots (one cache), each part is its own verify.
+        Outputs may be the graphs' static buffers, valid until the next call."""
+        if self.seats is None:
+            return [self.verify(t, p, c, exact) for t, p, c in parts]
+        outs: list = [None] * len(parts)
+        group: list[int] = []
+        for i, (t, p, c) in enumerate(parts):
+            if t.shape[0] > MAX_W:
+                raise ValueError(f"a verify round takes at most {MAX_W} rows, got {t.shape[0]}")
+            self._check(t, p, c)               # (an open round of the slot settled: its gates are its own)
+            if sum(parts[j][0].shape[0] for j in group) + t.shape[0] > MAX_W:
+                self._seated(parts, group, outs, clone=True)
+                group = []
+            group.append(i)
+        if group:
+            self._seated(parts, group, outs, clone=any(o is not None for o in outs))
+        return outs
+
+    def _seated(self, parts, group: list[int], outs: list, clone: bool) -> None:
+        """parts[group] in one pass; outs[i] <- part i's (logits, hidden) (cloned: later passes follow)."""
+        sel = [parts[i] for i in group]
+        lg, hd = self._pass([(t.to(self.device), p, c, t.shape[0] == 1) for t, p, c in sel])
+        r = 0
+        for i, (t, p, c) in zip(group, sel):
+            w = t.shape[0]
+            outs[i] = (lg[r:r + w].clone(), hd[r:r + w].clone()) if clone else (lg[r:r + w], hd[r:r + w])
+            c.length = p + w
+            if w > 1:
+                c.open_round(p, w)
+            r += w
+
+    def _pass(self, parts: list[tuple[torch.Tensor, int, HybridSlot, bool]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over the slots' storage: parts [(tokens [w] on the device, first position,
+        slot, write: a step, else a verify round)] -> (logits [W, V], hidden [W, D])."""
+        self.seats.fill([(c, p, t.shape[0], write) for t, p, c, write in parts], self.cache.max_len)
+        tokens = torch.cat([t for t, *_ in parts])                                     # [W]
+        if self.use_graphs:          # a bucket's graph: steps and verify rounds differ in the seats
+            return hybrid_graphs.replay(self, tokens, verify=True)
+        return hybrid_round.rows(self, tokens, self.seats.table, self.cache, False, self.seats)

@@ -10,6 +10,11 @@ rows at positions pos + W .. pos + b - 1 overwrite slots of positions at least 7
 older than the round's first row (the ring keeps 72 rows, a row reads 3 back), and their
 beta / alpha rows sit past the n a commit reads. So a prompt's rows (1 < T <= 64) run as a
 verify round committed to all T rows: the state of T steps (tests/runtime/test_gpu_hybrid.py).
+
+On a HybridSlots cache (parallel streams) the graphs take the model's seats (hybrid_seats.py)
+as their inputs beside the tokens: one graph a width bucket serves every mix of streams, steps
+and verify rounds (the segments say which states are written), once for all the slots. The
+padding rows are in no segment: they touch no ring or state.
 """
 from __future__ import annotations
 
@@ -36,19 +41,25 @@ def capture(m: GPUHybridModel, cache: GPUHybridCache) -> float:
     pool = torch.cuda.graph_pool_handle()
     m._pos.zero_()
     m._tokens.zero_()
-    shapes = [(STEP, 1, False)] + [(b, b, True) for b in BUCKETS]           # (key, rows, verify)
+    seats = m.seats
+    if seats is not None:                       # the slots' passes: a bucket's graph for steps and rounds
+        seats.fill([], cache.max_len)           # (no segment: the warm-ups touch no stream's state)
+        shapes = [(b, b, True) for b in BUCKETS]
+    else:
+        shapes = [(STEP, 1, False)] + [(b, b, True) for b in BUCKETS]       # (key, rows, verify)
+    pos = m._pos if seats is None else seats.table
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _, W, verify in shapes:             # compile every kernel at every width first
-            hybrid_round.rows(m, m._tokens[:W], m._pos, cache, verify)
+            hybrid_round.rows(m, m._tokens[:W], pos, cache, verify, seats)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     with collector_paused(collect=True):
         for key, W, verify in reversed(shapes):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                logits, hidden = hybrid_round.rows(m, m._tokens[:W], m._pos, cache, verify)
+                logits, hidden = hybrid_round.rows(m, m._tokens[:W], pos, cache, verify, seats)
             m.graphs[key] = (g, logits, hidden)
     torch.cuda.synchronize()
     cache.ring.zero_()                          # the warm-up's step wrote them
@@ -57,8 +68,9 @@ def capture(m: GPUHybridModel, cache: GPUHybridCache) -> float:
 
 
 def replay(m: GPUHybridModel, part: torch.Tensor, verify: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """part [W] tokens (m._pos set) through the step's graph (W = 1, not verify) or its verify
-    bucket's -> the graph's static (logits [W, V], hidden [W, D]), valid until the next replay."""
+    """part [W] tokens (m._pos or m.seats set) through the step's graph (W = 1, not verify) or
+    its verify bucket's (the slots' passes: always) -> the graph's static (logits [W, V],
+    hidden [W, D]), valid until the next replay."""
     W = part.shape[0]
     key = bucket_of(W) if verify else STEP
     if not verify and W != 1:

@@ -21,6 +21,11 @@ width: exact mode verifies W rows in one pass. The prefill chunk (more than 64 r
 the scratch's GEMMs (gpu_prefill.gemm_linear), deltanet_prefill (the chunked WY form), SDPA
 and the MoE's grouped path: float32 tolerance, not the round's bits (design.md §7.3: the
 prompt's last row goes through the round).
+
+Parallel streams (a HybridSlots cache, runtime/hybrid_seats.py): a pass holds several streams'
+rows; the attention takes the row table (each row's position and KV base), the recurrent
+layer scatters the rows' gates into their slots' buffers and runs deltanet_slots (each stream
+on its own ring and state); the rest is per row already.
 """
 from __future__ import annotations
 
@@ -30,15 +35,16 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.activations.silu import silu_mul
-from ..kernels.attention.decode import decode_attention
+from ..kernels.attention.decode import TILES, Tiles, decode_attention
 from ..kernels.attention.rope import qkv_rope
 from ..kernels.deltanet.prefill import deltanet_prefill
-from ..kernels.deltanet.step import DeltaNetWeights, deltanet_step
+from ..kernels.deltanet.step import DeltaNetWeights, deltanet_slots, deltanet_step
 from ..kernels.gemv.registry import ROWS_PER_THREAD
 from ..kernels.norm.rmsnorm import add_rmsnorm
 from .gpu_prefill import gemm_linear, moe_grouped, prefill_attention
-from .hybrid_cache import GPUHybridCache
+from .hybrid_cache import GPUHybridCache, HybridSlots
 from .hybrid_layers import GatedAttention, HybridLayer, Recurrent
+from .hybrid_seats import Seats
 
 if TYPE_CHECKING:
     from ..kv_cache import KVCache
@@ -66,15 +72,22 @@ def _split_zba(m: GPUHybridModel, zba: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def recurrent_rows(m: GPUHybridModel, R: Recurrent, h: torch.Tensor, pos: torch.Tensor,
-                   cache: GPUHybridCache, verify: bool) -> torch.Tensor:
-    """A Gated DeltaNet layer's W rows (h [W, D] normed) -> its output [W, D] fp32."""
+                   cache: GPUHybridCache | HybridSlots, verify: bool, seats: Seats | None = None) -> torch.Tensor:
+    """A Gated DeltaNet layer's W rows (h [W, D] normed) -> its output [W, D] fp32. seats: a
+    parallel-streams pass over the slots' cache (verify unused: each segment says)."""
     W, hv = h.shape[0], m.cfg.ssm_v_heads
     mix = R.qkv(h).contiguous()                                                 # [W, C]
     z, ba = _split_zba(m, R.zba(h))                                             # [W, Vd], [W, 2Hv]
-    ab = cache.ab[R.slot, :W]                                                   # [W, 2Hv]: the commit reads it back
-    ab.copy_(ba)
-    o = deltanet_step(mix, ab[:, hv:], ab[:, :hv], layer_weights(m, R), cache.ring[R.slot], cache.ssm[R.slot],
-                      pos, m.deltanet_shape, write_state=not verify)            # [W, Hv, dv]
+    if seats is not None:
+        ab = cache.ab[R.slot]                                                   # [N + 1, 64, 2Hv]: each slot's commit reads its own
+        ab.view(-1, 2 * hv).index_copy_(0, seats.ab_rows[:W], ba)
+        o = deltanet_slots(mix, ab, layer_weights(m, R), cache.ring[:, R.slot], cache.ssm[:, R.slot], seats.segs,
+                           m.deltanet_shape)                                    # [W, Hv, dv]
+    else:
+        ab = cache.ab[R.slot, :W]                                               # [W, 2Hv]: the commit reads it back
+        ab.copy_(ba)
+        o = deltanet_step(mix, ab[:, hv:], ab[:, :hv], layer_weights(m, R), cache.ring[R.slot], cache.ssm[R.slot],
+                          pos, m.deltanet_shape, write_state=not verify)        # [W, Hv, dv]
     return R.out(gated_norm(m, o, z, R.norm, m.act_dtype))
 
 
@@ -87,11 +100,12 @@ def _attention_q(m: GPUHybridModel | GPUHybridMTPHead, A: GatedAttention, qkv: t
 
 
 def attention_rows(m: GPUHybridModel | GPUHybridMTPHead, A: GatedAttention, h: torch.Tensor, pos: torch.Tensor,
-                   cache: KVCache) -> torch.Tensor:
+                   cache: KVCache, tiles: Tiles = TILES) -> torch.Tensor:
     """A gated attention layer's W rows (h [W, D] normed) -> its output [W, D] fp32. m: the
-    model or its MTP head (each has cfg, its rope tables cos / sin and act_dtype)."""
+    model or its MTP head (each has cfg, its rope tables cos / sin and act_dtype). pos: one
+    stream's int32 [1] or a row table (rows.py); tiles: the split attention's."""
     q = _attention_q(m, A, A.qkv(h), pos, cache)                                # [W, H, hd]
-    a = decode_attention(q, cache.k[A.slot], cache.v[A.slot], pos, cache.k.shape[2])   # [W, H*hd] fp32
+    a = decode_attention(q, cache.k[A.slot], cache.v[A.slot], pos, cache.k.shape[2], tiles=tiles)   # [W, H*hd] fp32
     return A.o((a * torch.sigmoid(A.gate(h))).to(m.act_dtype))
 
 
@@ -103,18 +117,20 @@ def ffn_rows(m: GPUHybridModel | GPUHybridMTPHead, L: HybridLayer, h: torch.Tens
     return L.moe(h, act) + L.shared(h, act)
 
 
-def rows(m: GPUHybridModel, tokens: torch.Tensor, pos: torch.Tensor, cache: GPUHybridCache,
-         verify: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def rows(m: GPUHybridModel, tokens: torch.Tensor, pos: torch.Tensor, cache: GPUHybridCache | HybridSlots,
+         verify: bool, seats: Seats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens [W] int64 (device), pos int32 [1] (device) -> (logits [W, V], hidden [W, D]).
-    verify: the recurrent states are left as they were (the cache's round commits them)."""
+    verify: the recurrent states are left as they were (the cache's round commits them).
+    seats: a parallel-streams pass (pos is seats.table, cache the HybridSlots; the segments
+    say which streams' states are written)."""
     c, act = m.cfg, m.act_dtype
     x = m.embed(tokens)                                                         # [W, D] the residual
     h = add_rmsnorm(x, None, m.layers[0].attn_norm, c.norm_eps, act)
     for i, L in enumerate(m.layers):
         if isinstance(L.mixer, Recurrent):
-            y = recurrent_rows(m, L.mixer, h, pos, cache, verify)
+            y = recurrent_rows(m, L.mixer, h, pos, cache, verify, seats)
         else:
-            y = attention_rows(m, L.mixer, h, pos, cache)
+            y = attention_rows(m, L.mixer, h, pos, cache, m.attn_tiles)
         h = add_rmsnorm(x, y, L.ffn_norm, c.norm_eps, act)                      # x += mixer
         nxt = m.layers[i + 1].attn_norm if i + 1 < len(m.layers) else m.output_norm
         h = add_rmsnorm(x, ffn_rows(m, L, h), nxt, c.norm_eps, act)             # x += ffn

@@ -23,6 +23,11 @@ Modes (the decision doc hybrid-recurrent-state.md chose replay for speculative r
   buffers; no outputs, the state written back. The conv state needs nothing: the ring
   already holds the accepted rows.
 
+Parallel streams (`-np N`, deltanet_slots): a launch takes several streams' rows, each
+stream a segment of the round (the table SEG_*: its slot, position, first row, rows and
+whether its state is written); program (column block, g) walks segment g's rows on its
+slot's ring, state and gates exactly as a launch of that stream alone walks them.
+
 Row invariance (exact mode): a row's arithmetic is the loop body, whose float order
 depends only on constexprs (dk, BV, d_conv, the warps), never on W, the row's column or
 the mode; the state between rows stays in fp32 registers, exactly what a W = 1 launch
@@ -39,10 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import DeltaNetShape, check_ring, conv_silu, gates, key_head, l2_normalize
+from .common import W_MAX, DeltaNetShape, check_ring, conv_silu, gates, key_head, l2_normalize
 
 BLOCK_V = 32       # state columns a program owns: a float-order constant (fixed per model, never per W)
 NUM_WARPS = 4
+# the segment table of deltanet_slots, int32 [5, G]: per stream of the round
+SEG_SLOT, SEG_POS, SEG_ROW, SEG_ROWS, SEG_WRITE = range(5)
+_SLOT, _POS, _ROW, _ROWS, _WRITE = (tl.constexpr(i) for i in range(5))     # the kernel's names for them
 
 
 class DeltaNetWeights(NamedTuple):
@@ -58,19 +66,26 @@ def _step_kernel(MIX, ALPHA, BETA, RING, CONVW, DTB, SSMA, STATE, OUT, SNAP, POS
                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                  BV: tl.constexpr, D_CONV: tl.constexpr, TILED: tl.constexpr,
                  FROM_RING: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
-                 HAS_SNAP: tl.constexpr):
+                 HAS_SNAP: tl.constexpr, SEGS: tl.constexpr = 0):
+    """SEGS > 0: POS is a segment table int32 [5, SEGS] (SEG_*) and axis 1 its segments."""
     C: tl.constexpr = 2 * HK * DK + HV * DV
     NVB: tl.constexpr = DV // BV
     j = tl.program_id(0) // NVB                                  # value head
     vb = tl.program_id(0) % NVB                                  # its column block
-    layer = tl.program_id(1).to(tl.int64)
-    ALPHA += layer * ls_ab
-    BETA += layer * ls_ab
-    RING += layer * ls_ring
-    CONVW += layer * ls_convw
-    DTB += layer * ls_gate
-    SSMA += layer * ls_gate
-    STATE += layer * ls_state
+    at = tl.program_id(1).to(tl.int64)                           # along the stacked axis: the commit's layer
+    if SEGS:                                                     # ... or the segment's slot
+        seg = tl.program_id(1)
+        at = tl.load(POS + _SLOT * SEGS + seg).to(tl.int64)
+        row0 = tl.load(POS + _ROW * SEGS + seg)
+        MIX += row0 * C
+        OUT += row0 * (HV * DV)
+    ALPHA += at * ls_ab
+    BETA += at * ls_ab
+    RING += at * ls_ring
+    CONVW += at * ls_convw
+    DTB += at * ls_gate
+    SSMA += at * ls_gate
+    STATE += at * ls_state
     kh = key_head(j, HK, HV, TILED)
     if TILED:
         owns_qk = (vb == 0) & (j < HK)                           # the first value head of its key head
@@ -85,11 +100,15 @@ def _step_kernel(MIX, ALPHA, BETA, RING, CONVW, DTB, SSMA, STATE, OUT, SNAP, POS
     true_v = vi < DV
     s_off = j * DK * DV + dki[:, None] * DV + vi[None, :]        # [DK, BV]
     S = tl.load(STATE + s_off)                                   # [DK, BV]
-    pos = tl.load(POS)
-    if FROM_RING:
-        n = tl.load(NROWS)
+    if SEGS:
+        pos = tl.load(POS + _POS * SEGS + seg)
+        n = tl.load(POS + _ROWS * SEGS + seg)
     else:
-        n = W
+        pos = tl.load(POS)
+        if FROM_RING:
+            n = tl.load(NROWS)
+        else:
+            n = W
     t = 0
     while t < n:                                                 # a while loop: the interpreter takes no run-time range()
         p = pos + t
@@ -115,7 +134,11 @@ def _step_kernel(MIX, ALPHA, BETA, RING, CONVW, DTB, SSMA, STATE, OUT, SNAP, POS
             tl.store(SNAP + t * HV * DK * DV + s_off, S)
         t += 1
     if WRITE_STATE:
-        tl.store(STATE + s_off, S)
+        if SEGS:                                                 # a step's segment; a verify's leaves it
+            keep = tl.load(POS + _WRITE * SEGS + seg) != 0
+            tl.store(STATE + s_off, S, mask=true_k[:, None] & true_v[None, :] & keep)
+        else:
+            tl.store(STATE + s_off, S)
 
 
 def _check(shape: DeltaNetShape, w: DeltaNetWeights, state: torch.Tensor, block_v: int) -> None:
@@ -190,3 +213,35 @@ def deltanet_commit(alpha: torch.Tensor, beta: torch.Tensor, w: DeltaNetWeights,
                        shape.hk, shape.hv, shape.dk, shape.dv, block_v, shape.d_conv, shape.tiled,
                        FROM_RING=True, WRITE_OUT=False, WRITE_STATE=True, HAS_SNAP=False,
                        num_warps=NUM_WARPS, enable_fp_fusion=False)
+
+
+def deltanet_slots(mix: torch.Tensor, ab: torch.Tensor, w: DeltaNetWeights, rings: torch.Tensor,
+                   states: torch.Tensor, segs: torch.Tensor, shape: DeltaNetShape, *,
+                   block_v: int = BLOCK_V) -> torch.Tensor:
+    """Several streams' rows of one layer in one launch (parallel streams). Segment g of
+    segs int32 [5, G] (SEG_*; on the device, a graph input) is rows SEG_ROW .. SEG_ROW +
+    SEG_ROWS - 1 of mix [W, C], one stream at positions SEG_POS.. on slot s = SEG_SLOT: its
+    conv ring rings[s] [R, C] (its rows written), its state states[s] [Hv, dk, dv] fp32
+    (written back where SEG_WRITE, a step; left where 0, a verify round) and its rows' gates
+    ab[s] [>= rows, 2 Hv] ([beta | alpha], as the round buffer of one stream). A segment of
+    0 rows does nothing; rows in no segment (a bucket's padding) get zeros. Every segment's
+    arithmetic is deltanet_step's for its rows alone. -> out [W, Hv, dv]."""
+    _check(shape, w, states[0], block_v)
+    W, G = mix.shape[0], segs.shape[1]
+    check_ring(rings, shape, W_MAX)
+    if mix.shape != (W, shape.channels) or not mix.is_contiguous() or not rings[0].is_contiguous():
+        raise ValueError(f"mix [W, {shape.channels}] and each slot's ring contiguous, got {tuple(mix.shape)}")
+    if not states[0].is_contiguous() or rings.shape[0] != states.shape[0] or ab.shape[0] < states.shape[0] \
+            or ab.shape[-1] != 2 * shape.hv or ab.stride(-1) != 1:
+        raise ValueError(f"per slot: a contiguous state, a ring and gates [.., {2 * shape.hv}]")
+    if segs.shape != (5, G) or segs.dtype != torch.int32 or not segs.is_contiguous():
+        raise ValueError(f"segs: int32 [5, G] contiguous, got {segs.dtype} {tuple(segs.shape)}")
+    out = torch.zeros(W, shape.hv, shape.dv, device=mix.device, dtype=torch.float32)
+    alpha, beta = ab[..., shape.hv:], ab[..., :shape.hv]
+    grid = (shape.hv * (shape.dv // block_v), G)
+    _step_kernel[grid](mix, alpha, beta, rings, w.conv_w, w.dt_bias, w.ssm_a, states, out, out, segs, segs,
+                       W, rings.shape[1], ab.stride(1), ab.stride(0), rings.stride(0), 0, 0, states.stride(0),
+                       shape.dk ** -0.5, shape.eps, shape.hk, shape.hv, shape.dk, shape.dv, block_v, shape.d_conv,
+                       shape.tiled, FROM_RING=False, WRITE_OUT=True, WRITE_STATE=True, HAS_SNAP=False, SEGS=G,
+                       num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return out
