@@ -7,6 +7,31 @@ import torch
 
 TOL = 4e-2   # of the largest logit: fp16 K/V, fp16 attention inputs and int8 activations
              # (one scale per 32 values, as llama.cpp's q8_1) against an fp32 reference
+NEAR_TIE = 0.05   # of a row's largest |router logit|: a k-th / (k+1)-th gap under it may route the
+                  # other way from bf16 rows (H100: flips seen at 0.04% and at 3.5%)
+
+
+def router_gaps(ref, toks: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's logits of toks from position 0 [T, V], and per row the smallest gap, over
+    the MoE layers, between its k-th and (k+1)-th router logit (router bias included) over the
+    row's largest |router logit| [T] (inf without experts). A GPU row at a near-tie may take the
+    other expert: the prefill comparisons leave such rows out."""
+    gaps, k, ffn = torch.full((toks.shape[0],), float("inf")), ref.cfg.n_experts_used, ref._ffn
+
+    def recording(i: int, h: torch.Tensor) -> torch.Tensor:
+        lg = h @ ref.w[f"blk.{i}.ffn_gate_inp.weight"].T                       # [T, E]
+        bias = ref.w.get(f"blk.{i}.ffn_gate_inp.bias")
+        lg = lg if bias is None else lg + bias
+        top = lg.topk(k + 1, dim=-1).values
+        torch.minimum(gaps, (top[:, k - 1] - top[:, k]) / lg.abs().amax(-1), out=gaps)
+        return ffn(i, h)
+    if ref.cfg.is_moe:
+        ref._ffn = recording
+    try:
+        lr, _ = ref.forward(toks, 0, ref.new_cache(ctx))
+    finally:
+        ref._ffn = ffn
+    return lr, gaps
 
 
 def follows_reference(ref, gpu, toks: torch.Tensor, ctx: int, alone_from: int, steps: int = 0) -> torch.Tensor:

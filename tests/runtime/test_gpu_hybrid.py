@@ -19,7 +19,7 @@ import pytest
 import torch
 
 
-from gpucheck import TOL as GPU_TOL
+from gpucheck import NEAR_TIE as GPU_NEAR_TIE, TOL as GPU_TOL, router_gaps
 
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
@@ -42,7 +42,7 @@ TOL = 2e-3     # of the largest logit: fp16 K/V against the fp32 reference (meas
 # expert on the H100 (one row 1.8 / 2.3 of ~4.5 off); so the prefill's comparison leaves out the
 # rows at a near-tie (NEAR_TIE; a gap of 3.5% flipped too).
 LOGIT_TOL = TOL if DEV == "cpu" else GPU_TOL
-NEAR_TIE = 0.0 if DEV == "cpu" else 0.05   # of the largest router logit: bf16 rows may route the other way
+NEAR_TIE = 0.0 if DEV == "cpu" else GPU_NEAR_TIE
 TINY = {"n_layers": 2, "full_attention_interval": 2, "d_model": 64, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32,
         "d_ff": 64, "vocab_size": 288, "ssm_head_dim": 32, "rope_dim": 16, "quant": "Q8_0", "seed": 3}
 MOE = {"n_experts": 4, "n_experts_used": 2, "d_ff_expert": 64, "d_ff_shared": 64}
@@ -114,24 +114,6 @@ def test_prompt_and_greedy_generation_follow_the_reference(files, name):
         nxt_r, nxt_g = int(lr[-1].argmax()), int(lg[-1].argmax())
 
 
-def _router_gaps(ref: HybridTransformer, toks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's logits of toks from position 0, and per row the smallest gap, over the MoE
-    layers, between the k-th and the (k+1)-th router logit, over that row's largest |router logit|
-    ([T], inf without experts): near a tie a GPU row may route differently."""
-    gaps, k, ffn = torch.full((toks.shape[0],), float("inf")), ref.cfg.n_experts_used, ref._ffn
-
-    def recording(i: int, h: torch.Tensor) -> torch.Tensor:
-        lg = h @ ref.w[f"blk.{i}.ffn_gate_inp.weight"].T                       # [T, E]
-        top = lg.topk(k + 1, dim=-1).values
-        torch.minimum(gaps, (top[:, k - 1] - top[:, k]) / lg.abs().amax(-1), out=gaps)
-        return ffn(i, h)
-    if ref.cfg.is_moe:
-        ref._ffn = recording
-    lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))
-    ref._ffn = ffn
-    return lr, gaps
-
-
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_prefill_chunk_then_the_step_follow_the_reference(files, name):
     """70 prompt rows (more than a round's 64) through the prefill path (deltanet_prefill's
@@ -140,7 +122,7 @@ def test_prefill_chunk_then_the_step_follow_the_reference(files, name):
     f = files[name]
     ref, gpu = load_model(f, CTX), GPUHybridModel(f, CTX, device=DEV, overrides=F32)
     toks = _toks(71, 2)
-    lr, gaps = _router_gaps(ref, toks)
+    lr, gaps = router_gaps(ref, toks, CTX)
     # rows at a near-tie are left out: on the H100 (2026-12-06, fla's chunks) qwen35moe's row 43, whose
     # 2nd and 3rd router logits are 3.5% of the largest apart in layer 1, took the other expert
     checked = gaps > NEAR_TIE
