@@ -63,19 +63,21 @@ def test_logits_follow_the_scaled_reference(tmp_path):
 
 def test_query_temperature_follows_the_reference(tmp_path):
     """mistral3 / llama4: q scaled by 1 + s log(floor(p / floor) + 1) (the tiny preset: floor
-    16, s 0.5), in the decode rounds (positions 16..23 here) and a prefill chunk."""
+    16, s 0.5), in a prefill chunk (positions 0..78: steps at 16, 32, 48, 64) and in a decode
+    round after it (79..81: the step at 80)."""
     ref, gpu = _models(tmp_path, "tiny-mistral3")
     cfg = ref.cfg
     assert gpu_departures(cfg) == [] and gpu.q_temp == (0.5, 16)
     plain = Transformer(replace(cfg, variant=replace(cfg.variant, attn_temp_scale=0.0)), ref.w, ref.max_len)
-    for n, seed in ((24, 0), (70, 1)):                                        # decode rows; a prefill chunk
-        toks = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
-        lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))
-        lp, _ = plain.forward(toks, 0, plain.new_cache(CTX))
-        lg, _ = gpu.forward(toks, 0, gpu.new_cache(CTX))
-        atol = 4e-2 * lr.abs().max().item()
-        torch.testing.assert_close(lg.cpu(), lr, atol=atol, rtol=0)
-        assert (lp - lr).abs().max() > 3 * atol       # measured: ~0.48 of the max logit, against <= 0.02
+    toks = torch.randint(0, cfg.vocab_size, (82,), generator=torch.Generator().manual_seed(1))
+    lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))                          # [82, V]
+    lp, _ = plain.forward(toks, 0, plain.new_cache(CTX))
+    cache = gpu.new_cache(CTX)
+    lg = torch.cat([gpu.forward(toks[:79], 0, cache)[0].cpu(), gpu.forward(toks[79:], 79, cache)[0].cpu()])
+    for rows in (slice(0, 79), slice(79, 82)):                                # the prefill chunk; the round
+        atol = 4e-2 * lr[rows].abs().max().item()
+        torch.testing.assert_close(lg[rows], lr[rows], atol=atol, rtol=0)
+        assert (lp[rows] - lr[rows]).abs().max() > 3 * atol   # measured: ~0.48 of the max logit, against <= 0.02
 
 
 def test_phi3_longrope_and_fused_projections(tmp_path):
@@ -89,7 +91,7 @@ def test_phi3_longrope_and_fused_projections(tmp_path):
         ref, gpu = load_model(f, ctx), GPUModel(f, ctx, device=DEV)
         assert gpu_departures(ref.cfg) == []
         assert torch.equal(gpu.ropes[0][0][:ctx].cpu(), ref.ropes[0][0]) and torch.equal(gpu.ropes[0][1][:ctx].cpu(), ref.ropes[0][1])
-    toks = torch.randint(0, ref.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    toks = torch.randint(0, ref.cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(0))
     lr, _ = ref.forward(toks, 0, ref.new_cache(CTX))
     lg, _ = gpu.forward(toks, 0, gpu.new_cache(CTX))
-    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)   # measured 0.017
+    torch.testing.assert_close(lg.cpu(), lr, atol=4e-2 * lr.abs().max().item(), rtol=0)   # measured <= 0.017
