@@ -338,7 +338,10 @@ def _attention(q, k_cache, v_cache, pos, out_dtype, orders: tuple, pdl: bool,
                o.stride(0), o.stride(1), o.stride(2))
     split_const = dict(N_HEADS=n_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HD=hd,
                        BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=NUM_WARPS)
-    _attn_split_kernel[(W, n_kv, MAX_SPLITS)](*split_args, pos, hd ** -0.5 if scale is None else scale, *strides,
+    # a split s is live where s * split < keys <= the cache's rows (split >= BLOCK_N): the
+    # programs past cdiv(rows, BLOCK_N) could only exit, so short caches launch fewer
+    splits = min(MAX_SPLITS, triton.cdiv(k_cache.shape[1], BLOCK_N))
+    _attn_split_kernel[(W, n_kv, splits)](*split_args, pos, hd ** -0.5 if scale is None else scale, *strides,
                                               **split_const, EARLY=early, WINDOW=window, ROWS=rows_stride(pos),
                                               **pdl_kwargs(pdl, q.device))
     _attn_combine_kernel[(W, heads)](o, m, l, out, pos, o.stride(0), o.stride(1), o.stride(2), out.stride(0),
