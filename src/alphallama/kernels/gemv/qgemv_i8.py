@@ -284,7 +284,7 @@ def qgemv_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if split > 1:
         t = GemvTile(t.BN, min(t.NT, split_nt(w, split)), t.num_warps, t.prefetch, split)
     if tile is None and not x.is_cuda:      # the interpreter pays per program (its bits are layout-free)
-        t = GemvTile(BN=min(128, triton.next_power_of_2(w.N)), NT=t.NT, num_warps=t.num_warps,
+        t = GemvTile(BN=min(1024, triton.next_power_of_2(w.N)), NT=t.NT, num_warps=t.num_warps,
                      prefetch=t.prefetch, split=t.split)
     if t.split > 1:
         return _split_partials(x, w, out, t, prepared, pdl, accumulate)

@@ -159,7 +159,7 @@ def qgemv_q8k(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
     if rows is None:
         rows, warps = q8k_tile(w, W)
         if not x.is_cuda:           # the interpreter pays per program (the tile is not in the float order)
-            rows = min(128, triton.next_power_of_2(N))
+            rows = min(1024, triton.next_power_of_2(N))
     cols = cols or (1 if W == 1 else 2 if W == 2 else 4)
     grid = (triton.cdiv(N, rows) * triton.cdiv(W, cols),)
     _q8k_dp4a_kernel[grid](xl, xs, dxs, out, w.planes["qs"], w.planes["sc"], w.planes["sd"], W, N, out.stride(0), 1,

@@ -180,7 +180,7 @@ def expert_consts(w, N: int, DP4A: bool) -> dict:
     weight only; under the interpreter, whose reductions do not depend on the layout,
     BN is raised because it pays per program). LANES only where not the contract's (0)."""
     bits, hbits, bias, has_min, lanes = i8_codes(w.qtype)
-    BN = EXPERT_BN if DP4A else min(128, triton.next_power_of_2(N))
+    BN = EXPERT_BN if DP4A else min(1024, triton.next_power_of_2(N))
     return dict(n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias,
                 HAS_MIN=has_min, BN=BN, NT=step_slots(w.expert(0)), DP4A=DP4A, **({"LANES": lanes} if lanes else {}))
 
