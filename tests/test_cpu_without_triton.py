@@ -29,7 +29,7 @@ TORCH_ONLY_KERNELS = {"alphallama.kernels.formats.qweight", "alphallama.kernels.
                       "alphallama.kernels.formats.format", "alphallama.kernels.formats.fmt_float",
                       "alphallama.kernels.formats.fmt_legacy", "alphallama.kernels.formats.fmt_kquant",
                       "alphallama.kernels.gemv.mma_layout", "alphallama.kernels.moe.expert_q8",
-                      "alphallama.kernels.moe.mailbox_layout"}
+                      "alphallama.kernels.moe.mailbox_layout", "alphallama.kernels.activations.act_ids"}
 
 
 def _python(code: str) -> subprocess.CompletedProcess:

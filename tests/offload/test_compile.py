@@ -62,16 +62,22 @@ def compile_contract() -> None:
 
     def build(kernel, types, const):
         compile_sm90(kernel, types, const, num_warps=q8.NUM_WARPS)
-    for qtype, K in ((T.Q4_K, 2048), (T.Q6_K, 768), (T.Q8_0, 768)):
+    # (gpt-oss's MXFP4 experts of its K = 2880: the level lookup, the biases, swiglu_oai)
+    for qtype, K, oai in ((T.Q4_K, 2048, False), (T.Q6_K, 768, False), (T.Q8_0, 768, False), (T.MXFP4, 2880, True)):
         f = FORMATS[qtype]
         w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
         planes = _plane_types(qtype, K) * 2
         const = dict(q8.layout_args(w), BN=q8.BN_GATE)
         acts = ["*i8", "*fp32", "*i32"]
-        build(q8.q8_gate_up_kernel, [*acts, *acts, "*i32", "*i32", "*i32", *planes, "i32", "i32"], dict(const, TOP_K=8))
-        build(q8.q8_down_kernel, [*acts, "*fp32", "*i32", "*i32", "*i32", *planes, "i32", "i32"], const)
+        bias, extra = (["*fp32"], {"HAS_EBIAS": True}) if oai else ([], {})
+        build(q8.q8_gate_up_kernel, [*acts, *acts, "*i32", "*i32", "*i32", *planes, "i32", "i32", *bias],
+              dict(const, TOP_K=8, **extra, **({"ACT": 2} if oai else {})))
+        build(q8.q8_down_kernel, [*acts, "*fp32", "*i32", "*i32", "*i32", *planes, "i32", "i32", *bias],
+              dict(const, **extra))
     build(q8.q8_quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
-          dict(K=2048, POST=True))
+          dict(K=2048, POST=True, KP=2048))
+    build(q8.q8_quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
+          dict(K=2880, POST=True, KP=4096))                             # gpt-oss's d_model
     build(q8.q8_post_kernel, ["*i32"] * 8 + ["i32"] * 3,
           dict(BP=512, POST=True, GPU=True, REQ=REQ, LAYER=LAYER, ROWS=ROWS))
     build(q8.q8_combine_kernel, ["*fp32", "*fp32", "*fp32", "*i32", "*fp32", "*i32", "*i32", "i32"],

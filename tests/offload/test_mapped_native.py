@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.gguf.reader import TensorInfo
 from alphallama.kernels import QuantWeight
@@ -18,14 +19,18 @@ from alphallama.offload.mapped import MappedExperts
 from alphallama.offload.native import kernels as nk
 from alphallama.offload.native.workers import CpuExperts
 from tests.kernels.test_qmatmul import random_raw
-from tests.offload.test_native import IDS, KQUANT, QTYPES, activations, bits
+from tests.offload.test_native import KQUANT, QTYPES, activations, bits
+
+
+MAPPED = [*QTYPES, T.MXFP4]      # the contract's formats (MXFP4: gpt-oss's experts)
+MAPPED_IDS = [t.name for t in MAPPED]
 
 
 def _k(qtype) -> int:
     return 512 if qtype in KQUANT else 96
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", MAPPED, ids=MAPPED_IDS)
 def test_repack_row_is_fmt_pack(qtype):
     K = _k(qtype)
     raw = random_raw(qtype, 3, K, seed=K)                                  # [3, row_bytes]
@@ -38,7 +43,7 @@ def test_repack_row_is_fmt_pack(qtype):
             assert np.array_equal(got[name][:want.size], want), (qtype.name, name, r)
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", MAPPED, ids=MAPPED_IDS)
 def test_matvec_from_mapped_rows_bit_exact(qtype):
     K, N, E = _k(qtype), 8, 3
     raw = [random_raw(qtype, E * N, K, seed=7 + i).reshape(E, N, -1) for i in range(2)]   # two tensors: gate, up
@@ -57,7 +62,6 @@ def _info(name: str, qtype, shape, data: np.ndarray) -> TensorInfo:
 
 
 def test_pool_ffn_mapped_equals_host():
-    from gguf.constants import GGMLQuantizationType as T
     D, F, E = 64, 64, 3
     gate, up = (random_raw(T.Q8_0, E * F, D, seed=s) for s in (1, 2))
     down = random_raw(T.Q4_0, E * D, F, seed=3)

@@ -19,7 +19,7 @@ from alphallama.model.loader import load_model
 from alphallama.offload.apply import engine_kwargs
 from alphallama.offload.plan import PlanError, make_plan
 from alphallama.offload import support
-from alphallama.offload.support import cpu_problems, gpu_problems, type_uses
+from alphallama.offload.support import cpu_problems, cpu_workers_refusal, gpu_problems, type_uses
 
 
 def _spec(quant, tied=False) -> SyntheticSpec:
@@ -114,6 +114,19 @@ def test_neither_runtime_and_expert_type_mismatch():
     tensors = {"blk.3.ffn_gate_exps.weight": _fake("g", T.Q4_K, (4, 64, 256)),
                "blk.3.ffn_up_exps.weight": _fake("u", T.Q6_K, (4, 64, 256))}
     assert any("blk.3." in p and "differ in type" in p for p in gpu_problems(tensors))
+
+
+def test_cpu_workers_verdict():
+    """The expert store's CPU workers take gpt-oss's experts (MXFP4, swiglu_oai: the expert
+    contract's), not a codebook type, another activation or rows of partial 32-value blocks."""
+    def experts(down=T.MXFP4, D=2880, F=2880):   # gate, up [E, F, D], down [E, D, F]
+        return {f"blk.0.ffn_{n}_exps.weight": _fake(n, down if n == "down" else T.MXFP4,
+                                                     (32, D, F) if n == "down" else (32, F, D))
+                for n in ("gate", "up", "down")}
+    assert cpu_workers_refusal(experts(), "swiglu_oai") is None and cpu_workers_refusal(experts(T.Q6_K), "silu") is None
+    assert "IQ3_S experts are outside" in cpu_workers_refusal(experts(T.IQ3_S), "swiglu_oai")
+    assert "gelu activation" in cpu_workers_refusal(experts(), "gelu")
+    assert "32-value blocks" in cpu_workers_refusal(experts(F=2888), "silu")
 
 
 def test_plan_and_inspect_commands(mixed, capsys):

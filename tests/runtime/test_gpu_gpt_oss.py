@@ -128,12 +128,13 @@ def test_prompt_and_greedy_steps_through_the_rounds(model):
 
 
 def test_expert_store_keeps_the_biases(model, run):
-    """With an expert store (2 bank slots of 4 experts; the CPU workers off: biased experts are
-    outside the contract) the prefill chunk (moe_loop: each hit expert from its slot or the host
-    tier) and the decode round (moe_i8 through the table) follow the reference."""
+    """With an expert store (2 bank slots of 4 experts; the CPU workers off, so the decode round
+    stays on moe_i8: with them every tier runs the expert contract, tests/offload/test_store_gpt_oss.py)
+    the prefill chunk (moe_loop: each hit expert from its slot or the host tier) and the decode
+    round (moe_i8 through the table) follow the reference."""
     f, _, _ = model
     toks, lr, _, _, checked = run
-    m = GPUModel(f, CTX, device=DEV, expert_slots=2, cpu_tier=True, overrides=Overrides(attention_tiles=(16, 4)))
+    m = GPUModel(f, CTX, device=DEV, expert_slots=2, cpu_tier=False, overrides=Overrides(attention_tiles=(16, 4)))
     assert m.cpu_tier is None and m.store is not None and all(L.moe.i8 for L in m.layers)
     cache = m.new_cache(CTX)
     chunk = m.forward(toks[:PROMPT], 0, cache)[0].clone()

@@ -53,9 +53,10 @@ def test_model_in_the_new_types_runs_on_the_gpu_path(tmp_path, mix):
 
 
 def test_new_expert_types_through_the_store(tmp_path):
-    """Routed experts outside the expert contract (MXFP4 gate|up, IQ3_S down: a codebook,
-    whose table must stay on the device while its planes sit in the host tier) through the
-    expert store: the CPU workers stay off, and every tier gives the resident model's bits."""
+    """Routed experts outside the expert contract (MXFP4 gate|up, which it has, beside IQ3_S
+    down, which it has not: a codebook, whose table must stay on the device while its planes
+    sit in the host tier) through the expert store: the CPU workers stay off, and every tier
+    gives the resident model's bits."""
     path = tmp_path / "store.gguf"
     quant = {"ffn_gate_exps": T.MXFP4, "ffn_up_exps": T.MXFP4, "ffn_down_exps": T.IQ3_S}
     write_synthetic(PRESETS["tiny-qwen3moe"](n_layers=1, quant=quant, seed=4), path)

@@ -74,21 +74,27 @@ class CpuTier:
 
 
 def start_cpu_tier(store, d_model: int, top_k: int, max_w: int, device, threads: int | None, share: float,
-                   progress=None) -> CpuTier | None:
-    """CPU workers for the store's host tier, if every MoE layer fits the expert contract;
-    else (or without a C compiler) None: the host tier stays read in place over PCIe."""
+                   progress=None, ops: dict | None = None) -> CpuTier | None:
+    """CPU workers for the store's host tier, if every MoE layer fits the expert contract
+    (its formats, shapes and activation; ops: layer -> expert_q8.ExpertOps, its activation
+    and biases, where not SiLU and none); else (or without a C compiler) None: the host
+    tier stays read in place over PCIe."""
+    from ..kernels.moe.expert_q8 import ExpertOps
     from ..kernels.moe.moe_q8 import contract_ok
     from .native.build import NativeBuildError
     from .native.probe import allowed_cpus
     from .native.workers import CpuExperts
-    views = [store.layer(i) for i in store.moe_layers.tolist()]
-    if not all(contract_ok(v.host_gate_up, v.host_down) for v in views):
+    ops = ops or {}
+    layers = store.moe_layers.tolist()
+    if not all(contract_ok(store.layer(i).host_gate_up, store.layer(i).host_down, ops.get(i, ExpertOps()).act)
+               for i in layers):
         if progress is not None:
-            progress("CPU expert workers off: an expert format outside the contract (host tier over PCIe)", 0)
+            progress("CPU expert workers off: an expert format or activation outside the contract "
+                     "(host tier over PCIe)", 0)
         return None
     mailbox = Mailbox.new(max_w, d_model, top_k)
     try:
-        experts = CpuExperts.from_store(store, mailbox, threads).start()
+        experts = CpuExperts.from_store(store, mailbox, threads, ops=ops).start()
     except (NativeBuildError, OSError) as e:
         if progress is not None:
             progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)

@@ -30,11 +30,11 @@ from ..kernels.gemv.mma_layout import mma_shape_ok
 from ..kernels.formats.qweight import embedding_planes
 from .estimate import Estimate, HostLayout, estimate, human
 from .host_probe import Bandwidths
-from .support import TypeUse, cpu_problems, gpu_problems, type_uses
+from .support import EXPERT_SUFFIXES as _EXPERT_SUFFIXES, TypeUse, cpu_problems, cpu_workers_refusal, gpu_problems, \
+    type_uses
 
 GiB = 1 << 30
 KV_PAD_ROWS = 64          # the GPU cache keeps a full padded bucket past the context (gpu_model.MAX_W)
-_EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 class PlanError(ValueError):
@@ -307,6 +307,9 @@ def _layout(path: str, ctx: int | None, gpu_mem: int | None, device: str, host_m
     slots = (budget - fixed) // max(s.expert_slot, 1)
     host = HostLayout.of(dict(s.layer_experts), cfg.n_experts, host_mem, host_available())
     n, why = host_threads()
+    refusal = cpu_workers_refusal(f.tensors, cfg.variant.ffn_act) if n else None
+    if refusal is not None:   # the runtime would not start them (cpu_tier.start_cpu_tier)
+        n, why = 0, f"CPU expert workers off: {refusal}"
     if host.mapped_layers and n == 0:
         raise PlanError(f"{path}: the experts ({human(s.experts)}) do not fit the host tier's RAM "
                         f"({human(host.budget)}, {host.source}), and the experts past it can only be computed "

@@ -8,6 +8,9 @@ refusal messages; nothing here lists types. What the GPU runtime does with a ten
 - a vector (norms) or an embedding with an output head of its own is dequantized by
   plain torch on the device: the CPU dequantizers' verdict;
 - a layer's routed experts fuse gate and up into one weight: both of one type.
+And whether the expert store's CPU workers can compute a file's routed experts: the expert
+contract's formats, activation and shapes (kernels/moe/expert_q8.py; gpt-oss's MXFP4, biased
+experts and swiglu_oai included), which the plan asks before it counts them.
 """
 from __future__ import annotations
 
@@ -18,7 +21,11 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from ..gguf.quants import quant_type
 from ..gguf.reader import TensorInfo
+from ..kernels.activations.act_ids import ACT_IDS
 from ..kernels.formats.qweight import format_of
+from ..kernels.moe.expert_q8 import QBLOCK, supports_act, supports_qtype
+
+EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,23 @@ def gpu_problems(tensors: dict[str, TensorInfo]) -> list[str]:
             out.append(f"{m.group(1)}: experts' gate ({gate.qtype.name}) and up ({up.qtype.name}) "
                        f"differ in type; the GPU fuses them into one weight")
     return out
+
+
+def cpu_workers_refusal(tensors: dict[str, TensorInfo], act: str) -> str | None:
+    """Why the expert store's CPU workers could not compute this file's routed experts
+    (act: Variant.ffn_act), or None: the runtime's own test (moe_q8.contract_ok) on the
+    tensor table: every expert type in the contract, rows of whole 32-value blocks (d_model
+    and the expert width), an activation of the contract's."""
+    if not supports_act(ACT_IDS.get(act, -1)):
+        return f"the experts' {act} activation is outside the expert contract"
+    for name, t in tensors.items():
+        if not name.endswith(EXPERT_SUFFIXES):
+            continue
+        if not supports_qtype(t.qtype):
+            return f"tensor {name!r}: {t.qtype.name} experts are outside the expert contract"
+        if int(t.shape[-1]) % QBLOCK or int(t.shape[-2]) % QBLOCK:
+            return f"tensor {name!r}: {list(t.shape)} is not whole {QBLOCK}-value blocks (the expert contract's)"
+    return None
 
 
 def cpu_problems(tensors: dict[str, TensorInfo]) -> list[str]:

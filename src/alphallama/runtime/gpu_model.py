@@ -119,13 +119,11 @@ class GPUModel:
             if progress is not None:
                 progress(f"layer {i}", 0)
         self.cpu_tier = None
-        # (experts with biases or another activation than SiLU: outside the expert contract, moe.Gating)
-        plain = all(L.moe.gating.plain for L in self.layers if L.moe is not None)
-        if self.store is not None and not plain and progress is not None:
-            progress("CPU expert workers off: the experts' biases / activation are outside the contract", 0)
-        if self.store is not None and plain and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
+        if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
+            # each MoE layer's activation and biases (gpt-oss's: swiglu_oai, biased experts) go to the workers
+            ops = {L.moe.layer: L.moe.ops for L in self.layers if L.moe is not None}
             self.cpu_tier = start_cpu_tier(self.store, cfg.d_model, cfg.n_experts_used, MAX_W, self.device,
-                                           cpu_threads, DEFAULTS.offload.cpu_share, progress)
+                                           cpu_threads, DEFAULTS.offload.cpu_share, progress, ops)
         if self.store is not None and self.store.mapped and self.cpu_tier is None:
             raise RuntimeError(f"{len(self.store.mapped)} MoE layers' experts are past the host tier's budget "
                                f"(host_bytes {host_bytes}) and only the CPU expert workers read the mapped file, "

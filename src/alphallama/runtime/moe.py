@@ -4,8 +4,9 @@ says where each is read; offload/cpu_tier.py whether the CPU workers take the ho
 gpt-oss's experts (Gating): a bias on the router's logits, the softmax over the k chosen
 logits, a bias on every expert's gate, up and down, and the clamped swiglu_oai. The int8
 kernels take them in decode (moe_i8, its MXFP4 experts included), the fp32 ones with
-gemv "f32" and for prefill chunks (moe_f32, moe_gemm); the expert contract (the CPU
-workers) does not yet, so with a store such a layer's host tier is read over PCIe."""
+gemv "f32" and for prefill chunks (moe_f32, moe_gemm), and the expert contract too
+(expert_q8.ExpertOps: its GPU kernels and the CPU workers), so with a store and the CPU
+workers such a layer's host experts are computed where they sit, as any other's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ..kernels.gemv.qmatvec_i8 import prepare_i8
 from ..kernels.gemv.registry import ROWS_PER_THREAD
 from ..kernels.moe.moe_f32 import MoEParts, moe_down, moe_gate_up
 from ..kernels.moe.moe_i8 import moe_down_i8, moe_gate_up_i8, moe_i8_ok, moe_i8_order
+from ..kernels.moe.expert_q8 import ExpertOps
 from ..kernels.moe.moe_q8 import moe_q8
 from ..kernels.moe.route import moe_route
 from ..offload.cpu_tier import CpuLink
@@ -34,10 +36,9 @@ class Gating:
     after: bool = False                  # softmax over the k chosen logits (Variant.moe_gating softmax_weight)
     biases: tuple | None = None          # (router [E], gate|up [E, 2F], down [E, D]) fp32 on the device
 
-    @property
-    def plain(self) -> bool:
-        """The experts are the base's: SiLU, no biases (the expert contract: the CPU workers)."""
-        return self.act == "silu" and self.biases is None
+    def expert_ops(self) -> ExpertOps:
+        """The experts' activation and biases as the expert contract takes them (gate|up's, down's)."""
+        return ExpertOps(ACT_IDS[self.act], None if self.biases is None else tuple(self.biases[1:]))
 
 
 class MoE:
@@ -50,7 +51,7 @@ class MoE:
                  norm: bool, device, store: ExpertStore | None = None, layer: int = 0, gemv: str = "f32",
                  prefill_fused: bool = PRODUCT.moe_prefill_fused, gating: Gating = Gating()):
         E = gate.shape[0]
-        self.gating, self.act = gating, ACT_IDS[gating.act]
+        self.gating, self.act, self.ops = gating, ACT_IDS[gating.act], gating.expert_ops()
         self.router_bias, self.gate_up_bias, self.down_bias = gating.biases or (None, None, None)
         self.router = QuantWeight.from_raw(router.data, router.qtype, tuple(router.shape), device)
         # the router as a plain [E, D] float matrix, where it is one (F32/F16/BF16: its qs plane),
@@ -109,7 +110,7 @@ class MoE:
         weights, experts = self.route(logits, t.routes)                         # [W, k] each
         if self.link is not None:   # the expert contract: the CPU takes host pairs, same bits as the GPU
             return moe_q8(h, weights, experts, t.gate_up, t.down, t.bank_gate_up, t.bank_down, t.table,
-                          self.layer, self.link)
+                          self.layer, self.link, ops=self.ops)
         act = moe_gate_up(h, t.gate_up, experts, act_dtype, ROWS_PER_THREAD, t.table, t.bank_gate_up,
                           self.gate_up_bias, self.act)                                                 # [W, k, F]
         return moe_down(act, t.down, experts, weights, ROWS_PER_THREAD, t.table, t.bank_down, self.down_bias)

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .act_ids import ACT_IDS as ACT_IDS, OAI_ALPHA as _ALPHA, OAI_LIMIT as _LIMIT   # (ACT_IDS: re-exported)
 from ..gemv.emit import Q8, q8_args
 from ..gemv.qmatvec_i8 import emit_q8
 from ..gemv.qgemv_mma import emit_q8k
@@ -25,10 +26,9 @@ from ..pdl import pdl_kwargs, pdl_start
 
 
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))
-# Variant.ffn_act -> the ACT constexpr of `gated`
-ACT_IDS = {"silu": 0, "gelu": 1, "swiglu_oai": 2}
-OAI_ALPHA = tl.constexpr(1.702)   # gpt-oss's swiglu_oai (llama.cpp's constants; model/layers.swiglu_oai)
-OAI_LIMIT = tl.constexpr(7.0)
+# ACT_IDS (act_ids.py): Variant.ffn_act -> the ACT constexpr of `gated`
+OAI_ALPHA = tl.constexpr(_ALPHA)   # gpt-oss's swiglu_oai (llama.cpp's constants; model/layers.swiglu_oai)
+OAI_LIMIT = tl.constexpr(_LIMIT)
 
 
 @triton.jit

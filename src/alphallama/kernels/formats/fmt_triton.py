@@ -252,15 +252,21 @@ _IQ4_W3: tl.constexpr = tl.constexpr(LEVEL_WORDS[3])
 
 
 @triton.jit
-def levels16_f32(words, I: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
-                 W3: tl.constexpr, one):
-    """Field I (4 bits) of words [NT, BN, V] as its level of 16 (four int32 constants of
-    level + 128 bytes, fmt_iq4.level_words), an exact float [NT, BN, V]: bits 2..3 of the
-    code pick the word, bits 0..1 the byte. IQ4's levels, MXFP4's doubled E2M1."""
-    q = (words >> (4 * I)) & 0xF
+def levels16_biased(q, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr):
+    """Codes q (int32, 0..15, any shape) -> their levels + 128 (0..255), the bytes of four
+    int32 constants (fmt_iq4.level_words): bits 2..3 of the code pick the word, bits 0..1
+    the byte. Integer selects and shifts, the same on the GPU and in the interpreter."""
     lo = tl.where((q & 4) != 0, W1, W0)
     hi = tl.where((q & 4) != 0, W3, W2)
-    biased = (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF  # level + 128
+    return (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF
+
+
+@triton.jit
+def levels16_f32(words, I: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+                 W3: tl.constexpr, one):
+    """Field I (4 bits) of words [NT, BN, V] as its level of 16 (levels16_biased), an exact
+    float [NT, BN, V]. IQ4's levels, MXFP4's doubled E2M1."""
+    biased = levels16_biased((words >> (4 * I)) & 0xF, W0, W1, W2, W3)  # level + 128
     return small_f32(biased, one) - 128.0
 
 

@@ -49,6 +49,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..formats.fmt_iq4 import LEVEL_WORDS
 from ..formats.fmt_misc import E2M1_WORDS
+from ..formats.fmt_triton import levels16_biased
 from ..moe.expert_q8_gpu import CODES
 from .qgemv_i8_grid import GRID_CODES
 
@@ -128,11 +129,7 @@ def _levels_int(c, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.
     integer selects: bits 2..3 of a code pick the word, bits 0..1 the byte): int32."""
     out = c * 0
     for j in tl.static_range(4):
-        q = (c >> (8 * j)) & 0xF
-        lo = tl.where((q & 4) != 0, W1, W0)
-        hi = tl.where((q & 4) != 0, W3, W2)
-        b = (tl.where((q & 8) != 0, hi, lo) >> ((q & 3) * 8)) & 0xFF
-        out = out | (b << (8 * j))
+        out = out | (levels16_biased((c >> (8 * j)) & 0xF, W0, W1, W2, W3) << (8 * j))
     return out
 
 

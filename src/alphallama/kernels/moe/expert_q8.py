@@ -22,7 +22,9 @@ codes c_k, a scale A_s and for Q4_K/Q5_K/Q4_1/Q5_1 a min term B_s, such that val
     Q4_0/Q5_0  c = q - 8 / 16   A = d
     Q8_0       c = q (int8)     A = d
     Q4_1/Q5_1  c = q            A = d        B = -m   (value = d q + m)
-(A and B are exact in float32: an fp16 times a small integer.) Then
+    MXFP4      c = E2M1[q]      A = 2^(e-128)         (the doubled E2M1 level: 0, +-1, 2, 3, 4, 6, 8, 12)
+(A and B are exact in float32: an fp16 times a small integer; MXFP4's A is built from e's
+bits as ggml does, e < 2 the subnormals 2^-128 and 2^-127.) Then
     isum = sum_k c_k xq_k,  xsum = sum_k xq_k                (exact integers)
     t    = A * isum                  or (A * isum) - (B * xsum)
     term = t * dx[block of the slot]
@@ -30,18 +32,25 @@ A row's terms are taken in chunks of CHUNK slots (the last one padded with +0): 
 chunk's terms are summed pairwise, ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)),
 and acc = acc + chunk, chunk after chunk, from +0.
 Expert FFN of a row x:  g | u = gate_up @ quantize_q8(x)   (rows [0, F) and [F, 2F))
-                        a = (g * (1 / (1 + exp_c(-g)))) * u
-                        y = down @ quantize_q8(a)
+                        g | u = (g | u) + b_gu[e]   (with the experts' biases: one add a row)
+                        a = act(g, u)                (CONTRACT_ACTS, below)
+                        y = down @ quantize_q8(a)   (+ b_dn[e], one add a row, with biases)
+    act silu:       a = (g * (1 / (1 + exp_c(-g)))) * u
+    act swiglu_oai: g = g > 7 ? 7 : g;  u = (u > 7 ? 7 : (u < -7 ? -7 : u)) + 1   (selects)
+                    a = (g * (1 / (1 + exp_c(-(g * 1.702))))) * u                   (gpt-oss's)
 Combine of a row's ranks: acc = +0; acc = acc + (w_r * y_r) for r = 0 .. k-1.
-exp_c is a range-reduced degree-7 polynomial (below), not the platform's expf.
+exp_c is a range-reduced degree-7 polynomial (below), not the platform's expf; 1.702 and
+7 are float32 constants (act_ids.OAI_ALPHA, OAI_LIMIT rounded once).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
+from ...gguf.quants_misc import e2m1_doubled, e8m0_half
+from ..activations.act_ids import ACT_IDS, OAI_ALPHA, OAI_LIMIT
 from ..formats.format import torch_fields, torch_high
 from ..formats.qweight import QuantWeight
 
@@ -97,6 +106,33 @@ def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (g * (one / (one + exp_c(-g)))) * u
 
 
+def swiglu_oai_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU in the contract's float32 steps (clamps as compare-selects)."""
+    one, lim = _f32(1.0), _f32(OAI_LIMIT)
+    g = torch.where(g > lim, lim, g)
+    u = torch.where(u > lim, lim, torch.where(u < -lim, -lim, u)) + one
+    return (g * (one / (one + exp_c(-(g * _f32(OAI_ALPHA)))))) * u
+
+
+# the contract's activations by id (act_ids.ACT_IDS: the kernels' ACT, the CPU workers' act)
+CONTRACT_ACTS: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ACT_IDS["silu"]: silu_mul_c, ACT_IDS["swiglu_oai"]: swiglu_oai_c}
+
+
+class ExpertOps(NamedTuple):
+    """What a layer's experts do beside their weights: the activation (an id of
+    CONTRACT_ACTS) and the biases, (gate|up [E, 2F], down [E, D]) float32 or None."""
+    act: int = ACT_IDS["silu"]
+    biases: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def to(self, device) -> "ExpertOps":
+        return self if self.biases is None else self._replace(biases=tuple(b.to(device) for b in self.biases))
+
+    def expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Expert e's (gate|up [2F], down [D]) biases, or None."""
+        return None if self.biases is None else (self.biases[0][e], self.biases[1][e])
+
+
 # -- weights as integer codes and slot scales -------------------------------------------
 SlotTerms = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
@@ -138,14 +174,27 @@ def _q8_0(p):
     return c, p["sc"].float().repeat_interleave(2, dim=1), None
 
 
+_E2M1 = e2m1_doubled().to(torch.int32)                                 # [16] the doubled E2M1 levels
+
+
+def _mxfp4(p):
+    c = _E2M1.to(p["qs"].device)[torch_fields(p["qs"], 4, 4).long()]   # [R, ns, 32]: the codes' levels
+    return c, e8m0_half(p["sc"]), None                                 # A [R, ns] = 2^(e - 128)
+
+
 SLOT_TERMS: dict[T, SlotTerms] = {
     T.Q4_K: lambda p: _k_min(p, False), T.Q5_K: lambda p: _k_min(p, True), T.Q6_K: _q6_k,
     T.Q4_0: _legacy(8, False), T.Q5_0: _legacy(16, True), T.Q8_0: _q8_0,
-    T.Q4_1: _legacy_min(False), T.Q5_1: _legacy_min(True)}
+    T.Q4_1: _legacy_min(False), T.Q5_1: _legacy_min(True), T.MXFP4: _mxfp4}
 
 
 def supports(w: QuantWeight) -> bool:
     return supports_qtype(w.qtype)
+
+
+def supports_act(act: int) -> bool:
+    """Has the contract this activation (an id of act_ids.ACT_IDS)?"""
+    return act in CONTRACT_ACTS
 
 
 def supports_qtype(qtype: int) -> bool:
@@ -190,20 +239,26 @@ def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeig
     return chunk_sum(t * dx.float()[blk])
 
 
-def expert_ffn(x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight) -> torch.Tensor:
-    """One row x [D] through one expert (gate_up [2F, D], down [D, F]): y [D] float32."""
+def expert_ffn(x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight, act: int = ACT_IDS["silu"],
+               bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """One row x [D] through one expert (gate_up [2F, D], down [D, F]; act an id of
+    CONTRACT_ACTS; bias: its (gate|up [2F], down [D]) or None): y [D] float32."""
     xq, dx, xs = quantize_q8(x.reshape(1, -1))
-    return expert_ffn_q8(xq[0], dx[0], xs[0], gate_up, down)
+    return expert_ffn_q8(xq[0], dx[0], xs[0], gate_up, down, act, bias)
 
 
 def expert_ffn_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, gate_up: QuantWeight,
-                  down: QuantWeight) -> torch.Tensor:
+                  down: QuantWeight, act: int = ACT_IDS["silu"],
+                  bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """expert_ffn from the row already quantized (what the mailbox carries): y [D] float32."""
     gu = matvec_q8(xq, dx, xs, gate_up)                                # [2F]
+    if bias is not None:
+        gu = gu + bias[0].float()
     F = gu.shape[0] // 2
-    a = silu_mul_c(gu[:F], gu[F:])                                     # [F]
+    a = CONTRACT_ACTS[act](gu[:F], gu[F:])                             # [F]
     aq, adx, axs = quantize_q8(a.reshape(1, -1))
-    return matvec_q8(aq[0], adx[0], axs[0], down)
+    y = matvec_q8(aq[0], adx[0], axs[0], down)                         # [D]
+    return y if bias is None else y + bias[1].float()
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -215,13 +270,14 @@ def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def moe_q8(x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight, experts: torch.Tensor,
-           weights: torch.Tensor) -> torch.Tensor:
+           weights: torch.Tensor, ops: ExpertOps = ExpertOps()) -> torch.Tensor:
     """The routed experts of rows x [W, D] (gate_up [E, 2F, D], down [E, D, F], experts
-    and weights [W, k]) under the contract: [W, D] float32. The reference the GPU
-    kernels and the CPU workers are held to, bit for bit."""
-    x, gate_up, down = x.cpu(), _cpu(gate_up), _cpu(down)
+    and weights [W, k]; ops: their activation and biases) under the contract: [W, D]
+    float32. The reference the GPU kernels and the CPU workers are held to, bit for bit."""
+    x, gate_up, down, ops = x.cpu(), _cpu(gate_up), _cpu(down), ops.to("cpu")
     W, k = experts.shape
-    y = torch.stack([torch.stack([expert_ffn(x[m], gate_up.expert(int(e)), down.expert(int(e)))
+    y = torch.stack([torch.stack([expert_ffn(x[m], gate_up.expert(int(e)), down.expert(int(e)), ops.act,
+                                             ops.expert(int(e)))
                                   for e in experts[m].tolist()]) for m in range(W)])   # [W, k, D]
     return combine(y, weights.cpu())
 

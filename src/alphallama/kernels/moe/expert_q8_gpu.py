@@ -5,8 +5,9 @@ computed by the CPU workers (offload/native) where they sit.
     quantize  x rows -> xq / dx / xs on the device (and into the mailbox)
     post      every (row, rank) pair gets a tier: 0 bank, 1 host read in place, 2 CPU;
               if any pair is the CPU's: ids and tasks into the mailbox, then REQ last
-    gate_up   pairs of tier 0/1: silu(gate) * up, quantized -> aq / adx / axs
-    down      pairs of tier 0/1: y [W, k, D]
+    gate_up   pairs of tier 0/1: act(gate, up) (+ the expert's biases first), quantized
+              -> aq / adx / axs
+    down      pairs of tier 0/1: y [W, k, D] (+ the expert's down bias)
     combine   rows with a CPU pair wait for DONE == REQ; then the ranks in order,
               acc = acc + w_r * y_r, y_r from the device or from the mailbox
 
@@ -22,7 +23,10 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from .expert_q8 import CHUNK, QBLOCK, XS_GROUP
+from ..formats.fmt_misc import E2M1_WORDS
+from ..formats.fmt_triton import levels16_biased
 from ..formats.qweight import QuantWeight
+from ..activations.act_ids import OAI_ALPHA, OAI_LIMIT
 
 NUM_WARPS = 4
 BN_GATE = 32        # gate|up rows per program: a multiple of the 32-value activation block
@@ -35,6 +39,19 @@ CODES: dict[T, tuple[int, int, int, bool]] = {
     T.Q4_K: (4, 0, 0, True), T.Q5_K: (4, 1, 0, True), T.Q6_K: (4, 2, 32, False),
     T.Q4_0: (4, 0, 8, False), T.Q5_0: (4, 1, 16, False), T.Q8_0: (8, 0, 128, False),   # Q8_0: load xors 0x80
     T.Q4_1: (4, 0, 0, True), T.Q5_1: (4, 1, 0, True)}   # their loads give B = -m
+# the contract's formats whose codes are levels of a table: qtype -> (BITS, HBITS, BIAS, HAS_MIN, LEVELS),
+# LEVELS the table's four words of level + 128 bytes (fmt_iq4.level_words), BIAS 128 takes the 128 off
+LEVEL_CODES: dict[T, tuple[int, int, int, bool, tuple[int, int, int, int]]] = {
+    T.MXFP4: (4, 0, 128, False, E2M1_WORDS)}   # the doubled E2M1 levels; A = 2^(e - 128), the load's
+
+
+def contract_codes(qtype: T) -> tuple[int, int, int, bool, tuple]:
+    """(BITS, HBITS, BIAS, HAS_MIN, LEVELS) of a contract format (LEVELS () : the codes are affine)."""
+    return (*CODES[qtype], ()) if qtype in CODES else LEVEL_CODES[qtype]
+
+
+_OAI_ALPHA: tl.constexpr = tl.constexpr(OAI_ALPHA)
+_OAI_LIMIT: tl.constexpr = tl.constexpr(OAI_LIMIT)
 
 
 @triton.jit
@@ -111,20 +128,23 @@ def chunk_sums(acc, t, C: tl.constexpr):
 
 
 @triton.jit
-def _codes(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr):
+def _codes(words, h, I: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+           LEVELS: tl.constexpr):
     """Field I of words [NT, BN, V] (plus its top bits from the slot's qh word h
-    [NT, BN]) as the signed integer code: int32 [NT, BN, V]."""
+    [NT, BN]; or its level of LEVELS) as the signed integer code: int32 [NT, BN, V]."""
     c = (words >> (BITS * I)) & ((1 << BITS) - 1)
     if HBITS > 0:
         v = tl.arange(0, words.shape[2])[None, None, :] * HBITS       # [1, 1, V]
         c = c | (((h[:, :, None] >> (4 * I + v)) & ((1 << HBITS) - 1)) << 4)
+    if len(LEVELS) > 0:
+        c = levels16_biased(c, LEVELS[0], LEVELS[1], LEVELS[2], LEVELS[3])   # level + 128
     return c - BIAS
 
 
 @triton.jit
 def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
             V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr,
-            BIAS: tl.constexpr, HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
+            BIAS: tl.constexpr, HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, LEVELS: tl.constexpr):
     """Weight rows `row` [1, BN] (int64) times one quantized activation row: [BN] float32."""
     acc = tl.zeros([BN], tl.float32)
     koff = tl.arange(0, 2 * V)[None, None, :]                         # [1, 1, 2V]
@@ -137,8 +157,8 @@ def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.conste
             # fields i, i+1 of the V words are the slot's 2V consecutive k from i * V
             xv = tl.load(xq_row + u * SLOT + i * V + koff, mask=u < n_slots, other=0).to(tl.int32)  # [NT, 1, 2V]
             x_a, x_b = tl.split(tl.reshape(xv, (NT, 1, V, 2)))       # [NT, 1, V] each
-            isum += _codes(words, h, i, BITS, HBITS, BIAS) * x_a
-            isum += _codes(words, h, i + 1, BITS, HBITS, BIAS) * x_b
+            isum += _codes(words, h, i, BITS, HBITS, BIAS, LEVELS) * x_a
+            isum += _codes(words, h, i + 1, BITS, HBITS, BIAS, LEVELS) * x_b
         t = s1 * tl.sum(isum, axis=2).to(tl.float32)                   # [NT, BN]: A * isum
         live = us < n_slots
         if HAS_MIN:
@@ -154,9 +174,23 @@ def _matvec(xq_row, dx_row, xs_row, qs, qh, sc, sd, row, one, n_slots: tl.conste
 
 
 @triton.jit
-def _silu_quantize_store(g, u, aq_pair, adx_pair, axs_pair, n0, BN: tl.constexpr):
+def _act_c(g, u, ACT: tl.constexpr):
+    """The contract's activation of gate g and up u [BN] (expert_q8.CONTRACT_ACTS): ACT 0 SiLU,
+    2 swiglu_oai (its clamps as compare-selects, as the C workers and the reference)."""
     one = tl.full(g.shape, 1.0, tl.float32)
-    a = (g * tl.math.div_rn(one, one + _exp_c(-g))) * u               # [BN]
+    if ACT == 2:
+        g = tl.where(g > _OAI_LIMIT, _OAI_LIMIT, g)
+        u = tl.where(u > _OAI_LIMIT, _OAI_LIMIT, tl.where(u < -_OAI_LIMIT, -_OAI_LIMIT, u)) + one
+        z = g * _OAI_ALPHA
+    else:
+        tl.static_assert(ACT == 0, "the contract's activations are SiLU (0) and swiglu_oai (2)")
+        z = g
+    return (g * tl.math.div_rn(one, one + _exp_c(-z))) * u
+
+
+@triton.jit
+def _act_quantize_store(g, u, aq_pair, adx_pair, axs_pair, n0, BN: tl.constexpr, ACT: tl.constexpr):
+    a = _act_c(g, u, ACT)                                             # [BN]
     q, dx = quantize_block(tl.reshape(a, (BN // 32, 32)))             # [BN/32, 32], [BN/32]
     tl.store(aq_pair + n0 + tl.arange(0, BN), tl.reshape(q, (BN,)).to(tl.int8))
     tl.store(adx_pair + n0 // 32 + tl.arange(0, BN // 32), dx)
@@ -167,8 +201,10 @@ def _silu_quantize_store(g, u, aq_pair, adx_pair, axs_pair, n0, BN: tl.constexpr
 def q8_gate_up_kernel(xq, dx, xs, aq, adx, axs, experts, tier, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
                     TOP_K: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
                     SLOT: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
-                    HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr):
-    """Program (pair, block of BN gate rows); pair = row * TOP_K + rank."""
+                    HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, LEVELS: tl.constexpr = (),
+                    ebias=None, HAS_EBIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
+    """Program (pair, block of BN gate rows); pair = row * TOP_K + rank. HAS_EBIAS: ebias
+    [E, 2F] fp32 (gate's then up's) added to the sums; ACT: _act_c's activation."""
     n_fb = F // BN
     pair = tl.program_id(0) // n_fb
     n0 = (tl.program_id(0) % n_fb) * BN
@@ -181,24 +217,30 @@ def q8_gate_up_kernel(xq, dx, xs, aq, adx, axs, experts, tier, table, qs, qh, sc
         xr, dr, sr = xq + m * K, dx + m * (K // 32), xs + m * (K // 16)
         if slot >= 0:
             g = _matvec(xr, dr, sr, bqs, bqh, bsc, bsd, slot * 2 * F + n, one, n_slots, LOAD, V, P, SLOT, BITS,
-                        HBITS, BIAS, HAS_MIN, BN, NT)
+                        HBITS, BIAS, HAS_MIN, BN, NT, LEVELS)
             u = _matvec(xr, dr, sr, bqs, bqh, bsc, bsd, slot * 2 * F + F + n, one, n_slots, LOAD, V, P, SLOT, BITS,
-                        HBITS, BIAS, HAS_MIN, BN, NT)
+                        HBITS, BIAS, HAS_MIN, BN, NT, LEVELS)
         else:
             g = _matvec(xr, dr, sr, qs, qh, sc, sd, e * 2 * F + n, one, n_slots, LOAD, V, P, SLOT, BITS,
-                        HBITS, BIAS, HAS_MIN, BN, NT)
+                        HBITS, BIAS, HAS_MIN, BN, NT, LEVELS)
             u = _matvec(xr, dr, sr, qs, qh, sc, sd, e * 2 * F + F + n, one, n_slots, LOAD, V, P, SLOT, BITS,
-                        HBITS, BIAS, HAS_MIN, BN, NT)
+                        HBITS, BIAS, HAS_MIN, BN, NT, LEVELS)
+        if HAS_EBIAS:
+            nb = n0 + tl.arange(0, BN)                                # [BN]
+            g = g + tl.load(ebias + e * 2 * F + nb)
+            u = u + tl.load(ebias + e * 2 * F + F + nb)
         p64 = pair.to(tl.int64)
-        _silu_quantize_store(g, u, aq + p64 * F, adx + p64 * (F // 32), axs + p64 * (F // 16), n0, BN)
+        _act_quantize_store(g, u, aq + p64 * F, adx + p64 * (F // 32), axs + p64 * (F // 16), n0, BN, ACT)
 
 
 @triton.jit(do_not_specialize=["one"])
 def q8_down_kernel(aq, adx, axs, y, experts, tier, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, D, one,
                  n_slots: tl.constexpr, LOAD: tl.constexpr, V: tl.constexpr, P: tl.constexpr, SLOT: tl.constexpr,
                  BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
-                 BN: tl.constexpr, NT: tl.constexpr):
-    """Program (pair, block of BN output rows): y[pair] for pairs the GPU computes."""
+                 BN: tl.constexpr, NT: tl.constexpr, LEVELS: tl.constexpr = (), ebias=None,
+                 HAS_EBIAS: tl.constexpr = False):
+    """Program (pair, block of BN output rows): y[pair] for pairs the GPU computes (+ its
+    expert's row of ebias [E, D] with HAS_EBIAS)."""
     n_db = tl.cdiv(D, BN)
     pair = tl.program_id(0) // n_db
     n_out = (tl.program_id(0) % n_db) * BN + tl.arange(0, BN)         # [BN]
@@ -211,29 +253,35 @@ def q8_down_kernel(aq, adx, axs, y, experts, tier, table, qs, qh, sc, sd, bqs, b
         ar, dr, sr = aq + p64 * F, adx + p64 * (F // 32), axs + p64 * (F // 16)
         if slot >= 0:
             acc = _matvec(ar, dr, sr, bqs, bqh, bsc, bsd, slot * D + n, one, n_slots, LOAD, V, P, SLOT, BITS,
-                          HBITS, BIAS, HAS_MIN, BN, NT)
+                          HBITS, BIAS, HAS_MIN, BN, NT, LEVELS)
         else:
             acc = _matvec(ar, dr, sr, qs, qh, sc, sd, e * D + n, one, n_slots, LOAD, V, P, SLOT, BITS,
-                          HBITS, BIAS, HAS_MIN, BN, NT)
+                          HBITS, BIAS, HAS_MIN, BN, NT, LEVELS)
+        if HAS_EBIAS:
+            acc = acc + tl.load(ebias + e * D + n_out, mask=n_out < D, other=0.0)
         tl.store(y + p64 * D + n_out, acc, mask=n_out < D)
 
 
 # -- activations in, tiers, the mailbox, and the ordered combine ---------------------------
 @triton.jit
-def q8_quantize_kernel(x, xq, dx, xs, mxq, mdx, mxs, stride_x, K: tl.constexpr, POST: tl.constexpr):
-    """Program per row: the contract's q8 of x[row] into the device buffers (and the mailbox)."""
+def q8_quantize_kernel(x, xq, dx, xs, mxq, mdx, mxs, stride_x, K: tl.constexpr, POST: tl.constexpr,
+                       KP: tl.constexpr):
+    """Program per row: the contract's q8 of x[row] into the device buffers (and the mailbox).
+    KP: K's next power of two (gpt-oss's 2880: 4096), the blocks past K zeros, not stored."""
     m = tl.program_id(0).to(tl.int64)
-    a = tl.load(x + m * stride_x + tl.arange(0, K)).to(tl.float32)    # [K]
-    q, d = quantize_block(tl.reshape(a, (K // 32, 32)))              # [K/32, 32], [K/32]
-    q8 = tl.reshape(q, (K,)).to(tl.int8)
-    s = tl.sum(tl.reshape(q, (K // 16, 16)), axis=1)                  # [K/16]
-    tl.store(xq + m * K + tl.arange(0, K), q8)
-    tl.store(dx + m * (K // 32) + tl.arange(0, K // 32), d)
-    tl.store(xs + m * (K // 16) + tl.arange(0, K // 16), s)
+    k = tl.arange(0, KP)
+    a = tl.load(x + m * stride_x + k, mask=k < K, other=0.0).to(tl.float32)   # [KP]
+    q, d = quantize_block(tl.reshape(a, (KP // 32, 32)))             # [KP/32, 32], [KP/32]
+    q8 = tl.reshape(q, (KP,)).to(tl.int8)
+    s = tl.sum(tl.reshape(q, (KP // 16, 16)), axis=1)                 # [KP/16]
+    b, g = tl.arange(0, KP // 32), tl.arange(0, KP // 16)
+    tl.store(xq + m * K + k, q8, mask=k < K)
+    tl.store(dx + m * (K // 32) + b, d, mask=b < K // 32)
+    tl.store(xs + m * (K // 16) + g, s, mask=g < K // 16)
     if POST:
-        tl.store(mxq + m * K + tl.arange(0, K), q8)
-        tl.store(mdx + m * (K // 32) + tl.arange(0, K // 32), d)
-        tl.store(mxs + m * (K // 16) + tl.arange(0, K // 16), s)
+        tl.store(mxq + m * K + k, q8, mask=k < K)
+        tl.store(mdx + m * (K // 32) + b, d, mask=b < K // 32)
+        tl.store(mxs + m * (K // 16) + g, s, mask=g < K // 16)
 
 
 @triton.jit
@@ -322,9 +370,10 @@ CHUNKS_PER_STEP = 2   # C: contract chunks per step (no bit depends on it): the 
 
 def layout_args(w: QuantWeight, chunks: int | None = None) -> dict:
     """A weight's constexprs for _matvec."""
-    bits, hbits, bias, has_min = CODES[w.qtype]
+    bits, hbits, bias, has_min, levels = contract_codes(w.qtype)
     fmt = w.fmt
     if CHUNK != 8 or QBLOCK != 32 or XS_GROUP != 16:
         raise AssertionError("the kernels are written for CHUNK 8, QBLOCK 32, XS_GROUP 16")
     return dict(n_slots=w.n_slots, LOAD=fmt.triton_load, V=fmt.V, P=fmt.P, SLOT=fmt.slot, BITS=bits, HBITS=hbits,
-                BIAS=bias, HAS_MIN=has_min, NT=CHUNK * (chunks or CHUNKS_PER_STEP))
+                BIAS=bias, HAS_MIN=has_min, NT=CHUNK * (chunks or CHUNKS_PER_STEP),
+                **({"LEVELS": levels} if levels else {}))

@@ -3,14 +3,15 @@ launches of expert_q8_gpu.py (without CUDA or the interpreter: the plain-torch r
 
 Each (row, rank) pair is computed by the tier its expert is in: the VRAM bank, the
 host tier read in place over PCIe, or the CPU workers (through `link`, a CpuLink of
-offload/cpu_tier.py). Bits never depend on the tier: that is the contract.
+offload/cpu_tier.py). Bits never depend on the tier: that is the contract. A layer's
+ExpertOps (expert_q8.py) give its activation and its experts' biases (gpt-oss's).
 """
 from __future__ import annotations
 
 import torch
 import triton
 
-from .expert_q8 import moe_q8 as moe_q8_ref, supports
+from .expert_q8 import ExpertOps, moe_q8 as moe_q8_ref, supports, supports_act
 from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT, layout_args, q8_combine_kernel,
                             q8_down_kernel, q8_gate_up_kernel, q8_post_kernel, q8_quantize_kernel)
 from ..backend import use_triton
@@ -21,29 +22,42 @@ POST_CTL = dict(REQ=REQ, LAYER=LAYER, ROWS=ROWS)   # the post kernel's control w
 TIER_BANK, TIER_HOST, TIER_CPU = 0, 1, 2
 
 
-def contract_ok(gate_up: QuantWeight, down: QuantWeight) -> bool:
-    """Whether a layer's experts can run under the contract (formats and shapes)."""
+def contract_ok(gate_up: QuantWeight, down: QuantWeight, act: int = ExpertOps().act) -> bool:
+    """Whether a layer's experts can run under the contract (formats, activation and shapes)."""
     F, D = down.K, down.N
-    return supports(gate_up) and supports(down) and D % 32 == 0 and F % BN_GATE == 0
+    return supports(gate_up) and supports(down) and supports_act(act) and D % 32 == 0 and F % BN_GATE == 0
+
+
+def _bias_args(ops: ExpertOps, E: int, F: int, D: int) -> tuple[dict, dict]:
+    """The gate|up and down kernels' bias keywords (none: their defaults)."""
+    if ops.biases is None:
+        return {}, {}
+    gb, db = ops.biases
+    if tuple(gb.shape) != (E, 2 * F) or tuple(db.shape) != (E, D) or {gb.dtype, db.dtype} != {torch.float32}:
+        raise ValueError(f"the experts' biases {tuple(gb.shape)} {gb.dtype}, {tuple(db.shape)} {db.dtype} "
+                         f"are not float32 [{E}, {2 * F}] and [{E}, {D}]")
+    return {"ebias": gb.contiguous(), "HAS_EBIAS": True}, {"ebias": db.contiguous(), "HAS_EBIAS": True}
 
 
 def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_gate_up: QuantWeight,
            host_down: QuantWeight, bank_gate_up: QuantWeight, bank_down: QuantWeight, table: torch.Tensor,
-           layer: int, link=None, chunks: int | None = None) -> torch.Tensor:
+           layer: int, link=None, chunks: int | None = None, ops: ExpertOps = ExpertOps()) -> torch.Tensor:
     """h [W, D] (bf16/fp32), weights/experts [W, k] (the router's) -> [W, D] float32.
     host_* [E, ...] are the layer's host tier, bank_* the shared bank, table [E] int32
     the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None.
-    chunks: contract chunks per kernel step (a speed knob; no bit depends on it)."""
+    chunks: contract chunks per kernel step (a speed knob; no bit depends on it).
+    ops: the experts' activation and biases (on h's device; the CPU workers hold theirs)."""
     if not use_triton(h):
         # the plain-torch contract: a bank slot holds its expert's host bytes, so the
         # host tier alone gives the same bits; the CPU workers' protocol needs the kernels
         if link is not None:
             raise ValueError("the CPU expert tier needs the Triton kernels (CUDA or TRITON_INTERPRET=1)")
-        return moe_q8_ref(h, host_gate_up, host_down, experts, weights).to(h.device)
+        return moe_q8_ref(h, host_gate_up, host_down, experts, weights, ops).to(h.device)
     W, D = h.shape
     k = experts.shape[1]
     F = host_down.K
     dev = h.device
+    gu_bias, dn_bias = _bias_args(ops, table.shape[0], F, D)   # E: the table's (a mapped layer's host_* is the bank)
     h = h if h.stride(1) == 1 else h.contiguous()
     experts = experts.contiguous()
     xq = torch.empty((W, D), dtype=torch.int8, device=dev)                      # [W, D]
@@ -52,7 +66,7 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     post = link is not None
     mb = link.mailbox if post else None
     q8_quantize_kernel[(W,)](h, xq, dx, xs, *((mb.xq, mb.dx, mb.xs) if post else (xq, dx, xs)), h.stride(0),
-                           K=D, POST=post, num_warps=NUM_WARPS, enable_fp_fusion=False)
+                           K=D, POST=post, KP=triton.next_power_of_2(D), num_warps=NUM_WARPS, enable_fp_fusion=False)
     tier = torch.empty((W, k), dtype=torch.int32, device=dev)                   # [W, k]
     gpu = h.is_cuda
     if post:
@@ -66,11 +80,12 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     axs = torch.empty((W, k, F // 16), dtype=torch.int32, device=dev)
     q8_gate_up_kernel[(W * k * (F // BN_GATE),)](
         xq, dx, xs, aq, adx, axs, experts, tier, table, *host_gate_up.plane_args(), *bank_gate_up.plane_args(),
-        F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False)
+        F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        **gu_bias, **({"ACT": ops.act} if ops.act else {}))
     y = torch.empty((W, k, D), dtype=torch.float32, device=dev)                 # [W, k, D]
     q8_down_kernel[(W * k * triton.cdiv(D, BN_DOWN),)](
         aq, adx, axs, y, experts, tier, table, *host_down.plane_args(), *bank_down.plane_args(), D, 1,
-        BN=BN_DOWN, **layout_args(host_down, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False)
+        BN=BN_DOWN, **layout_args(host_down, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False, **dn_bias)
     if post and not gpu:
         link.wait_host()          # the interpreter cannot spin on memory another thread writes
     out = torch.empty((W, D), dtype=torch.float32, device=dev)

@@ -124,6 +124,7 @@ def lib(march: str = MARCH) -> ctypes.CDLL:
         "aq_quantize": (None, [P, I, P, P, P]),
         "aq_exp": (None, [P, I, P]),
         "aq_silu_mul": (None, [P, P, I, P]),
+        "aq_act": (I, [I, P, P, I, P]),
         "aq_prep": (I, [I, P, P, P, I, P]),
         "aq_matvec": (I, [P, I, P, I, I, P, P]),
         "aq_expert_ffn": (I, [P, I, P, P, P, P]),

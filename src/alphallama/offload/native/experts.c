@@ -9,11 +9,17 @@
  * slot is byte b of its word v and holds fields 2b, 2b+1 (Q8_0: field b), whose k in the
  * slot is slot_positions(V, P). Instead of moving codes into k order, the activations
  * are permuted once per matvec into storage order (xprep), so decoding is a mask and a
- * shift on contiguous bytes: loops the compiler vectorizes. */
+ * shift on contiguous bytes: loops the compiler vectorizes. MXFP4 (gpt-oss's experts) is
+ * Q4_0's layout whose codes index the doubled E2M1 levels (E2M1 below: a table lookup,
+ * then signed codes as Q8_0's), A = 2^(e - 128) built from e's bits.
+ *
+ * A weight may carry a bias per expert and row (qmat.bias [E, N] float32, gpt-oss's):
+ * added to the row's sum, one float add; a layer's activation is an id (ACTS below, set in
+ * pool.c's layer_desc). */
 #include <stdint.h>
 #include <string.h>
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MXFP4 = 39 };
 #define QBLOCK 32
 #define CHUNK 8
 #define MAXL 32
@@ -29,7 +35,11 @@ typedef struct {
     const uint8_t *raw, *raw2;
     int64_t raw_e, raw_r;
     int32_t split;
+    const float *bias;        /* [E, N] added to each row's sum, or NULL */
 } qmat;
+
+/* MXFP4's codes: the E2M1 (FP4) values doubled (gguf/quants_misc.e2m1_doubled) */
+static const int8_t E2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 typedef struct {
     int L;        /* values per slot */
@@ -49,6 +59,7 @@ static int fmt_of(int qtype, fmt_t *f) {
     case Q8_0: *f = (fmt_t){16, 16, 0, 0, 0}; return 0;
     case Q4_1: *f = (fmt_t){32, 16, 0, 0, 1}; return 0;
     case Q5_1: *f = (fmt_t){32, 16, 1, 0, 1}; return 0;
+    case MXFP4: *f = (fmt_t){32, 16, 0, 0, 0}; return 0;   /* codes E2M1[q] (isums_mx) */
     default: return -1;
     }
 }
@@ -78,6 +89,14 @@ static inline float h2f(uint16_t h) {
         m <<= sh;
         u = s | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ff) << 13);
     }
+    float out;
+    memcpy(&out, &u, 4);
+    return out;
+}
+
+/* MXFP4's A: an E8M0 byte e -> 2^(e - 128) from its bits, as ggml (e < 2: the subnormals). */
+static inline float e8m0_half(uint8_t e) {
+    uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float out;
     memcpy(&out, &u, 4);
     return out;
@@ -138,6 +157,30 @@ void aq_silu_mul(const float *g, const float *u, int n, float *out) {
     for (int i = 0; i < n; i++) out[i] = (g[i] * (1.0f / (1.0f + exp_c1(-g[i])))) * u[i];
 }
 
+#define OAI_ALPHA ((float)1.702)   /* gpt-oss's (kernels/activations/act_ids.py), rounded once */
+#define OAI_LIMIT 7.0f
+
+/* swiglu_oai: g clamped above at 7, u to [-7, 7] (compare-selects), g sigmoid(1.702 g) (u + 1). */
+void aq_swiglu_oai(const float *g, const float *u, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        float gi = g[i] > OAI_LIMIT ? OAI_LIMIT : g[i];
+        float ui = (u[i] > OAI_LIMIT ? OAI_LIMIT : (u[i] < -OAI_LIMIT ? -OAI_LIMIT : u[i])) + 1.0f;
+        out[i] = (gi * (1.0f / (1.0f + exp_c1(-(gi * OAI_ALPHA))))) * ui;
+    }
+}
+
+/* The contract's activations by id (act_ids.ACT_IDS; expert_q8.CONTRACT_ACTS). */
+typedef void (*act_fn)(const float *, const float *, int, float *);
+enum { ACT_SILU = 0, ACT_OAI = 2, N_ACTS = 3 };
+static const act_fn ACTS[N_ACTS] = {[ACT_SILU] = aq_silu_mul, [ACT_OAI] = aq_swiglu_oai};
+
+/* act(g, u) of n values into out; -1 for an id the contract has not. */
+int aq_act(int act, const float *g, const float *u, int n, float *out) {
+    if (act < 0 || act >= N_ACTS || !ACTS[act]) return -1;
+    ACTS[act](g, u, n, out);
+    return 0;
+}
+
 /* chunk_sum: CHUNK-term chunks summed pairwise, chunks added to acc in order (from +0). */
 static inline float chunk_sum(float *t, int ns, float acc) {
     int nc = (ns + CHUNK - 1) / CHUNK;
@@ -194,6 +237,12 @@ static inline int32_t dot_nib(const uint8_t *B, uint32_t h, const int8_t *x, con
     return acc;
 }
 
+static inline int32_t dot_mx(const uint8_t *B, const int8_t *x) {   /* 16 bytes of nibbles, 32 values */
+    int32_t acc = 0;
+    for (int p = 0; p < 16; p++) acc += E2M1[B[p] & 15] * x[p] + E2M1[B[p] >> 4] * x[16 + p];
+    return acc;
+}
+
 static inline int32_t dot_q8(const uint8_t *B, const int8_t *x) {
     int32_t acc = 0;
     for (int p = 0; p < 16; p++) acc += (int32_t)(int8_t)B[p] * x[p];
@@ -220,6 +269,12 @@ static void isums_q80(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, co
     for (int s = 0; s < ns; s++) isum[s] = dot_q8(qs + 16 * s, xp + 16 * s);
 }
 
+static void isums_mx(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
+                     const uint8_t *sh, int ns, int32_t *isum) {
+    (void)qh; (void)ssum; (void)sh;
+    for (int s = 0; s < ns; s++) isum[s] = dot_mx(qs + 16 * s, xp + 32 * s);
+}
+
 /* One slot's term of the contract: (A isum [- B xsum]) dx. */
 static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, const int32_t *isum,
                               const xprep *x, int s) {
@@ -236,6 +291,7 @@ static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, c
     }
     case Q6_K: return ((h2f(ld16(sd + 2 * (s / 16))) * (float)(int8_t)sc[s]) * (float)isum[s]) * x->dxs[s];
     case Q8_0: return (h2f(ld16(sc + 2 * (s / 2))) * (float)isum[s]) * x->dxs[s];   /* two slots share d */
+    case MXFP4: return (e8m0_half(sc[s]) * (float)isum[s]) * x->dxs[s];                /* sc: e, a byte a slot */
     default: return (h2f(ld16(sc + 2 * s)) * (float)isum[s]) * x->dxs[s];
     }
 }
@@ -245,6 +301,25 @@ static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, c
 
 typedef void (*isums_fn)(const uint8_t *, const uint8_t *, const int8_t *, const int32_t *,
                          const uint8_t *, int, int32_t *);
+
+#ifdef HAVE_SIMD_ISUMS
+#define ISUMS(NAME) NAME##_v
+#else
+#define ISUMS(NAME) NAME
+#endif
+/* A format's slot dots (Q4_1 / Q5_1: unsigned codes without bias, as Q4_K / Q5_K's). */
+static isums_fn isums_of(int qtype) {
+    switch (qtype) {
+    case Q4_K: case Q4_1: return ISUMS(isums_q4k);
+    case Q5_K: case Q5_1: return ISUMS(isums_q5k);
+    case Q6_K: return ISUMS(isums_q6k);
+    case Q4_0: return ISUMS(isums_q40);
+    case Q5_0: return ISUMS(isums_q50);
+    case MXFP4: return ISUMS(isums_mx);
+    default: return ISUMS(isums_q80);
+    }
+}
+#undef ISUMS
 
 /* Scratch for one row: isum [ns], terms [ns rounded up to CHUNK], a mapped row's planes
  * (ROW_PLANES(K) bytes; unused for a weight with planes). */
@@ -258,16 +333,7 @@ int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, 
     int ns = w->K / f.L;
     uint8_t sh[MAXL];
     for (int p = 0; p < f.L; p++) { int k, hb; slot_layout(&f, p, &k, &hb); sh[p] = (uint8_t)hb; }
-#ifdef HAVE_SIMD_ISUMS
-#define ISUMS(NAME) NAME##_v
-#else
-#define ISUMS(NAME) NAME
-#endif
-    /* Q4_1 / Q5_1: unsigned codes without bias, as Q4_K / Q5_K's: the same dots */
-    isums_fn fn = w->qtype == Q4_K || w->qtype == Q4_1 ? ISUMS(isums_q4k)
-                : w->qtype == Q5_K || w->qtype == Q5_1 ? ISUMS(isums_q5k) : w->qtype == Q6_K ? ISUMS(isums_q6k)
-                : w->qtype == Q4_0 ? ISUMS(isums_q40) : w->qtype == Q5_0 ? ISUMS(isums_q50) : ISUMS(isums_q80);
-#undef ISUMS
+    isums_fn fn = isums_of(w->qtype);
     size_t nqs, nqh, nsc;
     plane_bytes(&f, w->K, &nqs, &nqh, &nsc);
     for (int r = r0; r < r1; r++) {
@@ -291,7 +357,8 @@ int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, 
         acc = chunks_v(w->qtype, sc, sd, rb->isum, x, ns / CHUNK);
 #endif
         for (int s = s0; s < ns; s++) rb->t[s - s0] = slot_term(w->qtype, sc, sd, rb->isum, x, s);
-        out[r - r0] = s0 < ns ? chunk_sum(rb->t, ns - s0, acc) : acc;
+        acc = s0 < ns ? chunk_sum(rb->t, ns - s0, acc) : acc;
+        out[r - r0] = w->bias ? acc + w->bias[(int64_t)e * w->N + r] : acc;
     }
     return 0;
 }

@@ -18,6 +18,7 @@ static int gguf_block(int qtype, int *qk, int *bytes) {
     case Q4_K: *qk = 256; *bytes = 144; return 0;
     case Q5_K: *qk = 256; *bytes = 176; return 0;
     case Q6_K: *qk = 256; *bytes = 210; return 0;
+    case MXFP4: *qk = 32; *bytes = 17; return 0;
     default: return -1;
     }
 }
@@ -33,6 +34,7 @@ static inline void block_code(int qtype, const uint8_t *b, int k, int *lo, int *
         return;
     }
     case Q8_0: *lo = (int8_t)b[2 + k]; return;
+    case MXFP4: *lo = k < 16 ? b[1 + k] & 15 : b[1 + k - 16] >> 4; return;   /* e, then Q4_0's nibbles */
     case Q4_K: case Q5_K: {   /* 4 runs of 32 bytes: run c's low nibbles are sub-block 2c, high 2c+1 */
         int w = k % 64, off = qtype == Q4_K ? 16 : 48;
         *lo = (b[off + (k / 64) * 32 + w % 32] >> (4 * (w / 32))) & 15;
@@ -92,6 +94,7 @@ int aq_repack_row(int qtype, const uint8_t *row, int K, uint8_t *qs, uint8_t *qh
             case Q6_K: sc[s] = b[192 + j]; break;
             case Q4_1: case Q5_1: memcpy(sc + 4 * (size_t)s, b, 4); break;
             case Q8_0: if (j == 0) memcpy(sc + 2 * (size_t)blk, b, 2); break;
+            case MXFP4: sc[s] = b[0]; break;                       /* the E8M0 byte */
             default: memcpy(sc + 2 * (size_t)s, b, 2); break;
             }
         }

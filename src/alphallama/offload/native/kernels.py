@@ -23,12 +23,13 @@ class QMat(ctypes.Structure):
                 ("sd_e", ctypes.c_int64), ("sd_r", ctypes.c_int64),
                 ("qtype", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("E", ctypes.c_int32),
                 ("raw", _P), ("raw2", _P), ("raw_e", ctypes.c_int64), ("raw_r", ctypes.c_int64),
-                ("split", ctypes.c_int32)]
+                ("split", ctypes.c_int32), ("bias", _P)]   # bias: [E, N] float32 added to the rows, or NULL
 
 
 class LayerDesc(ctypes.Structure):
-    """pool.c's layer_desc; gate_up.N == 0 marks a layer without experts."""
-    _fields_ = [("gate_up", QMat), ("down", QMat)]
+    """pool.c's layer_desc; gate_up.N == 0 marks a layer without experts. act: the
+    activation's id (expert_q8.CONTRACT_ACTS, experts.c's ACTS)."""
+    _fields_ = [("gate_up", QMat), ("down", QMat), ("act", ctypes.c_int32)]
 
 
 class XPrep(ctypes.Structure):
@@ -103,6 +104,13 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def bias_plane(bias: torch.Tensor, E: int, N: int) -> torch.Tensor:
+    """An experts' bias as the C side reads it (qmat.bias): contiguous float32 [E, N] on the CPU."""
+    if tuple(bias.shape) not in ((E, N), (N,) if E == 1 else None):
+        raise ValueError(f"a bias {tuple(bias.shape)} for a weight of {E} experts x {N} rows")
+    return bias.detach().to("cpu", torch.float32).reshape(E, N).contiguous()
+
+
 def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [K] float32 -> (xq int8 [K], dx [K/32], xs int32 [K/16]) computed by the C code."""
     x = x.float().contiguous()
@@ -121,6 +129,15 @@ def exp_c(v: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def act_c(act: int, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The C workers' activation `act` (an id of expert_q8.CONTRACT_ACTS) of g and u."""
+    g, u = g.float().contiguous(), u.float().contiguous()
+    out = torch.empty_like(g)
+    if lib().aq_act(act, _ptr(g), _ptr(u), g.numel(), _ptr(out)) != 0:
+        raise ValueError(f"the CPU expert workers have no activation {act}")
+    return out
+
+
 def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     g, u = g.float().contiguous(), u.float().contiguous()
     out = torch.empty_like(g)
@@ -129,11 +146,16 @@ def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: "QuantWeight | QMat",
-              rows: tuple[int, int] | None = None, expert: int = 0, so: ctypes.CDLL | None = None) -> torch.Tensor:
+              rows: tuple[int, int] | None = None, expert: int = 0, so: ctypes.CDLL | None = None,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
     """Rows [r0, r1) (all by default) of w (expert `expert` of a 3-D one) times one
     quantized row: float32 [r1 - r0]. w: a weight's planes, or a descriptor (qmat_mapped:
-    rows read from the GGUF blocks). so: the library (default: built for this CPU)."""
+    rows read from the GGUF blocks). so: the library (default: built for this CPU).
+    bias: [E, N] float32 added to the rows (kept alive here for the call)."""
     q = w if isinstance(w, QMat) else qmat(w)
+    if bias is not None:
+        bias = bias_plane(bias, q.E, q.N)
+        q.bias = _ptr(bias)
     K, N = q.K, q.N
     if xq.numel() != K:
         raise ValueError(f"activation of {xq.numel()} values for a weight with K={K}")

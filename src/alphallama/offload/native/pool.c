@@ -28,8 +28,8 @@ static void fp_defaults(void) {
 #endif
 }
 
-/* A layer's experts; gate_up.N == 0: the layer has none. */
-typedef struct { qmat gate_up, down; } layer_desc;
+/* A layer's experts and their activation (ACTS' id); gate_up.N == 0: the layer has none. */
+typedef struct { qmat gate_up, down; int32_t act; } layer_desc;
 
 typedef struct {
     int8_t *xp; int32_t *ssum; float *xsum, *dxs;   /* xprep storage, sized for the largest K */
@@ -132,7 +132,7 @@ static void serve_post(pool *p, int id, int *sense) {
     barrier(p, sense);
     for (int t = id; t < p->ntask; t += p->n) {
         float *g = p->gu + (long)t * p->max_n;
-        aq_silu_mul(g, g + F, F, s->act);
+        aq_act(L->act, g, g + F, F, s->act);
         aq_quantize(s->act, F, p->aq + (long)t * p->max_f, p->adx + (long)t * (p->max_f / 32),
                     p->axs + (long)t * (p->max_f / 16));
     }
@@ -213,6 +213,8 @@ pool *aq_pool_start(int n, const int *cpus, int32_t *ctl, const int8_t *xq, cons
                     const int32_t *ids, const int32_t *task, float *y, int max_w, int k, int D,
                     const layer_desc *layers, int n_layers) {
     if (n < 1 || n > MAXT || max_w * k > 4096) return 0;
+    for (int i = 0; i < n_layers; i++)
+        if (layers[i].gate_up.N && (layers[i].act < 0 || layers[i].act >= N_ACTS || !ACTS[layers[i].act])) return 0;
     pool *p = calloc(1, sizeof *p);
     if (!p) return 0;
     p->n = n; p->ctl = ctl; p->xq = xq; p->dx = dx; p->xs = xs; p->ids = ids; p->task = task; p->y = y;
@@ -282,8 +284,8 @@ int aq_expert_ffn(const layer_desc *L, int e, const int8_t *xq, const float *dx,
         xprep x = {s.xp, s.ssum, s.xsum, s.dxs};
         rowbuf rb = {s.isum, s.t, s.pl};
         rc = aq_prep(L->gate_up.qtype, xq, dx, xs, D, &x) || aq_matvec(&L->gate_up, e, &x, 0, 2 * F, gu, &rb);
+        if (!rc) rc = aq_act(L->act, gu, gu + F, F, a);
         if (!rc) {
-            aq_silu_mul(gu, gu + F, F, a);
             aq_quantize(a, F, aq, adx, axs);
             rc = aq_prep(L->down.qtype, aq, adx, axs, F, &x) || aq_matvec(&L->down, e, &x, 0, L->down.N, y, &rb);
         }

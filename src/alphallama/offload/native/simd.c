@@ -117,6 +117,34 @@ static void isums_q80_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, 
     if (s < ns) isums_q80(qs + 16 * s, qh, xp + 16 * s, ssum + s, sh, ns - s, isum + s);
 }
 
+/* MXFP4: the nibbles (codes32's storage order) looked up in E2M1 (pshufb, the table in
+ * both lanes), then Q8_0's signed product: |c| <= 12. */
+static void isums_mx_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
+                       const uint8_t *sh, int ns, int32_t *isum) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)E2M1);
+    const __m256i lev = _mm256_set_m128i(t, t);
+    int s = 0;
+    for (; s + 8 <= ns; s += 8) {
+        __m256i r[8];
+        for (int j = 0; j < 8; j++) {
+            __m256i c = _mm256_shuffle_epi8(lev, codes32(qs + 16 * (s + j), 0, 0));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xp + 32 * (s + j)));
+            r[j] = dot_u8s8(_mm256_abs_epi8(c), _mm256_sign_epi8(x, c));
+        }
+        _mm256_storeu_si256((__m256i *)(isum + s), reduce8(r));
+    }
+    if (s < ns) isums_mx(qs + 16 * s, qh, xp + 32 * s, ssum + s, sh, ns - s, isum + s);
+}
+
+/* MXFP4's A of 8 slots: e8m0_half of 8 scale bytes (e < 2: 0x00200000 << e). */
+static inline __m256 e8m0_half8(const uint8_t *e8) {
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e8));
+    __m256i nrm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(nrm, sub, small));
+}
+
 /* The float part, 8 slots (one chunk) per step: the same per-lane IEEE operations as
  * slot_term, then the chunk's pairwise sum ((t0+t1)+(t2+t3))+((t4+t5)+(t6+t7)). */
 static inline float chunk_v(__m256 t) {
@@ -146,6 +174,8 @@ static float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd, const int
             if (qtype == Q6_K)
                 A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 2 * (s / 16)))),
                                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + s)))));
+            else if (qtype == MXFP4)
+                A = e8m0_half8(sc + s);
             else if (qtype == Q8_0)   /* 4 d's, each for two slots */
                 A = _mm256_permutevar8x32_ps(
                     _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + s)))),

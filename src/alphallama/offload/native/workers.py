@@ -7,8 +7,9 @@ weights sit (the store's host tier, read in place), driven through the mailbox.
     experts.stop()            # also at garbage collection and interpreter exit
 
 Thread 0 polls the mailbox's REQ; on a change it reads LAYER, ROWS and the ranks with
-task == 1, and all threads split the gate|up rows of every task, then the silu-mul and
-quantization per task, then the down rows into y[m, r, :]; thread 0 then stores
+task == 1, and all threads split the gate|up rows of every task (+ the experts' biases),
+then the layer's activation (SiLU, or gpt-oss's swiglu_oai: ExpertOps) and quantization
+per task, then the down rows (+ biases) into y[m, r, :]; thread 0 then stores
 DONE = REQ. Idle threads spin ~2 ms, then sleep ~30 us between polls, and 0.5 ms
 after 100 ms without a post (an idle pool of 2 threads used ~7% of one core here).
 """
@@ -20,9 +21,10 @@ import weakref
 import torch
 
 from ...kernels.formats.qweight import QuantWeight
+from ...kernels.moe.expert_q8 import ExpertOps, supports_act
 from ..mailbox import Mailbox
 from .build import lib
-from .kernels import LayerDesc, qmat
+from .kernels import LayerDesc, bias_plane, qmat
 from .probe import worker_cpus
 
 
@@ -35,16 +37,19 @@ def _stop(handle: list) -> None:
 
 class CpuExperts:
     def __init__(self, layers: dict[int, "tuple[QuantWeight, QuantWeight] | MappedExperts"], mailbox: Mailbox,
-                 n_layers: int, threads: int | None = None, cpus: list[int] | None = None):
+                 n_layers: int, threads: int | None = None, cpus: list[int] | None = None,
+                 ops: dict[int, ExpertOps] | None = None):
         """layers: model layer id -> (gate_up [E, 2F, D], down [E, D, F]) host planes, or
         the layer's experts in the mapped file (offload/mapped.py: rows read from the GGUF
         blocks). threads/cpus: worker count and the cpus to pin them to (default: the
-        probe's count, on cpus other than the calling thread's)."""
+        probe's count, on cpus other than the calling thread's). ops: a layer's activation
+        and biases where they are not SiLU and none (gpt-oss's; copied to host memory)."""
         from ..mapped import MappedExperts
         if mailbox.xq.device.type != "cpu":
             raise ValueError("the mailbox must live in host memory")
         D = mailbox.d_model
         self._descs = (LayerDesc * max(n_layers, 1))()
+        self._keep: list[torch.Tensor] = []        # the biases' host copies the C side reads
         for i, src in layers.items():
             if not 0 <= i < n_layers:
                 raise ValueError(f"layer {i} outside 0..{n_layers - 1}")
@@ -55,6 +60,7 @@ class CpuExperts:
                                  f"do not match d_model {D}")
             if dn.K % 32:
                 raise ValueError(f"layer {i}: the expert contract needs F % 32 == 0, got F={dn.K}")
+            self._keep += self._set_ops(i, d, (ops or {}).get(i, ExpertOps()))
             self._descs[i] = d
         self.layers, self.mailbox, self.n_layers = layers, mailbox, n_layers   # layers: kept alive for the C side
         self.cpus = list(cpus) if cpus is not None else worker_cpus(threads)
@@ -64,12 +70,24 @@ class CpuExperts:
         self._handle: list = [None]
         self._finalizer = weakref.finalize(self, _stop, self._handle)   # also runs at interpreter exit
 
+    @staticmethod
+    def _set_ops(i: int, d: LayerDesc, ops: ExpertOps) -> list[torch.Tensor]:
+        """Layer i's activation and biases into its descriptor: the bias planes it points at."""
+        if not supports_act(ops.act):
+            raise ValueError(f"layer {i}: the expert contract has no activation {ops.act}")
+        d.act = ops.act
+        if ops.biases is None:
+            return []
+        planes = [bias_plane(b, q.E, q.N) for b, q in zip(ops.biases, (d.gate_up, d.down))]
+        d.gate_up.bias, d.down.bias = (p.data_ptr() for p in planes)
+        return planes
+
     @classmethod
     def from_store(cls, store, mailbox: Mailbox, threads: int | None = None,
-                   cpus: list[int] | None = None) -> "CpuExperts":
+                   cpus: list[int] | None = None, ops: dict[int, ExpertOps] | None = None) -> "CpuExperts":
         """Every MoE layer of an ExpertStore: its host tier read in place, or its mapped
-        file's blocks (the store's mapped layers)."""
-        return cls(store.cpu_sources(), mailbox, store.table.shape[0], threads, cpus)
+        file's blocks (the store's mapped layers); ops as the constructor's."""
+        return cls(store.cpu_sources(), mailbox, store.table.shape[0], threads, cpus, ops)
 
     @property
     def running(self) -> bool:
