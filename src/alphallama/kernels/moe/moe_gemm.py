@@ -125,6 +125,8 @@ def _launch(a: torch.Tensor, w: QuantWeight, out: torch.Tensor, align: tuple, n_
     n_out = N_W // 2 if gated else N_W
     fmt = w.fmt
     NT = max(1, 64 // fmt.slot)                                              # BK = 64 values a step
+    if not a.is_cuda:       # the interpreter pays per program; its dot is numpy's, one order per row
+        BN = min(1024, triton.next_power_of_2(n_out))
     grid = (block_expert.shape[0], triton.cdiv(n_out, BN))
     planes = tuple(p if p is w.table else p.reshape(E * N_W, p.shape[-1])
                    for p in w.plane_args())  # the experts' rows one after another (a codebook as it is)
