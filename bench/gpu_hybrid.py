@@ -41,7 +41,7 @@ from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.spec.config import SpecConfig
-from alphallama.spec.mtp import load_mtp_state
+from alphallama.spec.mtp import load_mtp_states
 from alphallama.tokenizer import Tokenizer
 from alphallama.warmup import WarmRun, warm_up
 
@@ -176,13 +176,13 @@ def main() -> None:
             tokenizer = Tokenizer.from_metadata(f.metadata)
             head = find_mtp_head(f, gpu.cfg)
             t0 = time.perf_counter()
-            mtp = load_mtp_state(*head, gpu, ctx, tokenizer) if head is not None else None
+            mtp = load_mtp_states(*head, gpu, ctx, tokenizer) if head is not None else None
             engine = Engine(f, gpu, tokenizer, None, ctx, mtp=mtp)
             base = _toks(args.repeat, V, 2).tolist()
             prompt_ids = base * 4
             specs = {"plain": None, "ngram": SpecConfig("ngram", 16, 2, gate=False)}
             if mtp is not None:
-                out["mtp_head"] = {"kind": type(mtp.head).__name__, "load_s": time.perf_counter() - t0}
+                out["mtp_head"] = {"kind": type(engine.mtp.head).__name__, "load_s": time.perf_counter() - t0}
                 tables = tempfile.mkdtemp(dir=tmp)        # the policy's cost table: timed once, for mtp,ngram
                 for name in ("mtp", "mtp,ngram"):
                     specs[name] = SpecConfig(name, 16, 2, gate=False, mtp_min_p=0.0, mtp_switch=False,

@@ -79,7 +79,7 @@ def _apply_parallel(args, command: str) -> str:
     if n == 1:
         return "-np 1: one stream; requests run one at a time, in arrival order (up to --queue-size more wait)"
     return (f"-np {n}: {n} parallel streams decode together in shared rounds, each slot 1/{n} of the context "
-            f"(-c); more requests wait in arrival order (up to --queue-size)")
+            f"(-c) with its own drafts; more requests wait in arrival order (up to --queue-size)")
 
 
 def _apply_batch(args, command: str) -> str:
@@ -125,7 +125,8 @@ COMPAT: tuple[Compat, ...] = (
            ("run", "serve"), _apply_threads),
     Compat(("-np", "--parallel"), "parallel", {"type": _positive, "metavar": "N",
                                                "help": "serve: parallel streams (slots), each 1/N of the "
-                                                       "context; run: ignored"},
+                                                       "context, its own KV rows and drafts (the copy's, "
+                                                       "the MTP head's); run: ignored"},
            ("run", "serve"), _apply_parallel),
     Compat(("-b", "--batch-size"), "batch_size", {"type": _positive, "metavar": "N",
                                                   "help": "accepted for llama.cpp; the prefill chunk is fixed"},

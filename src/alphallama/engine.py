@@ -9,7 +9,6 @@ them again. `stream` is one request's loop body (a generator the drivers advance
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Generator, Iterator
@@ -46,19 +45,17 @@ class ContextOverflow(ValueError):
 class Engine:
     def __init__(self, gguf: GGUFFile, model, tokenizer, chat_template, ctx_size: int, mtp=None,
                  slots: int = 1):
-        """ctx_size: each slot's context; slots: parallel streams' slots (one: the single stream)."""
-        if slots > 1 and mtp is not None:
-            raise ValueError("the MTP head drafts for one stream: parallel streams (-np > 1) use the copy "
-                             "drafter only")
+        """ctx_size: each slot's context; slots: parallel streams' slots (one: the single stream);
+        mtp: the MTP head's state of each slot (spec.mtp.MTPState: a list of `slots`, or one for
+        one slot; spec.mtp.slot_states makes them), None: no head."""
         self.gguf = gguf
         self.model = model
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.ctx_size = ctx_size
-        self.slots: list[Slot] = new_slots(model, ctx_size, slots)
+        self.slots: list[Slot] = new_slots(model, ctx_size, slots, mtp)
         self._uses = 0                 # the slots' LRU clock
-        self.mtp = mtp                 # spec.mtp.MTPState when the model has an MTP head
         self._output_norm_w: torch.Tensor | None = None   # read on the first embedding
 
     @property
@@ -69,6 +66,11 @@ class Engine:
     @cache.setter
     def cache(self, cache) -> None:
         self.slots[0].cache = cache
+
+    @property
+    def mtp(self):
+        """The first slot's MTP state (spec.mtp.MTPState; None: the model has no MTP head)."""
+        return self.slots[0].mtp
 
     @property
     def cached(self) -> list[int]:
@@ -89,9 +91,12 @@ class Engine:
         return slot
 
     def reset_slot(self, slot: Slot) -> None:
-        """Forget one slot's conversation (its contents are unknown after a failure)."""
+        """Forget one slot's conversation (its contents are unknown after a failure), its MTP
+        entries too."""
         slot.cache.truncate(0)
         slot.cached = []
+        if slot.mtp is not None:
+            slot.mtp.reset()
 
     @classmethod
     def load(cls, path: str, ctx_size: int | None = None, device: str = DEFAULTS.engine.device,
@@ -111,7 +116,7 @@ class Engine:
         (llama-server's split)."""
         from .chat import ChatTemplate
         from .gguf.arch import find_mtp_head, load_config
-        from .spec.mtp import load_mtp_state
+        from .spec.mtp import load_mtp_states
         from .tokenizer import Tokenizer
         f = GGUFFile(path)
         cfg = load_config(f)
@@ -122,11 +127,7 @@ class Engine:
         if weights_read is not None:
             weights_read()
         head = find_mtp_head(f, cfg, draft_head)
-        if head is not None and slots > 1:
-            warnings.warn(f"{path}: the MTP head drafts for one stream; with -np {slots} drafts come from the "
-                          f"copy drafter only", RuntimeWarning, stacklevel=2)
-            head = None
-        mtp = load_mtp_state(*head, model, ctx, tok) if head is not None else None
+        mtp = load_mtp_states(*head, model, ctx, tok, slots) if head is not None else None   # one per slot
         return cls(f, model, tok, tmpl, ctx, mtp, slots)
 
     @cached_property
@@ -139,8 +140,6 @@ class Engine:
         """Forget the cached conversations: the next prompt is prefilled whole."""
         for slot in self.slots:
             self.reset_slot(slot)
-        if self.mtp is not None:
-            self.mtp.reset()
 
     # -- prompts ----------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
@@ -183,7 +182,7 @@ class Engine:
                 mtp: bool = False, slot: Slot | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Make a slot (None: the one choose_slot picks for ids) hold `ids`, re-using the
         longest common prefix; (logits, hidden state) of the last row. mtp: also make the
-        MTP head's entries for the prompt (re-using only rows that keep its cache consistent).
+        slot's MTP entries for the prompt (re-using only rows that keep its cache consistent).
 
         The last prompt row always goes through the W = 1 decode path, alone: the
         logits that choose the first token then come from the same arithmetic as every
@@ -210,10 +209,11 @@ class Engine:
                 break
             common += 1
         common = cache.restorable(min(common, len(ids) - 1))   # a recurrent state returns to few points
-        if mtp:
-            common = self.mtp.keep_rows(ids, common)
+        head = slot.mtp if mtp else None
+        if head is not None:
+            common = head.keep_rows(ids, common)
             while cache.restorable(common) != common:   # a hybrid: back to a point its state holds
-                common = self.mtp.keep_rows(ids, cache.restorable(common))
+                common = head.keep_rows(ids, cache.restorable(common))
         cache.truncate(min(common, cache.length))
         slot.cached = ids[:common]
         chunk = DEFAULTS.engine.prefill_chunk
@@ -222,8 +222,8 @@ class Engine:
                 return None
             part = ids[s:min(s + chunk, len(ids) - 1)]
             _, hidden = self.model.forward(torch.tensor(part), s, cache, logits=False)
-            if mtp:
-                self.mtp.feed(hidden, s, ids)
+            if head is not None:
+                head.feed(hidden, s, ids)
             slot.cached = ids[:s + len(part)]
             yield CHUNK
         cache.checkpoint()        # the prompt boundary: where a hybrid's next turn continues from
@@ -298,10 +298,10 @@ class Engine:
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
         sampler = Sampler(sampling)
-        if self.mtp is not None:
-            self.mtp.wanted = False        # an MTP drafter (made next) asks for the head's cache
-        drafter = spec.make_drafter(self)
-        mtp = self.mtp if self.mtp is not None and self.mtp.wanted else None
+        if slot.mtp is not None:
+            slot.mtp.wanted = False        # an MTP drafter (made next) asks for the slot's MTP cache
+        drafter = spec.make_drafter(self, slot.mtp)
+        mtp = slot.mtp if slot.mtp is not None and slot.mtp.wanted else None
         prompt = list(prompt_ids)
         out = yield from self._prefill_steps(slot, prompt, gen.stats, cancel, mtp is not None)
         if out is None:
@@ -381,7 +381,8 @@ class Engine:
             raise ValueError("the input is empty")
         slot = self.take_slot(ids)
         try:
-            self.reset_slot(slot)
+            slot.cache.truncate(0)        # (its MTP entries, if any, stay: they hold for their tokens)
+            slot.cached = []
             chunk = DEFAULTS.engine.prefill_chunk
             rows = []
             for s in range(0, len(ids), chunk):

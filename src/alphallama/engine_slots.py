@@ -4,7 +4,9 @@ One slot (`-np 1`, the default) is the engine's whole cache, as it always was. N
 (`-np N`, parallel streams) split it: on the GPU runtime one cache of N slots whose rows
 share a round (runtime/gpu_model.round, kernels/attention/rows.py; the hybrids' each stream's
 recurrent state too: runtime/gpu_hybrid.round), on the CPU reference one cache each (its exact
-verify runs rows one by one, so streams there interleave).
+verify runs rows one by one, so streams there interleave). A model with an MTP head gives each
+slot its own MTP state too (spec/mtp.py: the head's entries for the slot's tokens, its staged
+rows), so each stream drafts from its own history.
 
 A request takes the free slot that already holds the longest prefix of its prompt, then
 the least recently used, then the lowest id: a deterministic function of the request
@@ -33,6 +35,7 @@ class Slot:
     cached: list[int] = field(default_factory=list)   # tokens whose rows the cache has committed
     used: int = 0                  # when a request last took it (the LRU order; 0: never)
     busy: bool = False             # a stream or an engine call holds it
+    mtp: Any = None                # spec.mtp.MTPState: its MTP head's entries (a model with a head)
 
 
 MIN_SLOT_CONTEXT = 128   # the fewest tokens of context a slot may have
@@ -49,17 +52,22 @@ def slot_context(ctx: int, n: int) -> int:
     return ctx // n
 
 
-def new_slots(model, ctx: int, n: int) -> list[Slot]:
+def new_slots(model, ctx: int, n: int, mtp=None) -> list[Slot]:
     """n slots of ctx rows each: one model cache for n == 1; a model that puts several
     streams' rows in one pass (`round`) splits one cache; another (the CPU reference) gets
-    a cache per slot."""
+    a cache per slot. mtp: each slot's MTP state (a list of n, or one state for n == 1)."""
     if n < 1:
         raise ValueError(f"-np must be at least 1, got {n}")
+    states = [None] * n if mtp is None else mtp if isinstance(mtp, list) else [mtp]
+    if len(states) != n:
+        raise ValueError(f"{len(states)} MTP states for {n} slots: one per slot (spec.mtp.slot_states)")
     if n == 1:
-        return [Slot(0, model.new_cache(ctx))]
-    if getattr(model, "round", None) is not None:
-        return [Slot(i, c) for i, c in enumerate(model.new_cache(ctx, slots=n).split(n, ctx))]
-    return [Slot(i, model.new_cache(ctx)) for i in range(n)]
+        caches = [model.new_cache(ctx)]
+    elif getattr(model, "round", None) is not None:
+        caches = model.new_cache(ctx, slots=n).split(n, ctx)
+    else:
+        caches = [model.new_cache(ctx) for _ in range(n)]
+    return [Slot(i, c, mtp=m) for i, (c, m) in enumerate(zip(caches, states))]
 
 
 def choose_slot(slots: list[Slot], ids: list[int]) -> Slot:

@@ -84,3 +84,38 @@ def chains_follow(rhead, ghead, g: torch.Tensor, toks: torch.Tensor, depth: int,
     assert got == want and all(t % 2 == 1 for t in got)
     assert got_p == pytest.approx(want_p, abs=2e-3)
     assert ghead.use_graphs == (dev == "cuda")
+
+
+def slots_follow_alone(head, g: torch.Tensor, toks: torch.Tensor, cuts: list[tuple[int, int, int]], depth: int,
+                       ctx: int, dev: str) -> None:
+    """An MTP head's slots (new_caches: one cache, the row table) keep each stream's entries and
+    chains its own. Stream i is rows cuts[i] = (start, a, b) .. of g [n, D] / toks [n], re-positioned
+    from 0: entries of its first a rows, then a chain of `depth` after rows a..b-1 are staged, another
+    after b..; run alone on a one-slot cache (the scalar form), then in slots of one cache with the
+    streams' steps interleaved (the last stream first): every chain (tokens and probabilities) and
+    every slot's entries (K/V) are the alone ones, bit for bit."""
+    ends = [c[0] for c in cuts[1:]] + [len(toks)]
+
+    def step(cache, i: int, k: int):
+        start, a, b = cuts[i]
+        lo, hi = ((0, a), (a, b), (b, ends[i] - start))[k]
+        rows, tk = g[start + lo:start + hi].to(dev), toks[start + lo:start + hi]
+        if k == 0:
+            return head.extend(rows, tk, lo, cache)
+        return head.draft(rows, tk, lo, depth, cache)
+
+    def entries(cache) -> tuple[torch.Tensor, torch.Tensor]:
+        return cache.k[0, :, :cache.length].clone(), cache.v[0, :, :cache.length].clone()
+    alone = []
+    for i in range(len(cuts)):
+        cache = head.new_cache(ctx)
+        alone.append(([step(cache, i, k) for k in range(3)], entries(cache)))
+    slots = head.new_caches(ctx, len(cuts))
+    got: list[list] = [[None] * 3 for _ in cuts]
+    for k in range(3):
+        for i in reversed(range(len(cuts))):
+            got[i][k] = step(slots[i], i, k)
+    for i, s in enumerate(slots):
+        assert got[i][1:] == alone[i][0][1:], i
+        assert all(torch.equal(x, y) for x, y in zip(entries(s), alone[i][1])), i
+    head.new_cache(ctx)                      # the head back on a one-slot cache, as the other tests have it

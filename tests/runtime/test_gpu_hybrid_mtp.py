@@ -1,8 +1,9 @@
 """The hybrids' in-file MTP head on the GPU runtime (runtime/hybrid_mtp.py; Triton kernels, the
 interpreter on CPU) against the float32 reference head (model/qwen35_mtp.py): the entries'
 logits, then a chain of drafts (tokens and probabilities) over the whole vocabulary and over a
-draft vocabulary; and through the engine beside GPUHybridModel, exact mode with the MTP drafter
-and with MTP + the copy drafter gives plain greedy's tokens, over a second turn too.
+draft vocabulary; the slots of one MTP cache (parallel streams) give each stream its entries and
+chains alone, bit for bit; and through the engine beside GPUHybridModel, exact mode with the MTP
+drafter and with MTP + the copy drafter gives plain greedy's tokens, over a second turn too.
 
 The files: test_gpu_hybrid.py's tiny shapes (2 layers, d_model 64, Q8_0) with an MTP block
 (blk.2: a gated attention block with the model's FFN kind)."""
@@ -14,7 +15,7 @@ import torch
 
 
 from gpucheck import TOL as GPU_TOL
-from gpucheck import chains_follow
+from gpucheck import chains_follow, slots_follow_alone
 
 from alphallama.gguf.arch import find_mtp_head, load_config
 from alphallama.gguf.reader import GGUFFile
@@ -25,7 +26,7 @@ from alphallama.model.qwen35_mtp import HybridMTPHead
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.runtime.hybrid_mtp import GPUHybridMTPHead
 from alphallama.runtime.overrides import Overrides
-from alphallama.spec.mtp import load_mtp_state
+from alphallama.spec.mtp import load_mtp_states
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 48
@@ -88,8 +89,24 @@ def test_chain_matches_the_reference(heads):
     chains_follow(rhead, ghead, g, toks, 3, c.vocab_size, CTX, DEV)
 
 
+def test_slots_give_each_stream_its_chains_alone(tmp_path):
+    """qwen35's head (the gated attention block: its partial rope from the row table) over three
+    streams in the slots of one MTP cache, their steps interleaved: each stream's chains and
+    entries are its own alone (gpucheck.slots_follow_alone). fp32 GEMVs and small attention tiles:
+    the interpreter's time."""
+    path = tmp_path / "qwen35-mtp.gguf"
+    write_synthetic(PRESETS["tiny-qwen35"](**TINY, mtp="dense"), path)
+    f = GGUFFile(path)
+    gpu = GPUHybridModel(f, CTX, device=DEV, overrides=Overrides(decode_gemv="f32", moe_gemv="f32",
+                                                                 attention_tiles=(16, 4)))
+    head = GPUHybridMTPHead(gpu, *find_mtp_head(f, load_config(f)), CTX, graphs=True)
+    g, toks = _inputs(gpu.cfg.d_model, gpu.cfg.vocab_size, 15, 2)
+    g[[6, 10]] = 0                                       # no state before a stream's position 0
+    slots_follow_alone(head, g, toks, [(0, 3, 5), (6, 1, 3), (10, 2, 3)], 2, CTX, DEV)
+
+
 def test_exact_mtp_and_mtp_ngram_through_the_engine(tmp_path):
-    """qwen35 with its MTP head through the engine (load_mtp_state picks GPUHybridMTPHead beside
+    """qwen35 with its MTP head through the engine (load_mtp_states picks GPUHybridMTPHead beside
     GPUHybridModel; fp32 activations: half the interpreter's time, test_gpu_hybrid.py runs the
     product's kernels through the engine). The random head drafts every round (min-p 0) and is
     wrong: rounds committed to fewer rows than they verified, the head's entries staged from the
@@ -106,7 +123,7 @@ def test_exact_mtp_and_mtp_ngram_through_the_engine(tmp_path):
     f = GGUFFile(path)
     gpu = GPUHybridModel(f, CTX, device=DEV, overrides=Overrides(decode_gemv="f32", moe_gemv="f32"))
     tok = Tokenizer.from_metadata(f.metadata)
-    mtp = load_mtp_state(*find_mtp_head(f, load_config(f)), gpu, CTX, tok)
+    mtp, = load_mtp_states(*find_mtp_head(f, load_config(f)), gpu, CTX, tok)
     assert type(mtp.head) is GPUHybridMTPHead
     engine = Engine(f, gpu, tok, None, CTX, mtp=mtp)
     stop: set[int] = set()

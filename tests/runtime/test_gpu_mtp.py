@@ -1,6 +1,7 @@
 """The GPU MTP head (Triton kernels; interpreter on CPU) against the reference MTP block:
 the same entries and the same chain of drafts over a whole vocabulary and over a
-draft-vocabulary subset, and exact decoding with MTP drafts on the GPU runtime."""
+draft-vocabulary subset, and exact decoding with MTP drafts on the GPU runtime; the slots of
+one MTP cache (parallel streams) give each stream its chains alone, bit for bit."""
 from __future__ import annotations
 
 
@@ -17,9 +18,10 @@ from alphallama.model.loader import load_model  # noqa: E402
 from alphallama.model.mtp import MTPHead  # noqa: E402
 from alphallama.runtime.gpu_model import GPUModel  # noqa: E402
 from alphallama.runtime.gpu_mtp import GPUMTPHead, pick, pick_ref  # noqa: E402
+from alphallama.runtime.overrides import Overrides  # noqa: E402
 from alphallama.spec.mtp import MTPState, make_mtp_drafter  # noqa: E402
 from alphallama.tokenizer import Tokenizer  # noqa: E402
-from gpucheck import chains_follow  # noqa: E402
+from gpucheck import chains_follow, slots_follow_alone  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 64
@@ -87,11 +89,29 @@ def test_exact_decoding_with_mtp_on_the_gpu_runtime(dense):
     class Spec:
         fast = False
 
-        def make_drafter(self, e):
-            return make_mtp_drafter(e, 2, 0.0)
+        def make_drafter(self, e, mtp=None):
+            return make_mtp_drafter(e, 2, 0.0, mtp)
 
     prompt = [5, 9]                      # small: every kernel runs in the interpreter on CPU
     g0, g1 = Generation(), Generation()
     plain = list(engine.generate(prompt, 3, gen=g0))
     mtp = list(engine.generate(prompt, 3, gen=g1, spec=Spec()))
     assert mtp == plain and g1.stats.draft_n > 0
+
+
+def test_slots_give_each_stream_its_chains_alone(tmp_path):
+    """Three streams (entries of 3, 1 and 2 rows, then chains after 2 and 1 staged rows each) in
+    the slots of one MTP cache, their steps interleaved: the chains and entries each gets alone
+    (gpucheck.slots_follow_alone). A small head (d_model 64, small attention tiles): the
+    interpreter's time."""
+    path = tmp_path / "small.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, quant="Q8_0", seed=5, d_model=64, n_heads=2, n_kv_heads=1,
+                                          head_dim=32, d_ff=128, vocab_size=260, mtp="dense"), path)
+    f = GGUFFile(path)
+    gpu = GPUModel(f, CTX, device=DEV, overrides=Overrides(decode_gemv="f32", attention_tiles=(16, 4)))
+    head = GPUMTPHead(gpu, *find_mtp_head(f, load_config(f)), CTX, graphs=True)
+    D, V = gpu.cfg.d_model, gpu.cfg.vocab_size
+    gen = torch.Generator().manual_seed(4)
+    g, toks = torch.randn(15, D, generator=gen), torch.randint(0, V, (15,), generator=gen)
+    g[[0, 6, 10]] = 0                                    # no state before a stream's position 0
+    slots_follow_alone(head, g, toks, [(0, 3, 5), (6, 1, 3), (10, 2, 3)], 2, CTX, DEV)

@@ -1,8 +1,9 @@
 """Parallel streams through the server (-np 2, the CPU reference: its streams interleave):
 two concurrent requests decode together (each one's chunks arrive while the other's do),
 each gets the text it gets alone, a third waits for a free slot; /slots shows both slots
-and /props total_slots. A Gated DeltaNet hybrid on the GPU runtime (the interpreter) at
--np 2: its streams in shared rounds, each text its text alone."""
+and /props total_slots. A model with an MTP head at -np 2 (`--spec-type mtp`): each stream drafts
+from its own slot's MTP state, each text its text alone. A Gated DeltaNet hybrid on the GPU
+runtime (the interpreter) at -np 2: its streams in shared rounds, each text its text alone."""
 from __future__ import annotations
 
 import threading
@@ -63,6 +64,49 @@ def test_two_requests_decode_together_and_a_third_waits(stories_path, alone):
         assert {s["id_task"] for s in slots} <= {0, 1, 2} and len({s["id_task"] for s in slots}) == 2
         props = httpx.get(server.base + "/props", headers=server.headers).json()
         assert props["total_slots"] == 2
+
+
+def test_mtp_drafts_per_stream_at_np_2(tmp_path):
+    """-np 2 with a model's in-file MTP head, loaded as `serve` loads it (a state per slot), the
+    MTP drafter on every round (the CPU reference): two streaming requests decode together, each
+    text is its prompt's plain greedy text alone, and each slot's MTP entries are its own
+    stream's tokens."""
+    from alphallama.gguf.writer import PRESETS, write_synthetic
+    from alphallama.spec.config import SpecConfig
+    path = tmp_path / "mtp.gguf"
+    write_synthetic(PRESETS["tiny-qwen3"](n_layers=1, seed=7, ctx_len=512, mtp="dense"), path)
+    solo = Engine.load(str(path), ctx_size=256, device="cpu")
+    ids, alone = [], []
+    for p in PROMPTS[:2]:
+        solo.reset()
+        ids.append(solo.encode_prompt(p))
+        alone.append(solo.tokenizer.decode(list(solo.generate(ids[-1], N)), continuation=True))
+    engine = Engine.load(str(path), ctx_size=512, device="cpu", slots=2)
+    assert engine.slots[0].mtp is not None and engine.slots[0].mtp is not engine.slots[1].mtp
+    spec = SpecConfig("mtp", mtp_depth=2, mtp_min_p=0.0, gate=False, mtp_switch=False)
+    with serve(engine, path, spec=spec) as server:
+        times: dict[int, list[float]] = {0: [], 1: []}
+        texts: dict[int, str] = {}
+
+        def run(i: int) -> None:
+            stream = server.client().completions.create(model=path.name, prompt=PROMPTS[i], max_tokens=N,
+                                                        temperature=0, stream=True)
+            parts = []
+            for chunk in stream:
+                times[i].append(time.monotonic())
+                parts.append(chunk.choices[0].text)
+            texts[i] = "".join(parts)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [texts[0], texts[1]] == alone
+        assert times[0][0] < times[1][-1] and times[1][0] < times[0][-1]        # together
+    owners = [next(s for s in engine.slots if s.mtp.seq[:len(i)] == i) for i in ids]    # its stream's entries
+    assert owners[0] is not owners[1]
+    assert all(len(s.mtp.seq) > len(i) + 1 for s, i in zip(owners, ids))   # its rounds' too (its drafts)
+    assert all(len(t) > 20 for t in alone)
 
 
 def test_np_leaving_a_slot_too_little_context_is_refused(stories_path):

@@ -138,6 +138,16 @@ def test_a_floor_or_no_gate_is_kept_first_up_to_the_room():
     assert allot([claim([0.9], off), claim([0.9], off)], room=1) == [1, 0]    # ties: the earlier stream
 
 
+def test_each_streams_mtp_chain_is_in_the_rounds_price():
+    """Two streams each ran its own MTP chain (1 ms each, the claims' overheads) before a round
+    of c(W) = 1 + 0.3 (W - 1) ms: the round pays both, 2 + c(W) ms, so a 0.2-token draft pays
+    for its 0.3 ms row ((2.2) / 3.6 > 2 / 3.3); priced as if one chain ran, it would not
+    (2.2 / 2.6 < 2 / 2.3)."""
+    t = CostTable([1.0 + 0.3 * (w - 1) for w in range(1, MAX_WIDTH + 1)], MAX_WIDTH)
+    assert allot([claim([0.2], Gate(t), 1.0), claim([0.01], Gate(t), 1.0)]) == [1, 0]
+    assert allot([claim([0.2], Gate(t), 1.0), claim([0.01], Gate(t), 0.0)]) == [0, 0]
+
+
 def test_cut_keeps_the_leading_drafts():
     d = Draft([5, 6, 7], "mtp", 0, (0.9, 0.8, 0.7))
     assert cut(d, 3) is d

@@ -47,8 +47,8 @@ class MTPSpec:
     def __init__(self, depth=3, min_p=0.0, every=1):
         self.depth, self.min_p, self.every, self.rounds = depth, min_p, every, []   # every: draft every k-th round
 
-    def make_drafter(self, engine):
-        d = make_mtp_drafter(engine, self.depth, self.min_p)
+    def make_drafter(self, engine, mtp=None):
+        d = make_mtp_drafter(engine, self.depth, self.min_p, mtp)
         propose, committed, n = d.propose, [], [0]
         d.begin = (lambda b: lambda ids: (committed.extend(ids), b(ids)))(d.begin)
         d.accept = lambda toks: committed.extend(toks)
@@ -173,7 +173,7 @@ def test_rounds_without_a_draft_stage_their_rows_for_the_next_one(models, monkey
 
 def test_draft_vocabulary_subset_in_the_engine(models):
     engine = Engine.load(str(models / "side.gguf"), ctx_size=256, device="cpu")
-    engine.mtp.draft_vocab = 200               # fewer rows than the vocabulary: a subset is scored
+    engine.mtp.vocab.size = 200                # fewer rows than the vocabulary: a subset is scored
     spec = MTPSpec(depth=2)
     list(engine.generate(PROMPT, 10, spec=spec))
     ids = engine.mtp.head.vocab_ids

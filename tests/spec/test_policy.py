@@ -207,7 +207,7 @@ def test_exact_mode_with_the_policy_equals_plain_greedy(stories, plain_runs, mon
     spec.memory.for_engine(stories, exact=True)[1].table = linear_table(0.05)   # priced as a GPU would
     total = Generation().spec
     for ids, plain in plain_runs:
-        monkeypatch.setitem(spec_config.DRAFTERS, "mtp", lambda c, e, ids=ids, plain=plain: OracleMTP(
+        monkeypatch.setitem(spec_config.DRAFTERS, "mtp", lambda c, e, state, ids=ids, plain=plain: OracleMTP(
             len(ids) + 1, plain[1:], c.mtp_depth, e.cfg.vocab_size))
         g = Generation()
         assert list(stories.generate(ids, N, gen=g, spec=spec)) == plain

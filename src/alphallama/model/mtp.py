@@ -63,6 +63,11 @@ class MTPHead:
         cache.max_len = n
         return cache
 
+    def new_caches(self, max_len: int | None = None, n: int = 1) -> list[KVCache]:
+        """A cache for each of n engine slots (parallel streams): on the CPU one each, as the
+        reference model's slots have (each stream's chain runs on its own)."""
+        return [self.new_cache(max_len) for _ in range(n)]
+
     def set_vocab(self, ids: torch.Tensor | None) -> None:
         """Score only these output rows (sorted token ids [S]); None: the whole vocabulary."""
         self.vocab_ids = None if ids is None else ids.to(torch.int64)

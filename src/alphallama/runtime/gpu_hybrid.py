@@ -13,7 +13,7 @@ reference HybridTransformer: new_cache, forward, verify.
 - On the GPU the rounds replay CUDA graphs captured per cache (runtime/hybrid_graphs.py: the
   step, and the verify round per width bucket; a prompt's 2..64 rows are a verify round
   committed to all of them); elsewhere they run eagerly. The in-file MTP head runs beside it
-  as runtime/hybrid_mtp.py's GPUHybridMTPHead (spec/mtp.py's load_mtp_state picks it).
+  as runtime/hybrid_mtp.py's GPUHybridMTPHead (spec/mtp.py's load_mtp_states picks it).
 - round (parallel streams, `-np N`: new_cache(slots=N), decisions/parallel-streams.md): several
   streams' rows side by side in passes of up to 64 rows over one HybridSlots cache, each stream
   on its own K/V rows, ring and state (runtime/hybrid_seats.py); a stream's one row is a step,

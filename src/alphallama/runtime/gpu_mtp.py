@@ -23,6 +23,16 @@ where graph capture writes its warm-up rows.
 The head scores the rows of the draft vocabulary: a [S, K] copy of those output rows
 in their GGUF format (index_select of the planes, in place, so the graphs keep their
 pointers), and argmax/softmax over S.
+
+Parallel streams (`-np N`, `new_caches`): one cache of N slots (KVCache.split: slot s at
+base s x R, R = a slot's entries and its chain's rows), the position input the row table
+of kernels/attention/rows.py (each row's position and its slot's KV base; the chain's
+steps get theirs on the device), so one set of graphs serves every slot, as the model's
+rounds do (runtime/gpu_model.py). Each stream's chain is its own launch and host sync
+(MTP's cost times the streams drafting in a round; spec/allot.py prices each stream's).
+A bucket's padding rows then write at the spare rows past the slots. The table form
+computes the scalar form's floats (tests/kernels/test_attention_rows.py), so a stream's
+drafts do not depend on its slot or on the others; `-np 1` keeps the scalar form.
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ from ..config import DEFAULTS
 from ..gguf.arch import MTPHeadConfig
 from ..gguf.reader import GGUFFile
 from ..kernels.attention.decode import decode_attention
+from ..kernels.attention.rows import BASE, POSITION, fill_table
 from ..kernels.norm.rmsnorm import add_rmsnorm
 from ..kernels.attention.rope import qkv_rope
 from ..kernels.activations.silu import silu_mul
@@ -49,7 +60,7 @@ from .gpu_model import GPUModel
 from .linear import Linear
 from .widths import BUCKETS, MAX_W, bucket_of
 from .weights import BlockNames, build_layer, vectors
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, KVSlot
 
 SPARE = MAX_W + DEFAULTS.mtp.max_depth + 3     # slots past the context: a padded bucket and a chain
 
@@ -118,7 +129,7 @@ class GPUMTPHead:
         D = self.cfg.d_model
         self._g = torch.zeros(MAX_W, D, device=dev)                               # graph inputs
         self._tok = torch.zeros(MAX_W, dtype=torch.int64, device=dev)
-        self._pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._pos = torch.zeros(1, dtype=torch.int32, device=dev)    # or the row table [3, MAX_W] (new_caches)
         self._last = torch.zeros(1, dtype=torch.int64, device=dev)
         self._steps = torch.arange(DEFAULTS.mtp.max_depth, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor | None]] = {}
@@ -148,8 +159,27 @@ class GPUMTPHead:
         cache = KVCache(1, c.n_kv_heads, n + SPARE, c.head_dim, dtype=torch.float16, device=self.device)
         cache.max_len = n + 1
         self.cache = cache
+        self._pos = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.graphs.clear()
         return cache
+
+    def new_caches(self, max_len: int | None = None, n: int = 1) -> list[KVCache]:
+        """A cache for each of n engine slots: new_cache's for n == 1; else slots of one cache
+        (the module docstring), each of entries 0..max_len and its chain's rows past them."""
+        if n == 1:
+            return [self.new_cache(max_len)]
+        c = self.cfg
+        entries = (max_len or self.max_len) + 1
+        rows = entries + DEFAULTS.mtp.max_depth                 # a chain writes up to max_depth - 1 past the last
+        whole = KVCache(1, c.n_kv_heads, n * rows + SPARE, c.head_dim, dtype=torch.float16, device=self.device)
+        whole.max_len = n * rows                                # the rows past it: padding and the capture's
+        self.cache = whole
+        self._pos = torch.zeros(3, MAX_W, dtype=torch.int32, device=self.device)   # the row table
+        self.graphs.clear()
+        slots = whole.split(n, rows)
+        for slot in slots:
+            slot.max_len = entries
+        return slots
 
     def set_vocab(self, ids: torch.Tensor | None) -> None:
         """Score only these output rows (token ids [S]); None: all. Rows are copied into
@@ -189,7 +219,8 @@ class GPUMTPHead:
         qkv = L.qkv(h)                                                              # [W, (H + 2 n_kv) hd]
         q = qkv_rope(qkv, L.qkv_bias, L.q_norm, L.k_norm, self.cos, self.sin, cache.k[0], cache.v[0], pos,
                      c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_neox)       # [W, H, hd]
-        att = decode_attention(q, cache.k[0], cache.v[0], pos, cache.k.shape[2], act)  # [W, H*hd]
+        att = decode_attention(q, cache.k[0], cache.v[0], pos, cache.k.shape[2], act,
+                               tiles=self.model.attn_tiles)                        # [W, H*hd]
         h = add_rmsnorm(x, L.o(att), L.ffn_norm, c.norm_eps, act)                  # x += o(att)
         d = L.moe(h, act) if L.moe is not None else L.down(silu_mul(L.gate_up(h), act))   # [W, D]
         if L.shared is not None:
@@ -212,21 +243,43 @@ class GPUMTPHead:
             return None
         out = torch.empty(2 * depth, dtype=torch.float64, device=self.device)
         g, hn = g.index_select(0, self._last), hn.index_select(0, self._last)    # [1, D] the last real row
-        pos = self._pos + self._last.to(torch.int32) + self._steps[:depth]         # [depth] the chain's positions
+        pos = self._chain_positions(depth)
         tok = None                                                                 # step k > 0 feeds step k-1's pick
         for k in range(depth):
             if k:
-                g, hn = self._block(g, tok, pos[k:k + 1], cache)
+                g, hn = self._block(g, tok, pos[k], cache)
             logits = qmatmul(hn, self.scored, rows_per_thread=ROWS_PER_THREAD)     # [1, S]
             tok = pick(logits, self._ids, out, k)                                  # [1]
         return out
+
+    def _chain_positions(self, depth: int) -> list[torch.Tensor]:
+        """Each chain step's position input (device ops: in the graph): step k's entry is the
+        last real row's position + k. int32 [1] each (one stream), or a row table [3, 1] each
+        (its position, the slot's base, and as the first position of its one-row launch, its own)."""
+        if self._pos.dim() == 1:
+            pos = self._pos + self._last.to(torch.int32) + self._steps[:depth]     # [depth]
+            return [pos[k:k + 1] for k in range(depth)]
+        p = self._pos[POSITION].index_select(0, self._last) + self._steps[:depth]   # [depth]
+        table = torch.stack([p, self._pos[BASE, :1].expand(depth), p], dim=1)      # [depth, 3] (rows.py's order)
+        return [table[k].view(3, 1) for k in range(depth)]
+
+    def _seat(self, m: int, pos: int, cache: KVCache) -> KVCache:
+        """Set the position input for m rows at pos.. of `cache` (a slot of the head's cache, or
+        a cache of its own; m = 0: every row padding) -> the cache the launch writes."""
+        whole = _whole(cache)
+        if self._pos.dim() == 1:
+            self._pos.fill_(pos)
+        else:
+            base = cache.base if isinstance(cache, KVSlot) else 0
+            fill_table(self._pos, [(m, pos, base)] if m else [], whole.max_len)
+        return whole
 
     # -- graphs --------------------------------------------------------------------------
     @torch.inference_mode()
     def prepare(self, depth: int, cache: KVCache) -> None:
         """Capture the extend-only and the depth-`depth` graphs of every bucket."""
         for b in BUCKETS:
-            if not (self.use_graphs and cache is self.cache):
+            if not (self.use_graphs and _whole(cache) is self.cache):
                 return
             self._graph(b, 0)
             self._graph(b, depth)
@@ -249,7 +302,7 @@ class GPUMTPHead:
         """Warm up at this width (compiling its kernels), then capture into the shared pool."""
         t0 = time.perf_counter()
         cache = self.cache
-        self._pos.fill_(cache.max_len)        # warm-up rows land in the spare slots
+        self._seat(0, cache.max_len, cache)   # warm-up rows land in the spare slots
         self._last.fill_(0)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -271,13 +324,13 @@ class GPUMTPHead:
         """Up to MAX_W rows: load the static inputs, replay (or run) the graph."""
         m = tokens.shape[0]
         b = bucket_of(m)
-        graph = self._graph(b, depth) if self.use_graphs and cache is self.cache else None
+        graph = self._graph(b, depth) if self.use_graphs and _whole(cache) is self.cache else None
         self._g[:m].copy_(g)
         self._tok[:m].copy_(tokens)
-        self._pos.fill_(pos)
+        whole = self._seat(m, pos, cache)
         self._last.fill_(m - 1)
         if graph is None:
-            return self._run(m, depth, cache)
+            return self._run(m, depth, whole)
         graph[0].replay()
         return graph[1]
 
@@ -305,3 +358,8 @@ class GPUMTPHead:
         out = self._launch(g[head:], tokens[head:], pos + head, depth, cache).tolist()   # the one host sync
         cache.length = pos + m
         return [int(v) for v in out[:depth]], out[depth:]
+
+
+def _whole(cache: KVCache) -> KVCache:
+    """The cache a slot is part of (a cache of its own: itself)."""
+    return cache.parent if isinstance(cache, KVSlot) else cache

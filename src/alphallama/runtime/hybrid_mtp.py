@@ -49,6 +49,7 @@ class GPUHybridMTPHead(GPUMTPHead):
         c, L, act = self.cfg, self.layer, self.act_dtype
         x = self._project(gn, tokens)                                              # [W, D] fp32: z
         h = add_rmsnorm(x, None, L.attn_norm, c.norm_eps, act)
-        h = add_rmsnorm(x, attention_rows(self, L.mixer, h, pos, cache), L.ffn_norm, c.norm_eps, act)
+        a = attention_rows(self, L.mixer, h, pos, cache, self.model.attn_tiles)    # the model's tiles
+        h = add_rmsnorm(x, a, L.ffn_norm, c.norm_eps, act)
         hn = add_rmsnorm(x, ffn_rows(self, L, h), self.head_norm, c.norm_eps, torch.float32)   # x += ffn: h'
         return hn, hn

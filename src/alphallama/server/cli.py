@@ -99,9 +99,6 @@ def run(args: argparse.Namespace) -> int:
     if args.queue_size < 0:
         return _fail(f"--queue-size must be >= 0, got {args.queue_size}")
     slots = args.parallel or 1
-    if slots > 1 and "mtp" in args.spec_type.split(","):
-        return _fail(f"--spec-type {args.spec_type} with -np {slots}: the MTP head drafts for one stream; "
-                     f"parallel streams use the copy drafter (--spec-type ngram) or none")
     try:
         spec = spec_from_args(args)
         sampling = sampling_from_args(args)

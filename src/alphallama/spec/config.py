@@ -118,20 +118,22 @@ class SpecConfig:
             return Gate()
         return Gate(table)
 
-    def make_drafter(self, engine=None) -> Drafter | None:
+    def make_drafter(self, engine=None, mtp=None) -> Drafter | None:
         """A drafter for one request. `engine` gives drafters that need the model (MTP)
-        its head and state, and the gate its round costs; without it (replay) the copy
-        drafter runs alone and ungated. "auto" is resolved for the engine's device
-        (without an engine: none)."""
+        its head, and the gate its round costs; without it (replay) the copy drafter runs
+        alone and ungated. mtp: the request's slot's MTP state (spec/mtp.py; None: the
+        engine's first slot's). "auto" is resolved for the engine's device (without an
+        engine: none)."""
         self.validate()
         if self.spec_type == AUTO:
-            return self.on_device(engine.cache.k.device.type if engine is not None else "cpu").make_drafter(engine)
+            device = engine.cache.k.device.type if engine is not None else "cpu"
+            return self.on_device(device).make_drafter(engine, mtp)
         kinds = SPEC_TYPES[self.spec_type]
         if not kinds:
             return None
         if engine is None and "mtp" in kinds:
             raise ValueError(f"--spec-type {self.spec_type} needs the model (its MTP head)")
-        made = {k: DRAFTERS[k](self, engine) for k in kinds}
+        made = {k: DRAFTERS[k](self, engine, mtp) for k in kinds}
         mtp, copy = made.get("mtp"), made.get("ngram")
         policy = mtp is not None and copy is not None
         switched = self.switched()
@@ -145,17 +147,17 @@ class SpecConfig:
         return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules(), switch=self.mtp_switch, clock=self.clock)
 
 
-def _mtp(cfg: SpecConfig, engine) -> Drafter:
+def _mtp(cfg: SpecConfig, engine, state) -> Drafter:
     try:
         from .mtp import make_mtp_drafter
     except ImportError as e:
         raise ValueError(f"the MTP drafter is not available in this build ({e})") from None
-    return make_mtp_drafter(engine, cfg.mtp_depth, cfg.mtp_min_p)
+    return make_mtp_drafter(engine, cfg.mtp_depth, cfg.mtp_min_p, state)
 
 
-# drafter name -> factory(config, engine)
-DRAFTERS: dict[str, Callable[[SpecConfig, object], Drafter]] = {
-    "ngram": lambda c, engine: NgramDrafter(ngram_min=c.ngram_min, draft_max=c.draft_max),
+# drafter name -> factory(config, engine, the slot's MTP state)
+DRAFTERS: dict[str, Callable[[SpecConfig, object, object], Drafter]] = {
+    "ngram": lambda c, engine, state: NgramDrafter(ngram_min=c.ngram_min, draft_max=c.draft_max),
     "mtp": _mtp,
 }
 # --spec-type -> the drafters it runs (two: the policy chooses per round); AUTO: see SpecConfig.on_device

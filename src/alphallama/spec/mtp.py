@@ -1,15 +1,21 @@
 """The MTP drafter: the model's own multi-token-prediction head drafts 1..5 tokens per
 round from the last verified hidden state (docs/MTP.md).
 
-Two pieces:
-- `MTPState`, owned by the engine (it outlives requests, like the KV cache): the head,
-  its one-layer cache and which tokens that cache's entries were made for, so prefix
-  re-use keeps both caches consistent. The engine hands it the main model's hidden
-  states: prefill rows as they are computed, and after each verify round the rows of
-  the committed tokens, which wait ("staged") until the next draft makes their entries
-  in the same pass as the chain. Rounds that do not draft (the policy switched MTP off,
-  spec/policy.py) add to the staged rows instead of extending the cache each round; a
-  later draft, or `STAGE_MAX` rows, makes them in one batch.
+Three pieces:
+- `MTPState`, one per engine slot (it outlives requests, like the slot's KV rows): the
+  head, the slot's one-layer MTP cache and which tokens that cache's entries were made
+  for, so prefix re-use keeps both caches consistent. The engine hands it the slot's
+  main-model hidden states: prefill rows as they are computed, and after each verify
+  round the rows of the committed tokens, which wait ("staged") until the next draft
+  makes their entries in the same pass as the chain. Rounds that do not draft (the
+  policy switched MTP off, spec/policy.py) add to the staged rows instead of extending
+  the cache each round; a later draft, or `STAGE_MAX` rows, makes them in one batch.
+  With parallel streams (`-np N`) every slot has its own state over one shared head
+  (`slot_states`: the head's `new_caches`, one cache of N slots on the GPU), so a
+  stream's drafts depend on its own history only; each stream runs its own chain.
+- `HeadVocab`, shared by the slots' states: the draft vocabulary the head scores. The
+  head holds one set of rows at a time, so each state asks for its prompt's before its
+  chain (a copy of the rows only when the last chain was another script's).
 - `MTPDrafter`, one per request (the Drafter protocol of spec/drafter.py): picks the
   draft vocabulary from the prompt's scripts and, each round, runs the chain and stops
   before the first draft whose probability is under min-p.
@@ -29,23 +35,48 @@ from .draft_vocab import DraftVocab, prompt_scripts
 STAGE_MAX = 64      # staged rows that make their entries at once, drafted or not (bounds what is held)
 
 
-class MTPState:
-    def __init__(self, head, ctx_size: int, tokenizer, draft_vocab: int = DEFAULTS.mtp.draft_vocab):
-        """head: model.mtp.MTPHead (CPU reference) or runtime.gpu_mtp.GPUMTPHead."""
-        self.head = head
-        self.cache = head.new_cache(ctx_size)
-        self.tokenizer = tokenizer
-        self.seq: list[int] = []        # x_0..x_{L-1} of the L permanent entries in the cache
-        self.staged: list[tuple[torch.Tensor, list[int], int]] = []     # (g [m, D], tokens, first position)
-        self.wanted = False             # the current request drafts with MTP (make_mtp_drafter sets it)
-        self.draft_vocab = draft_vocab
+class HeadVocab:
+    """The output rows the head scores (spec/draft_vocab.py), for every slot's state."""
+
+    def __init__(self, head, tokenizer, size: int = DEFAULTS.mtp.draft_vocab):
+        self.head, self.tokenizer, self.size = head, tokenizer, size
         self._vocab: DraftVocab | None = None
-        self._vocab_key: tuple[str, ...] | None = None
-        if draft_vocab < head.cfg.vocab_size:
+        self.key: tuple[str, ...] | None = None     # the scripts whose rows the head scores (None: as loaded)
+        if size < head.cfg.vocab_size:
             # classify the vocabulary now (~2 s for 150k tokens) rather than in the first request, and
             # score the first-N rows until a request picks its own: the GPU head's buffer keeps its size
             self._vocab = DraftVocab.from_tokenizer(tokenizer)
-            head.set_vocab(torch.arange(draft_vocab))
+            head.set_vocab(torch.arange(size))
+
+    def key_for(self, prompt_ids: list[int]) -> tuple[str, ...] | None:
+        """The prompt's scripts; None when the head scores the whole vocabulary (it is small)."""
+        if self.size >= self.head.cfg.vocab_size:
+            return None
+        return tuple(prompt_scripts(self.tokenizer.decode(prompt_ids, special=False)))
+
+    def use(self, key: tuple[str, ...] | None) -> None:
+        """Make the head score the rows of these scripts (None: leave it as it is)."""
+        if key is None or key == self.key:
+            return
+        if self._vocab is None:
+            self._vocab = DraftVocab.from_tokenizer(self.tokenizer)
+        self.head.set_vocab(torch.from_numpy(self._vocab.subset(list(key), self.size)))
+        self.key = key
+
+
+class MTPState:
+    def __init__(self, head, ctx_size: int, tokenizer, draft_vocab: int = DEFAULTS.mtp.draft_vocab, *,
+                 cache=None, vocab: HeadVocab | None = None):
+        """head: model.mtp.MTPHead (CPU reference) or runtime.gpu_mtp.GPUMTPHead. cache: this
+        slot's MTP cache (None: a new one, the head's whole); vocab: the slots' shared
+        draft vocabulary (None: a new one, of draft_vocab rows)."""
+        self.head = head
+        self.cache = cache if cache is not None else head.new_cache(ctx_size)
+        self.vocab = vocab if vocab is not None else HeadVocab(head, tokenizer, draft_vocab)
+        self.vocab_key: tuple[str, ...] | None = None    # this slot's request's scripts (choose_vocab)
+        self.seq: list[int] = []        # x_0..x_{L-1} of the L permanent entries in the cache
+        self.staged: list[tuple[torch.Tensor, list[int], int]] = []     # (g [m, D], tokens, first position)
+        self.wanted = False             # the current request drafts with MTP (make_mtp_drafter sets it)
 
     @property
     def length(self) -> int:
@@ -118,6 +149,7 @@ class MTPState:
         if taken is None:
             return [], []
         g, toks, pos = taken
+        self.vocab.use(self.vocab_key)             # another slot's chain may have scored other rows
         out = self.head.draft(g, torch.tensor(toks), pos, depth, self.cache)
         self.seq.extend(toks)
         return out
@@ -125,19 +157,9 @@ class MTPState:
     # -- draft vocabulary --------------------------------------------------------------
     def choose_vocab(self, prompt_ids: list[int]) -> list[str]:
         """Score the rows of the prompt's scripts (the whole vocabulary when it is small)."""
-        V = self.head.cfg.vocab_size
-        if self.draft_vocab >= V:
-            return []
-        text = self.tokenizer.decode(prompt_ids, special=False)
-        scripts = prompt_scripts(text)
-        key = tuple(scripts)
-        if key != self._vocab_key:
-            if self._vocab is None:
-                self._vocab = DraftVocab.from_tokenizer(self.tokenizer)
-            ids = self._vocab.subset(scripts, self.draft_vocab)
-            self.head.set_vocab(torch.from_numpy(ids))
-            self._vocab_key = key
-        return scripts
+        self.vocab_key = self.vocab.key_for(prompt_ids)
+        self.vocab.use(self.vocab_key)
+        return list(self.vocab_key or ())
 
 
 class MTPDrafter:
@@ -168,9 +190,10 @@ class MTPDrafter:
         """Nothing to do: the engine stages the verify pass's hidden rows in the state."""
 
 
-def make_mtp_drafter(engine, depth: int, min_p: float) -> MTPDrafter:
-    """The MTP drafter for one request of `engine`; ValueError if its model has no MTP head."""
-    state = getattr(engine, "mtp", None)
+def make_mtp_drafter(engine, depth: int, min_p: float, state: MTPState | None = None) -> MTPDrafter:
+    """The MTP drafter for one request of `engine` on its slot's `state` (None: the engine's
+    first slot's); ValueError if its model has no MTP head."""
+    state = state if state is not None else getattr(engine, "mtp", None)
     if state is None:
         where = f" {engine.gguf.path}" if engine is not None else ""
         raise ValueError(f"--spec-type mtp needs a model with an MTP head, and the model{where} has none "
@@ -184,10 +207,19 @@ def make_mtp_drafter(engine, depth: int, min_p: float) -> MTPDrafter:
     return drafter
 
 
-def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
-    """The MTP head of `hc` (arch.find_mtp_head) on the model's runtime: the reference
-    block beside the reference Transformer (the hybrids' beside HybridTransformer), the GPU
-    block beside a GPUModel (the hybrids' beside GPUHybridModel)."""
+def slot_states(head, ctx_size: int, tokenizer, slots: int = 1,
+                draft_vocab: int = DEFAULTS.mtp.draft_vocab) -> list[MTPState]:
+    """Each of `slots` engine slots' state over one head: its own cache (the head's
+    new_caches), one draft vocabulary for all."""
+    caches = head.new_caches(ctx_size, slots)
+    vocab = HeadVocab(head, tokenizer, draft_vocab)
+    return [MTPState(head, ctx_size, tokenizer, cache=c, vocab=vocab) for c in caches]
+
+
+def load_mtp_states(head_file, hc, model, ctx_size: int, tokenizer, slots: int = 1) -> list[MTPState]:
+    """The MTP head of `hc` (arch.find_mtp_head) on the model's runtime, a state per slot:
+    the reference block beside the reference Transformer (the hybrids' beside
+    HybridTransformer), the GPU block beside a GPUModel (the hybrids' beside GPUHybridModel)."""
     from ..model.mtp import MTPHead
     from ..model.qwen35 import HybridTransformer
     from ..model.qwen35_mtp import HybridMTPHead
@@ -201,8 +233,8 @@ def load_mtp_state(head_file, hc, model, ctx_size: int, tokenizer) -> MTPState:
         from ..runtime.gpu_mtp import GPUMTPHead
         from ..runtime.hybrid_mtp import GPUHybridMTPHead
         head = (GPUHybridMTPHead if isinstance(model, GPUHybridModel) else GPUMTPHead)(model, head_file, hc, ctx_size)
-    state = MTPState(head, ctx_size, tokenizer)
+    states = slot_states(head, ctx_size, tokenizer, slots)
     prepare = getattr(head, "prepare", None)
-    if prepare is not None:      # capture at load, as the model does, for the default depth
-        prepare(DEFAULTS.spec.mtp_depth, state.cache)
-    return state
+    if prepare is not None:      # capture at load, as the model does, for the default depth (every slot's)
+        prepare(DEFAULTS.spec.mtp_depth, states[0].cache)
+    return states
