@@ -35,14 +35,14 @@ from alphallama.runtime import gpu_model
 
 
 def _engine(path: str, ctx: int, device: str, slots: int | None, cpu_tier: bool = False, threads: int | None = None,
-            host_bytes: int | None = None):
+            host_bytes: int | None = None, miss_rates=None):
     from alphallama.chat import ChatTemplate
     from alphallama.engine import Engine
     from alphallama.tokenizer import Tokenizer
     f = GGUFFile(path)
     t0 = time.perf_counter()
     model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots, cpu_tier=cpu_tier, cpu_threads=threads,
-                               host_bytes=host_bytes)
+                               host_bytes=host_bytes, miss_rates=miss_rates)
     load_s = time.perf_counter() - t0
     eng = Engine(f, model, Tokenizer.from_metadata(f.metadata), ChatTemplate.from_gguf_metadata(f.metadata, None), ctx)
     return eng, load_s, model.capture_s
@@ -55,7 +55,8 @@ def _decode(eng, prompt: list[int], n: int, spec=None) -> dict:
     toks = list(eng.generate(prompt, n, stop_ids=set(), gen=gen, spec=spec or SpecConfig()))
     s = gen.stats
     return {"tokens": toks, "tok_s": s.predicted_per_second, "rounds": s.rounds,
-            "ms_per_round": s.predicted_ms / max(s.rounds, 1), "prompt_ms": s.prompt_ms}
+            "ms_per_round": s.predicted_ms / max(s.rounds, 1), "prompt_ms": s.prompt_ms,
+            "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted}
 
 
 def _first_logits(eng, prompt: list[int]) -> torch.Tensor:

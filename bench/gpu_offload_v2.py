@@ -8,7 +8,9 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
     host's measured bandwidths (offload/estimate.py) beside the measured one,
   - at --spec-fraction: the n-gram copy drafter (exact mode) on a repetitive prompt, its
     tokens against the plain arm's at the same budget (speculative == plain under offload
-    with admissions happening),
+    with admissions happening): gated (the cost table timed under the store, priced with
+    the misses a column adds: spec/offload_costs.py; its prices and footprint recorded)
+    and ungated (every draft verified), drafted / accepted tokens beside tok/s,
   - the mapped tier: --host-frac of the expert bytes allowed in pinned RAM (the rest of
     the layers read from the mapped file) at --mapped-fraction in VRAM, warm (the page
     cache holds the file) and cold (the file's pages dropped before the decode:
@@ -91,7 +93,7 @@ def main() -> int:
 
     bw = Bandwidths(**{k: v for k, v in res["bandwidths"].items() if k != "source"})
 
-    def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: str | None = None,
+    def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: SpecConfig | None = None,
                 cold: bool = False, ids: list[int] = prompt, key: str = "plain") -> None:
         """key: the arms whose tokens must be equal (the same prompt)."""
         gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
@@ -102,14 +104,19 @@ def main() -> int:
                "host": plan.host.to_dict() if plan.host else None}
         try:
             eng, load_s, cap_s = _engine(path, args.ctx, args.device, n, cpu_tier=True, threads=args.threads,
-                                         host_bytes=host_bytes)
+                                         host_bytes=host_bytes, miss_rates=plan.estimate.miss if plan.estimate else None)
             st = eng.model.store
             row.update(load_s=load_s, capture_s=cap_s, resident_fraction=st.slots / s.n_experts,
                        bank_bytes=st.bank_bytes, host_bytes=st.host_bytes, mapped_bytes=st.mapped_bytes,
                        mapped_layers=sorted(st.mapped))
             if cold:
                 drop_page_cache(path)
-            out = _decode(eng, ids, args.tokens, SpecConfig(spec_type=spec) if spec else None)
+            out = _decode(eng, ids, args.tokens, spec)
+            if spec is not None and spec.gate:   # the gate's prices as the run left them (timing included)
+                costs = spec.cost_table(eng)
+                row["gate_prices"] = {**costs.to_dict(), "table_ms": {w: costs.base.cost(w) for w in (1, 2, 4, 8, 16)},
+                                      "table_timed_widths": costs.base.measured,
+                                      "table_measure_s": costs.base.measure_s}
             st.before_round()
             row.update(**{k: v for k, v in out.items() if k != "tokens"},
                        **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
@@ -138,7 +145,10 @@ def main() -> int:
     if args.spec_fraction:
         f = args.spec_fraction
         run_arm(f"store {int(100 * f)}%, repetitive prompt, plain", f, ids=repeat, key="repeat")
-        run_arm(f"store {int(100 * f)}%, repetitive prompt, n-gram (exact)", f, spec="ngram", ids=repeat, key="repeat")
+        for name, spec in (("gate priced with its misses", SpecConfig(spec_type="ngram")),
+                           ("ungated", SpecConfig(spec_type="ngram", gate=False))):
+            run_arm(f"store {int(100 * f)}%, repetitive prompt, n-gram (exact), {name}", f, spec=spec, ids=repeat,
+                    key="repeat")
     if args.mapped_fraction:
         f, cap = args.mapped_fraction, int(args.host_frac * s.experts)
         for cold in (False, True):

@@ -174,6 +174,10 @@ class OffloadDefaults:
     worker_efficiency: float = 0.57       # the CPU workers' compute rate over the RAM probe's (59 of 103 GB/s)
     assumed_gpu_bw: float = 3.0e12        # bytes/s priced where no GPU is here to measure (plan --gpu-mem)
     assumed_pcie_bw: float = 25e9
+    assumed_ram_bw: float = 103e9         # the workers' RAM rate priced without a plan's probe (the H200 host's)
+    # the gate's price of a verify round's misses (offload/footprint.py, spec/offload_costs.py)
+    footprint_half_life: float = 64.0     # rows: the routing's distinct-expert counts follow the context
+    footprint_prior_rows: float = 16.0    # the plan's uniform-routing model counts as this many rows at first
     auto_env: str = "ALPHA_AUTO"          # ALPHA_AUTO=0 turns the automatic plan off
 
 

@@ -103,7 +103,7 @@ class Engine:
              progress: Callable[[str, int], None] | None = None, draft_head: str | None = None,
              expert_slots: int | None = None, cpu_threads: int | None = None, fast: bool = False,
              weights_read: Callable[[], None] | None = None, host_bytes: int | None = None,
-             slots: int = 1) -> "Engine":
+             slots: int = 1, miss_rates=None) -> "Engine":
         """draft_head: an MTP head GGUF (else the model's own, or `<stem>.mtp.gguf` beside it).
         expert_slots: an MoE model's experts in an expert store with this many VRAM slots
         (offload/; the automatic plan sets it), None: all resident. cpu_threads: the store's
@@ -113,7 +113,8 @@ class Engine:
         weights_read: called once the model's weights are in place, before the rest is built
         (the MTP head, the KV cache and, on the GPU, its CUDA graphs): a progress display's
         boundary between the two. slots: parallel streams (-np), each slot ctx_size / slots rows
-        (llama-server's split)."""
+        (llama-server's split). miss_rates: with a store, what a missed expert costs a round (the
+        plan's estimate.MissRates; the speculation gate prices a column's misses with them)."""
         from .chat import ChatTemplate
         from .gguf.arch import find_mtp_head, load_config
         from .spec.mtp import load_mtp_states
@@ -123,7 +124,7 @@ class Engine:
         ctx = slot_context(min(ctx_size or DEFAULTS.engine.ctx_size, cfg.ctx_len), slots)
         tok = Tokenizer.from_metadata(f.metadata)
         tmpl = ChatTemplate.from_gguf_metadata(f.metadata, fallback=None)   # ChatML fallback only when used
-        model = build_model(f, cfg, ctx, device, progress, expert_slots, cpu_threads, fast, host_bytes)
+        model = build_model(f, cfg, ctx, device, progress, expert_slots, cpu_threads, fast, host_bytes, miss_rates)
         if weights_read is not None:
             weights_read()
         head = find_mtp_head(f, cfg, draft_head)

@@ -23,7 +23,8 @@ def resolve_device(device: str) -> str:
 
 
 def build_model(f: GGUFFile, cfg: ModelConfig, ctx: int, device: str, progress: Callable[[str, int], None] | None,
-                expert_slots: int | None, cpu_threads: int | None, fast: bool, host_bytes: int | None):
+                expert_slots: int | None, cpu_threads: int | None, fast: bool, host_bytes: int | None,
+                miss_rates=None):
     """The runtime of f on `device` with rows for ctx positions (Engine.load's arguments)."""
     path = f.path
     if resolve_device(device) == "cuda":
@@ -42,7 +43,7 @@ def build_model(f: GGUFFile, cfg: ModelConfig, ctx: int, device: str, progress: 
                                 f"({cfg.arch}); run it with --device cpu")
             model = GPUModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots,
                              cpu_threads=cpu_threads, fast=fast and expert_slots is None,
-                             host_bytes=host_bytes)
+                             host_bytes=host_bytes, miss_rates=miss_rates)
     else:
         model = load_model(f, ctx, progress)
     return model

@@ -69,6 +69,11 @@ def test_cost_model(moe):
     half, quarter = _offload(moe, 0.5, None), _offload(moe, 0.25, None)
     assert resident.estimate.tok_s > half.estimate.tok_s > quarter.estimate.tok_s
     assert half.estimate.hit_rate == pytest.approx(half.slots / s.n_experts)
+    # the miss rates (what the speculation gate prices a column's misses with, offload_costs.py) go to the engine
+    cpu, share = BW.ram * o.worker_efficiency, o.cpu_share
+    assert half.estimate.miss.host == pytest.approx(max(share / cpu, (1 - share) / BW.pcie) if half.cpu_threads
+                                                    else 1 / BW.pcie)
+    assert engine_kwargs(argparse.Namespace(ctx_size=None, device="auto"), half)["miss_rates"] == half.estimate.miss
     mapped = _offload(moe, 0.25, 0)                                  # every MoE layer mapped
     assert mapped.estimate.parts_ms["mapped"] > 0 and mapped.estimate.parts_ms["ram"] == 0
     cold = _offload(moe, 0.25, 0, Bandwidths(ram=50e9, disk=1e8, page_cache=None, pcie=25e9, gpu=3e12))

@@ -95,4 +95,5 @@ def engine_kwargs(args, plan: Plan | None) -> dict:
         kw["expert_slots"] = plan.slots
         kw["cpu_threads"] = plan.cpu_threads or None
         kw["host_bytes"] = plan.host_bytes
+        kw["miss_rates"] = plan.estimate.miss if plan.estimate is not None else None   # the gate's miss prices
     return kw

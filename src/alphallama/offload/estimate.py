@@ -18,6 +18,8 @@ The cost model (`estimate`), plain decode at W = 1, per round:
 R = n_moe x top_k experts a token, B one expert's bytes, h = slots / experts (uniform routing:
 a floor; a skewed router hits more, 0.62 measured at 50% on the synthetic 30B-A3B), f_ram /
 f_map the host / mapped layers' shares. The constants come from measured rounds (config.py).
+The per-byte rates of the two miss lines (`MissRates`) also price the misses of a verify
+round's extra columns for the speculation gate (spec/offload_costs.py).
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ class Estimate:
     hit_rate: float                    # the bank's, under uniform routing
     parts_ms: dict[str, float]         # dense+fixed, store, bank, ram, mapped
     assumed: tuple[str, ...]           # rates not measured here (priced from config.py)
+    miss: "MissRates | None" = None    # the seconds a missed expert byte costs (offload; the gate's prices start here)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,6 +100,43 @@ class Estimate:
         note = f"; assumed {', '.join(self.assumed)}" if self.assumed else ""
         return (f"{self.tok_s:.0f} tok/s, {self.ms_round:.2f} ms a round (ms: {parts}; bank hit rate "
                 f"{self.hit_rate:.2f} under uniform routing, a floor{note})")
+
+
+def uniform_hit_rate(slots: int, n_experts: int) -> float:
+    """The bank's hit rate when routing is uniform: slots / experts (a floor for a skewed router)."""
+    return min(slots / n_experts, 1.0) if n_experts else 1.0
+
+
+@dataclass(frozen=True)
+class MissRates:
+    """Seconds one byte of a missed expert adds to a round, per tier: the cost model's rates
+    (the module docstring), for the estimate here and the gate's round prices
+    (spec/offload_costs.py: a missed expert costs its bytes times its tier's rate)."""
+    host: float                        # a host-tier miss: cpu_share on the CPU workers, the rest over PCIe, at once
+    pcie: float                        # a host-tier miss without CPU workers: all over PCIe
+    mapped: float                      # a mapped miss: the CPU workers at min(their rate, page cache | disk)
+    source: str = "measured"
+
+    @classmethod
+    def of(cls, bw: Bandwidths, cpu_threads: int, mapped_fits: bool) -> "MissRates":
+        """mapped_fits: the mapped layers' bytes fit the RAM left for the page cache."""
+        o = DEFAULTS.offload
+        pcie = bw.pcie if bw.pcie is not None else o.assumed_pcie_bw
+        cpu = bw.ram * o.worker_efficiency if cpu_threads else 0.0
+        s = o.cpu_share if cpu else 0.0
+        src = (bw.page_cache if mapped_fits else None) or bw.disk     # unmeasured page cache: priced as the disk
+        rate = min(cpu, src) if src else cpu
+        return cls(max(s / cpu if cpu else 0.0, (1 - s) / pcie), 1 / pcie, 1 / max(rate, 1.0),
+                   bw.source if bw.pcie is not None else f"{bw.source}; PCIe assumed")
+
+    @classmethod
+    def assumed(cls, cpu_threads: int) -> "MissRates":
+        """Without a plan's measured bandwidths (a library caller): config.py's assumed ones."""
+        o = DEFAULTS.offload
+        return cls.of(Bandwidths(ram=o.assumed_ram_bw, source="assumed"), cpu_threads, False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def estimate(dense: int, expert_bytes: float, n_layers: int, n_moe: int, top_k: int, slots: int, n_experts: int,
@@ -110,23 +150,21 @@ def estimate(dense: int, expert_bytes: float, n_layers: int, n_moe: int, top_k: 
                     (("GPU", gpu, bw.gpu), ("PCIe", pcie, bw.pcie)) if got is None)
     R = n_moe * top_k                                                 # experts a token reads
     parts = {"dense+fixed": 1e3 * (dense / gpu + n_layers * o.layer_fixed_s)}
+    miss = None
     if host is None:
         parts["experts"] = 1e3 * R * expert_bytes / gpu
         h = 1.0
     else:
-        h = min(slots / n_experts, 1.0) if n_experts else 1.0
+        h = uniform_hit_rate(slots, n_experts)
         f_map = len(host.mapped_layers) / max(host.moe_layers, 1)
-        cpu = bw.ram * o.worker_efficiency if cpu_threads else 0.0
-        miss = R * (1 - h) * expert_bytes
-        ram_b, map_b = miss * (1 - f_map), miss * f_map
-        s = o.cpu_share if cpu else 0.0
+        fits = host.page_room is not None and host.mapped_bytes <= host.page_room
+        miss = MissRates.of(bw, cpu_threads, fits)
+        b = R * (1 - h) * expert_bytes
+        ram_b, map_b = b * (1 - f_map), b * f_map
         parts["store"] = 1e3 * n_moe * o.store_layer_extra_s
         parts["bank"] = 1e3 * R * h * expert_bytes / gpu
-        parts["ram"] = 1e3 * max(s * ram_b / cpu if cpu else 0.0, (1 - s) * ram_b / pcie)
+        parts["ram"] = 1e3 * ram_b * miss.host
         if map_b:
-            fits = host.page_room is not None and host.mapped_bytes <= host.page_room
-            src = (bw.page_cache if fits else None) or bw.disk     # unmeasured page cache: priced as the disk
-            rate = min(cpu, src) if src else cpu
-            parts["mapped"] = 1e3 * map_b / max(rate, 1.0)
+            parts["mapped"] = 1e3 * map_b * miss.mapped
     ms = sum(parts.values())
-    return Estimate(1e3 / ms, ms, h, {k: round(v, 4) for k, v in parts.items()}, assumed)
+    return Estimate(1e3 / ms, ms, h, {k: round(v, 4) for k, v in parts.items()}, assumed, miss)

@@ -21,7 +21,9 @@ changes never rebuild graphs.
 
 Between rounds (`before_round` / `after_launch`, called by GPUModel.forward):
 - the round's routing (written by the route kernels into `routes`) goes to the host
-  behind the round and feeds the usage policy (policy.py) at the next round;
+  behind the round and feeds the usage policy (policy.py) at the next round, and the
+  footprint (footprint.py: the distinct experts w rows touch, what the gate prices) after
+  the next round's launch, while the device runs it;
 - admissions: the victim's table entry is cleared on the round's stream, then the new
   expert's planes are copied into the slot in chunks on a side stream, at most
   `admit_bytes_per_round` queued per round and only after the round was launched, so a
@@ -32,6 +34,7 @@ then ordinary memory, which is how the tiers are simulated on CPU.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -41,6 +44,8 @@ import torch
 from ..config import DEFAULTS
 from ..gguf.reader import TensorInfo
 from ..kernels.formats.qweight import QuantWeight
+from .estimate import uniform_hit_rate
+from .footprint import Footprint
 from .mapped import HOST, MAPPED, MappedExperts, ReadAhead, map_past_budget
 from .planes import bank_like, host_like, sub_experts, pack_experts, pin
 
@@ -156,6 +161,15 @@ class ExpertStore:
         self._half_life = half_life
         self.policy = UsagePolicy(n_layers, self.E, half_life, margin)
         self._split_and_fill(slots)
+        self.footprint = self._new_footprint()
+        self._unseen: tuple[np.ndarray, np.ndarray] | None = None   # (ids, resident) the footprint has not seen
+        self._frozen = False
+
+    def _new_footprint(self) -> Footprint:
+        o = DEFAULTS.offload
+        return Footprint(len(self.moe_layers), self.E, self.top_k,
+                         uniform_hit_rate(self.slots, len(self.moe_layers) * self.E), o.footprint_half_life,
+                         o.footprint_prior_rows)
 
     # -- layout --------------------------------------------------------------------
     def _map_past_budget(self, layers: dict, host_bytes: int | None) -> dict[int, MappedExperts]:
@@ -198,6 +212,7 @@ class ExpertStore:
             self.readahead.asked.clear()
         self.policy = UsagePolicy(self.table.shape[0], self.E, self._half_life, self.policy.margin)
         self._fill_start()
+        self.footprint, self._unseen = self._new_footprint(), None
 
     def _sources(self, c: ExpertClass, slot: int, flat: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(bank slot plane, source plane) pairs of one expert: its host-tier rows, or
@@ -273,14 +288,29 @@ class ExpertStore:
         return sum(m.file_bytes for m in self.mapped.values())
 
     # -- between rounds --------------------------------------------------------------
+    @contextmanager
+    def frozen(self):
+        """Rounds inside (the gate's cost table being timed, spec/gate.py) leave the bank, the
+        admission policy, the footprint and the hit counts as they were: no admissions, no
+        routing learned, nothing read ahead; `routes` still holds the last round's picks."""
+        self.before_round()                    # the last real round's routing first
+        self._frozen = True
+        try:
+            yield self
+        finally:
+            self._frozen = False
+
     def before_round(self) -> None:
         """Learn from the last round's routing; hand finished admissions their slots."""
+        if self._frozen:
+            return
         if self._pending_routes is not None:
             W, resident, ev = self._pending_routes
             if ev is not None:
                 ev.synchronize()
             ids = self._routes_host[self.moe_layers, :W].numpy()             # [L', W, k]
             self.policy.observe(ids, self.moe_layers, resident)
+            self._unseen = (ids.copy(), resident[self.moe_layers])
             self._pending_routes = None
             if self.readahead is not None:
                 self.readahead.step(self.policy.score, self.resident)
@@ -295,7 +325,10 @@ class ExpertStore:
 
     def after_launch(self, W: int) -> None:
         """After a round of W rows was launched: its routing goes to the host behind it,
-        new admissions are chosen, and copies are queued up to the per-round budget."""
+        new admissions are chosen, and copies are queued up to the per-round budget; the
+        footprint learns the previous round's routing (off the round's path)."""
+        if self._frozen:
+            return
         cuda = self.device.type == "cuda"
         ev = None
         if cuda:
@@ -311,6 +344,9 @@ class ExpertStore:
             # cleared) finish before their slots are overwritten
             self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         self._queue_copies()
+        if self._unseen is not None:
+            self.footprint.observe(*self._unseen)
+            self._unseen = None
 
     def _choose(self) -> bool:
         """Start admissions; True if any resident was evicted for them."""

@@ -45,6 +45,7 @@ from ..kernels.attention.rows import fill_table
 from ..kv_cache import KVCache, KVSlot
 from ..model.rope import layer_tables
 from ..offload.cpu_tier import CpuLink, start_cpu_tier
+from ..offload.estimate import MissRates
 from ..offload.store import ExpertStore
 from . import graphs as round_graphs
 from .gpu_prefill import prefill_rows
@@ -66,7 +67,7 @@ class GPUModel:
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
                  progress=None, expert_slots: int | None = None, prefill_chunk: int | None = None,
                  cpu_threads: int | None = None, cpu_tier: bool | None = None, fast: bool = False,
-                 host_bytes: int | None = None,
+                 host_bytes: int | None = None, miss_rates: MissRates | None = None,
                  overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS):
         """expert_slots: keep the routed experts in an expert store with a bank of this
         many VRAM slots (offload/store.py); None: every expert resident.
@@ -75,6 +76,9 @@ class GPUModel:
         in the bank (offload/native; None: config.py, the probe's thread count).
         host_bytes: pinned RAM the store's host tier may hold (None: every expert); the
         layers past it stay in the mapped GGUF file, computed by the CPU workers (offload/mapped.py).
+        miss_rates: what a missed expert byte costs a round per tier (the plan's measured rates,
+        offload/estimate.py; None: the assumed ones), the speculation gate's price of a column's
+        misses (spec/offload_costs.py).
         fast: the model serves fast mode (--fast): without gemv_mma, verify rounds wider than
         overrides.fast_mma_narrow rows run the Q4_K weights on the tensor cores (MmaChoice
         "dp4a": narrower rounds, plain decode among them, are the default's bits); an
@@ -129,6 +133,9 @@ class GPUModel:
                                f"(host_bytes {host_bytes}) and only the CPU expert workers read the mapped file, "
                                f"but they are off or could not start: allow more RAM or enable the CPU tier")
         self.cpu_link: CpuLink | None = self.cpu_tier.link if self.cpu_tier is not None else None
+        self.miss_rates: MissRates | None = None
+        if self.store is not None:
+            self.miss_rates = miss_rates or MissRates.assumed(self.cpu_tier.experts.threads if self.cpu_tier else 0)
         self.cpu_experts = self.cpu_tier.experts if self.cpu_tier is not None else None
         for L in self.layers:
             if L.moe is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .drafter import Draft
-from .gate import MAX_WIDTH, CostTable, Gate
+from .gate import MAX_WIDTH, Gate, RoundCosts
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def allot(claims: list[Claim], fixed: int = 0, room: int | None = None) -> list[
     return out
 
 
-def best_prefix(table: CostTable, base: int, yields: list[float], least: int, overhead: float) -> int:
+def best_prefix(table: RoundCosts, base: int, yields: list[float], least: int, overhead: float) -> int:
     """m in least..len(yields) maximizing (base + yields[0] + .. + yields[m-1]) /
     (c(base + m) + overhead), the narrowest on ties. base: the round's rows without
     drafts (each commits one token); yields: each further row's expected tokens, in order."""

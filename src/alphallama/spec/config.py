@@ -15,8 +15,9 @@ from typing import Callable
 
 from ..config import DEFAULTS
 from .drafter import Drafter
-from .gate import MAX_WIDTH, CostTable, Gate, load_or_measure, table_key
+from .gate import MAX_WIDTH, CostTable, Gate, RoundCosts, load_or_measure, table_key
 from .ngram import NgramDrafter
+from .offload_costs import priced, store_timing
 from .policy import PolicyDrafter, PolicyMemory, PolicyRules
 
 D = DEFAULTS.spec
@@ -95,21 +96,23 @@ class SpecConfig:
         """Does this config's MTP drafter run under the switch (so a PolicyDrafter and the cost table)?"""
         return self.mtp_switch and "mtp" in SPEC_TYPES[self.spec_type]
 
-    def cost_table(self, engine) -> CostTable:
-        """The round cost table for this engine's model and device: from memory, else
-        from the disk cache, else timed now (once; reported on stderr)."""
+    def cost_table(self, engine) -> RoundCosts:
+        """The round prices for this engine's model and device: the cost table from memory,
+        else from the disk cache, else timed now (once; reported on stderr); with an expert
+        store, priced with its misses (spec/offload_costs.py)."""
         _, mem = self.memory.for_engine(engine, not self.fast)
         if mem.table is None:
             if engine.cache.length + MAX_WIDTH > engine.cache.max_len:
                 engine.reset()                # timing needs free rows past the cached ones
             mem.table = load_or_measure(engine.model, engine.cache, engine.gguf.path, engine.cfg.vocab_size,
-                                        not self.fast, self.cost_cache_dir, self.cost_budget_s)
+                                        not self.fast, self.cost_cache_dir, self.cost_budget_s,
+                                        store_timing(engine.model))
             if not mem.table.from_cache:
                 print(f"alphallama: timed verify rounds of 1..{mem.table.measured} rows for this model and "
                       f"device in {mem.table.measure_s:.1f} s (kept in {self.cost_cache_dir})", file=sys.stderr)
-        return mem.table
+        return priced(mem.table, engine.model)
 
-    def make_gate(self, table: CostTable | None) -> Gate:
+    def make_gate(self, table: RoundCosts | None) -> Gate:
         if not self.gate:
             return Gate()
         if self.p_min is not None:

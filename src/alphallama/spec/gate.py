@@ -22,6 +22,11 @@ widest round the drafters may ask for costs at most `gate_free` more than W = 1.
 
 MTP drafts carry their probabilities (S_k = their running product); the copy drafter
 has none, so `CopyConfidence` learns its per-depth acceptance per match length online.
+
+With an expert store (offload) the table is priced further: a wider round touches more
+experts, and those without a bank slot are misses its tiers pay for; the gate, the
+streams' allotment and the MTP switch then read `OffloadCosts` (spec/offload_costs.py),
+which has the table's interface (`RoundCosts`) and adds the learned miss cost.
 """
 from __future__ import annotations
 
@@ -30,8 +35,10 @@ import json
 import os
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -43,6 +50,14 @@ COST_VERSION = 2        # bump when what a round does changes enough to invalida
 MAX_WIDTH = 64
 
 
+class RoundCosts(Protocol):
+    """What prices a round: the cost table, or the table with an expert store's misses."""
+
+    def cost(self, width: int) -> float: ...
+
+    def columns_free(self, max_width: int, tol: float) -> bool: ...
+
+
 @dataclass
 class CostTable:
     ms: list[float]                 # [W - 1]: ms per verify round of W rows, W = 1..len(ms)
@@ -50,6 +65,9 @@ class CostTable:
     measure_s: float = 0.0          # what timing it cost (at load, once per model and device)
     key: dict = field(default_factory=dict)
     from_cache: bool = False
+    # with an expert store: [W - 1] -> [host-tier, mapped] bytes of the distinct experts
+    # without a bank slot that the timed round of W rows read, W = 1..measured ([]: none)
+    missed: list[list[float]] = field(default_factory=list)
 
     def cost(self, width: int) -> float:
         return self.ms[min(width, len(self.ms)) - 1]
@@ -69,7 +87,7 @@ def expected_tokens(conf: list[float]) -> list[float]:
 @dataclass
 class Gate:
     """How many leading drafts to verify. table None and p_min None: all of them."""
-    table: CostTable | None = None
+    table: RoundCosts | None = None
     p_min: float | None = None
 
     @property
@@ -129,13 +147,18 @@ def device_name(device: torch.device) -> str:
     return f"cpu-{platform.machine()}-{platform.processor() or 'unknown'}-{torch.get_num_threads()}threads"
 
 
-def table_key(model_path: str, device: torch.device, exact: bool, hybrid: bool = False) -> dict:
+def table_key(model_path: str, device: torch.device, exact: bool, hybrid: bool = False,
+              experts: str | None = None) -> dict:
     """hybrid: the model verifies wide rounds on the tensor cores in fast mode (GPUModel.hybrid;
-    only where its second weight copy fits), which prices widths differently."""
+    only where its second weight copy fits), which prices widths differently. experts: the
+    kernels an expert store runs (offload_costs.StoreTiming.key; None: experts resident)."""
     st = os.stat(model_path)
-    return {"model": os.path.realpath(model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "device": device_name(device), "engine": f"{__version__}/{COST_VERSION}",
-            "verify": "exact" if exact else ("fast+mma" if hybrid else "fast")}
+    key = {"model": os.path.realpath(model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+           "device": device_name(device), "engine": f"{__version__}/{COST_VERSION}",
+           "verify": "exact" if exact else ("fast+mma" if hybrid else "fast")}
+    if experts is not None:
+        key["experts"] = experts
+    return key
 
 
 def cache_file(cache_dir: str, key: dict) -> Path:
@@ -178,31 +201,45 @@ def measure(model, cache, vocab: int, exact: bool, budget_s: float,
             if w >= min_width and time.perf_counter() - t_start > 2 * budget_s:
                 break
     measured = len(ms)
-    if measured < max_width:
-        lo = measured // 2
-        slope = max(0.0, (ms[-1] - ms[lo - 1]) / (measured - lo))
-        ms += [ms[-1] + slope * (w - measured) for w in range(measured + 1, max_width + 1)]
+    ms = extend_line(ms, max_width)
     for i in range(1, len(ms)):
         ms[i] = max(ms[i], ms[i - 1])
     return ms, measured
 
 
+def extend_line(values: list[float], max_width: int) -> list[float]:
+    """values at widths 1..n, continued to max_width along the line through their second
+    half (never falling)."""
+    n = len(values)
+    if n >= max_width:
+        return list(values)
+    lo = n // 2
+    slope = max(0.0, (values[-1] - values[lo - 1]) / (n - lo))
+    return list(values) + [values[-1] + slope * (w - n) for w in range(n + 1, max_width + 1)]
+
+
 def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cache_dir: str,
-                    budget_s: float) -> CostTable:
+                    budget_s: float, experts=None) -> CostTable:
     """The cached table for this model, device and engine version, or a freshly timed one
-    (then written to the cache)."""
-    key = table_key(model_path, cache.k.device, exact, getattr(model, "hybrid", False))
+    (then written to the cache). experts: an expert store's timing (offload_costs.StoreTiming;
+    None: experts resident): its kernels key the table, its bank stays as it is while the
+    rounds are timed, and the timed rounds' misses are kept with the table."""
+    key = table_key(model_path, cache.k.device, exact, getattr(model, "hybrid", False),
+                    experts.key if experts is not None else None)
     path = cache_file(cache_dir, key)
     if path.exists():
         try:
             d = json.loads(path.read_text())
             if d.get("key") == key and len(d.get("ms", [])) == MAX_WIDTH:
-                return CostTable(d["ms"], d["measured"], d["measure_s"], key, from_cache=True)
+                return CostTable(d["ms"], d["measured"], d["measure_s"], key, from_cache=True,
+                                 missed=d.get("missed", []))
         except (OSError, ValueError, KeyError):
             pass                                    # unreadable: time it again and overwrite
     t0 = time.perf_counter()
-    ms, measured = measure(model, cache, vocab, exact, budget_s)
-    table = CostTable(ms, measured, time.perf_counter() - t0, key)
+    with experts.frozen() if experts is not None else nullcontext():
+        ms, measured = measure(model, cache, vocab, exact, budget_s)
+        missed = experts.missed(measured) if experts is not None else []
+    table = CostTable(ms, measured, time.perf_counter() - t0, key, missed=missed)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

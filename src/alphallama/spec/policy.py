@@ -56,7 +56,7 @@ from typing import Callable
 
 from .allot import Claim, cut
 from .drafter import NO_DRAFT, Draft, Drafter, common_prefix
-from .gate import CopyConfidence, CostTable, Gate, cumulative
+from .gate import CopyConfidence, Gate, RoundCosts, cumulative
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ class PolicyDrafter:
     switch: run MTP only while it pays (MTPSwitch); clock: what MTP's proposals are timed by."""
 
     def __init__(self, mtp: Drafter | None, copy: Drafter | None, gate: Gate, memory: PolicyMemory,
-                 table: CostTable | None = None, rules: PolicyRules = PolicyRules(), *, switch: bool = True,
+                 table: RoundCosts | None = None, rules: PolicyRules = PolicyRules(), *, switch: bool = True,
                  clock: Callable[[], float] = time.perf_counter):
         if mtp is None and copy is None:
             raise ValueError("the policy needs at least one drafter")

@@ -1,0 +1,157 @@
+"""The confidence gate under an expert store (spec/offload_costs.py): a verify column is
+priced with the misses of the experts it adds. With every expert in the bank the prices
+are the cost table's exactly (so every decision is); with dear misses the gate verifies
+fewer drafts, and not where the routing only meets bank experts; the table is timed with
+the bank left as it was and its own misses kept (then taken off); exact mode still
+gives plain greedy's tokens with the pricing on (the micro MoE, its experts read over
+PCIe: the CPU workers' exactness is test_store's)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import pairwise
+
+import numpy as np
+import pytest
+import torch
+
+from alphallama.engine import Engine, Generation
+from alphallama.gguf.reader import GGUFFile
+from alphallama.gguf.writer import write_synthetic
+from alphallama.offload.estimate import MissRates
+from alphallama.offload.store import ExpertStore
+from alphallama.runtime.gpu_model import GPUModel
+from alphallama.runtime.overrides import Overrides
+from alphallama.runtime.weights import BlockNames
+from alphallama.spec.allot import best_prefix
+from alphallama.spec.config import SpecConfig
+from alphallama.spec.gate import MAX_WIDTH, CostTable, Gate, cumulative, load_or_measure
+from alphallama.spec.offload_costs import (
+    RESIDENT_FLOOR,
+    OffloadCosts,
+    priced,
+    store_timing,
+)
+from alphallama.tokenizer import Tokenizer
+from tests.offload.conftest import MICRO_MOE
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+# fp32 GEMVs and small attention tiles: the interpreter's cost is per program
+CHEAP = Overrides(decode_gemv="f32", moe_gemv="f32", attention_tiles=(16, 4))
+TABLE = CostTable([1.0 + 0.05 * (w - 1) for w in range(1, MAX_WIDTH + 1)], MAX_WIDTH)
+DEAR = MissRates(host=1e-8, pcie=1e-8, mapped=2e-8)       # s/byte: a micro expert (~13 KiB) ~0.13 ms a miss
+FREE = MissRates(host=0.0, pcie=0.0, mapped=0.0)
+
+
+def _model(f: GGUFFile, slots: int, rates: MissRates, max_len: int = 64) -> GPUModel:
+    return GPUModel(f, max_len, device="cpu", expert_slots=slots, cpu_tier=False, miss_rates=rates, overrides=CHEAP)
+
+
+def _routing(store, rows: int, experts, seed: int = 0) -> None:
+    """Feed the store's footprint `rows` one-row rounds picking k of `experts` per layer."""
+    rng = np.random.default_rng(seed)
+    resident = store.resident[store.moe_layers]
+    for _ in range(rows):
+        ids = np.stack([rng.choice(experts(layer), store.top_k, replace=False) for layer in store.moe_layers])
+        store.footprint.observe(ids[:, None], resident)
+
+
+CONFS = [cumulative([p] * n) for p in (0.3, 0.5, 0.7, 0.9, 0.97) for n in (1, 3, 8, 16)]
+
+
+def test_every_expert_in_the_bank_prices_as_the_table(micro_moe):
+    m = _model(GGUFFile(micro_moe), 12, DEAR)                 # 2 layers x 6 experts: all in the bank
+    _routing(m.store, 40, lambda layer: np.arange(6))
+    timed = CostTable(TABLE.ms, MAX_WIDTH, missed=[[0.0, 0.0]] * MAX_WIDTH)   # as timed: nothing missed
+    for table in (TABLE, timed):
+        p = priced(table, m)
+        assert isinstance(p, OffloadCosts)
+        assert [p.cost(w) for w in range(1, MAX_WIDTH + 1)] == table.ms          # exactly, so every decision:
+        for conf in CONFS:
+            assert Gate(p).width(conf) == Gate(table).width(conf)
+            assert Gate(p).width(conf, 0.4) == Gate(table).width(conf, 0.4)
+            assert best_prefix(p, 2, conf, 0, 0.0) == best_prefix(table, 2, conf, 0, 0.0)
+        assert p.columns_free(17, 0.1) == table.columns_free(17, 0.1)
+    assert priced(TABLE, GPUModel(GGUFFile(micro_moe), 64, device="cpu", overrides=CHEAP)) is TABLE   # resident
+    no_plan = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=2, cpu_tier=False, overrides=CHEAP)
+    assert no_plan.miss_rates == MissRates.assumed(0)                       # without a plan's bandwidths
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Stores of the micro MoE with 64 experts a layer (k = 2): w rows' picks keep meeting
+    new experts up to w ~ 16, as a real router's 8 of 128 do."""
+    path = tmp_path_factory.mktemp("wide") / "wide-moe.gguf"
+    write_synthetic(replace(MICRO_MOE, name="wide-moe", n_experts=64), path)
+    f = GGUFFile(str(path))
+    layers = {i: tuple(f.tensors[x] for x in BlockNames(f"blk.{i}.").experts) for i in range(2)}
+    return lambda slots, host_bytes=None: ExpertStore(layers, 2, 64, 2, slots, "cpu", MAX_WIDTH, host_bytes=host_bytes)
+
+
+def test_gate_narrows_where_misses_are_dear(wide):
+    s = wide(32)                                              # a quarter of the experts in the bank, 16 a layer
+    p = OffloadCosts(TABLE, s, DEAR, cpu_workers=False)
+    extra = [p.cost(w) - TABLE.cost(w) for w in range(1, 17)]
+    assert extra[0] > 0 and all(b > a for a, b in pairwise(extra))      # each column adds misses
+    per = sum(s.layer_bytes(i) for i in (0, 1)) / 64                         # an expert of each layer
+    assert extra[0] == pytest.approx(1e3 * 2 * 0.75 * per * DEAR.pcie)        # the plan's k (1 - h) a layer
+    conf = cumulative([0.8] * 16)
+    assert Gate(TABLE).width(conf) == 8 and Gate(p).width(conf) < 4
+    free = OffloadCosts(TABLE, s, FREE, cpu_workers=False)
+    assert all(Gate(free).width(c) == Gate(TABLE).width(c) for c in CONFS)
+    # routing that meets only bank experts: the learned misses go (the prior decays), the widths are the table's
+    banked = {int(i): np.nonzero(s.resident[i])[0] for i in s.moe_layers}
+    _routing(s, 1500, lambda layer: banked[int(layer)])
+    assert p.cost(16) - TABLE.cost(16) < 1e-3 and all(Gate(p).width(c) == Gate(TABLE).width(c) for c in CONFS)
+    _routing(s, 300, lambda layer: np.arange(64), seed=1)                       # every expert again: dear again
+    assert Gate(p).width(conf) < 4
+    # the mapped tier's rate prices the mapped layers' misses (the CPU workers from the file)
+    mapped = wide(32, host_bytes=0)
+    assert sorted(mapped.mapped) == [0, 1]
+    m = OffloadCosts(TABLE, mapped, DEAR, cpu_workers=True).miss_ms()
+    np.testing.assert_allclose(m, OffloadCosts(TABLE, wide(32), DEAR, cpu_workers=True).miss_ms() * 2)
+
+
+def test_timing_leaves_the_bank_and_keeps_its_misses(micro_moe, tmp_path):
+    f = GGUFFile(micro_moe)
+    m = _model(f, 4, DEAR, max_len=128)
+    s = m.store
+    cache = m.new_cache(128)
+    m.forward(torch.tensor([5]), 0, cache)
+    s.before_round()                                         # the real round's routing learned first
+    before = (s.table.clone(), s.policy.score.copy(), s.stats.to_dict(), s.footprint.version, len(s._admissions))
+    t = load_or_measure(m, cache, micro_moe, m.cfg.vocab_size, True, str(tmp_path), 0.05, store_timing(m))
+    assert torch.equal(s.table, before[0]) and np.array_equal(s.policy.score, before[1])
+    assert (s.stats.to_dict(), s.footprint.version, len(s._admissions)) == before[2:]
+    assert t.key["experts"] == "store" and len(t.missed) == t.measured >= 4 and cache.length == 1
+    assert t.missed[-1][0] > 0 and all(a[0] <= b[0] for a, b in pairwise(t.missed))   # 8 of 12 without a slot
+    ids = s.routes[:, :t.measured]                           # the timing's last round: its widest
+    for w in range(1, t.measured + 1):
+        want = sum(len({int(e) for e in ids[i, :w].flatten() if not s.resident[i, e]}) * s.layer_bytes(i) / s.E
+                   for i in s.moe_layers)
+        assert t.missed[w - 1] == [pytest.approx(want), 0.0]
+    again = load_or_measure(m, cache, micro_moe, m.cfg.vocab_size, True, str(tmp_path), 0.05, store_timing(m))
+    assert again.from_cache and again.missed == t.missed
+    # the priced table takes the timed misses off at the same rates (PCIe: no CPU workers): the rounds' own cost
+    p, top = priced(t, m), 0.0
+    for w in range(1, t.measured + 1):
+        top = max(top, t.ms[w - 1] - 1e3 * t.missed[w - 1][0] * DEAR.pcie, RESIDENT_FLOOR * t.ms[w - 1])
+        assert p.resident[w - 1] == pytest.approx(top)
+
+
+def test_exact_mode_spec_equals_plain_with_the_pricing_on(micro_moe):
+    f = GGUFFile(micro_moe)
+    m = _model(f, 4, DEAR)
+    e = Engine(f, m, Tokenizer.from_metadata(f.metadata), None, 64)
+    prompt, n_new = [155, 140, 140, 140, 140, 140], 7         # it copies 140s, then 225s: drafts, some rejected
+    plain = list(e.generate(prompt, n_new))
+    runs, specs = {}, {}
+    for name, spec in (("ungated", SpecConfig("ngram", draft_max=4, ngram_min=1, gate=False)),
+                       ("priced", SpecConfig("ngram", draft_max=4, ngram_min=1))):
+        spec.memory.for_engine(e, True)[1].table = TABLE      # the table as timed at load (not timed here)
+        g = Generation()
+        assert list(e.generate(prompt, n_new, gen=g, spec=spec)) == plain, name
+        runs[name], specs[name] = g.stats, spec
+    assert runs["priced"].draft_n >= 1                        # it verified drafts ...
+    assert runs["priced"].draft_n < runs["ungated"].draft_n  # ... fewer than ungated: the columns' misses
+    d = specs["priced"].make_drafter(e)                      # one price for the gate and the policy (MTP switch)
+    assert isinstance(d.gate.table, OffloadCosts) and d.table is d.gate.table
