@@ -13,6 +13,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# xdist workers share the cores: a worker's intra-op threads beyond its share only contend
+# (OpenMP's spinning threads against the other worker's)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 ROOT = Path(__file__).resolve().parents[1]
 # The small reference files travel with the tests (tests/data/README.md): a fresh clone
 # runs the suite without anything beside it. The large ones stay in ../shared/data; the
