@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import DEFAULTS
+from ..engine_slots import timing_slot
 from .drafter import Drafter
 from .gate import MAX_WIDTH, CostTable, Gate, RoundCosts, load_or_measure, table_key
 from .ngram import NgramDrafter
@@ -108,14 +109,16 @@ class SpecConfig:
     def cost_table(self, engine, slot=None) -> RoundCosts:
         """The round prices for this engine's model and device: the cost table from memory,
         else from the disk cache, else timed now (once; reported on stderr); with an expert
-        store, priced with its misses (spec/offload_costs.py)."""
+        store, priced with its misses (spec/offload_costs.py). slot: the one the asking
+        request holds (engine_slots.Slot; None: none). Timing runs on it or on a free slot,
+        never on another stream's (engine_slots.timing_slot)."""
         _, mem = self.memory.for_engine(engine, not self.fast)
         if mem.table is None:
-            if engine.cache.length + MAX_WIDTH > engine.cache.max_len:
-                engine.reset()                # timing needs free rows past the cached ones
+            def room():             # called only if the table must be timed
+                return timing_slot(engine.slots, slot, MAX_WIDTH, engine.reset_slot).cache
             mem.table = load_or_measure(engine.model, engine.cache, engine.gguf.path, engine.cfg.vocab_size,
                                         not self.fast, self.cost_cache_dir, self.cost_budget_s,
-                                        store_timing(engine.model))
+                                        store_timing(engine.model), room=room)
             if not mem.table.from_cache:
                 print(f"alphallama: timed verify rounds of 1..{mem.table.measured} rows for this model and "
                       f"device in {mem.table.measure_s:.1f} s (kept in {self.cost_cache_dir})", file=sys.stderr)
@@ -135,7 +138,7 @@ class SpecConfig:
         its head, and the gate its round costs; without it (replay) the copy drafter runs
         alone and ungated. mtp: the request's slot's MTP state (spec/mtp.py; None: the
         engine's first slot's). slot: the request's slot (engine_slots.Slot; None: the
-        first): its policy memory. "auto" is
+        first): its policy memory, and where the cost table may be timed. "auto" is
         resolved for the engine's device (without an engine: none)."""
         self.validate()
         if self.spec_type == AUTO:
