@@ -118,7 +118,7 @@ class OracleSpec:
     vocab: int = 512
     fast: bool = False
 
-    def make_drafter(self, engine=None, mtp=None):
+    def make_drafter(self, engine=None, mtp=None, slot=None):
         return Oracle(self.plain, self.cycle, self.wrong_every, self.wrong_at, self.vocab)
 
 

@@ -8,7 +8,7 @@ tokens started at different steps, stream 0 stopped after 2 tokens and its slot 
   tokens are its plain greedy tokens alone, and every chain it ran (tokens and probabilities,
   exactly) is the chain it runs alone on a one-slot engine: its drafts depend on its own
   history only (its slot's MTP entries, its vocabulary), whatever ran beside it or in its slot;
-- `mtp,ngram` under the policy (a fixed cost table; the policy memory shared by the streams):
+- `mtp,ngram` under the policy (a fixed cost table; each slot's policy memory its own):
   each stream's tokens are its plain greedy tokens alone.
 
 On the GPU runtime (the interpreter here: fp32 GEMVs and small attention tiles; the MTP head's
@@ -57,7 +57,7 @@ class Recording:
     def __init__(self):
         self.chains: list[tuple[list[int], list[float]]] = []
 
-    def make_drafter(self, engine, mtp=None):
+    def make_drafter(self, engine, mtp=None, slot=None):
         d = make_mtp_drafter(engine, DEPTH, 0.0, mtp)
         propose = d.propose
 

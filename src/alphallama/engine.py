@@ -24,9 +24,9 @@ from .gguf.reader import GGUFFile
 from .model.layers import rms_norm
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
-from .spec.allot import Claim, allot, cut
+from .spec.allot import Claim, Seat, allot, cut
 from .spec.drafter import NO_DRAFT
-from .spec.policy import offer
+from .spec.policy import offer, seated
 from .spec.verify import greedy_accept, speculative_sample
 
 if TYPE_CHECKING:   # llguidance is imported only when a request brings a grammar
@@ -262,7 +262,7 @@ class Engine:
                 if isinstance(msg, Verify):
                     msg = core.send(self.model.verify(msg.tokens, msg.pos, msg.cache, exact=msg.exact))
                 elif isinstance(msg, Claim):           # alone in its rounds: the gate's width
-                    msg = core.send(allot([msg])[0])
+                    msg = core.send(Seat(allot([msg])[0]))
                 elif msg is CHUNK:
                     msg = next(core)
                 else:
@@ -279,8 +279,9 @@ class Engine:
                cancel: Callable[[], bool] | None = None, constraint: "TokenConstraint | None" = None,
                slot: Slot | None = None) -> Generator[int | Chunk | Claim | Verify, tuple | int | None, None]:
         """One request's loop body (generate's arguments): yields its token ids, CHUNK after
-        each prompt chunk, a Claim for a round's drafts (spec/allot.py), to which the driver
-        sends how many of them to verify, and Verify for each round, to which it sends the
+        each prompt chunk, a Claim for each round its drafter drafted for (spec/allot.py; with
+        or without drafts), to which the driver sends its Seat (how many drafts to verify, what
+        shares the round), and Verify for each round, to which it sends the
         round's (logits [w, V], hidden [w, D]). slot: one the caller took (take_slot), else it takes
         choose_slot's; it frees the slot when it ends or is closed (a caller that closes it
         before its first step frees its slot itself)."""
@@ -301,7 +302,7 @@ class Engine:
         sampler = Sampler(sampling)
         if slot.mtp is not None:
             slot.mtp.wanted = False        # an MTP drafter (made next) asks for the slot's MTP cache
-        drafter = spec.make_drafter(self, slot.mtp)
+        drafter = spec.make_drafter(self, slot.mtp, slot=slot)
         mtp = slot.mtp if slot.mtp is not None and slot.mtp.wanted else None
         prompt = list(prompt_ids)
         out = yield from self._prefill_steps(slot, prompt, gen.stats, cancel, mtp is not None)
@@ -340,8 +341,10 @@ class Engine:
                     return
                 room = min(max_tokens - len(gen.tokens) - 1, self.ctx_size - pos - 1)
                 draft, claim = offer(drafter, room) if drafter is not None and room > 0 else (NO_DRAFT, None)
-                if len(draft):             # the driver answers how many the round verifies (spec/allot.py)
-                    draft = cut(draft, (yield claim))
+                if claim is not None:      # the driver's seat: how many the round verifies (spec/allot.py),
+                    seat = yield claim     # beside what (the policy prices its round in it)
+                    draft = cut(draft, seat.drafts)
+                    seated(drafter, seat)
                 if constraint is not None and draft.tokens:      # a token the grammar rejects ends the draft
                     keep = constraint.valid_prefix(draft.tokens)
                     draft = replace(draft, tokens=draft.tokens[:keep], probs=draft.probs[:keep])

@@ -15,11 +15,13 @@ decoding from the same cache state", decisions/parallel-streams.md).
 
 The driver's messages: a stream (Engine.stream, a generator) yields token ids, CHUNK
 after each prompt chunk it prefilled (a point where other streams may run), a Claim
-(spec/allot.py) for its next round's drafts, to which the driver sends how many of them
-the round verifies, and Verify for its next round's rows, to which it sends (logits, hidden).
+(spec/allot.py) for its next round's drafts (none, if its drafter drafted nothing), to which
+the driver sends its Seat (how many of them the round verifies, beside what other rows), and
+Verify for its next round's rows, to which it sends (logits, hidden).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,23 @@ def choose_slot(slots: list[Slot], ids: list[int]) -> Slot:
     if not free:
         raise ValueError(f"all {len(slots)} slots are busy")
     return min(free, key=lambda s: (-common_prefix(s.cached, ids), s.used, s.id))
+
+
+def timing_slot(slots: list[Slot], own: Slot | None, rows: int, forget: Callable[[Slot], None]) -> Slot:
+    """Where the cost table's rounds may be timed (spec/gate.measure: `rows` rows past a
+    cache's committed ones, inside KVCache.trial, so the slot keeps its rows and state)
+    without touching another stream's state: `own` (the asking request's slot, before its
+    prompt) or else a free slot, the first with room; else `own` (else the first free
+    slot) forgotten (forget: Engine.reset_slot; its next prompt is prefilled whole).
+    ValueError when every slot is another stream's."""
+    candidates = ([own] if own is not None else []) + [s for s in slots if not s.busy and s is not own]
+    if not candidates:
+        raise ValueError(f"no slot to time the round costs on: all {len(slots)} are other streams'")
+    for s in candidates:
+        if s.cache.length + rows <= s.cache.max_len:
+            return s
+    forget(candidates[0])
+    return candidates[0]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ Each step (`Streams.step`):
   2. the round's rows allotted: every decoding stream has one row (its last token) and
      the drafts it claims (spec/allot.py: greedily by expected tokens per marginal ms at
      the round's total width, MAX_WIDTH rows in all), so a stream's drafts are priced at
-     what they add to the shared round, not at what they would cost it alone;
+     what they add to the shared round, not at what they would cost it alone; each claim
+     is answered with its seat (its drafts and the rest of the round: its policy prices
+     what it learns from the round in it, spec/seated.py);
   3. one round over every decoding stream's rows (engine_slots.run_round: one pass on the
      GPU runtime, each row at its own position in its own slot), then each stream accepts
      its own rows and hands its new tokens to its `on_token`, which returns False to stop
@@ -26,7 +28,7 @@ from typing import Callable, Generator
 
 from .engine import Engine
 from .engine_slots import CHUNK, Slot, Verify, run_round
-from .spec.allot import Claim, allot, round_room
+from .spec.allot import Claim, allot, round_room, seats
 from .spec.gate import MAX_WIDTH
 
 
@@ -88,9 +90,10 @@ class Streams:
         claiming = [r for r in self.runs if not r.done and isinstance(r.msg, Claim)]
         if claiming:             # the others (no drafts) are at their Verify of one row
             fixed = sum(r.msg.tokens.shape[0] for r in self.runs if not r.done and isinstance(r.msg, Verify))
-            drafts = allot([r.msg for r in claiming], fixed, round_room(fixed + len(claiming), self.max_rows))
-            for r, n in zip(claiming, drafts):
-                self._advance(r, n)
+            claims = [r.msg for r in claiming]
+            drafts = allot(claims, fixed, round_room(fixed + len(claiming), self.max_rows))
+            for r, seat in zip(claiming, seats(claims, fixed, drafts)):
+                self._advance(r, seat)
         deciding = [r for r in self.runs if not r.done and isinstance(r.msg, Verify)]
         if deciding:
             self.width = sum(r.msg.tokens.shape[0] for r in deciding)
@@ -105,7 +108,7 @@ class Streams:
         return ended
 
     def _advance(self, run: StreamRun, value) -> None:
-        """Send `value` (a round's output, the drafts allotted to its claim; None to start or
+        """Send `value` (a round's output, the seat allotted to its claim; None to start or
         after a chunk) and pass the tokens that follow to on_token, up to the stream's next
         CHUNK, Claim or Verify, or its end."""
         try:

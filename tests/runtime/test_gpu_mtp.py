@@ -89,7 +89,7 @@ def test_exact_decoding_with_mtp_on_the_gpu_runtime(dense):
     class Spec:
         fast = False
 
-        def make_drafter(self, e, mtp=None):
+        def make_drafter(self, e, mtp=None, slot=None):
             return make_mtp_drafter(e, 2, 0.0, mtp)
 
     prompt = [5, 9]                      # small: every kernel runs in the interpreter on CPU

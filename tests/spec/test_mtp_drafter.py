@@ -47,7 +47,7 @@ class MTPSpec:
     def __init__(self, depth=3, min_p=0.0, every=1):
         self.depth, self.min_p, self.every, self.rounds = depth, min_p, every, []   # every: draft every k-th round
 
-    def make_drafter(self, engine, mtp=None):
+    def make_drafter(self, engine, mtp=None, slot=None):
         d = make_mtp_drafter(engine, self.depth, self.min_p, mtp)
         propose, committed, n = d.propose, [], [0]
         d.begin = (lambda b: lambda ids: (committed.extend(ids), b(ids)))(d.begin)

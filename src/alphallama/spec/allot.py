@@ -29,13 +29,19 @@ At N = 1 this is exactly the gate's rule: the one stream's drafts in its own ord
 same expected tokens and the same costs, so the same width (`Gate.width`; the tests
 compare them on the same inputs). The one-stream driver (Engine.generate) sets no room,
 as the gate never did (a draft is at most `--spec-draft-max` <= 64).
+
+The driver answers each claim with a `Seat` (`seats`): its drafts, and the rest of the
+round around them (the other rows, what they are expected to commit, the other streams'
+drafting ms), which the policy prices its samples on (spec/seated.py). Every stream whose
+drafter ran claims, with or without drafts: a chain that drafted nothing still spent its
+ms, which the round's rate must count. Alone, the seat is `Seat(n)`: nothing beside it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .drafter import Draft
-from .gate import MAX_WIDTH, Gate, RoundCosts
+from .gate import MAX_WIDTH, Gate, RoundCosts, expected_tokens
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,30 @@ class Claim:
     def priced(self) -> bool:
         """Its drafts must pay for their rows (the gate prices by the table)."""
         return self.gate.p_min is None and self.gate.table is not None
+
+
+@dataclass(frozen=True)
+class Seat:
+    """The driver's answer to a Claim: how many of its drafts the round verifies, and what else
+    the round holds (every other stream's rows, drafts included), as the allotment priced it."""
+    drafts: int
+    rows: int = 0               # the round's other rows
+    tokens: float = 0.0         # what they are expected to commit (allot's N + kept S, theirs)
+    overhead: float = 0.0       # the other streams' drafting ms (their MTP chains)
+
+
+def seats(claims: list[Claim], fixed: int, drafts: list[int]) -> list[Seat]:
+    """Each claim's seat once `allot` gave it drafts[i]: the other rows are the fixed ones (one
+    token each) and every other claim's row and drafts (1 + S_1 + .. + S_n tokens).
+    -> [len(claims)]; one claim and nothing fixed: [Seat(drafts[0])]."""
+    rows = [1 + n for n in drafts]
+    tokens = [expected_tokens(list(c.conf[:n]))[-1] for c, n in zip(claims, drafts)]
+    out = []
+    for i, n in enumerate(drafts):
+        others = [j for j in range(len(claims)) if j != i]
+        out.append(Seat(n, fixed + sum(rows[j] for j in others), sum((tokens[j] for j in others), float(fixed)),
+                        sum((claims[j].overhead for j in others), 0.0)))
+    return out
 
 
 def allot(claims: list[Claim], fixed: int = 0, room: int | None = None) -> list[int]:

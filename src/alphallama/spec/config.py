@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import DEFAULTS
+from ..engine_slots import timing_slot
 from .drafter import Drafter
 from .gate import MAX_WIDTH, CostTable, Gate, RoundCosts, load_or_measure, table_key
 from .ngram import NgramDrafter
@@ -25,8 +26,17 @@ D = DEFAULTS.spec
 
 @dataclass
 class ModelMemory:
+    """One model's: its round costs, and what the policy learned from each slot's streams
+    (`policy`: slot 0's, the one stream's at -np 1; the others' in `slots`, made on first use
+    and sharing slot 0's measured chain ms: a cost of the model, not of a text)."""
     table: CostTable | None = None
     policy: PolicyMemory = field(default_factory=PolicyMemory)
+    slots: dict[int, PolicyMemory] = field(default_factory=dict)
+
+    def policy_for(self, slot: int) -> PolicyMemory:
+        if slot == 0:
+            return self.policy
+        return self.slots.setdefault(slot, PolicyMemory(mtp_cost=self.policy.mtp_cost))
 
 
 @dataclass
@@ -96,17 +106,19 @@ class SpecConfig:
         """Does this config's MTP drafter run under the switch (so a PolicyDrafter and the cost table)?"""
         return self.mtp_switch and "mtp" in SPEC_TYPES[self.spec_type]
 
-    def cost_table(self, engine) -> RoundCosts:
+    def cost_table(self, engine, slot=None) -> RoundCosts:
         """The round prices for this engine's model and device: the cost table from memory,
         else from the disk cache, else timed now (once; reported on stderr); with an expert
-        store, priced with its misses (spec/offload_costs.py)."""
+        store, priced with its misses (spec/offload_costs.py). slot: the one the asking
+        request holds (engine_slots.Slot; None: none). Timing runs on it or on a free slot,
+        never on another stream's (engine_slots.timing_slot)."""
         _, mem = self.memory.for_engine(engine, not self.fast)
         if mem.table is None:
-            if engine.cache.length + MAX_WIDTH > engine.cache.max_len:
-                engine.reset()                # timing needs free rows past the cached ones
+            def room():             # called only if the table must be timed
+                return timing_slot(engine.slots, slot, MAX_WIDTH, engine.reset_slot).cache
             mem.table = load_or_measure(engine.model, engine.cache, engine.gguf.path, engine.cfg.vocab_size,
                                         not self.fast, self.cost_cache_dir, self.cost_budget_s,
-                                        store_timing(engine.model))
+                                        store_timing(engine.model), room=room)
             if not mem.table.from_cache:
                 print(f"alphallama: timed verify rounds of 1..{mem.table.measured} rows for this model and "
                       f"device in {mem.table.measure_s:.1f} s (kept in {self.cost_cache_dir})", file=sys.stderr)
@@ -121,16 +133,17 @@ class SpecConfig:
             return Gate()
         return Gate(table)
 
-    def make_drafter(self, engine=None, mtp=None) -> Drafter | None:
+    def make_drafter(self, engine=None, mtp=None, slot=None) -> Drafter | None:
         """A drafter for one request. `engine` gives drafters that need the model (MTP)
         its head, and the gate its round costs; without it (replay) the copy drafter runs
         alone and ungated. mtp: the request's slot's MTP state (spec/mtp.py; None: the
-        engine's first slot's). "auto" is resolved for the engine's device (without an
-        engine: none)."""
+        engine's first slot's). slot: the request's slot (engine_slots.Slot; None: the
+        first): its policy memory, and where the cost table may be timed. "auto" is
+        resolved for the engine's device (without an engine: none)."""
         self.validate()
         if self.spec_type == AUTO:
             device = engine.cache.k.device.type if engine is not None else "cpu"
-            return self.on_device(device).make_drafter(engine, mtp)
+            return self.on_device(device).make_drafter(engine, mtp, slot)
         kinds = SPEC_TYPES[self.spec_type]
         if not kinds:
             return None
@@ -142,12 +155,13 @@ class SpecConfig:
         switched = self.switched()
         if engine is None or not (policy or switched or self.gate):
             return mtp or copy
-        table = self.cost_table(engine) if policy or switched or self.p_min is None else None
+        table = self.cost_table(engine, slot) if policy or switched or self.p_min is None else None
         gate = self.make_gate(table)
         if not (policy or switched or gate.on):
             return mtp or copy
         _, mem = self.memory.for_engine(engine, not self.fast)
-        return PolicyDrafter(mtp, copy, gate, mem.policy, table, self.rules(), switch=self.mtp_switch, clock=self.clock)
+        memory = mem.policy_for(slot.id if slot is not None else 0)
+        return PolicyDrafter(mtp, copy, gate, memory, table, self.rules(), switch=self.mtp_switch, clock=self.clock)
 
 
 def _mtp(cfg: SpecConfig, engine, state) -> Drafter:

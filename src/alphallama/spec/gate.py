@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -219,11 +220,13 @@ def extend_line(values: list[float], max_width: int) -> list[float]:
 
 
 def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cache_dir: str,
-                    budget_s: float, experts=None) -> CostTable:
+                    budget_s: float, experts=None, room: Callable[[], object] | None = None) -> CostTable:
     """The cached table for this model, device and engine version, or a freshly timed one
     (then written to the cache). experts: an expert store's timing (offload_costs.StoreTiming;
     None: experts resident): its kernels key the table, its bank stays as it is while the
-    rounds are timed, and the timed rounds' misses are kept with the table."""
+    rounds are timed, and the timed rounds' misses are kept with the table. cache: the
+    device's (it keys the table) and, unless `room` is given, the one timed on; room: gives
+    the cache to time on, asked only when the table is timed (engine_slots.timing_slot)."""
     key = table_key(model_path, cache.k.device, exact, getattr(model, "hybrid", False),
                     experts.key if experts is not None else None)
     path = cache_file(cache_dir, key)
@@ -237,7 +240,7 @@ def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cach
             pass                                    # unreadable: time it again and overwrite
     t0 = time.perf_counter()
     with experts.frozen() if experts is not None else nullcontext():
-        ms, measured = measure(model, cache, vocab, exact, budget_s)
+        ms, measured = measure(model, room() if room is not None else cache, vocab, exact, budget_s)
         missed = experts.missed(measured) if experts is not None else []
     table = CostTable(ms, measured, time.perf_counter() - t0, key, missed=missed)
     try:

@@ -16,16 +16,18 @@ copy's 9.6 alone.)
 
 Then the gate (spec/gate.py) keeps the leading drafts worth their columns; with several
 streams in one round, spec/allot.py does, at the rows' marginal cost (`offer`: the draft
-and its confidences before the cut).
+and its confidences before the cut; `seat`: the driver's answer, the round it was seated in).
 
 Learning without extra host syncs: in exact mode a round commits exactly the drafts
 that equal the output that follows, so every proposal, verified or not, can be scored
 later against the committed tokens (the `Ledger`). Each relevant round gives both
 drafters a sample of "tokens this round would commit (accepted + bonus) / the cost
 table's ms for that width", and every copy draft, ungated, a sample of per-depth
-acceptance for its match length (what the gate prices copy drafts with). Under
-sampling the same scoring is an estimate. What is learned lives in a `PolicyMemory`
-that outlives the request (spec/config.py keeps one per model and device).
+acceptance for its match length (what the gate prices copy drafts with); in a round of
+several streams, priced as the allotment prices it (spec/seated.py; alone: as above).
+Under sampling the same scoring is an estimate. What is learned lives in a `PolicyMemory`
+that outlives the request, one per slot of a model and device (spec/config.py): acceptance
+is a property of a stream's text; the costs (the table, `DrafterCost`) are the model's.
 
 Both drafters see every committed token, whichever one drafted.
 
@@ -45,8 +47,9 @@ without MTP would have, MTP is switched off: the round is exactly what the copy 
 doubles after every on-phase that did not pay overall (up to `probe_wait_max`) and
 starts again from `probe_wait` after one that did. So `mtp,ngram` is the copy alone
 wherever MTP does not pay for itself next to it, and `mtp` is plain decoding wherever
-it does not pay against W = 1 rounds. The switch lives in the `PolicyMemory`, so a new
-request starts where the last one left off; `--spec-mtp-always` turns it off.
+it does not pay against W = 1 rounds. The switch lives in the slot's `PolicyMemory`, so
+a new request starts where the last one left off; it is asked once a round (its waits are
+rounds); `--spec-mtp-always` turns it off.
 """
 from __future__ import annotations
 
@@ -54,9 +57,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .allot import Claim, cut
+from .allot import Claim, Seat, cut
 from .drafter import NO_DRAFT, Draft, Drafter, common_prefix
 from .gate import CopyConfidence, Gate, RoundCosts, cumulative
+from .seated import Pending, RoundNote, priced
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class Rate:
     tokens: float = 0.0
     ms: float = 0.0
 
-    def add(self, tokens: int, ms: float) -> None:
+    def add(self, tokens: float, ms: float) -> None:
         self.n += 1
         self.tokens += tokens
         self.ms += ms
@@ -185,7 +189,8 @@ class MTPSwitch:
 
 @dataclass
 class PolicyMemory:
-    """What the policy has learned for one model on one device."""
+    """What the policy has learned for one model on one device, from one slot's streams
+    (mtp_cost: the model's, one object shared by its slots' memories)."""
     copy_conf: CopyConfidence = field(default_factory=CopyConfidence)
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)   # (drafter, match length) ->
     decisions: dict[str, int] = field(default_factory=dict)            # why rounds went the way they did
@@ -205,19 +210,6 @@ class PolicyMemory:
                 "copy_acceptance": {b: dc.to_dict() for b, dc in self.copy_conf.counts.items()},
                 "mtp_ms": {"median": self.mtp_cost.ms, "n": self.mtp_cost.n},
                 "mtp_switch": self.switch.to_dict()}
-
-
-@dataclass
-class Pending:
-    start: int                 # where in the sequence the draft's first token would land
-    tokens: list[int]
-    what: str                  # "depth": copy acceptance sample | "rate": tokens/ms sample | "switch": MTP on/off
-    drafter: str = ""
-    match_len: int = 0
-    ms: float = 0.0
-    alt: list[int] = field(default_factory=list)   # "switch": the draft the round would have verified without MTP
-    alt_ms: float = 0.0
-    phase: int = 0
 
 
 def score(tokens: list[int], seq: list[int], start: int) -> tuple[int, bool]:
@@ -252,11 +244,12 @@ class Ledger:
                 self.memory.copy_conf.record(p.match_len, len(p.tokens) if decided else n, n)
             elif not decided:
                 continue
-            elif p.what == "rate":
-                self.memory.rate(p.drafter, p.match_len).add(n + 1, p.ms)
+            elif p.what == "rate":          # (base: the other streams' tokens in the round; alone 0)
+                self.memory.rate(p.drafter, p.match_len).add(p.base + n + 1, p.ms)
             elif p.what == "switch":
                 # the same tokens without MTP: at what the round without it would have paid per token
-                self.memory.switch.record(p.phase, n + 1, p.ms, (n + 1) * p.alt_ms / (n_alt + 1), self.rules)
+                tokens = p.base + n + 1
+                self.memory.switch.record(p.phase, tokens, p.ms, tokens * p.alt_ms / (p.base + n_alt + 1), self.rules)
         self.items = keep
 
 
@@ -274,6 +267,12 @@ def offer(drafter: Drafter, max_n: int) -> tuple[Draft, Claim]:
     d = drafter.propose(max_n)
     conf = cumulative(d.probs) if len(d.probs) == len(d) else [1.0] * len(d)
     return d, Claim(tuple(conf), Gate())
+
+
+def seated(drafter: Drafter, seat: Seat) -> None:
+    """Tell a drafter the seat its last claim got (the policy prices its samples in it)."""
+    if isinstance(drafter, PolicyDrafter):
+        drafter.seat(seat)
 
 
 class PolicyDrafter:
@@ -294,6 +293,7 @@ class PolicyDrafter:
         self.name = ",".join(d.name for d in (mtp, copy) if d is not None)
         self.ledger = Ledger(memory, rules)
         self.seq: list[int] = []
+        self.note: RoundNote | None = None        # this round's samples, until its seat
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.ledger.resolve(self.seq, final=True)      # the previous request's loose ends
@@ -312,16 +312,10 @@ class PolicyDrafter:
     def _copy_claim(self, c: Draft, overhead: float = 0.0) -> Claim:
         return Claim(tuple(self.memory.copy_conf.conf(c.match_len, len(c))), self.gate, overhead)
 
-    def _gate_copy(self, c: Draft, overhead: float = 0.0) -> Draft:
-        return gated(c, list(self._copy_claim(c, overhead).conf), self.gate, overhead)
-
     @staticmethod
     def _mtp_first(m: Draft) -> int | None:
         """MTP's first draft; None when it drafted nothing (no chain, or under min-p)."""
         return m.tokens[0] if len(m) else None
-
-    def _cost(self, d: Draft) -> float:
-        return self.table.cost(1 + len(d))
 
     def _propose_mtp(self, max_n: int) -> tuple[Draft, float]:
         """MTP's draft and what drafting costs a round (ms, the median of recent proposals)."""
@@ -331,56 +325,66 @@ class PolicyDrafter:
         return m, self.memory.mtp_cost.ms
 
     def propose(self, max_n: int) -> Draft:
-        """The draft a round verifies with this stream alone in it: offer's, cut by the gate."""
+        """The draft a round verifies with this stream alone in it: offer's, cut by the gate
+        (and the round's samples priced alone)."""
         d, claim = self.offer(max_n)
-        return cut(d, self.gate.width(list(claim.conf), claim.overhead) if len(d) else 0)
+        n = self.gate.width(list(claim.conf), claim.overhead) if len(d) else 0
+        self.seat(Seat(n))
+        return cut(d, n)
 
     def offer(self, max_n: int) -> tuple[Draft, Claim]:
         """The chosen drafter's draft before the gate's cut, and the claim that prices it
         (spec/allot.py decides how many of its drafts a shared round verifies; alone, the
-        gate's width). The choice between the drafters and what the ledger learns are
-        priced with the stream alone in the round (MTP drafts for one stream only)."""
+        gate's width). The choice between the drafters is priced with the stream alone in
+        the round (it comes before the allotment); what the ledger learns from the round
+        waits for `seat`, the round the driver seated it in."""
+        self.note = None
         c = self.copy.propose(max_n) if self.copy is not None else NO_DRAFT
         start = len(self.seq)
         if len(c):
             self.ledger.add(Pending(start, list(c.tokens), "depth", match_len=c.match_len))
         if self.mtp is None:
             return c, self._copy_claim(c)
-        alone = self._gate_copy(c)                     # what the round verifies without MTP
         if self.switch is not None and not self.switch.allow(self.rules):
             self.memory.count("mtp off")
             return c, self._copy_claim(c)
         m, h = self._propose_mtp(max_n)
-        m_claim = Claim(tuple(cumulative(m.probs)), self.gate, h)
-        gm, gc = gated(m, list(m_claim.conf), self.gate, h), self._gate_copy(c, h)
-        copy_wins = self.copy is not None and self._choose(m, gm, c, gc, start, h)
-        if self.switch is not None:                    # this round against the same round without MTP
-            d = gc if copy_wins else gm
-            self.ledger.add(Pending(start, list(d.tokens), "switch", ms=self._cost(d) + h, alt=list(alone.tokens),
-                                    alt_ms=self._cost(alone), phase=self.switch.phase_id))
-        return (c, self._copy_claim(c, h)) if copy_wins else (m, m_claim)
+        m_claim, c_claim = Claim(tuple(cumulative(m.probs)), self.gate, h), self._copy_claim(c, h)
+        gc = gated(c, list(c_claim.conf), self.gate, h)
+        copy_wins, rate_due = self._choose(m, c, gc) if self.copy is not None else (False, False)
+        self.note = RoundNote(start, h, m, list(m_claim.conf), c, list(c_claim.conf), c if copy_wins else m,
+                              c.match_len if rate_due else None,
+                              self.switch.phase_id if self.switch is not None else None)
+        return (c, c_claim) if copy_wins else (m, m_claim)
 
-    def _choose(self, m: Draft, gm: Draft, c: Draft, gc: Draft, start: int, h: float) -> bool:
-        """MTP ran (h ms): the copy's draft (True) or its own? (Both gated with h in the round's cost.)"""
+    def seat(self, seat: Seat) -> None:
+        """The driver's answer to this round's claim: the samples the round is due (a rate
+        sample per drafter at a short match, the switch's paired one), priced in it."""
+        if self.note is not None:
+            for p in priced(self.note, seat, self.gate, self.table):
+                self.ledger.add(p)
+            self.note = None
+
+    def _choose(self, m: Draft, c: Draft, gc: Draft) -> tuple[bool, bool]:
+        """MTP ran: the copy's draft (True) or its own? (gc: the copy's, gated with the chain's
+        ms in the round's cost.) And is a rate sample due for each (a short match)?"""
         if not len(c):
             self.memory.count("no match")
-            return False
+            return False, False
         first = self._mtp_first(m)
         if first is not None and first != c.tokens[0]:
             self.memory.count("disagree")
-            return False
+            return False, False
         L = c.match_len
         if L >= self.rules.long_match:
             self.memory.count("long match")
-            return len(gc) > 0
-        for d, g in (("mtp", gm), ("ngram", gc)):      # a sample for each side at this length
-            self.ledger.add(Pending(start, list(g.tokens), "rate", d, L, self._cost(g) + h))
+            return len(gc) > 0, False
         rc, rm = self.memory.rate("ngram", L), self.memory.rate("mtp", L)
         if min(rc.n, rm.n) < self.rules.min_obs:
             self.memory.count("short match, learning")
-            return False
+            return False, True
         if rc.per_ms > (1 + self.rules.copy_margin) * rm.per_ms and len(gc):
             self.memory.count("short match, copy priced higher")
-            return True
+            return True, True
         self.memory.count("short match, mtp priced higher")
-        return False
+        return False, True
