@@ -169,6 +169,8 @@ def qmatmul(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
         return out.copy_(qmatmul_torch(x, w))
     x = x if x.stride(1) == 1 else x.contiguous()
     BN, NT, num_warps = tile(w, rows_per_thread, slots_per_step, num_warps)
+    if not x.is_cuda:       # the interpreter pays per program; a row's order is NT's, not BN's
+        BN = max(BN, min(1024, triton.next_power_of_2(N)))
     BW = min(MAX_BW, 16 // rows_per_thread, triton.next_power_of_2(W))
     grid = (triton.cdiv(N, BN) * triton.cdiv(W, BW),)
     fmt = w.fmt
