@@ -20,7 +20,7 @@ from .qweight import QuantWeight
 # is not the limit (every tile tried wrote at about the same rate); whole-slot stores and
 # the GPU's convert made the pass ~3x faster (docs/decisions/prefill-tensor-cores.md).
 DEQ_TILE = (1, 128, 4, True, True)
-DEQ_ROWS_CPU = 64    # under the interpreter: fewer, larger programs
+DEQ_ROWS_CPU = 512   # under the interpreter: fewer, larger programs (it pays per program)
 
 
 @triton.jit
