@@ -17,11 +17,20 @@ each stream's own predicted_per_second is listed too). The prompts are seeded ra
 tokens (--prompt long; the depth the rounds attend to), greedy, no end-of-generation
 (synthetic weights): every stream generates --tokens tokens.
 
+With --experts-in-vram F an MoE preset runs on an expert store (GPUModel only) whose bank holds
+that fraction of the routed experts (the CPU workers as `serve` starts them): every N starts from
+the store's start layout (`reset`), and each run records the store's hit rate, admissions and
+admitted bytes, per round and per token (offload/admission.py: each stream of a round brings a
+one-stream round's admission budget), beside `equal_alone` (a stream's tokens do not depend on
+the others nor on which tier served an expert).
+
 CPU smoke (the interpreter; small attention tiles keep it short):
     TRITON_INTERPRET=1 python bench/gpu_parallel.py --device cpu --preset tiny-qwen3 --layers 1 \\
         --prompt 8 --tokens 4 --ns 1 2 --small-tiles
     TRITON_INTERPRET=1 python bench/gpu_parallel.py --device cpu --preset tiny-qwen35moe --layers 2 \\
         --experts 4 --prompt 8 --tokens 3 --ns 1 2 --small-tiles
+    TRITON_INTERPRET=1 python bench/gpu_parallel.py --device cpu --preset tiny-qwen3moe --layers 2 \
+        --experts 8 --prompt 8 --tokens 3 --ns 1 2 --small-tiles --experts-in-vram 0.25
 """
 from __future__ import annotations
 
@@ -53,8 +62,30 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def store_figures(model, tokens: int) -> dict | None:
+    """The expert store's counters since its reset (None: no store): hit rate, admissions and
+    admitted bytes, per store round (each pass, prompt chunks of up to 64 rows included) and
+    per token generated."""
+    store = getattr(model, "store", None)
+    if store is None:
+        return None
+    store.before_round()                                   # (the last round's routing observed)
+    st = store.stats.to_dict()
+    return {**st, "admit_bytes_per_round": store.admit_bytes_per_round, "slots": store.slots,
+            "admissions_per_round": st["admissions"] / max(st["rounds"], 1),
+            "admissions_per_token": st["admissions"] / max(tokens, 1),
+            "admitted_bytes_per_token": st["admitted_bytes"] / max(tokens, 1),
+            "footprint": store.footprint.to_dict()}
+
+
+def _reset_store(model) -> None:
+    if getattr(model, "store", None) is not None:
+        model.store.reset()
+
+
 def alone(model, f, tok, prompts, n_tokens: int, ctx: int, spec: SpecConfig, device: str) -> dict:
     """N = 1: each prompt alone on a one-slot engine (the single-stream path)."""
+    _reset_store(model)
     t0 = time.perf_counter()
     eng = Engine(f, model, tok, None, ctx, slots=1)
     setup_s = time.perf_counter() - t0
@@ -68,12 +99,14 @@ def alone(model, f, tok, prompts, n_tokens: int, ctx: int, spec: SpecConfig, dev
         out.append({"tokens": ids, "tok_s": g.stats.predicted_per_second, "prompt_ms": g.stats.prompt_ms,
                     "rounds": g.stats.rounds, "draft_n_accepted": g.stats.draft_n_accepted})
     rate = sum(o["tok_s"] for o in out) / len(out)
-    return {"N": 1, "setup_s": setup_s, "aggregate_tok_s": rate, "per_stream_tok_s": rate, "streams": out}
+    return {"N": 1, "setup_s": setup_s, "aggregate_tok_s": rate, "per_stream_tok_s": rate, "streams": out,
+            "store": store_figures(model, sum(len(o["tokens"]) for o in out))}
 
 
 def together(model, f, tok, prompts, n_tokens: int, ctx: int, spec: SpecConfig, device: str) -> dict:
     """N = len(prompts) streams started at once, stepped to their ends."""
     N = len(prompts)
+    _reset_store(model)
     t0 = time.perf_counter()
     eng = Engine(f, model, tok, None, ctx, slots=N)
     setup_s = time.perf_counter() - t0
@@ -109,6 +142,7 @@ def together(model, f, tok, prompts, n_tokens: int, ctx: int, spec: SpecConfig, 
             "decode_s": decode_s, "tokens": n_total,
             "prefill_phase": {"s": t_prefilled - t_start, "steps": steps, "tokens": n_prefill_phase},
             "rows_per_stream_round": sum(rows) / len(rows) if rows else 0.0,
+            "store": store_figures(model, n_total),
             "streams": [{"tokens": got[i], "tok_s": g.stats.predicted_per_second, "prompt_ms": g.stats.prompt_ms,
                          "rounds": g.stats.rounds, "draft_n_accepted": g.stats.draft_n_accepted}
                         for i, g in enumerate(gens)]}
@@ -125,6 +159,8 @@ def main() -> int:
     ap.add_argument("--spec", default="none", choices=["none", "ngram"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small-tiles", action="store_true", help="attention tiles (16, 4): the CPU smoke's")
+    ap.add_argument("--experts-in-vram", type=float, default=None, metavar="F",
+                    help="an MoE preset on an expert store whose bank holds this fraction of the experts")
     ap.add_argument("--commit", default=None, help="the commit measured (the device copy is no git checkout)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
@@ -143,8 +179,14 @@ def main() -> int:
     ctx = max(ctx, 128)
     t0 = time.perf_counter()
     o = Overrides(attention_tiles=(16, 4)) if args.small_tiles else Overrides()
-    runtime = GPUHybridModel if isinstance(load_config(f), HybridConfig) else GPUModel
-    model = runtime(f, ctx, device=args.device, overrides=o)
+    cfg = load_config(f)
+    runtime = GPUHybridModel if isinstance(cfg, HybridConfig) else GPUModel
+    store = {}
+    if args.experts_in_vram is not None:
+        if runtime is not GPUModel or not cfg.is_moe:
+            raise SystemExit("--experts-in-vram: an MoE preset on GPUModel (the hybrids keep their experts resident)")
+        store = {"expert_slots": max(1, int(args.experts_in_vram * cfg.n_layers * cfg.n_experts))}
+    model = runtime(f, ctx, device=args.device, overrides=o, **store)
     res["runtime"] = runtime.__name__
     res["load_s"] = time.perf_counter() - t0
     tok = Tokenizer.from_metadata(f.metadata)
@@ -168,10 +210,13 @@ def main() -> int:
         save()
     res["all_equal_alone"] = all(all(r.get("equal_alone", [True])) for r in res["runs"])
     save()
-    print(f"{'N':>3} {'aggregate tok/s':>16} {'per stream':>11} {'rows/round':>11}  equal alone")
+    print(f"{'N':>3} {'aggregate tok/s':>16} {'per stream':>11} {'rows/round':>11} {'hit rate':>9} "
+          f"{'adm/token':>10}  equal alone")
     for r in res["runs"]:
+        st = r.get("store") or {}
         print(f"{r['N']:>3} {r['aggregate_tok_s']:16.1f} {r['per_stream_tok_s']:11.1f} "
-              f"{r.get('rows_per_stream_round', 1.0):11.2f}  {r.get('equal_alone', '-')}")
+              f"{r.get('rows_per_stream_round', 1.0):11.2f} {st.get('hit_rate', float('nan')):9.3f} "
+              f"{st.get('admissions_per_token', float('nan')):10.3f}  {r.get('equal_alone', '-')}")
     print(f"wrote {out_dir / name}")
     return 0 if res["all_equal_alone"] else 1
 

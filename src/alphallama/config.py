@@ -155,7 +155,7 @@ class OffloadDefaults:
     """The expert store and the automatic plan (offload/)."""
     reserve_bytes: int = 1 << 30          # device memory kept for graphs, workspace, the CUDA context's growth
     headroom_bytes: int = 256 << 20       # taken off the free memory a GPU reports before planning
-    admit_bytes_per_round: int = 8 << 20  # admission copies queued per round (paced, after its launch)
+    admit_bytes_per_round: int = 8 << 20  # admission copies queued per round and stream in it (paced, after its launch)
     admit_chunk_bytes: int = 1 << 20      # one queued host->VRAM copy
     score_half_life: float = 32.0         # rounds: usage counts decay so the bank follows the context
     admit_margin: float = 0.25            # a candidate must beat the weakest resident by this fraction

@@ -164,3 +164,57 @@ def test_a_hybrid_on_the_gpu_runtime_decodes_streams_together(tmp_path):
             t.join(120)
         assert [texts[0], texts[1]] == alone
         assert times[0][0] < times[1][0] and times[1][-1] < times[0][-1]     # 1 ran inside 0's run
+
+
+def test_an_expert_store_serves_streams_together(tmp_path):
+    """-np 2 on the micro MoE with an expert store (a bank of 3 of its 12 experts, admissions
+    paced to happen mid-run) through the GPU runtime (the interpreter) and the HTTP server:
+    two streaming requests decode in shared passes, each text its prompt's text alone on a
+    one-slot model with every expert resident."""
+    from alphallama.gguf.reader import GGUFFile
+    from alphallama.gguf.writer import write_synthetic
+    from alphallama.runtime.gpu_model import GPUModel
+    from alphallama.runtime.overrides import Overrides
+    from alphallama.spec.config import SpecConfig
+    from alphallama.tokenizer import Tokenizer
+    from tests.offload.conftest import MICRO_MOE
+    path = tmp_path / "micro-moe.gguf"
+    write_synthetic(MICRO_MOE, path)
+    f = GGUFFile(path)
+    cheap = Overrides(decode_gemv="f32", moe_gemv="f32", attention_tiles=(16, 4))
+
+    def engine(slots: int, store: bool) -> Engine:
+        model = GPUModel(f, 40, device="cpu", expert_slots=3 if store else None, cpu_tier=False, overrides=cheap)
+        if store:
+            model.store.policy.margin = 0.0
+            model.store.admit_bytes_per_round, model.store.chunk_bytes = 4096, 1024
+        return Engine(f, model, Tokenizer.from_metadata(f.metadata), None, 40, slots=slots)
+    prompts, n = [[155, 140, 140, 140, 7], [250, 17, 42]], [10, 3]
+    solo = engine(1, store=False)
+    alone = []
+    for p, k in zip(prompts, n):
+        solo.reset()
+        alone.append(solo.tokenizer.decode(list(solo.generate(p, k)), continuation=True))
+    served = engine(2, store=True)
+    with serve(served, path, spec=SpecConfig("none")) as server:
+        times: dict[int, list[float]] = {0: [], 1: []}
+        texts: dict[int, str] = {}
+
+        def run(i: int) -> None:
+            stream = server.client().completions.create(model=path.name, prompt=prompts[i], max_tokens=n[i],
+                                                        temperature=0, stream=True)
+            parts = []
+            for chunk in stream:
+                times[i].append(time.monotonic())
+                parts.append(chunk.choices[0].text)
+            texts[i] = "".join(parts)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        threads[0].start()
+        while not times[0] and threads[0].is_alive():
+            time.sleep(0.01)
+        threads[1].start()
+        for t in threads:
+            t.join(120)
+        assert [texts[0], texts[1]] == alone
+        assert times[0][0] < times[1][0] and times[1][-1] < times[0][-1]     # 1 ran inside 0's run
+    assert served.model.store.stats.admissions > 0

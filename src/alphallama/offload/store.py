@@ -19,16 +19,17 @@ in place over PCIe where it has none, with the same arithmetic either way: where
 expert lives never changes the bits, and the table is a graph input, so residency
 changes never rebuild graphs.
 
-Between rounds (`before_round` / `after_launch`, called by GPUModel.forward):
-- the round's routing (written by the route kernels into `routes`) goes to the host
-  behind the round and feeds the usage policy (policy.py) at the next round, and the
-  footprint (footprint.py: the distinct experts w rows touch, what the gate prices) after
-  the next round's launch, while the device runs it;
-- admissions: the victim's table entry is cleared on the round's stream, then the new
-  expert's planes are copied into the slot in chunks on a side stream, at most
-  `admit_bytes_per_round` queued per round and only after the round was launched, so a
-  copy never delays a round's own inputs; once the copy's event has completed, a later
-  round's table gets the slot.
+Between rounds (`before_round` / `after_launch`, called by GPUModel.forward and, for a
+pass of several streams' rows, GPUModel.round):
+- the round's routing (written by the route kernels into `routes`, its rows in the pass's
+  order, whatever stream) goes to the host behind the round and feeds the usage policy
+  (policy.py) at the next round, and the footprint (footprint.py: the distinct experts w
+  rows touch, what the gate prices) after the next round's launch, while the device runs it;
+- admissions (admission.py): the victim's table entry is cleared on the round's stream,
+  then the new expert's planes are copied into the slot in chunks on a side stream, at
+  most `admit_bytes_per_round` queued per stream of the round and only after the round was
+  launched, so a copy never delays a round's own inputs; once the copy's event has
+  completed, a later round's table gets the slot.
 Without CUDA (tests) the same bookkeeping runs with synchronous copies: the "bank" is
 then ordinary memory, which is how the tiers are simulated on CPU.
 """
@@ -44,6 +45,7 @@ import torch
 from ..config import DEFAULTS
 from ..gguf.reader import TensorInfo
 from ..kernels.formats.qweight import QuantWeight
+from .admission import Admission, queue_copies, round_budget
 from .estimate import uniform_hit_rate
 from .footprint import Footprint
 from .mapped import HOST, MAPPED, MappedExperts, ReadAhead, map_past_budget
@@ -95,14 +97,6 @@ class Tiers(NamedTuple):
     @classmethod
     def resident(cls, gate_up: QuantWeight, down: QuantWeight) -> "Tiers":
         return cls(gate_up, down, None, None, None, None)
-
-
-@dataclass
-class _Admission:
-    slot: int
-    flat: int
-    chunks: list[tuple[torch.Tensor, torch.Tensor]]   # (dst, src) pairs still to queue
-    ready: object = None                              # cuda Event after the last chunk (None on CPU: done)
 
 
 class ExpertStore:
@@ -157,7 +151,7 @@ class ExpertStore:
         self._routes_host = torch.zeros(self.routes.shape, dtype=torch.int32, pin_memory=cuda)
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self._pending_routes: tuple[int, np.ndarray, object] | None = None   # (W, resident snapshot, event)
-        self._admissions: list[_Admission] = []
+        self._admissions: list[Admission] = []
         self._half_life = half_life
         self.policy = UsagePolicy(n_layers, self.E, half_life, margin)
         self._split_and_fill(slots)
@@ -323,10 +317,11 @@ class ExpertStore:
             self._admissions.remove(a)
             self.policy.stats.admissions += 1
 
-    def after_launch(self, W: int) -> None:
-        """After a round of W rows was launched: its routing goes to the host behind it,
-        new admissions are chosen, and copies are queued up to the per-round budget; the
-        footprint learns the previous round's routing (off the round's path)."""
+    def after_launch(self, W: int, streams: int = 1) -> None:
+        """After a round of W rows (of `streams` parallel streams) was launched: its routing
+        goes to the host behind it, new admissions are chosen, and copies are queued up to
+        the round's budget (admission.round_budget: each stream's); the footprint learns the
+        previous round's routing (off the round's path)."""
         if self._frozen:
             return
         cuda = self.device.type == "cuda"
@@ -338,24 +333,26 @@ class ExpertStore:
         else:
             self._routes_host.copy_(self.routes)
         self._pending_routes = (W, self.resident.copy(), ev)
-        evicted = not self._admissions and self._choose()
+        budget = round_budget(self.admit_bytes_per_round, streams)
+        evicted = not self._admissions and self._choose(budget)
         if evicted and cuda:
             # the evicted slots' last readers (rounds launched before the table was
             # cleared) finish before their slots are overwritten
             self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        self._queue_copies()
+        queue_copies(self._admissions, budget, self._copy_stream, self.policy.stats)
         if self._unseen is not None:
             self.footprint.observe(*self._unseen)
             self._unseen = None
 
-    def _choose(self) -> bool:
-        """Start admissions; True if any resident was evicted for them."""
+    def _choose(self, budget: int) -> bool:
+        """Start admissions (up to `budget` bytes' worth a class); True if any resident was
+        evicted for them."""
         busy = {a.flat for a in self._admissions}
         evicted = False
         for c in self.classes:
             if c.owners.size == 0:
                 continue
-            limit = max(1, self.admit_bytes_per_round // max(c.slot_bytes, 1))
+            limit = max(1, budget // max(c.slot_bytes, 1))
             flats = (np.array(c.layers, dtype=np.int64)[:, None] * self.E + np.arange(self.E)).ravel()
             cands = flats[~self.resident.ravel()[flats]]
             for slot, flat in self.policy.choose(c.owners, cands, busy, limit):
@@ -369,29 +366,9 @@ class ExpertStore:
                 for dst, src in self._sources(c, slot, flat):
                     rows = max(1, self.chunk_bytes // max(dst[0].numel() * dst.element_size(), 1))
                     chunks += [(dst[r:r + rows], src[r:r + rows]) for r in range(0, dst.shape[0], rows)]
-                self._admissions.append(_Admission(slot, flat, chunks))
+                self._admissions.append(Admission(slot, flat, chunks))
                 busy.add(flat)
         return evicted
-
-    def _queue_copies(self) -> None:
-        budget = self.admit_bytes_per_round
-        cuda = self.device.type == "cuda"
-        for a in self._admissions:
-            while a.chunks and budget > 0:
-                dst, src = a.chunks.pop(0)
-                n = dst.numel() * dst.element_size()
-                if cuda:
-                    with torch.cuda.stream(self._copy_stream):
-                        dst.copy_(src, non_blocking=True)
-                else:
-                    dst.copy_(src)
-                budget -= n
-                self.policy.stats.admitted_bytes += n
-            if not a.chunks and cuda and a.ready is None:
-                a.ready = torch.cuda.Event()
-                a.ready.record(self._copy_stream)
-            if budget <= 0:
-                break
 
     @property
     def stats(self):

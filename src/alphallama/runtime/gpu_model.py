@@ -200,9 +200,6 @@ class GPUModel:
         rows = max_len or self.max_len
         if slots < 1 or (slots > 1 and rows > self.max_len):   # (a slot's positions: the RoPE tables')
             raise ValueError(f"a cache of {slots} slots of {rows} rows (this model's positions: {self.max_len})")
-        if slots > 1 and self.store is not None:
-            raise ValueError("parallel streams with an expert store are not supported yet: its admission is "
-                             "sized for one stream's rounds (-np 1, or all experts resident)")
         # room for a full padded bucket past the last position: padding rows write there
         cache = KVCache(c.n_layers, c.n_kv_heads, slots * rows + MAX_W, c.head_dim,
                         dtype=torch.float16, device=self.device)
@@ -272,26 +269,37 @@ class GPUModel:
             part = tokens[s:s + MAX_W]
             W = part.shape[0]
             whole = self._seat([(W, pos + s, cache)])
-            if self.store is not None:
-                self.store.before_round()
-                if self.cpu_link is not None:
-                    self.cpu_link.check()
-                    if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
-                        self._keep_launch_thread_apart()
+            self._before_store_round()
             if self.use_graphs and whole is self.cache:
                 lg, hd = round_graphs.replay(self, part)
                 # the graph's outputs are static buffers: later chunks would overwrite them
                 outs.append((lg, hd) if T <= MAX_W else (lg.clone(), hd.clone()))
             else:
                 outs.append(self._rows(part, self._pos, whole))
-            if self.store is not None:
-                self.store.after_launch(W)
+            self._after_store_round(W, 1)
         cache.length = pos + T
         if len(outs) == 1:
             out = outs[0]
         else:
             out = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         return (out if logits else (None, out[1]))
+
+    def _before_store_round(self) -> None:
+        """Before a round's launch, with an expert store: the last round's routing learned,
+        finished admissions published (store.before_round), the CPU workers' health checked."""
+        if self.store is None:
+            return
+        self.store.before_round()
+        if self.cpu_link is not None:
+            self.cpu_link.check()
+            if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
+                self._keep_launch_thread_apart()
+
+    def _after_store_round(self, W: int, streams: int) -> None:
+        """After a round of W rows of `streams` streams was launched: the store's routing
+        record and admissions (store.after_launch: each stream brings its admission budget)."""
+        if self.store is not None:
+            self.store.after_launch(W, streams)
 
     def _prefill(self, tokens: torch.Tensor, pos: int, cache: KVCache,
                  logits: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -324,7 +332,11 @@ class GPUModel:
         -> [(logits [w, V], hidden [w, D])] per part: the bits each part's verify would give
         alone (every kernel is row-invariant). Where rows cannot share a pass (one stream's
         cache, fast mode's hybrid under exact, a part wider than 64 rows) each part is its
-        own verify. Outputs are the graphs' static buffers, valid until the next call."""
+        own verify. Outputs are the graphs' static buffers, valid until the next call.
+        With an expert store each pass is one of its rounds: the routing of all its rows
+        (whatever stream) feeds the policy and the footprint, and it admits for each stream
+        it carried (offload/admission.py); an expert's bits are its tier's whichever rows
+        pick it (expert-contract.md), so no stream's bits depend on the others' routing."""
         if not self.per_row or (exact and self.hybrid) or len(parts) == 1:
             return [self.verify(t, p, c, exact) for t, p, c in parts]
         outs: list = [None] * len(parts)
@@ -346,10 +358,12 @@ class GPUModel:
         """parts[group] in one pass; outs[i] <- (logits, hidden) of part i (cloned: later passes follow)."""
         tokens = torch.cat([parts[i][0] for i in group]).to(self.device)           # [W]
         whole = self._seat([(parts[i][0].shape[0], parts[i][1], parts[i][2]) for i in group])
+        self._before_store_round()
         if self.use_graphs and whole is self.cache:
             lg, hd = round_graphs.replay(self, tokens)
         else:
             lg, hd = self._rows(tokens, self._pos, whole)
+        self._after_store_round(tokens.shape[0], len(group))
         r = 0
         for i in group:
             t, p, c = parts[i]
