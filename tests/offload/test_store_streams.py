@@ -89,12 +89,13 @@ def _spec(name: str, engine: Engine) -> SpecConfig:
     return spec
 
 
-@pytest.mark.parametrize("spec", ["plain", "ngram", "priced"])
+# (plain rounds: the drafted cases' rounds carry plain rows too; CI time)
+@pytest.mark.parametrize("spec", ["ngram", "priced"])
 def test_streams_over_pcie_get_their_tokens_alone(pcie, spec):
     _together(pcie, spec)
 
 
-@pytest.mark.parametrize("spec", ["plain", "ngram"])
+@pytest.mark.parametrize("spec", ["ngram"])
 def test_streams_with_cpu_workers_get_their_tokens_alone(workers, spec):
     _together(workers, spec)
 
