@@ -98,6 +98,28 @@ def test_masks_follow_the_grammar(engine):
     assert c.valid_prefix(doc) == len(doc)                          # mask_rows left the state as it was
 
 
+def test_a_draft_ending_in_a_stop_token_leaves_the_state(engine):
+    """A copy draft may run through the end-of-generation token (the document complete):
+    the masks are the rows' and the matcher is where it was, so the next round's commits
+    hold. (llguidance's rollback over a consumed stop token is not exact: a server's tool
+    call once failed its grammar two rounds later.)"""
+    tok = engine.tokenizer
+    c = TokenConstraint(engine.grammar_vocab, json_schema_grammar(PERSON))
+    doc = tok.encode('{"name": "Ada", "age": 36, "role": "admin", "tags": []}')
+    head, tail = doc[:5], doc[5:]
+    for t in head:
+        c.commit(t)
+    before = c.mask_rows(torch.zeros(1, engine.cfg.vocab_size), [])
+    stop = sorted(tok.stop_ids)[0]
+    drafts = tail + [stop]
+    allowed = c.mask_rows(torch.zeros(len(drafts) + 1, engine.cfg.vocab_size), drafts) > float("-inf")
+    assert all(allowed[i, t] for i, t in enumerate(drafts))         # the stop token too, at its row
+    assert torch.equal(c.mask_rows(torch.zeros(1, engine.cfg.vocab_size), []), before)
+    for t in tail:                                                  # the round's commits
+        c.commit(t)
+    assert c.finished or c.valid_prefix([stop]) == 1
+
+
 def test_special_tokens_by_id(engine):
     start = engine.tokenizer.id_of("<|im_start|>")   # a control token that does not end generation
     c = TokenConstraint(engine.grammar_vocab, lark_grammar(f'start: "ok" <[{start}]> "x"'))

@@ -149,15 +149,20 @@ class TokenConstraint:
         the state after drafts[:i] (the drafts must be valid_prefix-checked)."""
         w = logits.shape[0]
         assert w == len(drafts) + 1, (w, len(drafts))
-        bitmask = torch.empty((w, self._words), dtype=torch.int32)
+        bitmask = torch.full((w, self._words), -1, dtype=torch.int32)   # rows past a stop: never emitted
+        stops = self.vocab.tokenizer.stop_ids
+        consumed = 0
         for i in range(w):
             self._m.unsafe_compute_mask_ptr(bitmask[i].data_ptr(), self._words * 4)
             if self._m.is_error():
                 self._fail()
-            if i < len(drafts) and not self._m.consume_token(drafts[i]):
+            if i == len(drafts) or drafts[i] in stops:   # generation ends at a stop token: the matcher
+                break                                    # is not taken past it (its rollback is not exact)
+            if not self._m.consume_token(drafts[i]):
                 self._fail()
-        if drafts:
-            self._m.rollback(len(drafts))
+            consumed += 1
+        if consumed:
+            self._m.rollback(consumed)
         # unpacked where the logits are: 32x fewer bytes cross to a GPU
         allowed = self.vocab.allowed(bitmask.to(logits.device, non_blocking=True))   # [W, V'] bool
         v = logits.shape[-1]

@@ -47,7 +47,7 @@ def _stop(proc) -> None:
 
 @pytest.fixture(scope="module")
 def embedded():
-    proc, client = _serve(["--device", "cpu", "--spec-type", "ngram"], 120)   # no -m: the embedded model
+    proc, client = _serve(["--device", "cpu", "--spec-type", "ngram", "--no-gate"], 120)   # no -m: the embedded model
     yield client
     _stop(proc)
 
