@@ -31,22 +31,39 @@ def alone(stories_path) -> list[str]:
     return out
 
 
+def _streams(server, model: str, prompts: list, n: list[int]) -> tuple[list[threading.Thread], dict, dict]:
+    """A thread per prompt, not started, that streams its greedy completion of n[i] tokens:
+    (threads, times, texts), each chunk's arrival time and the joined text filled as they run."""
+    times: dict[int, list[float]] = {i: [] for i in range(len(prompts))}
+    texts: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        stream = server.client().completions.create(model=model, prompt=prompts[i], max_tokens=n[i],
+                                                    temperature=0, stream=True)
+        parts = []
+        for chunk in stream:
+            times[i].append(time.monotonic())
+            parts.append(chunk.choices[0].text)
+        texts[i] = "".join(parts)
+    return [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))], times, texts
+
+
+def _second_inside_first(threads: list[threading.Thread], times: dict) -> None:
+    """Start stream 0, then stream 1 once 0's first chunk came (the interpreter holds the GIL: a
+    request reaches the worker's rounds after it was sent); wait for both."""
+    threads[0].start()
+    while not times[0] and threads[0].is_alive():
+        time.sleep(0.01)
+    threads[1].start()
+    for t in threads:
+        t.join(120)
+
+
 def test_two_requests_decode_together_and_a_third_waits(stories_path, alone):
     engine = Engine.load(str(stories_path), ctx_size=512, slots=2)
     assert engine.ctx_size == 256 and len(engine.slots) == 2
     with serve(engine, stories_path) as server:
-        times: dict[int, list[float]] = {i: [] for i in range(3)}
-        texts: dict[int, str] = {}
-
-        def run(i: int) -> None:
-            stream = server.client().completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=N,
-                                                        temperature=0, stream=True)
-            parts = []
-            for chunk in stream:
-                times[i].append(time.monotonic())
-                parts.append(chunk.choices[0].text)
-            texts[i] = "".join(parts)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        threads, times, texts = _streams(server, MODEL, PROMPTS, [N] * 3)
         threads[0].start()
         threads[1].start()                 # 0 and 1 together (a gap let 0 end first on a loaded machine)
         time.sleep(0.2)
@@ -85,18 +102,7 @@ def test_mtp_drafts_per_stream_at_np_2(tmp_path):
     assert engine.slots[0].mtp is not None and engine.slots[0].mtp is not engine.slots[1].mtp
     spec = SpecConfig("mtp", mtp_depth=2, mtp_min_p=0.0, gate=False, mtp_switch=False)
     with serve(engine, path, spec=spec) as server:
-        times: dict[int, list[float]] = {0: [], 1: []}
-        texts: dict[int, str] = {}
-
-        def run(i: int) -> None:
-            stream = server.client().completions.create(model=path.name, prompt=PROMPTS[i], max_tokens=N,
-                                                        temperature=0, stream=True)
-            parts = []
-            for chunk in stream:
-                times[i].append(time.monotonic())
-                parts.append(chunk.choices[0].text)
-            texts[i] = "".join(parts)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        threads, times, texts = _streams(server, path.name, PROMPTS[:2], [N, N])
         for t in threads:
             t.start()
         for t in threads:
@@ -144,24 +150,8 @@ def test_a_hybrid_on_the_gpu_runtime_decodes_streams_together(tmp_path):
         solo.reset()
         alone.append(solo.tokenizer.decode(list(solo.generate(p, k)), continuation=True))
     with serve(engine(2), path, spec=SpecConfig("none")) as server:
-        times: dict[int, list[float]] = {0: [], 1: []}
-        texts: dict[int, str] = {}
-
-        def run(i: int) -> None:
-            stream = server.client().completions.create(model=path.name, prompt=prompts[i], max_tokens=n[i],
-                                                        temperature=0, stream=True)
-            parts = []
-            for chunk in stream:
-                times[i].append(time.monotonic())
-                parts.append(chunk.choices[0].text)
-            texts[i] = "".join(parts)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-        threads[0].start()
-        while not times[0] and threads[0].is_alive():
-            time.sleep(0.01)
-        threads[1].start()
-        for t in threads:
-            t.join(120)
+        threads, times, texts = _streams(server, path.name, prompts, n)
+        _second_inside_first(threads, times)
         assert [texts[0], texts[1]] == alone
         assert times[0][0] < times[1][0] and times[1][-1] < times[0][-1]     # 1 ran inside 0's run
 
@@ -197,24 +187,8 @@ def test_an_expert_store_serves_streams_together(tmp_path):
         alone.append(solo.tokenizer.decode(list(solo.generate(p, k)), continuation=True))
     served = engine(2, store=True)
     with serve(served, path, spec=SpecConfig("none")) as server:
-        times: dict[int, list[float]] = {0: [], 1: []}
-        texts: dict[int, str] = {}
-
-        def run(i: int) -> None:
-            stream = server.client().completions.create(model=path.name, prompt=prompts[i], max_tokens=n[i],
-                                                        temperature=0, stream=True)
-            parts = []
-            for chunk in stream:
-                times[i].append(time.monotonic())
-                parts.append(chunk.choices[0].text)
-            texts[i] = "".join(parts)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-        threads[0].start()
-        while not times[0] and threads[0].is_alive():
-            time.sleep(0.01)
-        threads[1].start()
-        for t in threads:
-            t.join(120)
+        threads, times, texts = _streams(server, path.name, prompts, n)
+        _second_inside_first(threads, times)
         assert [texts[0], texts[1]] == alone
         assert times[0][0] < times[1][0] and times[1][-1] < times[0][-1]     # 1 ran inside 0's run
     assert served.model.store.stats.admissions > 0

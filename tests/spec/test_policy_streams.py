@@ -22,17 +22,9 @@ from alphallama.spec.ngram import NgramDrafter
 from alphallama.spec.policy import PolicyDrafter, PolicyMemory, PolicyRules
 from alphallama.spec.seated import width_in
 
-ROUND_MS = [0.671, 0.7662, 0.881, 1.0003, 1.1381, 1.2044, 1.2425, 1.2425, 1.6398, 1.6398, 1.6521, 1.6521,
-            1.6951, 1.6976, 1.6996, 1.6996, 2.0234]                  # the H200's (tests/spec/test_mtp_switch.py)
-H200 = CostTable(ROUND_MS + [ROUND_MS[-1]] * (MAX_WIDTH - len(ROUND_MS)), measured=len(ROUND_MS))
+from test_mtp_switch import ROUND_MS, Clock, Script, h200_table
 
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+H200 = h200_table()
 
 
 class RandomMTP:
@@ -159,23 +151,6 @@ def test_each_slot_learns_its_own_and_the_costs_are_the_models():
     assert a is mm.policy and mm.policy_for(1) is b and b is not a                   # -np 1: the one memory
     assert b.mtp_cost is a.mtp_cost                                                 # the chain's ms: the model's
     assert b.switch is not a.switch and b.copy_conf is not a.copy_conf and b.rates is not a.rates
-
-
-class Script:
-    def __init__(self, name, clock=None, ms=0.0):
-        self.name, self.clock, self.ms, self.next, self.calls = name, clock, ms, NO_DRAFT, 0
-
-    def begin(self, prompt_ids):
-        pass
-
-    def propose(self, max_n):
-        self.calls += 1
-        if self.clock is not None:
-            self.clock.t += self.ms / 1000
-        return self.next
-
-    def accept(self, tokens):
-        pass
 
 
 def test_an_off_phase_waits_its_streams_rounds():
