@@ -21,6 +21,8 @@ from alphallama.spec.gate import MAX_WIDTH, CostTable
 from alphallama.streams import Streams
 from alphallama.tokenizer import Tokenizer
 
+from streamutil import drive
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX, N_NEW = 40, 4
@@ -66,41 +68,11 @@ def _alone(made, prompts, n_new: int = N_NEW) -> list[list[int]]:
     return out
 
 
-def _together(made, prompts, spec, stop_after: dict[int, int] | None = None, max_rows: int = MAX_WIDTH,
-              rounds: list | None = None, n_new: int = N_NEW) -> tuple[list[list[int]], list]:
-    """Stream i starts at step i (staggered); stop_after {i: n}: stream i stops after n tokens.
-    max_rows: the round's most rows; rounds: receives (streams in the round, its rows) per round."""
-    e = _engine(made, 3)
-    streams = Streams(e, max_rows)
-    got: list[list[int]] = [[] for _ in prompts]
-    gens = [Generation() for _ in prompts]
-
-    def taker(i):
-        def on_token(t):
-            got[i].append(t)
-            return len(got[i]) < (stop_after or {}).get(i, n_new + 1)
-        return on_token
-    runs, step = [], 0
-    while len(runs) < len(prompts) or streams.runs:
-        if len(runs) < len(prompts) and step >= len(runs):
-            i = len(runs)
-            runs.append(streams.add(prompts[i], n_new, taker(i), gen=gens[i], spec=spec))
-        before = sum(len(r.rows) for r in runs)
-        for r in streams.step():
-            assert r.error is None, r.error
-        if rounds is not None and sum(len(r.rows) for r in runs) > before:
-            rounds.append((sum(len(r.rows) for r in runs) - before, streams.width))
-        step += 1
-        assert step < 200
-    assert all(not s.busy for s in e.slots)
-    return got, runs
-
-
 @pytest.mark.parametrize("spec", list(SPECS))
 def test_streams_together_get_their_tokens_alone(made, spec):
     """Each stream's tokens, with or without drafts, are its plain greedy tokens alone."""
     prompts, alone = _prompts(made[0].cfg.vocab_size), made[2]
-    together, runs = _together(made, prompts, SPECS[spec])
+    together, _, runs = drive(_engine(made, 3), prompts, N_NEW, SPECS[spec])
     assert together == alone
     assert all(len(t) == N_NEW for t in alone)
     assert all(r.rows for r in runs)                                   # every stream's rounds ran
@@ -109,7 +81,7 @@ def test_streams_together_get_their_tokens_alone(made, spec):
 
 def test_a_stopped_stream_leaves_the_others_unchanged(made):
     prompts, alone = _prompts(made[0].cfg.vocab_size), made[2]
-    together, _ = _together(made, prompts, SPECS["plain"], stop_after={0: 2})
+    together, _, _ = drive(_engine(made, 3), prompts, N_NEW, SPECS["plain"], stop_after={0: 2})
     assert together[0] == alone[0][:2]
     assert together[1:] == alone[1:]
 
@@ -131,7 +103,7 @@ def test_the_rooms_shrink_when_the_round_is_full(made, long_runs):
     fewer streams share the room; each stream's tokens are still its own."""
     prompts, alone = long_runs
     rounds: list = []
-    together, _ = _together(made, prompts, SPECS["ngram"], max_rows=3, rounds=rounds, n_new=LONG_NEW)
+    together, _, _ = drive(_engine(made, 3), prompts, LONG_NEW, SPECS["ngram"], max_rows=3, rounds=rounds)
     assert together == alone
     assert all(w <= 3 for n, w in rounds) and any(n == 3 for n, w in rounds)
     assert any(w > n for n, w in rounds if n == 2)             # two streams shared the room's third row
@@ -155,7 +127,7 @@ def test_drafts_are_priced_at_the_rounds_total_width(made, long_runs):
     tokens are its own."""
     prompts, alone = long_runs
     rounds: list = []
-    together, _ = _together(made, prompts, _priced(made), rounds=rounds, n_new=LONG_NEW)
+    together, _, _ = drive(_engine(made, 3), prompts, LONG_NEW, _priced(made), rounds=rounds)
     assert together == alone
     assert all(w == n for n, w in rounds if n > 1) and any(n == 3 for n, w in rounds)
     assert any(w == 2 for n, w in rounds if n == 1)            # a stream alone in its round drafted

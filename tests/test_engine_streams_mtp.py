@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alphallama.engine import Engine, Generation
+from alphallama.engine import Engine
 from alphallama.gguf.arch import find_mtp_head
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
@@ -27,8 +27,9 @@ from alphallama.spec.config import SpecConfig
 from alphallama.spec.draft_vocab import prompt_scripts
 from alphallama.spec.gate import MAX_WIDTH, CostTable
 from alphallama.spec.mtp import load_mtp_states, make_mtp_drafter
-from alphallama.streams import Streams
 from alphallama.tokenizer import Tokenizer
+
+from streamutil import drive
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,31 +100,6 @@ def _engine(made, slots: int) -> Engine:
     return Engine(f, model, tok, None, CTX, mtp=mtp, slots=slots)
 
 
-def _drive(e: Engine, prompts: list[list[int]], specs: list, n_new: int) -> tuple[list[list[int]], list[Generation], list]:
-    """Stream i (its spec specs[i]) added at step i or, all slots busy, once one is free;
-    stream 0 stops after STOP tokens, the others run n_new."""
-    streams = Streams(e)
-    got: list[list[int]] = [[] for _ in prompts]
-    gens = [Generation() for _ in prompts]
-
-    def taker(i):
-        def on_token(t):
-            got[i].append(t)
-            return len(got[i]) < (STOP if i == 0 else n_new)
-        return on_token
-    runs, step = [], 0
-    while len(runs) < len(prompts) or streams.runs:
-        i = len(runs)
-        if i < len(prompts) and step >= i and streams.free:
-            runs.append(streams.add(prompts[i], n_new, taker(i), gen=gens[i], spec=specs[i], stop_ids=NONE))
-        for r in streams.step():
-            assert r.error is None, r.error
-        step += 1
-        assert step < 100
-    assert not any(s.busy for s in e.slots)
-    return got, gens, runs
-
-
 def test_mtp_chains_per_stream_are_its_chains_alone(made):
     prompts, plain = made[3:]
     solo, alone = _engine(made, 1), []
@@ -137,7 +113,7 @@ def test_mtp_chains_per_stream_are_its_chains_alone(made):
     assert len({id(s.mtp) for s in e.slots}) == 3 and len({id(s.mtp.cache) for s in e.slots}) == 3
     e.mtp.vocab.size = VOCAB                          # (one vocabulary object, every slot's)
     recs = [Recording() for _ in prompts]
-    got, _, runs = _drive(e, prompts, recs, len(plain[1]))
+    got, _, runs = drive(e, prompts, len(plain[1]), recs, stop_after={0: STOP}, stop_ids=NONE)
     assert got == [plain[0][:STOP], *plain[1:]]
     assert runs[3].slot is runs[0].slot               # the freed slot: its MTP entries made again
     assert [r.chains for r in recs[1:]] == alone and all(alone)
@@ -151,7 +127,7 @@ def test_mtp_ngram_in_shared_rounds_is_exact(made):
     spec = SpecConfig("mtp,ngram", draft_max=4, ngram_min=1, gate=False, mtp_depth=DEPTH, mtp_min_p=0.0,
                       mtp_switch=False)
     spec.memory.for_engine(e, exact=True)[1].table = FLAT
-    got, gens, _ = _drive(e, prompts, [spec] * len(prompts), len(plain[1]))
+    got, gens, _ = drive(e, prompts, len(plain[1]), spec, stop_after={0: STOP}, stop_ids=NONE)
     assert got == [plain[0][:STOP], *plain[1:]]
     assert all(g.stats.draft_n > 0 for g in gens[1:]), [g.spec for g in gens]
     assert sum(g.spec.rounds_by_source.get("mtp", 0) for g in gens) > 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from alphallama.engine import Engine, Generation
+from alphallama.engine import Engine
 from alphallama.gguf.reader import GGUFFile
 from alphallama.offload.admission import round_budget
 from alphallama.offload.estimate import MissRates
@@ -28,8 +28,9 @@ from alphallama.runtime.gpu_model import GPUModel
 from alphallama.runtime.overrides import Overrides
 from alphallama.spec.config import SpecConfig
 from alphallama.spec.gate import MAX_WIDTH, CostTable
-from alphallama.streams import Streams
 from alphallama.tokenizer import Tokenizer
+
+from streamutil import drive
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -108,24 +109,11 @@ def _together(made, spec: str) -> None:
     before = (s.stats.admissions, s.stats.lookups, s.stats.rounds,
               int(model.cpu_link.seq.item()) if model.cpu_link is not None else 0)
     e = _engine(model, f, len(prompts))
-    streams = Streams(e)
-    got: list[list[int]] = [[] for _ in prompts]
-    gens = [Generation() for _ in prompts]
-    runs, shared, step = [], 0, 0
-    while len(runs) < len(prompts) or streams.runs:
-        if len(runs) < len(prompts):                            # one more stream a step
-            i = len(runs)
-            runs.append(streams.add(prompts[i], N_NEW, lambda t, i=i: got[i].append(t) is None, gen=gens[i],
-                                    spec=_spec(spec, e)))
-        had = [len(r.rows) for r in runs]
-        for r in streams.step():
-            assert r.error is None, r.error
-        shared += sum(len(r.rows) > n for r, n in zip(runs, had)) > 1      # streams in this step's round
-        step += 1
-        assert step < 100
+    rounds: list = []                                           # (streams in the round, its rows)
+    got, gens, runs = drive(e, prompts, N_NEW, [_spec(spec, e) for _ in prompts], rounds=rounds)
     assert got == alone
     s.before_round()                                              # (the last pass's routing observed)
-    assert shared > 0                                             # rounds of several streams ran
+    assert any(n > 1 for n, _ in rounds)                          # rounds of several streams ran
     assert s.stats.admissions > before[0]                         # the bank changed mid-run
     rows = sum(sum(r.rows) for r in runs)
     assert s.stats.lookups - before[1] >= rows * 2 * s.top_k      # every stream's rows fed the policy

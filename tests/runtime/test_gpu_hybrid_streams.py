@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alphallama.engine import Engine, Generation
+from alphallama.engine import Engine
 from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.kernels.deltanet.common import state_from_ring
@@ -25,9 +25,10 @@ from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.runtime.hybrid_cache import HybridSlot
 from alphallama.runtime.overrides import Overrides
 from alphallama.spec.config import SpecConfig
-from alphallama.streams import Streams
 from alphallama.tokenizer import Tokenizer
 from tests.runtime.test_gpu_hybrid import TINY, _copying
+
+from streamutil import drive
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX, N_NEW = 40, 3
@@ -99,33 +100,6 @@ def test_a_pass_of_streams_gives_each_its_rows_alone(files):
         assert torch.equal(s.k[:, :, :at], kv), i
 
 
-def _drive(e: Engine, waves: list[tuple[int, list[int], int]], spec=None,
-           stop_after: dict[int, int] | None = None) -> tuple[dict[int, list[int]], dict, list]:
-    """waves [(step, prompt, max tokens)]: stream i added at its step, or once a slot is free
-    after it. -> ({i: tokens}, {i: Generation}, the runs)."""
-    streams = Streams(e)
-    got: dict[int, list[int]] = {i: [] for i in range(len(waves))}
-    gens = {i: Generation() for i in range(len(waves))}
-    runs, step = [], 0
-
-    def taker(i):
-        def on_token(t):
-            got[i].append(t)
-            return len(got[i]) < (stop_after or {}).get(i, 1 << 30)
-        return on_token
-    while len(runs) < len(waves) or streams.runs:
-        i = len(runs)
-        if i < len(waves) and step >= waves[i][0] and streams.free:
-            kw = {"spec": spec} if spec is not None else {}
-            runs.append(streams.add(waves[i][1], waves[i][2], taker(i), gen=gens[i], stop_ids=NONE, **kw))
-        for r in streams.step():
-            assert r.error is None, r.error
-        step += 1
-        assert step < 100
-    assert not any(s.busy for s in e.slots)
-    return got, gens, runs
-
-
 PROMPTS = [_toks(6, 11), _toks(3, 12), _toks(9, 13), _toks(4, 14)]
 STOP = 2                        # stream 0 stops after 2 tokens: its slot is the first one freed
 TURN2 = _toks(2, 15)            # the second turn's new tokens after stream 2's answer
@@ -139,7 +113,7 @@ def first_wave(files):
     f = files["plain"]
     alone = _alone(f, PROMPTS, [STOP, N_NEW, N_NEW, N_NEW])
     e = _engine(f, 3)
-    got, _, runs = _drive(e, [(i, p, N_NEW) for i, p in enumerate(PROMPTS)], stop_after={0: STOP})
+    got, _, runs = drive(e, PROMPTS, N_NEW, stop_after={0: STOP}, stop_ids=NONE)
     return e, got, runs, alone
 
 
@@ -157,7 +131,7 @@ def test_a_continued_conversation_reuses_its_slot(files, first_wave):
     e, _, first, alone = first_wave
     turn2 = PROMPTS[2] + alone[2][:1] + TURN2        # (its 2 answer rows cached: a point; 1 is not)
     fresh = _alone(files["plain"], [turn2])[0]
-    again, gens, runs = _drive(e, [(0, turn2, N_NEW), (0, PROMPTS[1], N_NEW)])
+    again, gens, runs = drive(e, [turn2, PROMPTS[1]], N_NEW, starts=[0, 0], stop_ids=NONE)
     assert runs[0].slot is first[2].slot and runs[1].slot is first[1].slot
     assert gens[0].stats.prompt_reused == len(PROMPTS[2]) - 1     # back to the prompt boundary
     assert gens[1].stats.prompt_reused == len(PROMPTS[1]) - 1
@@ -173,8 +147,8 @@ def test_ngram_drafts_in_shared_rounds_are_exact(files):
     cont = _alone(f, [start])[0]                           # what the model says after it
     prompts = [start + cont + start, start[1:] + cont + start[1:]]
     alone = _alone(f, prompts)
-    got, gens, runs = _drive(_engine(f, 2), [(0, prompts[0], N_NEW), (0, prompts[1], N_NEW)],
-                             spec=SpecConfig("ngram", 4, 1, gate=False))
+    got, gens, runs = drive(_engine(f, 2), prompts, N_NEW, SpecConfig("ngram", 4, 1, gate=False), starts=[0, 0],
+                            stop_ids=NONE)
     assert [got[0], got[1]] == alone
     assert all(max(r.rows) > 1 for r in runs)                          # drafts rode in the rounds
-    assert all(g.stats.draft_n_accepted > 0 for g in gens.values())
+    assert all(g.stats.draft_n_accepted > 0 for g in gens)

@@ -21,7 +21,9 @@ from alphallama.model.loader import load_model
 from alphallama.spec.mtp import load_mtp_states
 from alphallama.tokenizer import Tokenizer
 from tests.runtime.test_gpu_hybrid import TINY
-from tests.test_engine_streams_mtp import NONE, STOP, Recording, _drive
+from tests.test_engine_streams_mtp import NONE, STOP, Recording
+
+from streamutil import drive
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CTX = 40
@@ -66,7 +68,7 @@ def test_mtp_streams_get_their_tokens_and_chains_alone(made):
         alone.append(rec.chains)
     e = _engine(made, 2)
     recs = [Recording() for _ in prompts]
-    got, _, runs = _drive(e, prompts, recs, n_new)
+    got, _, runs = drive(e, prompts, n_new, recs, stop_after={0: STOP}, stop_ids=NONE)
     assert got == [plain[0][:STOP], *plain[1:]]
     assert runs[2].slot is runs[0].slot               # the freed slot: its state and MTP entries made again
     assert [r.chains for r in recs[1:]] == alone and all(alone)
