@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import torch
 
@@ -57,20 +58,41 @@ class CpuLink:
 
 class CpuTier:
     """The CPU workers serving a store's host tier, their link, and the cpus they leave
-    to the thread that launches rounds (kept apart: never a core shared with a worker)."""
+    to the thread that launches rounds (kept apart: never a core shared with a worker).
+
+    A thread pinned apart gets its own affinity back when the tier goes (garbage
+    collection or interpreter exit): a thread inherits its creator's affinity and the next
+    tier's workers are chosen from the calling thread's, so a second store in the process
+    (a reload, a benchmark's next arm) would otherwise find one cpu for all its workers
+    (measured: 10x slower rounds on the arms after a bench's first, 2026-12-06)."""
 
     def __init__(self, link: CpuLink, experts, launch_cpus: set[int]):
         self.link, self.experts, self.launch_cpus = link, experts, launch_cpus
-        self._pinned: set[int] = set()
+        self._pinned: dict[int, set[int]] = {}         # native thread id -> its affinity before
+        self._restore = weakref.finalize(self, _give_back_affinity, self._pinned)
 
     def keep_launch_thread_apart(self) -> None:
         """Pin the calling (round-launching) thread, once, to the cpus the workers do not
         use (Linux; elsewhere a no-op)."""
-        tid = threading.get_ident()
+        tid = threading.get_native_id()
         if tid in self._pinned or not self.launch_cpus or not hasattr(os, "sched_setaffinity"):
             return
+        self._pinned[tid] = os.sched_getaffinity(0)
         os.sched_setaffinity(0, self.launch_cpus)    # 0: this thread
-        self._pinned.add(tid)
+
+    def release_launch_threads(self) -> None:
+        """Give every thread pinned apart its affinity back (also done when the tier goes)."""
+        _give_back_affinity(self._pinned)
+
+
+def _give_back_affinity(pinned: dict[int, set[int]]) -> None:
+    """Finalizer: must not reference the CpuTier. A thread that has exited is skipped."""
+    for tid, cpus in list(pinned.items()):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:              # ESRCH: the thread is gone
+            pass
+        pinned.pop(tid, None)
 
 
 def start_cpu_tier(store, d_model: int, top_k: int, max_w: int, device, threads: int | None, share: float,

@@ -1,0 +1,86 @@
+"""The round-launching thread is pinned apart from the CPU workers (offload/cpu_tier.py) and
+gets its own cpus back when the tier goes: a second store in the same process (a reload, a
+benchmark's next arm) must find the cpus the first one found, not the one cpu the launch
+thread was pinned to (on the device that put all 15 workers of every later arm on one
+core: 10x slower rounds)."""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import pytest
+
+from alphallama.gguf.reader import GGUFFile
+from alphallama.runtime.gpu_model import GPUModel
+from alphallama.runtime.overrides import Overrides
+
+CHEAP = Overrides(decode_gemv="f32", moe_gemv="f32", attention_tiles=(16, 4))
+
+
+def _layout(path: str) -> tuple[list[int], set[int]]:
+    """(worker cpus, launch cpus) of a fresh store with CPU workers, built in this thread."""
+    model = GPUModel(GGUFFile(path), 64, device="cpu", expert_slots=2, cpu_tier=True, cpu_threads=1, overrides=CHEAP)
+    if model.cpu_tier is None:
+        pytest.skip("no CPU workers here (no C compiler)")
+    return list(model.cpu_tier.experts.cpus), set(model.cpu_tier.launch_cpus)
+
+
+def _in_a_thread(fn):
+    """fn() in a thread of its own (affinity is per thread: the runner's stays untouched)."""
+    out: dict = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as e:          # noqa: BLE001 (re-raised in the caller)
+            out["error"] = e
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_second_store_finds_the_cpus_the_first_found(micro_moe):
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs Linux thread affinity and two cpus")
+
+    def arms():
+        before = os.sched_getaffinity(0)
+        model = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=2, cpu_tier=True, cpu_threads=1,
+                         overrides=CHEAP)
+        if model.cpu_tier is None:
+            pytest.skip("no CPU workers here (no C compiler)")
+        model.cpu_tier.keep_launch_thread_apart()       # what a GPU round's launch does
+        pinned = os.sched_getaffinity(0)
+        del model
+        gc.collect()
+        after = os.sched_getaffinity(0)
+        workers, launch = _layout(micro_moe)
+        return before, pinned, after, workers, launch
+
+    before, pinned, after, workers, launch = _in_a_thread(arms)
+    assert pinned < before                              # pinned apart while the tier lived
+    assert after == before                              # given back when it went
+    assert workers and launch and launch.isdisjoint(workers) and launch | set(workers) <= before
+
+
+def test_release_gives_the_cpus_back_while_the_tier_lives(micro_moe):
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs Linux thread affinity and two cpus")
+
+    def pin_and_release():
+        before = os.sched_getaffinity(0)
+        model = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=2, cpu_tier=True, cpu_threads=1,
+                         overrides=CHEAP)
+        if model.cpu_tier is None:
+            pytest.skip("no CPU workers here (no C compiler)")
+        model.cpu_tier.keep_launch_thread_apart()
+        pinned = os.sched_getaffinity(0)
+        model.cpu_tier.release_launch_threads()
+        return before, pinned, os.sched_getaffinity(0)
+
+    before, pinned, released = _in_a_thread(pin_and_release)
+    assert pinned < before and released == before
