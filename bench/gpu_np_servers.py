@@ -17,6 +17,8 @@ Ratios ours / llama-server at each N.
 
 Device (one call; carry [".whl", ".devcarry"]; the llama.cpp build in the same warm machine):
     bash bench/gpu_llamacpp.sh build      # once per warm machine (an earlier call)
+    python3 -m alphallama synth --preset qwen3-8b --vocab-from src/alphallama/data/alphallama-embedded.gguf \\
+        -o /path/F.gguf                   # a real vocabulary: the default padded one streams no text
     GIT_COMMIT=$(git rev-parse HEAD) PYTHONUNBUFFERED=1 python bench/gpu_np_servers.py \\
         --gguf /path/F.gguf [--ns 1 2 4] [--tokens 128] [--prompt-tokens 512] [--ctx-per-slot 2048] \\
         [--ours-args "--spec-type none"]
@@ -60,6 +62,19 @@ def prompt_ids(gguf: str, n: int, length: int, seed: int) -> list[list[int]]:
     normal = [i for i, t in enumerate(types or ()) if t == 1] or list(range(vocab))
     rng = random.Random(seed)
     return [[rng.choice(normal) for _ in range(length)] for _ in range(n)]
+
+
+def texts_possible(gguf: str) -> str | None:
+    """Why a model cannot stream text (the figures time text chunks), or None. A synthetic
+    file's default byte vocabulary is 258 tokens padded with UNUSED [PAD] tokens, and its
+    random weights pick those: both servers then stream no text at all (2026-12-06, H100)."""
+    from alphallama.gguf.reader import GGUFFile
+    types = GGUFFile(gguf).metadata.get("tokenizer.ggml.token_type") or []
+    if types and sum(t == 1 for t in types) < 0.5 * len(types):
+        return (f"{gguf}: {sum(t == 1 for t in types)} of {len(types)} tokens are normal tokens: its greedy "
+                f"output is unused tokens, no text. Write the synthetic file with a real vocabulary: "
+                f"python -m alphallama synth --preset P --vocab-from src/alphallama/data/alphallama-embedded.gguf")
+    return None
 
 
 def free_port() -> int:
@@ -234,6 +249,10 @@ def main() -> int:
            "command": shlex.join([sys.executable, *sys.argv]), "gguf": gguf, "args": vars(args),
            "host": host, "notes": [], "runs": []}
     save = lambda: name.write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
+    why = texts_possible(gguf)
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     prompts = prompt_ids(gguf, max(args.ns) + 1, args.prompt_tokens, args.seed)
     warm, prompts = prompts[-1], prompts[:-1]
     servers = ["ours"]

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_np_servers import aggregate, ratios  # noqa: E402
+from gpu_np_servers import aggregate, ratios, texts_possible  # noqa: E402
 
 
 def _stream(t_sent, times, tokens, ok=True):
@@ -66,3 +66,18 @@ def test_client_counts_completion_text_chunks():
                                 '"usage": {"completion_tokens": 2}}'), 2.0)
     s.on_event(Event("message", "[DONE]"), 2.5)
     assert (s.chunks, s.chars, heard, s.finish_reason, s.done) == (1, 2, [1.0], "length", True)
+
+
+def test_a_padded_byte_vocabulary_is_refused_before_any_server_starts(tmp_path):
+    """The synthetic default vocabulary (258 tokens + UNUSED padding) streams no text: refused
+    with the way out; the same shape with a real vocabulary passes."""
+    from dataclasses import replace
+
+    from alphallama.gguf.writer import PRESETS, write_synthetic
+    spec = replace(PRESETS["tiny-qwen3"](), vocab_size=4096)
+    write_synthetic(spec, tmp_path / "padded.gguf")
+    why = texts_possible(str(tmp_path / "padded.gguf"))
+    assert why is not None and "257 of 4096" in why and "--vocab-from" in why
+    embedded = ROOT / "src" / "alphallama" / "data" / "alphallama-embedded.gguf"
+    write_synthetic(replace(spec, vocab_from=str(embedded)), tmp_path / "real.gguf")
+    assert texts_possible(str(tmp_path / "real.gguf")) is None

@@ -65,7 +65,7 @@ def test_experts_with_biases_and_swiglu_oai_against_float64():
     ref = moe_down_ref(act_ref, dn, experts, weights, db)
     torch.testing.assert_close(act.cpu().double(), act_ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
-    sums = torch.einsum("wk,wjnk->wjn", x.double(), gu.dequantize().double()[experts.long()]) \
+    sums = torch.einsum("wk,wjnk->wjn", x.double(), gu.dequantize().double().cpu()[experts.long()]) \
         + gb.double()[experts.long()]                                        # [3, 2, 2F] before the activation
     assert (sums[..., :F] > 7).any() and (sums[..., F:].abs() > 7).any()     # the clamps are crossed
     assert (moe_gate_up_ref(x.double(), gu, experts, gb, ACT_IDS["silu"]) - act_ref).abs().max() > 1
