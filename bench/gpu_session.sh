@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A session's device calls for the open comparisons against llama.cpp (issues 32, 33, 34), laid
+# out as session 45 found works: long CPU jobs (the llama.cpp build, the synthetic files) start in
+# the background of the first call with `setsid nice` (a setsid process outlives its call while
+# the machine stays warm), the GPU work runs in the foreground, and the next call, issued at once
+# (the machine goes back 30 s after a call), waits for them. Repo root; carry [".whl", ".devcarry"]
+# (.devcarry/llama.cpp-src.tar.gz from `bash bench/llamacpp_source.sh`):
+#
+#   GIT_COMMIT=<c> bash bench/gpu_session.sh start     # build + files in the background; offload v2 (~8 min)
+#   GIT_COMMIT=<c> bash bench/gpu_session.sh compare   # -np servers, IQ4_XS, llama.cpp's offload (~9 min)
+#
+# The servers' file has a real vocabulary (the embedded model's): the synthetic default, 258
+# tokens padded with UNUSED [PAD] tokens, makes both servers stream no text. Writes the scripts'
+# JSON to $OUT and the logs in one tar (a call returns at most 8 files).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/m /tmp/logs
+LIMIT=${LIMIT:-570}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -1
+export PYTHONPATH=/tmp/site:$PWD/src TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+VOCAB=src/alphallama/data/alphallama-embedded.gguf
+
+synth() {   # synth OUT ARGS...: one file, written under a temporary name (a cut write leaves no file)
+  local out=$1; shift
+  [ -f "$out" ] && return 0
+  python3 -m alphallama synth "$@" -o "$out.tmp" > "/tmp/logs/synth-$(basename "$out").log" 2>&1 && mv "$out.tmp" "$out"
+}
+files() {   # the 8B files: servers (real vocab), IQ4_XS (llama-bench and ours); one at a time
+  synth /tmp/m/qwen3-8b-np.gguf --preset qwen3-8b --vocab-from $VOCAB
+  synth /tmp/m/qwen3-8b-IQ4_XS.gguf --preset qwen3-8b --quant IQ4_XS
+}
+
+finish() { cp /tmp/build.out /tmp/logs/ 2>/dev/null; mv "$OUT"/*.log /tmp/logs/ 2>/dev/null
+           tar -czf "$OUT/logs-$1.tgz" -C /tmp logs; ls "$OUT"; }
+
+case "${1:-}" in
+start)
+  setsid nice -n 19 bash bench/gpu_llamacpp.sh build > /tmp/build.out 2>&1 < /dev/null &
+  setsid nice -n 19 bash "$0" files > /dev/null 2>&1 < /dev/null &
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/kernels/test_moe_oai.py 2>&1 | tail -3
+  timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_v2.py --layers 12 --fractions 1.0 0.5 0.25 0.1 \
+      > /tmp/logs/offload_v2.log 2>&1
+  grep -E '"config"' /tmp/logs/offload_v2.log | python3 -c "
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(f\"{r['config'][:64]:64s} {r['tok_s']:8.1f} tok/s {r['ms_per_round']:7.3f} ms hit {r.get('hit_rate') or 1:.2f}\")"
+  tail -2 /tmp/build.out; ls /tmp/m
+  finish start ;;
+files) files ;;
+compare)
+  while pgrep -f "cmake --build" > /dev/null || pgrep -f "gpu_session.sh files" > /dev/null; do
+    sleep 3; [ $SECONDS -gt 300 ] && break; done
+  echo "build and files at $SECONDS s"; ls /tmp/m /tmp/llama.cpp/build/bin/llama-bench
+  timeout 260 python3 bench/gpu_np_servers.py --gguf /tmp/m/qwen3-8b-np.gguf --ns 1 2 4 --tokens 128 \
+      --prompt-tokens 512 --ctx-per-slot 2048 --timeout 120 --stop-timeout 10 2>&1 | tail -12
+  bash bench/gpu_llamacpp.sh bench /tmp/m/qwen3-8b-IQ4_XS.gguf
+  timeout $((LIMIT - 150 - SECONDS)) python3 bench/gpu_decode_arms.py --preset qwen3-8b --quant IQ4_XS \
+      --file /tmp/m/qwen3-8b-IQ4_XS.gguf --arms default f32 --reps 30 > /tmp/logs/arms-IQ4_XS.log 2>&1
+  tail -3 /tmp/logs/arms-IQ4_XS.log
+  [ -f /tmp/offload-v2-synth.gguf ] && timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_llamacpp.py \
+      --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
+  finish compare ;;
+*) echo "stage: start | compare"; exit 2 ;;
+esac
