@@ -52,6 +52,15 @@ class UsagePolicy:
         self.stats.hits += int(counts[resident].sum())
         self.stats.rounds += 1
 
+    def learn_prompt(self, layer: int, weighted: np.ndarray, rows: int) -> None:
+        """A prompt chunk's picks in one MoE layer, as `rows` rounds of one row each:
+        weighted [E] holds each pick at decay^(rows after its row), so the prompt's last rows
+        count most and the bank follows a new context from the first decode round instead of
+        ~half_life rounds later. No hit counts: the prefill reads each expert once a chunk,
+        whatever its tier. Layers are independent rows of `score`, so each is decayed here."""
+        self.score[layer] *= self.decay ** rows
+        self.score[layer] += weighted
+
     def choose(self, owners: np.ndarray, candidates: np.ndarray, busy: set[int], limit: int) -> list[tuple[int, int]]:
         """Up to `limit` (slot, flat expert) admissions for one bank class.
 

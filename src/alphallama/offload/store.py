@@ -317,6 +317,12 @@ class ExpertStore:
             self._admissions.remove(a)
             self.policy.stats.admissions += 1
 
+    def learn_prompt(self, layer: int, weighted, rows: int) -> None:
+        """A prefill chunk's routing of MoE layer `layer` (policy.learn_prompt); nothing while
+        frozen. Admissions follow at the next decode round's after_launch."""
+        if not self._frozen:
+            self.policy.learn_prompt(layer, np.asarray(weighted, dtype=np.float64), rows)
+
     def after_launch(self, W: int, streams: int = 1) -> None:
         """After a round of W rows (of `streams` parallel streams) was launched: its routing
         goes to the host behind it, new admissions are chosen, and copies are queued up to

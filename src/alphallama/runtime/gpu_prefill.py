@@ -152,16 +152,21 @@ def moe_loop(moe, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     """The routed rows (weights, experts [T, k]) of h [T, D] through their experts one
     expert at a time -> [T, D] fp32. With an expert store each hit expert is dequantized
     from its bank slot or, if it has none, straight from the host tier over PCIe: once
-    per chunk, not once per (row, rank) pair as the decode kernels would read it, and
-    the bank is left as it is."""
+    per chunk, not once per (row, rank) pair as the decode kernels would read it. The bank
+    is left as it is; the chunk's routing goes to the admission policy (learn_prompt), so
+    the first decode rounds admit the prompt's experts."""
     T = h.shape[0]
     flat = experts.flatten().long()                                            # [T * k]
     E = moe.router.N
     order = torch.argsort(flat, stable=True)                                   # [T * k] pairs grouped by expert
     counts = torch.bincount(flat, minlength=E)                                 # [E]
-    if moe.store is not None:   # the experts' slots come back with the counts: still one host sync per layer
-        both = torch.cat([counts, moe.store.table[moe.layer].to(counts.dtype)]).tolist()
-        counts, slots = both[:E], both[E:]
+    if moe.store is not None:   # the slots and the policy's prompt counts come back with the counts: one host sync
+        age = torch.arange(T - 1, -1, -1, device=h.device, dtype=torch.float64)   # [T] rows after each row
+        recency = (moe.store.policy.decay ** age).repeat_interleave(moe.top_k)    # [T * k]
+        learned = torch.bincount(flat, weights=recency, minlength=E)              # [E]
+        both = torch.cat([counts.double(), moe.store.table[moe.layer].double(), learned]).tolist()
+        counts, slots = [int(c) for c in both[:E]], [int(s) for s in both[E:2 * E]]
+        moe.store.learn_prompt(moe.layer, both[2 * E:], T)
     else:
         counts, slots = counts.tolist(), [-1] * E
     starts = [0, *itertools.accumulate(counts)]
