@@ -6,6 +6,9 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
   - the store at --gpu-mem budgets for each --fractions (CPU workers on, the default CPU
     share): tok/s, ms/round, hit rate, admissions, and the plan's expected tok/s at the
     host's measured bandwidths (offload/estimate.py) beside the measured one,
+  - the same budgets for each --pcie-only-fractions without CPU workers: the store's bank and
+    host rows on the resident int8 kernels (moe_i8 with its table), so 100% against 100% with
+    workers is what the contract's kernels cost a round (offload-v2.md part 3's question),
   - at --spec-fraction: the n-gram copy drafter (exact mode) on a repetitive prompt, its
     tokens against the plain arm's at the same budget (speculative == plain under offload
     with admissions happening): gated (the cost table timed under the store, priced with
@@ -62,6 +65,9 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25, 0.1])
+    ap.add_argument("--pcie-only-fractions", type=float, nargs="*", default=[1.0, 0.5],
+                    help="budgets also run without CPU workers: the bank on the resident int8 kernels (moe_i8's "
+                         "table), misses read over PCIe; at 1.0 against the workers' 100%%: what the contract costs")
     ap.add_argument("--spec-fraction", type=float, default=0.25, help="the budget of the speculative arm (0: none)")
     ap.add_argument("--mapped-fraction", type=float, default=0.25, help="VRAM share of the mapped arms (0: none)")
     ap.add_argument("--host-frac", type=float, default=0.5, help="expert bytes the mapped arms allow in pinned RAM")
@@ -94,8 +100,9 @@ def main() -> int:
     bw = Bandwidths(**{k: v for k, v in res["bandwidths"].items() if k != "source"})
 
     def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: SpecConfig | None = None,
-                cold: bool = False, ids: list[int] = prompt, key: str = "plain") -> None:
-        """key: the arms whose tokens must be equal (the same prompt)."""
+                cold: bool = False, ids: list[int] = prompt, key: str = "plain", workers: bool = True) -> None:
+        """key: the arms whose tokens must be equal (the same prompt); workers False: no CPU
+        tier (the bank and the host rows on the resident int8 kernels, moe_i8 with its table)."""
         gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
         plan = make_plan(path, ctx=args.ctx, gpu_mem=gpu_mem, host_mem=host_bytes, bandwidths=bw)
         n = plan.slots if plan.layout == "offload" else s.n_experts
@@ -103,7 +110,7 @@ def main() -> int:
                "expected": plan.estimate.to_dict() if plan.estimate else None,
                "host": plan.host.to_dict() if plan.host else None}
         try:
-            eng, load_s, cap_s = _engine(path, args.ctx, args.device, n, cpu_tier=True, threads=args.threads,
+            eng, load_s, cap_s = _engine(path, args.ctx, args.device, n, cpu_tier=workers, threads=args.threads,
                                          host_bytes=host_bytes, miss_rates=plan.estimate.miss if plan.estimate else None)
             st = eng.model.store
             row.update(load_s=load_s, capture_s=cap_s, resident_fraction=st.slots / s.n_experts,
@@ -142,12 +149,15 @@ def main() -> int:
         save()
     for frac in args.fractions:   # at 100% the plan picks "resident": the store holds every expert
         run_arm(f"store, --gpu-mem for {int(100 * frac)}% of experts", frac)
+    for frac in args.pcie_only_fractions:   # the contract kernels' share of a round: the same budgets, no CPU tier
+        run_arm(f"store, --gpu-mem for {int(100 * frac)}% of experts, no CPU workers (PCIe only)", frac,
+                workers=False)
     if args.spec_fraction:
         f = args.spec_fraction
         run_arm(f"store {int(100 * f)}%, repetitive prompt, plain", f, ids=repeat, key="repeat")
-        for name, spec in (("gate priced with its misses", SpecConfig(spec_type="ngram")),
-                           ("ungated", SpecConfig(spec_type="ngram", gate=False))):
-            run_arm(f"store {int(100 * f)}%, repetitive prompt, n-gram (exact), {name}", f, spec=spec, ids=repeat,
+        for how, spec in (("gate priced with its misses", SpecConfig(spec_type="ngram")),
+                          ("ungated", SpecConfig(spec_type="ngram", gate=False))):   # (not `name`: the JSON's)
+            run_arm(f"store {int(100 * f)}%, repetitive prompt, n-gram (exact), {how}", f, spec=spec, ids=repeat,
                     key="repeat")
     if args.mapped_fraction:
         f, cap = args.mapped_fraction, int(args.host_frac * s.experts)
