@@ -30,11 +30,9 @@ def build_model(f: GGUFFile, cfg: ModelConfig, ctx: int, device: str, progress: 
     if resolve_device(device) == "cuda":
         from .gguf.arch_variants import gpu_departures
         if isinstance(cfg, HybridConfig):   # Gated DeltaNet hybrids: their own facade (runtime/gpu_hybrid.py)
-            if expert_slots is not None:
-                raise ValueError(f"{path}: the GPU runtime keeps a hybrid's experts resident (no expert "
-                                 f"store yet); --device cpu runs the reference model")
             from .runtime.gpu_hybrid import GPUHybridModel
-            model = GPUHybridModel(f, ctx, "cuda", progress=progress)
+            model = GPUHybridModel(f, ctx, "cuda", progress=progress, expert_slots=expert_slots,
+                                   cpu_threads=cpu_threads, host_bytes=host_bytes, miss_rates=miss_rates)
         else:
             from .runtime.gpu_model import GPUModel
             missing = gpu_departures(cfg)

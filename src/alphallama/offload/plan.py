@@ -96,7 +96,8 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
             fast += math.prod(t.shape) // 2          # the qs plane again (kernels/gemv/registry.MmaChoice "dp4a")
         # an embedding without planes is held as its raw rows (gpu_model.GPUModel.embed)
         n = t.nbytes if name == "token_embd.weight" and not embedding_planes(t.qtype) else device_bytes(t)
-        if name.endswith(_EXPERT_SUFFIXES):
+        # an in-file MTP block's experts (blk.n_layers) stay resident: dense bytes here
+        if name.endswith(_EXPERT_SUFFIXES) and int(name.split(".")[1]) < cfg.n_layers:
             experts += n
             layer = int(name.split(".")[1])
             per_layer[layer] = per_layer.get(layer, 0) + n // t.shape[0]
@@ -106,10 +107,25 @@ def model_sizes(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Sizes:
     if "output.weight" not in f.tensors and not embedding_planes(emb.qtype):   # tied: the head's planes
         dense += device_bytes(emb)                                               # beside the raw rows
     slot = max(per_layer.values(), default=0)
-    kv = 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
+    kv = _state_bytes(cfg, ctx)
     workspace = DEFAULTS.offload.reserve_bytes + 2 * KV_PAD_ROWS * cfg.vocab_size * 4
     layer_experts = tuple((i, b * cfg.n_experts) for i, b in sorted(per_layer.items()))
     return Sizes(dense, experts, slot, cfg.n_layers * cfg.n_experts, kv, workspace, fast, layer_experts)
+
+
+def _state_bytes(cfg: ModelConfig, ctx: int) -> int:
+    """The cache's bytes: K and V (fp16) of the attention layers; a Gated DeltaNet hybrid's
+    recurrent layers hold their conv ring, delta-rule state and gates instead (fp32,
+    runtime/hybrid_cache.py)."""
+    attn = getattr(cfg, "attn_layers", None)
+    n_kv = len(attn) if attn is not None else cfg.n_layers
+    kv = 2 * n_kv * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
+    if attn is None:
+        return kv
+    from ..kernels.deltanet.common import RING_ROWS, W_MAX
+    hv, dk = cfg.ssm_v_heads, cfg.ssm_head_dim
+    per_layer = RING_ROWS * cfg.conv_dim + hv * dk * dk + W_MAX * 2 * hv
+    return kv + 4 * len(cfg.recurrent_layers) * per_layer
 
 
 def host_threads() -> tuple[int, str]:

@@ -32,6 +32,7 @@ from ..kernels.attention.decode import Tiles
 from ..kernels.deltanet.fla_rule import prefill_rule
 from ..kernels.deltanet.step import deltanet_commit
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels
+from ..offload.estimate import MissRates
 from ..model.qwen35 import hybrid_rope_tables
 from . import hybrid_graphs, hybrid_round
 from .gpu_model import GPUModel
@@ -40,18 +41,22 @@ from .hybrid_layers import build_hybrid_layer, deltanet_shape, stacked_deltanet
 from .hybrid_seats import Seats
 from .overrides import PRODUCT, Overrides
 from .scratch import activation_dtype, prefill_scratch
+from .store_rounds import StoreRounds, expert_store
 from .weights import load_head
 from .widths import MAX_W
 
 
-class GPUHybridModel:
+class GPUHybridModel(StoreRounds):
     """Same interface as the reference HybridTransformer: new_cache, forward, verify."""
 
     embed = GPUModel.embed          # tokens [T] -> [T, D] fp32: the same table and gather
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", progress=None,
                  prefill_chunk: int | None = None, overrides: Overrides = PRODUCT, kernels: Kernels = DEFAULT_KERNELS,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, expert_slots: int | None = None, cpu_threads: int | None = None,
+                 cpu_tier: bool | None = None, host_bytes: int | None = None, miss_rates: MissRates | None = None):
+        """expert_slots, cpu_threads, cpu_tier, host_bytes, miss_rates: an MoE hybrid's routed
+        experts in an expert store, as GPUModel's (runtime/store_rounds.py); None: resident."""
         cfg = load_config(f)
         if not isinstance(cfg, HybridConfig):
             raise TypeError(f"{f.path}: {cfg.arch} is not a Gated DeltaNet hybrid (runtime.gpu_model runs it)")
@@ -62,11 +67,15 @@ class GPUHybridModel:
         self.device = torch.device(device)
         self.max_len = max_len
         t = f.tensors
+        self.store = expert_store(f, cfg, expert_slots, self.device, progress, host_bytes)
         self.layers = []
         for i in range(cfg.n_layers):
-            self.layers.append(build_hybrid_layer(t, i, cfg, self.device, o.decode_gemv, o.moe_gemv, kernels))
+            self.layers.append(build_hybrid_layer(t, i, cfg, self.device, o.decode_gemv, o.moe_gemv, kernels,
+                                                  store=self.store))
             if progress is not None:
                 progress(f"layer {i}", 0)
+        self._start_workers([L.moe for L in self.layers if L.moe is not None], cfg.d_model, cfg.n_experts_used,
+                            cpu_tier, cpu_threads, host_bytes, miss_rates, progress)
         self.deltanet = stacked_deltanet(t, cfg, self.device)      # [Lr, C, d_conv], [Lr, Hv], [Lr, Hv]
         self.deltanet_shape = deltanet_shape(cfg)
         self.deltanet_shape.check()
@@ -122,12 +131,15 @@ class GPUHybridModel:
         if isinstance(cache, HybridSlot):
             return self._pass([(tokens, pos, cache, not verify)])
         self._pos.fill_(pos)
-        if not (self.use_graphs and cache is self.cache):
-            return hybrid_round.rows(self, tokens, self._pos, cache, verify)
         W = tokens.shape[0]
-        out = hybrid_graphs.replay(self, tokens, verify or W > 1)
-        if W > 1 and not verify:
-            self._commit(cache, pos, W)
+        self._before_store_round()
+        if not (self.use_graphs and cache is self.cache):
+            out = hybrid_round.rows(self, tokens, self._pos, cache, verify)
+        else:
+            out = hybrid_graphs.replay(self, tokens, verify or W > 1)
+            if W > 1 and not verify:
+                self._commit(cache, pos, W)
+        self._after_store_round(W, 1)
         return out
 
     def _commit(self, cache: GPUHybridCache, pos: int, n: int) -> None:
@@ -226,6 +238,10 @@ class GPUHybridModel:
         slot, write: a step, else a verify round)] -> (logits [W, V], hidden [W, D])."""
         self.seats.fill([(c, p, t.shape[0], write) for t, p, c, write in parts], self.cache.max_len)
         tokens = torch.cat([t for t, *_ in parts])                                     # [W]
+        self._before_store_round()   # with a store: one of its rounds, every stream's routing (GPUModel._pass)
         if self.use_graphs:          # a bucket's graph: steps and verify rounds differ in the seats
-            return hybrid_graphs.replay(self, tokens, verify=True)
-        return hybrid_round.rows(self, tokens, self.seats.table, self.cache, False, self.seats)
+            out = hybrid_graphs.replay(self, tokens, verify=True)
+        else:
+            out = hybrid_round.rows(self, tokens, self.seats.table, self.cache, False, self.seats)
+        self._after_store_round(tokens.shape[0], len(parts))
+        return out

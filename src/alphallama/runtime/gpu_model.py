@@ -44,9 +44,7 @@ from ..kernels.attention.decode import Tiles
 from ..kernels.attention.rows import fill_table
 from ..kv_cache import KVCache, KVSlot
 from ..model.rope import layer_tables
-from ..offload.cpu_tier import CpuLink, start_cpu_tier
 from ..offload.estimate import MissRates
-from ..offload.store import ExpertStore
 from . import graphs as round_graphs
 from .gpu_prefill import prefill_rows
 from .linear import Linear
@@ -55,13 +53,14 @@ from .overrides import PRODUCT, Overrides
 from .round import plan_round
 from .round import rows as round_rows
 from .scratch import activation_dtype, prefill_scratch
+from .store_rounds import StoreRounds, expert_store
 from .weights import BlockNames, GPULayer, build_layer, load_head, vectors
 from .widths import BUCKETS, MAX_W, bucket_of
 
 __all__ = ["BUCKETS", "MAX_W", "ROWS_PER_THREAD", "GPULayer", "GPUModel", "Linear", "MmaChoice", "MoE", "bucket_of"]
 
 
-class GPUModel:
+class GPUModel(StoreRounds):
     """Same interface as the reference Transformer: new_cache, forward, verify."""
 
     def __init__(self, f: GGUFFile, max_len: int, device: str | torch.device = "cuda", graphs: bool | None = None,
@@ -94,12 +93,7 @@ class GPUModel:
         gemv, moe_gemv = self.decode_gemv, self.moe_gemv = o.decode_gemv, o.moe_gemv
         self.max_len = max_len
         t = f.tensors
-        self.store: ExpertStore | None = None
-        if cfg.is_moe and expert_slots is not None:
-            self.store = ExpertStore({i: tuple(t[x] for x in BlockNames(f"blk.{i}.").experts)
-                                      for i in range(cfg.n_layers)},
-                                     cfg.n_layers, cfg.n_experts, cfg.n_experts_used, expert_slots, self.device,
-                                     MAX_W, progress, host_bytes=host_bytes)
+        self.store = expert_store(f, cfg, expert_slots, self.device, progress, host_bytes)
         self._fuse_q8 = (o.fuse_q8 and cfg.d_model % 32 == 0 and cfg.head_dim % 32 == 0
                          and (cfg.is_moe or cfg.d_ff % 32 == 0))
         # o and down in runs whose partials the next norm adds (Linear.parts); not with post
@@ -122,24 +116,8 @@ class GPUModel:
                                            split, mma, kernels, o, self.store, i))
             if progress is not None:
                 progress(f"layer {i}", 0)
-        self.cpu_tier = None
-        if self.store is not None and (DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier):
-            # each MoE layer's activation and biases (gpt-oss's: swiglu_oai, biased experts) go to the workers
-            ops = {L.moe.layer: L.moe.ops for L in self.layers if L.moe is not None}
-            self.cpu_tier = start_cpu_tier(self.store, cfg.d_model, cfg.n_experts_used, MAX_W, self.device,
-                                           cpu_threads, DEFAULTS.offload.cpu_share, progress, ops)
-        if self.store is not None and self.store.mapped and self.cpu_tier is None:
-            raise RuntimeError(f"{len(self.store.mapped)} MoE layers' experts are past the host tier's budget "
-                               f"(host_bytes {host_bytes}) and only the CPU expert workers read the mapped file, "
-                               f"but they are off or could not start: allow more RAM or enable the CPU tier")
-        self.cpu_link: CpuLink | None = self.cpu_tier.link if self.cpu_tier is not None else None
-        self.miss_rates: MissRates | None = None
-        if self.store is not None:
-            self.miss_rates = miss_rates or MissRates.assumed(self.cpu_tier.experts.threads if self.cpu_tier else 0)
-        self.cpu_experts = self.cpu_tier.experts if self.cpu_tier is not None else None
-        for L in self.layers:
-            if L.moe is not None:
-                L.moe.link = self.cpu_link
+        self._start_workers([L.moe for L in self.layers if L.moe is not None], cfg.d_model, cfg.n_experts_used,
+                            cpu_tier, cpu_threads, host_bytes, miss_rates, progress)
         self.output_norm, self.output, self.embd, self.embd_qtype = load_head(t, self.device, gemv, mma, kernels)
         self.embd_shape = t["token_embd.weight"].shape
         # the reference model's tables (model/rope.py: linear / YaRN / longrope scaling, Llama
@@ -186,12 +164,6 @@ class GPUModel:
         # the round of every width, made once (runtime/round.py): what each producer emits, which add
         self.round_plans = tuple(plan_round(self, W) for W in range(1, MAX_W + 1))
 
-    def _keep_launch_thread_apart(self) -> None:
-        """The round-launching thread off the CPU workers' cpus (offload/cpu_tier.CpuTier)."""
-        if self.cpu_tier is not None:
-            self.cpu_tier.keep_launch_thread_apart()
-
-    # -- the round ---------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None, slots: int = 1) -> KVCache:
         """The model's cache (its graphs captured on it). slots > 1 (parallel streams): room
         for `slots` slots of max_len rows (cache.split), and every round takes its rows'
@@ -283,23 +255,6 @@ class GPUModel:
         else:
             out = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         return (out if logits else (None, out[1]))
-
-    def _before_store_round(self) -> None:
-        """Before a round's launch, with an expert store: the last round's routing learned,
-        finished admissions published (store.before_round), the CPU workers' health checked."""
-        if self.store is None:
-            return
-        self.store.before_round()
-        if self.cpu_link is not None:
-            self.cpu_link.check()
-            if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
-                self._keep_launch_thread_apart()
-
-    def _after_store_round(self, W: int, streams: int) -> None:
-        """After a round of W rows of `streams` streams was launched: the store's routing
-        record and admissions (store.after_launch: each stream brings its admission budget)."""
-        if self.store is not None:
-            self.store.after_launch(W, streams)
 
     def _prefill(self, tokens: torch.Tensor, pos: int, cache: KVCache,
                  logits: bool) -> tuple[torch.Tensor | None, torch.Tensor]:

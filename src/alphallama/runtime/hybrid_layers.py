@@ -20,6 +20,7 @@ from ..gguf.reader import TensorInfo
 from ..kernels.deltanet.common import DeltaNetShape
 from ..kernels.deltanet.step import DeltaNetWeights
 from ..kernels.gemv.registry import DEFAULT_KERNELS, Kernels
+from ..offload.store import ExpertStore
 from .linear import Linear
 from .moe import MoE
 from .shared_expert import SharedExpert
@@ -93,10 +94,12 @@ def stacked_deltanet(t: dict[str, TensorInfo], c: HybridConfig, device) -> Delta
 
 def build_hybrid_layer(t: dict[str, TensorInfo], i: int, c: HybridConfig, device, gemv: str = "f32",
                        moe_gemv: str = "f32", kernels: Kernels = DEFAULT_KERNELS,
-                       attn_slot: int | None = None) -> HybridLayer:
+                       attn_slot: int | None = None, store: ExpertStore | None = None) -> HybridLayer:
     """Block i of a hybrid on its plans (gemv: the dense GEMVs' family, as GPUModel's).
     attn_slot: a gated attention block past the model's layers with this K/V layer (the
-    in-file MTP block, blk.{n_layers}: slot 0 of its own cache, runtime/hybrid_mtp.py)."""
+    in-file MTP block, blk.{n_layers}: slot 0 of its own cache, runtime/hybrid_mtp.py).
+    store: the model's expert store, which holds block i's routed experts (the shared expert
+    stays resident)."""
     n, vec = BlockNames(f"blk.{i}."), vectors(t, device)
 
     def lin(parts: list[TensorInfo]) -> Linear:
@@ -116,7 +119,7 @@ def build_hybrid_layer(t: dict[str, TensorInfo], i: int, c: HybridConfig, device
         L.gate_up, L.down = lin([t[n.ffn_gate], t[n.ffn_up]]), lin([t[n.ffn_down]])
     else:
         L.moe = MoE(t[n.ffn_gate_inp], *(t[x] for x in n.experts), c.n_experts_used, c.norm_topk_prob, device,
-                    gemv=moe_gemv)
+                    store=store, layer=i, gemv=moe_gemv)
         L.shared = SharedExpert(lin([t[n.ffn_gate_shexp], t[n.ffn_up_shexp]]), lin([t[n.ffn_down_shexp]]),
                                 t[n.ffn_gate_inp_shexp], device)
     return L

@@ -1,0 +1,81 @@
+"""An MoE model's expert store on the GPU runtimes (GPUModel, GPUHybridModel: one code for both):
+the store over the main layers' routed experts, the CPU workers beside it, and what a round
+does around its launch. The MoE layers themselves read the store (runtime/moe.py: each
+expert from its bank slot, the host tier or the CPU workers), in decode rounds, verify
+passes of several streams and prefill chunks alike (gpu_prefill.moe_loop)."""
+from __future__ import annotations
+
+from ..config import DEFAULTS
+from ..gguf.arch import ModelConfig
+from ..gguf.reader import GGUFFile
+from ..offload.cpu_tier import CpuLink, start_cpu_tier
+from ..offload.estimate import MissRates
+from ..offload.store import ExpertStore
+from .weights import BlockNames
+from .widths import MAX_W
+
+
+def expert_store(f: GGUFFile, cfg: ModelConfig, slots: int | None, device, progress=None,
+                 host_bytes: int | None = None) -> ExpertStore | None:
+    """The routed experts of layers 0..n_layers-1 in a store with `slots` VRAM slots (None, or a
+    dense model: no store). An in-file MTP block (blk.n_layers) keeps its experts resident."""
+    if not cfg.is_moe or slots is None:
+        return None
+    t = f.tensors
+    return ExpertStore({i: tuple(t[x] for x in BlockNames(f"blk.{i}.").experts) for i in range(cfg.n_layers)},
+                       cfg.n_layers, cfg.n_experts, cfg.n_experts_used, slots, device, MAX_W, progress,
+                       host_bytes=host_bytes)
+
+
+class StoreRounds:
+    """A model's store and CPU workers (all None without a store) and the hooks of its rounds.
+    The model sets `store` (expert_store) before building its layers (their MoE read it)."""
+
+    store: ExpertStore | None = None
+    cpu_tier = None                      # offload/cpu_tier.CpuTier
+    cpu_link: CpuLink | None = None
+    cpu_experts = None                   # offload/native/workers.CpuExperts
+    miss_rates: MissRates | None = None
+
+    def _start_workers(self, moes: list, d_model: int, top_k: int, cpu_tier: bool | None, threads: int | None,
+                       host_bytes: int | None, miss_rates: MissRates | None, progress=None) -> None:
+        """With a store: the CPU workers for its host tier (config's offload.cpu_tier where
+        cpu_tier is None), linked to the MoE layers `moes`, and the misses' prices."""
+        if self.store is None:
+            return
+        if DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier:
+            # each MoE layer's activation and biases (gpt-oss's: swiglu_oai, biased experts) go to the workers
+            ops = {m.layer: m.ops for m in moes}
+            self.cpu_tier = start_cpu_tier(self.store, d_model, top_k, MAX_W, self.device, threads,
+                                           DEFAULTS.offload.cpu_share, progress, ops)
+        if self.store.mapped and self.cpu_tier is None:
+            raise RuntimeError(f"{len(self.store.mapped)} MoE layers' experts are past the host tier's budget "
+                               f"(host_bytes {host_bytes}) and only the CPU expert workers read the mapped file, "
+                               f"but they are off or could not start: allow more RAM or enable the CPU tier")
+        if self.cpu_tier is not None:
+            self.cpu_link, self.cpu_experts = self.cpu_tier.link, self.cpu_tier.experts
+        self.miss_rates = miss_rates or MissRates.assumed(self.cpu_experts.threads if self.cpu_experts else 0)
+        for m in moes:
+            m.link = self.cpu_link
+
+    def _keep_launch_thread_apart(self) -> None:
+        """The round-launching thread off the CPU workers' cpus (offload/cpu_tier.CpuTier)."""
+        if self.cpu_tier is not None:
+            self.cpu_tier.keep_launch_thread_apart()
+
+    def _before_store_round(self) -> None:
+        """Before a round's launch, with an expert store: the last round's routing learned,
+        finished admissions published (store.before_round), the CPU workers' health checked."""
+        if self.store is None:
+            return
+        self.store.before_round()
+        if self.cpu_link is not None:
+            self.cpu_link.check()
+            if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
+                self._keep_launch_thread_apart()
+
+    def _after_store_round(self, W: int, streams: int) -> None:
+        """After a round of W rows of `streams` streams was launched: the store's routing
+        record and admissions (store.after_launch: each stream brings its admission budget)."""
+        if self.store is not None:
+            self.store.after_launch(W, streams)
