@@ -41,8 +41,12 @@ def _engine(path: str, ctx: int, device: str, slots: int | None, cpu_tier: bool 
     from alphallama.tokenizer import Tokenizer
     f = GGUFFile(path)
     t0 = time.perf_counter()
-    model = gpu_model.GPUModel(f, ctx, device, expert_slots=slots, cpu_tier=cpu_tier, cpu_threads=threads,
-                               host_bytes=host_bytes, miss_rates=miss_rates)
+    from alphallama.gguf.arch import load_config
+    from alphallama.gguf.arch_qwen35 import HybridConfig
+    from alphallama.runtime.gpu_hybrid import GPUHybridModel
+    runtime = GPUHybridModel if isinstance(load_config(f), HybridConfig) else gpu_model.GPUModel   # (a DeltaNet hybrid)
+    model = runtime(f, ctx, device, expert_slots=slots, cpu_tier=cpu_tier, cpu_threads=threads,
+                    host_bytes=host_bytes, miss_rates=miss_rates)
     load_s = time.perf_counter() - t0
     eng = Engine(f, model, Tokenizer.from_metadata(f.metadata), ChatTemplate.from_gguf_metadata(f.metadata, None), ctx)
     return eng, load_s, model.capture_s
