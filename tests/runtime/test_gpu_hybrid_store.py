@@ -130,3 +130,31 @@ def test_a_long_prompt_reads_the_store_once_a_chunk_and_teaches_the_policy(hybri
     torch.testing.assert_close(got, ref, atol=2e-3 * ref.abs().max().item(), rtol=0)
     score = m.store.policy.score
     assert score[:TINY["n_layers"]].sum() > 0 and m.store.stats.lookups == 0
+
+
+def test_streams_through_the_store_get_their_tokens_alone(hybrid_moe):
+    """-np 2 on the hybrid with a store of 3 slots, admissions mid-run: each stream's tokens are
+    its tokens alone on the resident model; the shared passes fed the store (every stream's
+    rows reached the policy)."""
+    from alphallama.engine import Engine
+    from alphallama.tokenizer import Tokenizer
+    from streamutil import drive
+    tok = Tokenizer.from_metadata(hybrid_moe.metadata)
+    prompts, n_new = [[155, 140, 140, 9], [9, 148, 10]], 4
+    alone_e = Engine(hybrid_moe, _model(hybrid_moe), tok, None, CTX)
+    alone = []
+    for p in prompts:
+        alone_e.reset()
+        alone.append(list(alone_e.generate(p, n_new, stop_ids=set())))
+    m = _model(hybrid_moe, 3)
+    m.store.policy.margin = 0.0
+    m.store.admit_bytes_per_round = 1 << 30
+    e = Engine(hybrid_moe, m, tok, None, CTX, slots=2)
+    rounds: list = []
+    got, _, runs = drive(e, prompts, n_new, stop_ids=set(), rounds=rounds)
+    assert got == alone
+    assert any(n > 1 for n, _ in rounds)                                  # shared passes ran
+    m.store.before_round()
+    rows = sum(sum(r.rows) for r in runs)
+    assert m.store.stats.lookups >= rows * TINY["n_layers"] * MOE["n_experts_used"]
+    assert m.store.stats.admissions >= 1
