@@ -123,6 +123,18 @@ def child(so: str, widths: list[int], posts: int, E: int, cpus: list[int], nap: 
     return out
 
 
+def cpu_model() -> str:
+    """The cpu's model name, and whether it has the VNNI byte dots the slot sums use."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    fam = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("cpu family")), "?")
+    vnni = "avx512_vnni" in info or "avx_vnni" in info
+    return f"{name} (family {fam}){', VNNI' if vnni else ''}"
+
+
 def stats(times: list[float], distinct_b: float, pair_b: float) -> dict:
     t = sorted(times)
     med = t[len(t) // 2]
@@ -192,7 +204,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "status", "--porcelain", NATIVE], capture_output=True, text=True,
                            check=True).stdout.strip()
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
-           "cpu": platform.processor() or platform.machine(), "nproc": os.cpu_count(),
+           "cpu": cpu_model(), "nproc": os.cpu_count(),
            "note": (f"{len(cpus)} worker thread(s) on a {os.cpu_count()}-core shared VM, the poll on "
                     f"{'its own cpu' if not nap else 'a worker cpu, with 20 us naps'}: not the device host's "
                     "15 workers; the ratios, not the absolute rates, are the finding"),
