@@ -101,32 +101,15 @@ static inline __m256i codes16x2(const uint8_t *qs, const uint8_t *qh) {
 
 static void isums_q6k_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
                         const uint8_t *sh, int ns, int32_t *isum) {
-    const __m256i idx = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
-                                         0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-    const __m256i b0 = _mm256_setr_epi8(1, 1, 1, 1, 4, 4, 4, 4, 16, 16, 16, 16, 64, 64, 64, 64,
-                                        1, 1, 1, 1, 4, 4, 4, 4, 16, 16, 16, 16, 64, 64, 64, 64);
-    const __m256i b1 = _mm256_add_epi8(b0, b0), m = _mm256_set1_epi8(15);
     int s = 0;
     for (; s + 8 <= ns; s += 8) {
         __m256i r[4];
         for (int j = 0; j < 4; j++) {
             int t = s + 2 * j;
-            __m128i b = _mm_loadu_si128((const __m128i *)(qs + 8 * t));      /* slots t, t+1 */
-            __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(m));
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(m));
-            __m256i u = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-            __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)ld32(qh + 4 * (t + 1))),
-                                          _mm_set1_epi32((int)ld32(qh + 4 * t)));
-            __m256i hb = _mm256_shuffle_epi8(hv, idx);
-            __m256i on0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0);
-            __m256i on1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1);
-            u = _mm256_or_si256(u, _mm256_or_si256(_mm256_and_si256(on0, _mm256_set1_epi8(16)),
-                                                   _mm256_and_si256(on1, _mm256_set1_epi8(32))));
-            r[j] = dot_u8s8(u, _mm256_loadu_si256((const __m256i *)(xp + 16 * t)));
+            r[j] = dot_u8s8(codes16x2(qs + 8 * t, qh + 4 * t), _mm256_loadu_si256((const __m256i *)(xp + 16 * t)));
         }
         __m256i bias = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(ssum + s)), 5);   /* 32 sum x */
-        __m256i v = _mm256_sub_epi32(reduce8_pairs(r), bias);
-        _mm256_storeu_si256((__m256i *)(isum + s), v);
+        _mm256_storeu_si256((__m256i *)(isum + s), _mm256_sub_epi32(reduce8_pairs(r), bias));
     }
     if (s < ns) isums_q6k(qs + 8 * s, qh + 4 * s, xp + 16 * s, ssum + s, sh, ns - s, isum + s);
 }
