@@ -275,7 +275,8 @@ static int row_fmt(const qmat *w, rowfmt *rf) {
 /* One row's planes: where they sit (host tier), or re-laid into pl from the file's blocks (mapped tier). */
 typedef struct { const uint8_t *qs, *qh, *sc, *sd; } rowplanes;
 
-static int row_planes(const qmat *w, const rowfmt *rf, int e, int r, uint8_t *pl, rowplanes *o) {
+static inline __attribute__((always_inline)) int row_planes(const qmat *w, const rowfmt *rf, int e, int r,
+                                                           uint8_t *pl, rowplanes *o) {
     if (w->raw) {
         size_t a = rf->nqs, b = a + rf->nqh, c = b + rf->nsc;
         if (!pl || aq_repack_row(w->qtype, raw_row(w, e, r), w->K, pl, pl + a, pl + b, pl + c)) return -1;
@@ -294,7 +295,9 @@ static inline float with_bias(const qmat *w, int e, int r, float acc) {
     return w->bias ? acc + w->bias[(int64_t)e * w->N + r] : acc;
 }
 
-/* One row times one prepared activation, decoding as it goes (without the bias). */
+/* One row times one prepared activation, decoding as it goes (without the bias). It and
+ * row_planes are expanded into each row loop (as the one loop before them was): a call a row
+ * costs a short row (down's K = 768) a few %. */
 static inline __attribute__((always_inline)) float row_dot(const qmat *w, const rowfmt *rf, const rowplanes *rp,
                                                            const xprep *x, rowbuf *rb) {
     int ns = rf->ns, s0 = 0, kmin = has_min(w->qtype);

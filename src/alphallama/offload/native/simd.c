@@ -217,7 +217,8 @@ static inline __attribute__((always_inline)) float chunks_of(const int qtype, co
     return acc;
 }
 
-static float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd, const int32_t *isum, const xprep *x, int nc) {
+static inline __attribute__((always_inline)) float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd,
+                                                           const int32_t *isum, const xprep *x, int nc) {
     switch (qtype) {   /* formats with the same scales share an expansion */
     case Q4_K: case Q5_K: return chunks_of(Q4_K, sc, sd, isum, x, nc);
     case Q4_1: case Q5_1: return chunks_of(Q4_1, sc, sd, isum, x, nc);
