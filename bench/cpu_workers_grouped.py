@@ -76,7 +76,7 @@ def cases(widths: list[int], posts: int, E: int) -> list[tuple[str, list[torch.T
     g = torch.Generator().manual_seed(0)
     out = []
     for W in widths:
-        for routing in ["shared"] if W == 1 else ["shared", "distinct"]:
+        for routing in ["shared"] if W == 1 or W * K_TOP > E else ["shared", "distinct"]:
             ids = []
             for _ in range(posts):
                 pick = torch.randperm(E, generator=g)[: K_TOP if routing == "shared" else W * K_TOP].to(torch.int32)
