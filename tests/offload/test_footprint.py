@@ -1,7 +1,9 @@
 """The footprint (offload/footprint.py): the distinct experts, and those without a bank slot,
 that w consecutive rows route to, learned from rounds of any width, equal the exact
 window counts over the rows seen (weighted as it decays them); its prior is the plan's
-uniform-routing model; and the per-round exact count the cost table's timing keeps."""
+uniform-routing model; the per-round exact counts the cost table's timing keeps (whole, and
+split between the CPU workers and PCIe as the post kernel splits a round's pairs); and the
+counts at a tier's fractional share of a round's rows."""
 from __future__ import annotations
 
 import math
@@ -9,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from alphallama.offload.footprint import Footprint, missed_by_width
+from alphallama.offload.footprint import Footprint, at_widths, missed_by_width, missed_split
 
 L, E, K = 3, 10, 2
 
@@ -94,3 +96,33 @@ def test_missed_by_width_is_the_exact_count_of_one_round():
         for w in range(1, 10):
             want = {int(e) for e in ids[layer, :w].ravel() if not resident[layer, e]}
             assert got[layer, w - 1] == len(want)
+
+
+def test_missed_split_is_the_post_kernels_split():
+    """Of a round's host pairs (no slot; row, rank order) the CPU takes the first
+    (n share + 128) >> 8: each side counts its distinct experts, an expert on both sides twice."""
+    ids = np.array([[[0, 1], [0, 2], [3, 0]]])                               # [L = 1, W = 3, k = 2]
+    resident = np.zeros((1, 4), dtype=bool)
+    resident[0, 3] = True
+    cpu, pcie = missed_split(ids, resident, 128)                             # half
+    # w = 1: 2 host pairs, 1 each; w = 2: 4 pairs [0 1 | 0 2]; w = 3: 5 pairs [0 1 0 | 2 0] (3 has a slot)
+    assert cpu.tolist() == [[1, 2, 2]] and pcie.tolist() == [[1, 2, 2]]
+    assert [c.tolist() for c in missed_split(ids, resident, 0)] == [[[0, 0, 0]], [[2, 3, 3]]]      # PCIe only
+    assert [c.tolist() for c in missed_split(ids, resident, 256)] == [[[2, 3, 3]], [[0, 0, 0]]]    # CPU only
+    rng = np.random.default_rng(4)
+    res = rng.random((L, E)) < 0.5
+    ids, = _rounds(rng, [9])
+    for share in (0, 77, 154, 256):
+        cpu, pcie = missed_split(ids, res, share)
+        for layer in range(L):
+            for w in range(1, 10):
+                host = [int(e) for e in ids[layer, :w].ravel() if not res[layer, e]]
+                cut = (len(host) * share + 128) >> 8
+                assert (cpu[layer, w - 1], pcie[layer, w - 1]) == (len(set(host[:cut])), len(set(host[cut:])))
+
+
+def test_counts_at_fractional_widths():
+    counts = np.array([[2.0, 3.0, 3.5], [1.0, 1.0, 1.0]])                   # [L, cap]: w = 1, 2, 3
+    np.testing.assert_allclose(at_widths(counts, np.array([1.0, 2.0, 3.0])), counts)
+    np.testing.assert_allclose(at_widths(counts, np.array([0.0, 0.6, 1.5, 2.75])),
+                               [[0.0, 1.2, 2.5, 3.375], [0.0, 0.6, 1.0, 1.0]])

@@ -38,8 +38,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # fp32 GEMVs and small attention tiles: the interpreter's cost is per program
 CHEAP = Overrides(decode_gemv="f32", moe_gemv="f32", attention_tiles=(16, 4))
 TABLE = CostTable([1.0 + 0.05 * (w - 1) for w in range(1, MAX_WIDTH + 1)], MAX_WIDTH)
-DEAR = MissRates(host=1e-8, pcie=1e-8, mapped=2e-8)       # s/byte: a micro expert (~13 KiB) ~0.13 ms a miss
-FREE = MissRates(host=0.0, pcie=0.0, mapped=0.0)
+DEAR = MissRates(pcie=1e-8, mapped=2e-8)                  # s/byte: a micro expert (~13 KiB) ~0.13 ms a miss
+FREE = MissRates(pcie=0.0, mapped=0.0)
 
 
 def _model(f: GGUFFile, slots: int, rates: MissRates, max_len: int = 64) -> GPUModel:
@@ -61,7 +61,7 @@ CONFS = [cumulative([p] * n) for p in (0.3, 0.5, 0.7, 0.9, 0.97) for n in (1, 3,
 def test_every_expert_in_the_bank_prices_as_the_table(micro_moe):
     m = _model(GGUFFile(micro_moe), 12, DEAR)                 # 2 layers x 6 experts: all in the bank
     _routing(m.store, 40, lambda layer: np.arange(6))
-    timed = CostTable(TABLE.ms, MAX_WIDTH, missed=[[0.0, 0.0]] * MAX_WIDTH)   # as timed: nothing missed
+    timed = CostTable(TABLE.ms, MAX_WIDTH, missed=[[0.0, 0.0, 0.0]] * MAX_WIDTH)   # as timed: nothing missed
     for table in (TABLE, timed):
         p = priced(table, m)
         assert isinstance(p, OffloadCosts)
@@ -111,6 +111,35 @@ def test_gate_narrows_where_misses_are_dear(wide):
     np.testing.assert_allclose(m, OffloadCosts(TABLE, wide(32), DEAR, cpu_workers=True).miss_ms() * 2)
 
 
+def test_cpu_workers_price_a_missed_expert_once_a_round(wide):
+    """With CPU workers a layer's host pairs are split, the first share to the workers, the
+    rest over PCIe, at once. The workers read a missed expert once a round for all its pairs:
+    rows that repeat one token's experts cost them one read each however wide the round.
+    PCIe's price counts its rows' distinct experts too (a floor: its kernels read per pair,
+    the per-pair price beside it in to_dict); at W = 1 the price is the plan's."""
+    s = wide(32)
+    rates = MissRates(pcie=1e-8, mapped=2e-8, cpu=4e-8, share=0.5)
+    p = OffloadCosts(TABLE, s, rates, cpu_workers=True)
+    b = sum(s.layer_bytes(i) for i in (0, 1)) / 64                            # an expert of each layer
+    assert p.miss_ms()[0] == pytest.approx(1e3 * 2 * 0.75 * b * rates.host)  # the prior: k (1 - h), the plan's rate
+    two = {int(i): np.nonzero(~s.resident[i])[0][:2] for i in s.moe_layers}   # every row: the same 2 misses a layer
+    _routing(s, 2000, lambda layer: two[int(layer)])
+    m, d = p.miss_ms(), p.to_dict()
+    assert m[0] == pytest.approx(1e3 * b * rates.cpu)                        # a row: one miss each side, CPU-bound
+    assert m[1:16] == pytest.approx([1e3 * 2 * b * rates.cpu] * 15)          # then both, once: flat in W
+    pairs = [1e3 * max(min(w, 2) * b * rates.cpu, 0.5 * w * 2 * b * rates.pcie) for w in (1, 2, 4, 8, 16)]
+    assert list(d["miss_ms_pcie_per_pair"].values()) == pytest.approx(pairs) and d["cpu_share"] == 0.5
+    # rows of new experts each: every width adds misses on both sides (the workers' share grows with W)
+    _routing(s, 2000, lambda layer: np.nonzero(~s.resident[int(layer)])[0], seed=2)
+    m = p.miss_ms()
+    assert all(b_ > a_ for a_, b_ in pairwise(m[:16])) and m[7] > 3 * m[0]
+    # the timed misses come off at the same prices: [CPU, PCIe, mapped] bytes a width
+    t = CostTable([float(w) for w in range(1, MAX_WIDTH + 1)], 2, missed=[[1e4, 3e4, 0.0], [2e4, 1e4, 1e3]])
+    q = OffloadCosts(t, s, rates, cpu_workers=True)
+    assert q.resident[:2] == pytest.approx([1.0 - 1e3 * max(1e4 * 4e-8, 3e4 * 1e-8),
+                                            2.0 - 1e3 * (max(2e4 * 4e-8, 1e4 * 1e-8) + 1e3 * 2e-8)])
+
+
 def test_timing_leaves_the_bank_and_keeps_its_misses(micro_moe, tmp_path):
     f = GGUFFile(micro_moe)
     m = _model(f, 4, DEAR, max_len=128)
@@ -122,19 +151,19 @@ def test_timing_leaves_the_bank_and_keeps_its_misses(micro_moe, tmp_path):
     t = load_or_measure(m, cache, micro_moe, m.cfg.vocab_size, True, str(tmp_path), 0.05, store_timing(m))
     assert torch.equal(s.table, before[0]) and np.array_equal(s.policy.score, before[1])
     assert (s.stats.to_dict(), s.footprint.version, len(s._admissions)) == before[2:]
-    assert t.key["experts"] == "store" and len(t.missed) == t.measured >= 4 and cache.length == 1
-    assert t.missed[-1][0] > 0 and all(a[0] <= b[0] for a, b in pairwise(t.missed))   # 8 of 12 without a slot
+    assert t.key["experts"] == "store, PCIe" and len(t.missed) == t.measured >= 4 and cache.length == 1
+    assert t.missed[-1][1] > 0 and all(a[1] <= b[1] for a, b in pairwise(t.missed))   # 8 of 12 without a slot
     ids = s.routes[:, :t.measured]                           # the timing's last round: its widest
     for w in range(1, t.measured + 1):
         want = sum(len({int(e) for e in ids[i, :w].flatten() if not s.resident[i, e]}) * s.layer_bytes(i) / s.E
                    for i in s.moe_layers)
-        assert t.missed[w - 1] == [pytest.approx(want), 0.0]
+        assert t.missed[w - 1] == [0.0, pytest.approx(want), 0.0]                 # no CPU workers: all PCIe's
     again = load_or_measure(m, cache, micro_moe, m.cfg.vocab_size, True, str(tmp_path), 0.05, store_timing(m))
     assert again.from_cache and again.missed == t.missed
     # the priced table takes the timed misses off at the same rates (PCIe: no CPU workers): the rounds' own cost
     p, top = priced(t, m), 0.0
     for w in range(1, t.measured + 1):
-        top = max(top, t.ms[w - 1] - 1e3 * t.missed[w - 1][0] * DEAR.pcie, RESIDENT_FLOOR * t.ms[w - 1])
+        top = max(top, t.ms[w - 1] - 1e3 * t.missed[w - 1][1] * DEAR.pcie, RESIDENT_FLOOR * t.ms[w - 1])
         assert p.resident[w - 1] == pytest.approx(top)
 
 

@@ -39,7 +39,7 @@ CTX, N_NEW = 40, 4
 PROMPTS = [[155, 140, 140, 140, 140, 140], [9, 148, 10], [250, 17, 42]]   # the copy drafter drafts in 0 and 1
 STREAMS = {"pcie": 3, "cpu-workers": 2}   # (the contract's kernels cost the interpreter more: two streams)
 TABLE = CostTable([1.0 + 0.05 * (w - 1) for w in range(1, MAX_WIDTH + 1)], MAX_WIDTH)
-DEAR = MissRates(host=1e-8, pcie=1e-8, mapped=2e-8)       # s/byte: a micro expert ~0.13 ms a miss
+DEAR = MissRates(pcie=1e-8, mapped=2e-8, cpu=2e-8, share=0.5)   # s/byte: a micro expert ~0.13 ms a miss
 
 
 def _engine(model: GPUModel, f: GGUFFile, slots: int) -> Engine:

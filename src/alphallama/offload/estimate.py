@@ -93,7 +93,7 @@ class Estimate:
     miss: "MissRates | None" = None    # the seconds a missed expert byte costs (offload; the gate's prices start here)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "miss": self.miss.to_dict() if self.miss is not None else None}
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in self.parts_ms.items() if v > 0)
@@ -111,11 +111,23 @@ def uniform_hit_rate(slots: int, n_experts: int) -> float:
 class MissRates:
     """Seconds one byte of a missed expert adds to a round, per tier: the cost model's rates
     (the module docstring), for the estimate here and the gate's round prices
-    (spec/offload_costs.py: a missed expert costs its bytes times its tier's rate)."""
-    host: float                        # a host-tier miss: cpu_share on the CPU workers, the rest over PCIe, at once
-    pcie: float                        # a host-tier miss without CPU workers: all over PCIe
+    (spec/offload_costs.py: a missed expert costs its bytes times its tier's rate).
+
+    A host-tier miss is split by (row, rank) pairs: the CPU workers take `share` of a
+    layer's host pairs, PCIe the rest, at once. The two tiers read differently: the workers
+    read a missed expert once a round for all its pairs (native/post.c), the PCIe kernels
+    once per pair (the GPU's L2 may keep it between pairs: not measured yet). One row's
+    misses are distinct experts, so at W = 1 a miss costs `host` a byte either way."""
+    pcie: float                        # a host-tier miss over PCIe (all of it, without CPU workers)
     mapped: float                      # a mapped miss: the CPU workers at min(their rate, page cache | disk)
+    cpu: float = 0.0                   # a host-tier miss all on the CPU workers (0: none)
+    share: float = 0.0                 # of a layer's host pairs, the CPU workers' (0 without them)
     source: str = "measured"
+
+    @property
+    def host(self) -> float:
+        """A host-tier miss of a one-row round: `share` on the workers, the rest over PCIe, at once."""
+        return max(self.share * self.cpu, (1 - self.share) * self.pcie)
 
     @classmethod
     def of(cls, bw: Bandwidths, cpu_threads: int, mapped_fits: bool) -> "MissRates":
@@ -123,11 +135,11 @@ class MissRates:
         o = DEFAULTS.offload
         pcie = bw.pcie if bw.pcie is not None else o.assumed_pcie_bw
         cpu = bw.ram * o.worker_efficiency if cpu_threads else 0.0
-        s = o.cpu_share if cpu else 0.0
         src = (bw.page_cache if mapped_fits else None) or bw.disk     # unmeasured page cache: priced as the disk
         rate = min(cpu, src) if src else cpu
-        return cls(max(s / cpu if cpu else 0.0, (1 - s) / pcie), 1 / pcie, 1 / max(rate, 1.0),
-                   bw.source if bw.pcie is not None else f"{bw.source}; PCIe assumed")
+        return cls(pcie=1 / pcie, mapped=1 / max(rate, 1.0), cpu=1 / cpu if cpu else 0.0,
+                   share=o.cpu_share if cpu else 0.0,
+                   source=bw.source if bw.pcie is not None else f"{bw.source}; PCIe assumed")
 
     @classmethod
     def assumed(cls, cpu_threads: int) -> "MissRates":
@@ -136,7 +148,7 @@ class MissRates:
         return cls.of(Bandwidths(ram=o.assumed_ram_bw, source="assumed"), cpu_threads, False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "host": self.host}
 
 
 def estimate(dense: int, expert_bytes: float, n_layers: int, n_moe: int, top_k: int, slots: int, n_experts: int,

@@ -111,3 +111,28 @@ def missed_by_width(ids: np.ndarray, resident: np.ndarray) -> np.ndarray:
     new = np.zeros((L, W + 1), dtype=np.int64)
     np.add.at(new, (np.nonzero(hit)[0], first[hit]), 1)
     return np.cumsum(new[:, :W], axis=1)
+
+
+def at_widths(counts: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """counts [L, cap] over windows of w = 1..cap rows -> [L, len(widths)] at fractional widths
+    (a tier's share of a round's rows): linear between whole widths, none at 0 rows."""
+    c = np.concatenate([np.zeros((counts.shape[0], 1)), counts], axis=1)   # [L, cap + 1]: w = 0..cap
+    lo = np.floor(widths).astype(np.int64)
+    hi, f = np.minimum(lo + 1, counts.shape[1]), widths - lo
+    return c[:, lo] * (1 - f) + c[:, hi] * f
+
+
+def missed_split(ids: np.ndarray, resident: np.ndarray, share: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact counts for one round split as the post kernel splits it: of the host pairs of
+    rows 0..w-1 (no bank slot; (row, rank) order) the first (n share + 128) >> 8 are the CPU
+    workers' (share in 0..256), the rest PCIe's. ids [L, W, k], resident [L, E] bool ->
+    ([L, W], [L, W]): the distinct experts of the CPU's pairs, and of PCIe's, w = 1..W."""
+    L, W, _ = ids.shape
+    cpu, pcie = np.zeros((L, W), dtype=np.int64), np.zeros((L, W), dtype=np.int64)
+    for i in range(L):
+        for w in range(1, W + 1):
+            picks = ids[i, :w].ravel()
+            host = picks[~resident[i, picks]]
+            limit = (len(host) * share + 128) >> 8
+            cpu[i, w - 1], pcie[i, w - 1] = len(set(host[:limit].tolist())), len(set(host[limit:].tolist()))
+    return cpu, pcie

@@ -66,8 +66,9 @@ class CostTable:
     measure_s: float = 0.0          # what timing it cost (at load, once per model and device)
     key: dict = field(default_factory=dict)
     from_cache: bool = False
-    # with an expert store: [W - 1] -> [host-tier, mapped] bytes of the distinct experts
-    # without a bank slot that the timed round of W rows read, W = 1..measured ([]: none)
+    # with an expert store: [W - 1] -> [CPU, PCIe, mapped] bytes of the distinct experts without
+    # a bank slot that the timed round of W rows read, W = 1..measured ([]: none): the host
+    # tier's by its share, as the kernels split it (offload_costs.StoreTiming.missed)
     missed: list[list[float]] = field(default_factory=list)
 
     def cost(self, width: int) -> float:

@@ -23,16 +23,24 @@ kernels and the misses of the experts it adds:
   continued past the timed widths as the table is, never under RESIDENT_FLOOR x c(W)
   (the rates are a model, not a measurement of this round) and never falling with W.
 
+The tiers, explicitly (`round_ms`, one function for the expected and the timed misses):
+a mapped layer's misses are the CPU workers', who read a missed expert once a round for
+all its pairs (offload/native/post.c): its distinct experts are what it costs. A host
+layer's pairs are split as the post kernel splits them, the CPU workers the first `share`
+of them in (row, rank) order, PCIe the rest, both at once: the CPU's cost is the distinct
+experts of its pairs (the rows of its share: the footprint's window of share x w rows),
+PCIe's is priced the same way, distinct experts of its rows, though its kernels read an
+expert once per pair: that price is a floor, exact where the GPU's L2 keeps an expert
+between its pairs (to be measured on the device: `to_dict` gives the per-pair price
+beside it). The two are summed over layers before the max (the layers are alike; the
+truth, a max per layer, is a little higher where they are not). At W = 1 every miss is
+its own expert, and the price is the plan's: k (1 - h) x max(share / CPU, (1 - share) / PCIe).
+
 Every pricer of rounds (Gate.width, allot.best_prefix, the policy's MTP switch and its
 drafter rates) reads the same `OffloadCosts` through the table's interface (`cost`,
 `columns_free`), built per request from the cost table kept in SpecMemory and the live
 footprint: one source. With every expert in the bank nothing is missed, timed or
 expected, so c_off(W) == c(W) exactly and every decision is the table's.
-
-A caveat for the device run: today's tier kernels stream an expert once per (row, rank)
-pair (the C workers' tasks, the PCIe kernels' programs), so a round's miss bytes lie
-between its distinct missed experts (priced here) and its missed pairs, depending on
-what the CPU's L3 and the GPU's L2 keep between pairs of one expert.
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ from itertools import accumulate
 import numpy as np
 
 from ..offload.estimate import MissRates
-from ..offload.footprint import missed_by_width
+from ..offload.footprint import at_widths, missed_by_width, missed_split
 from .gate import CostTable, RoundCosts, extend_line
 
 RESIDENT_FLOOR = 0.1     # c_res(W) >= this x c(W): the timed misses' price is a model
@@ -54,12 +62,21 @@ def _layer_bytes(store) -> tuple[np.ndarray, np.ndarray]:
             np.array([i in store.mapped for i in layers], dtype=bool))
 
 
+def round_ms(cpu_b, pcie_b, mapped_b, rates: MissRates):
+    """ms the misses of a round add, from their bytes by tier (floats or arrays by width): the
+    host tier's CPU and PCIe shares at once, then the mapped layers (CPU workers)."""
+    return 1e3 * (np.maximum(cpu_b * rates.cpu, pcie_b * rates.pcie) + mapped_b * rates.mapped)
+
+
 class StoreTiming:
     """What timing the cost table needs from a model with an expert store (gate.load_or_measure)."""
 
     def __init__(self, model):
         self.store = model.store
-        self.key = "store, CPU workers" if model.cpu_tier is not None else "store"   # its kernels
+        link = model.cpu_tier.link if model.cpu_tier is not None else None
+        self.share = int(link.share.item()) if link is not None else 0                   # 0..256, as the kernels split
+        # its kernels (and what `missed` holds: bytes by tier, the CPU workers reading an expert once a round)
+        self.key = "store, CPU workers by expert" if link is not None else "store, PCIe"
 
     def frozen(self):
         return self.store.frozen()
@@ -67,14 +84,16 @@ class StoreTiming:
     def missed(self, W: int) -> list[list[float]]:
         """After the timing's last round (W rows, the widest; the narrower ones ran its
         leading rows from the same state, and every row's routing is its own): [W] ->
-        [host-tier, mapped] bytes of the distinct experts without a slot in rows 0..w-1."""
+        [CPU, PCIe, mapped] bytes of the distinct experts without a slot in rows 0..w-1,
+        the host layers' split as the post kernel splits a round of w rows."""
         s = self.store
-        ids = s.routes[s.moe_layers, :W].cpu().numpy()                       # [L', W, k]
-        counts = missed_by_width(ids, s.resident[s.moe_layers]).astype(np.float64)   # [L', W]
+        ids, resident = s.routes[s.moe_layers, :W].cpu().numpy(), s.resident[s.moe_layers]   # [L', W, k]
         nbytes, mapped = _layer_bytes(s)
-        host = (counts * (nbytes * ~mapped)[:, None]).sum(axis=0)             # [W]
-        mapd = (counts * (nbytes * mapped)[:, None]).sum(axis=0)
-        return [[float(h), float(m)] for h, m in zip(host, mapd)]
+        cpu, pcie = (c.astype(np.float64) for c in missed_split(ids, resident, self.share))   # [L', W]
+        whole = missed_by_width(ids, resident).astype(np.float64)
+        host_b, map_b = (nbytes * ~mapped)[:, None], (nbytes * mapped)[:, None]
+        by_tier = ((cpu * host_b).sum(axis=0), (pcie * host_b).sum(axis=0), (whole * map_b).sum(axis=0))
+        return [[float(c), float(p), float(m)] for c, p, m in zip(*by_tier)]
 
 
 def store_timing(model) -> StoreTiming | None:
@@ -86,21 +105,31 @@ class OffloadCosts:
 
     def __init__(self, base: CostTable, store, rates: MissRates, cpu_workers: bool):
         self.base, self.store, self.rates = base, store, rates
+        self.share = rates.share if cpu_workers else 0.0                                 # of the host pairs, the CPU's
         nbytes, mapped = _layer_bytes(store)
-        host = rates.host if cpu_workers else rates.pcie
-        self.expert_ms = 1e3 * nbytes * np.where(mapped, rates.mapped, host)              # [L'] ms a missed expert
-        timed = [1e3 * (h * host + m * rates.mapped) for h, m in base.missed[:base.measured]]
+        self.host_b, self.mapped_b = nbytes * ~mapped, nbytes * mapped                   # [L'] bytes of a missed expert
+        timed = [float(round_ms(c, p, m, rates)) for c, p, m in base.missed[:base.measured]]
         timed = extend_line(timed, len(base.ms)) if timed else [0.0] * len(base.ms)      # [MAX_WIDTH]
         self.resident = list(accumulate((max(c - t, RESIDENT_FLOOR * c) for c, t in zip(base.ms, timed)), max))
         self._seen: tuple[object, int] | None = None                                     # (footprint, version)
         self._miss_ms = np.zeros(0)
+
+    def _by_tier(self, pcie_pairs: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[cap] bytes a round of w = 1..cap rows is expected to miss, by tier (CPU, PCIe,
+        mapped), as the footprint stands; pcie_pairs: PCIe's at one read per pair (its kernels')."""
+        missed = self.store.footprint.missed()                                          # [L', cap]
+        w = np.arange(1, missed.shape[1] + 1, dtype=np.float64)
+        cpu = self.host_b @ at_widths(missed, self.share * w)
+        pcie = (1 - self.share) * w * (self.host_b @ missed[:, 0]) if pcie_pairs else \
+            self.host_b @ at_widths(missed, (1 - self.share) * w)
+        return cpu, pcie, self.mapped_b @ missed
 
     def miss_ms(self) -> np.ndarray:
         """[cap]: the expected ms of the misses of a round of w = 1..cap rows, as the store's
         footprint stands now (recomputed once per round it learned)."""
         fp = self.store.footprint
         if self._seen != (fp, fp.version):
-            self._miss_ms = self.expert_ms @ fp.missed()                                 # [L'] @ [L', cap]
+            self._miss_ms = round_ms(*self._by_tier(), self.rates)
             self._seen = (fp, fp.version)
         return self._miss_ms
 
@@ -112,9 +141,12 @@ class OffloadCosts:
         return self.cost(max_width) <= (1 + tol) * self.cost(1)
 
     def to_dict(self) -> dict:
+        """The prices by width, and (for the device run) the misses' had PCIe's been priced per pair."""
         widths = [w for w in (1, 2, 4, 8, 16) if w <= len(self.resident)]
+        pairs = round_ms(*self._by_tier(pcie_pairs=True), self.rates)
         return {"resident_ms": {w: self.resident[w - 1] for w in widths},
                 "miss_ms": {w: float(self.miss_ms()[w - 1]) for w in widths},
+                "miss_ms_pcie_per_pair": {w: float(pairs[w - 1]) for w in widths}, "cpu_share": self.share,
                 "rates": self.rates.to_dict(), "footprint": self.store.footprint.to_dict()}
 
 

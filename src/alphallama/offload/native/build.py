@@ -30,7 +30,8 @@ from ...private_dir import (
 )
 
 HERE = Path(__file__).parent
-SOURCES = ("pool.c", "experts.c", "simd.c", "gguf_rows.c", "probe.c")   # pool.c includes the others
+# pool.c includes the others
+SOURCES = ("pool.c", "post.c", "experts.c", "acts.c", "simd.c", "gguf_rows.c", "group.c", "probe.c")
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread", "-std=gnu11")
 MARCH = "native"   # the tests also build a generic x86-64 one: the scalar paths, held to the same bits
 
@@ -126,7 +127,9 @@ def lib(march: str = MARCH) -> ctypes.CDLL:
         "aq_silu_mul": (None, [P, P, I, P]),
         "aq_act": (I, [I, P, P, I, P]),
         "aq_prep": (I, [I, P, P, P, I, P]),
+        "aq_prep_group": (I, [I, P, P, P, I, P]),
         "aq_matvec": (I, [P, I, P, I, I, P, P]),
+        "aq_matvec_group": (I, [P, I, P, I, I, I, P, P]),
         "aq_expert_ffn": (I, [P, I, P, P, P, P]),
         "aq_pool_start": (P, [I, P, P, P, P, P, P, P, P, I, I, I, P, I]),
         "aq_pool_stop": (None, [P]),

@@ -14,8 +14,8 @@
  * then signed codes as Q8_0's), A = 2^(e - 128) built from e's bits.
  *
  * A weight may carry a bias per expert and row (qmat.bias [E, N] float32, gpt-oss's):
- * added to the row's sum, one float add; a layer's activation is an id (ACTS below, set in
- * pool.c's layer_desc). */
+ * added to the row's sum, one float add; a layer's activation is an id (acts.c's ACTS, set
+ * in pool.c's layer_desc). */
 #include <stdint.h>
 #include <string.h>
 
@@ -105,81 +105,7 @@ static inline float e8m0_half(uint8_t e) {
 static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
-/* -- activations ------------------------------------------------------------------ */
-static inline float rne(float v) { return (v + RNE_MAGIC) - RNE_MAGIC; }
-
-void aq_quantize(const float *x, int K, int8_t *xq, float *dx, int32_t *xs) {
-    for (int b = 0; b < K / QBLOCK; b++) {
-        const float *xb = x + b * QBLOCK;
-        float amax = 0.0f;
-        for (int i = 0; i < QBLOCK; i++) {
-            float a = xb[i] < 0 ? -xb[i] : xb[i];
-            amax = a > amax ? a : amax;
-        }
-        dx[b] = amax / 127.0f;
-        float inv = amax > 0 ? 127.0f / amax : 0.0f;
-        for (int i = 0; i < QBLOCK; i++) xq[b * QBLOCK + i] = (int8_t)(int32_t)rne(xb[i] * inv);
-        for (int g = 0; g < QBLOCK / 16; g++) {
-            int32_t s = 0;
-            for (int i = 0; i < 16; i++) s += xq[b * QBLOCK + g * 16 + i];
-            xs[b * 2 + g] = s;
-        }
-    }
-}
-
-#define LOG2E ((float)1.4426950408889634)
-#define LN2_HI ((float)0.693359375)
-#define LN2_LO ((float)-2.1219444005469057e-4)
-
-static inline float exp_c1(float v) {
-    v = v < -87.0f ? -87.0f : (v > 87.0f ? 87.0f : v);
-    float n = rne(v * LOG2E);
-    float r = (v - n * LN2_HI) - n * LN2_LO;
-    float p = (float)(1.0 / 5040);
-    p = p * r + (float)(1.0 / 720);
-    p = p * r + (float)(1.0 / 120);
-    p = p * r + (float)(1.0 / 24);
-    p = p * r + (float)(1.0 / 6);
-    p = p * r + (float)(1.0 / 2);
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
-void aq_exp(const float *v, int n, float *out) {
-    for (int i = 0; i < n; i++) out[i] = exp_c1(v[i]);
-}
-
-void aq_silu_mul(const float *g, const float *u, int n, float *out) {
-    for (int i = 0; i < n; i++) out[i] = (g[i] * (1.0f / (1.0f + exp_c1(-g[i])))) * u[i];
-}
-
-#define OAI_ALPHA ((float)1.702)   /* gpt-oss's (kernels/activations/act_ids.py), rounded once */
-#define OAI_LIMIT 7.0f
-
-/* swiglu_oai: g clamped above at 7, u to [-7, 7] (compare-selects), g sigmoid(1.702 g) (u + 1). */
-void aq_swiglu_oai(const float *g, const float *u, int n, float *out) {
-    for (int i = 0; i < n; i++) {
-        float gi = g[i] > OAI_LIMIT ? OAI_LIMIT : g[i];
-        float ui = (u[i] > OAI_LIMIT ? OAI_LIMIT : (u[i] < -OAI_LIMIT ? -OAI_LIMIT : u[i])) + 1.0f;
-        out[i] = (gi * (1.0f / (1.0f + exp_c1(-(gi * OAI_ALPHA))))) * ui;
-    }
-}
-
-/* The contract's activations by id (act_ids.ACT_IDS; expert_q8.CONTRACT_ACTS). */
-typedef void (*act_fn)(const float *, const float *, int, float *);
-enum { ACT_SILU = 0, ACT_OAI = 2, N_ACTS = 3 };
-static const act_fn ACTS[N_ACTS] = {[ACT_SILU] = aq_silu_mul, [ACT_OAI] = aq_swiglu_oai};
-
-/* act(g, u) of n values into out; -1 for an id the contract has not. */
-int aq_act(int act, const float *g, const float *u, int n, float *out) {
-    if (act < 0 || act >= N_ACTS || !ACTS[act]) return -1;
-    ACTS[act](g, u, n, out);
-    return 0;
-}
+#include "acts.c"
 
 /* chunk_sum: CHUNK-term chunks summed pairwise, chunks added to acc in order (from +0). */
 static inline float chunk_sum(float *t, int ns, float acc) {
@@ -198,6 +124,7 @@ typedef struct {
     int32_t *ssum;   /* [ns] sum of xq over the slot (for the code bias) */
     float *xsum;     /* [ns] sum of xs groups of the slot (the contract's xsum, K-min) */
     float *dxs;      /* [ns] dx of the slot's block */
+    int8_t *xi;      /* [K] xp with each chunk of 8 slots interleaved (group.c), or NULL */
 } xprep;
 
 int aq_prep(int qtype, const int8_t *xq, const float *dx, const int32_t *xs, int K, xprep *o) {
@@ -275,25 +202,32 @@ static void isums_mx(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, con
     for (int s = 0; s < ns; s++) isum[s] = dot_mx(qs + 16 * s, xp + 32 * s);
 }
 
-/* One slot's term of the contract: (A isum [- B xsum]) dx. */
-static inline float slot_term(int qtype, const uint8_t *sc, const uint8_t *sd, const int32_t *isum,
-                              const xprep *x, int s) {
+/* The contract's slot scales, read once per weight row: A, and B for the formats with a
+ * min (has_min: value = A q - B). */
+static inline int has_min(int qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q4_1 || qtype == Q5_1; }
+
+static inline void slot_scales(int qtype, const uint8_t *sc, const uint8_t *sd, int s, float *A, float *B) {
+    *B = 0.0f;
     switch (qtype) {
     case Q4_K: case Q5_K: {
         float d = h2f(ld16(sd + 4 * (s / 8))), dmin = h2f(ld16(sd + 4 * (s / 8) + 2));
         uint16_t v = ld16(sc + 2 * s);
-        float A = d * (float)(v & 0xFF), B = dmin * (float)((v >> 8) & 0xFF);
-        return ((A * (float)isum[s]) - (B * x->xsum[s])) * x->dxs[s];
+        *A = d * (float)(v & 0xFF);
+        *B = dmin * (float)((v >> 8) & 0xFF);
+        return;
     }
-    case Q4_1: case Q5_1: {   /* sc: fp16 d, m per slot; A = d, B = -m */
-        float A = h2f(ld16(sc + 4 * s)), B = -h2f(ld16(sc + 4 * s + 2));
-        return ((A * (float)isum[s]) - (B * x->xsum[s])) * x->dxs[s];
+    case Q4_1: case Q5_1: *A = h2f(ld16(sc + 4 * s)); *B = -h2f(ld16(sc + 4 * s + 2)); return;   /* d, m */
+    case Q6_K: *A = h2f(ld16(sd + 2 * (s / 16))) * (float)(int8_t)sc[s]; return;
+    case Q8_0: *A = h2f(ld16(sc + 2 * (s / 2))); return;   /* two slots share d */
+    case MXFP4: *A = e8m0_half(sc[s]); return;              /* sc: e, a byte a slot */
+    default: *A = h2f(ld16(sc + 2 * s)); return;
     }
-    case Q6_K: return ((h2f(ld16(sd + 2 * (s / 16))) * (float)(int8_t)sc[s]) * (float)isum[s]) * x->dxs[s];
-    case Q8_0: return (h2f(ld16(sc + 2 * (s / 2))) * (float)isum[s]) * x->dxs[s];   /* two slots share d */
-    case MXFP4: return (e8m0_half(sc[s]) * (float)isum[s]) * x->dxs[s];                /* sc: e, a byte a slot */
-    default: return (h2f(ld16(sc + 2 * s)) * (float)isum[s]) * x->dxs[s];
-    }
+}
+
+/* One slot's term of the contract: (A isum [- B xsum]) dx. Two forms, not one with B = 0:
+ * A isum - 0 turns a -0 into +0. */
+static inline float slot_term(int kmin, float A, float B, int32_t isum, float xsum, float dx) {
+    return kmin ? ((A * (float)isum) - (B * xsum)) * dx : (A * (float)isum) * dx;
 }
 
 #include "simd.c"
@@ -326,42 +260,74 @@ static isums_fn isums_of(int qtype) {
 typedef struct { int32_t *isum; float *t; uint8_t *pl; } rowbuf;
 #define ROW_PLANES(K) (2 * (size_t)(K) + 64)
 
+/* What every row of a weight shares: its format, slots a row, qh shifts, slot dots, plane sizes. */
+typedef struct { fmt_t f; int ns; uint8_t sh[MAXL]; isums_fn fn; size_t nqs, nqh, nsc; } rowfmt;
+
+static int row_fmt(const qmat *w, rowfmt *rf) {
+    if (fmt_of(w->qtype, &rf->f)) return -1;
+    rf->ns = w->K / rf->f.L;
+    for (int p = 0; p < rf->f.L; p++) { int k, hb; slot_layout(&rf->f, p, &k, &hb); rf->sh[p] = (uint8_t)hb; }
+    rf->fn = isums_of(w->qtype);
+    plane_bytes(&rf->f, w->K, &rf->nqs, &rf->nqh, &rf->nsc);
+    return 0;
+}
+
+/* One row's planes: where they sit (host tier), or re-laid into pl from the file's blocks (mapped tier). */
+typedef struct { const uint8_t *qs, *qh, *sc, *sd; } rowplanes;
+
+static inline __attribute__((always_inline)) int row_planes(const qmat *w, const rowfmt *rf, int e, int r,
+                                                           uint8_t *pl, rowplanes *o) {
+    if (w->raw) {
+        size_t a = rf->nqs, b = a + rf->nqh, c = b + rf->nsc;
+        if (!pl || aq_repack_row(w->qtype, raw_row(w, e, r), w->K, pl, pl + a, pl + b, pl + c)) return -1;
+        *o = (rowplanes){pl, pl + a, pl + b, pl + c};
+        return 0;
+    }
+    o->qs = w->qs + e * w->qs_e + r * w->qs_r;
+    o->qh = w->qh ? w->qh + e * w->qh_e + r * w->qh_r : 0;
+    o->sc = w->sc + e * w->sc_e + r * w->sc_r;
+    o->sd = w->sd ? w->sd + e * w->sd_e + r * w->sd_r : 0;
+    return 0;
+}
+
+/* A row's sum plus its bias (the expert's, row r), where the weight has one. */
+static inline float with_bias(const qmat *w, int e, int r, float acc) {
+    return w->bias ? acc + w->bias[(int64_t)e * w->N + r] : acc;
+}
+
+/* One row times one prepared activation, decoding as it goes (without the bias). It and
+ * row_planes are expanded into each row loop (as the one loop before them was): a call a row
+ * costs a short row (down's K = 768) a few %. */
+static inline __attribute__((always_inline)) float row_dot(const qmat *w, const rowfmt *rf, const rowplanes *rp,
+                                                           const xprep *x, rowbuf *rb) {
+    int ns = rf->ns, s0 = 0, kmin = has_min(w->qtype);
+    rf->fn(rp->qs, rp->qh, x->xp, x->ssum, rf->sh, ns, rb->isum);
+    float acc = 0.0f;
+#ifdef HAVE_SIMD_ISUMS
+    s0 = ns / CHUNK * CHUNK;
+    acc = chunks_v(w->qtype, rp->sc, rp->sd, rb->isum, x, ns / CHUNK);
+#endif
+    for (int s = s0; s < ns; s++) {
+        float A, B;
+        slot_scales(w->qtype, rp->sc, rp->sd, s, &A, &B);
+        rb->t[s - s0] = slot_term(kmin, A, B, rb->isum[s], x->xsum[s], x->dxs[s]);
+    }
+    return s0 < ns ? chunk_sum(rb->t, ns - s0, acc) : acc;
+}
+
 /* Rows [r0, r1) of expert e of w times the prepared activation: out[r - r0]. */
 int aq_matvec(const qmat *w, int e, const xprep *x, int r0, int r1, float *out, rowbuf *rb) {
-    fmt_t f;
-    if (fmt_of(w->qtype, &f)) return -1;
-    int ns = w->K / f.L;
-    uint8_t sh[MAXL];
-    for (int p = 0; p < f.L; p++) { int k, hb; slot_layout(&f, p, &k, &hb); sh[p] = (uint8_t)hb; }
-    isums_fn fn = isums_of(w->qtype);
-    size_t nqs, nqh, nsc;
-    plane_bytes(&f, w->K, &nqs, &nqh, &nsc);
+    rowfmt rf;
+    if (row_fmt(w, &rf)) return -1;
     for (int r = r0; r < r1; r++) {
-        const uint8_t *qs, *qh, *sc, *sd;
-        if (w->raw) {   /* the mapped tier: this row's blocks re-laid as planes first */
-            uint8_t *p = rb->pl;
-            if (!p || aq_repack_row(w->qtype, raw_row(w, e, r), w->K, p, p + nqs, p + nqs + nqh, p + nqs + nqh + nsc))
-                return -1;
-            qs = p; qh = p + nqs; sc = p + nqs + nqh; sd = p + nqs + nqh + nsc;
-        } else {
-            qs = w->qs + e * w->qs_e + r * w->qs_r;
-            qh = w->qh ? w->qh + e * w->qh_e + r * w->qh_r : 0;
-            sc = w->sc + e * w->sc_e + r * w->sc_r;
-            sd = w->sd ? w->sd + e * w->sd_e + r * w->sd_r : 0;
-        }
-        fn(qs, qh, x->xp, x->ssum, sh, ns, rb->isum);
-        float acc = 0.0f;
-        int s0 = 0;
-#ifdef HAVE_SIMD_ISUMS
-        s0 = ns / CHUNK * CHUNK;
-        acc = chunks_v(w->qtype, sc, sd, rb->isum, x, ns / CHUNK);
-#endif
-        for (int s = s0; s < ns; s++) rb->t[s - s0] = slot_term(w->qtype, sc, sd, rb->isum, x, s);
-        acc = s0 < ns ? chunk_sum(rb->t, ns - s0, acc) : acc;
-        out[r - r0] = w->bias ? acc + w->bias[(int64_t)e * w->N + r] : acc;
+        rowplanes rp;
+        if (row_planes(w, &rf, e, r, rb->pl, &rp)) return -1;
+        out[r - r0] = with_bias(w, e, r, row_dot(w, &rf, &rp, x, rb));
     }
     return 0;
 }
+
+#include "group.c"
 
 int aq_slot_len(int qtype) {
     fmt_t f;

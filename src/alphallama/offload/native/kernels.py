@@ -33,11 +33,16 @@ class LayerDesc(ctypes.Structure):
 
 
 class XPrep(ctypes.Structure):
-    _fields_ = [("xp", _P), ("ssum", _P), ("xsum", _P), ("dxs", _P)]
+    _fields_ = [("xp", _P), ("ssum", _P), ("xsum", _P), ("dxs", _P), ("xi", _P)]   # xi: aq_prep_group's, or NULL
 
 
 class RowBuf(ctypes.Structure):
     _fields_ = [("isum", _P), ("t", _P), ("pl", _P)]   # pl: a mapped row's planes, 2 K + 64 bytes
+
+
+class GrpBuf(ctypes.Structure):
+    """group.c's grpbuf: a row's scratch, its decoded codes [K], scales A, B [K / 16 + 8], sums [G]."""
+    _fields_ = [("rb", RowBuf), ("codes", _P), ("A", _P), ("B", _P), ("sum", _P)]
 
 
 def qmat(w: QuantWeight) -> QMat:
@@ -145,6 +150,69 @@ def silu_mul_c(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _prepared(so: ctypes.CDLL, qtype: int, K: int, xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor,
+              keep: list, group: bool = False) -> XPrep:
+    """One quantized row prepared for a format by the C code (aq_prep; group: aq_prep_group,
+    for aq_matvec_group); its buffers into keep."""
+    xq, dx, xs = xq.to(torch.int8).contiguous(), dx.float().contiguous(), xs.to(torch.int32).contiguous()
+    if xq.numel() != K:
+        raise ValueError(f"activation of {xq.numel()} values for a weight with K={K}")
+    ns = K // 16 + 8
+    bufs = (torch.empty(K, dtype=torch.int8), torch.empty(ns, dtype=torch.int32), torch.empty(ns), torch.empty(ns),
+            torch.empty(K, dtype=torch.int8))
+    keep += [xq, dx, xs, *bufs]
+    x = XPrep(*(_ptr(b) for b in bufs[:4]), _ptr(bufs[4]) if group else None)
+    prep = so.aq_prep_group if group else so.aq_prep
+    if prep(qtype, _ptr(xq), _ptr(dx), _ptr(xs), K, ctypes.byref(x)) != 0:
+        raise ValueError(f"type {qtype}: K={K} does not fit the expert contract")
+    return x
+
+
+def _row_scratch(K: int, keep: list) -> RowBuf:
+    ns = K // 16 + 8
+    bufs = (torch.empty(ns, dtype=torch.int32), torch.empty(ns), torch.empty(2 * K + 64, dtype=torch.uint8))
+    keep += bufs
+    return RowBuf(*(_ptr(b) for b in bufs))
+
+
+def _desc(w: QuantWeight | QMat, bias: torch.Tensor | None, keep: list) -> QMat:
+    q = w if isinstance(w, QMat) else qmat(w)
+    if bias is not None:
+        bias = bias_plane(bias, q.E, q.N)
+        keep.append(bias)
+        q.bias = _ptr(bias)
+    return q
+
+
+def _rows(q: QMat, rows: tuple[int, int] | None) -> tuple[int, int]:
+    r0, r1 = rows or (0, q.N)
+    if not 0 <= r0 <= r1 <= q.N:
+        raise ValueError(f"rows {r0}..{r1} outside 0..{q.N}")
+    return r0, r1
+
+
+def matvec_group_q8(acts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], w: QuantWeight | QMat,
+                    rows: tuple[int, int] | None = None, expert: int = 0, so: ctypes.CDLL | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows [r0, r1) of w times several quantized rows at once, each weight row read and
+    decoded once (group.c, what the pool runs for the pairs that share an expert):
+    float32 [len(acts), r1 - r0]. Arguments as matvec_q8's; acts: (xq, dx, xs) per row."""
+    so, keep = so or lib(), []
+    q = _desc(w, bias, keep)
+    r0, r1 = _rows(q, rows)
+    xs_ = [_prepared(so, q.qtype, q.K, *a, keep, group=True) for a in acts]
+    G = len(xs_)
+    out = torch.empty(G, r1 - r0)
+    xv = (ctypes.POINTER(XPrep) * G)(*(ctypes.pointer(x) for x in xs_))
+    ov = (_P * G)(*(out[g].data_ptr() for g in range(G)))
+    ns = q.K // 16 + 8
+    bufs = (torch.empty(q.K, dtype=torch.uint8), torch.empty(ns), torch.empty(ns), torch.empty(G))
+    gb = GrpBuf(_row_scratch(q.K, keep), *(_ptr(b) for b in bufs))
+    if so.aq_matvec_group(ctypes.byref(q), expert, xv, G, r0, r1, ov, ctypes.byref(gb)) != 0:
+        raise RuntimeError(f"aq_matvec_group failed (type {q.qtype}, rows {r0}..{r1})")
+    return out
+
+
 def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: "QuantWeight | QMat",
               rows: tuple[int, int] | None = None, expert: int = 0, so: ctypes.CDLL | None = None,
               bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,27 +220,12 @@ def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: "QuantWei
     quantized row: float32 [r1 - r0]. w: a weight's planes, or a descriptor (qmat_mapped:
     rows read from the GGUF blocks). so: the library (default: built for this CPU).
     bias: [E, N] float32 added to the rows (kept alive here for the call)."""
-    q = w if isinstance(w, QMat) else qmat(w)
-    if bias is not None:
-        bias = bias_plane(bias, q.E, q.N)
-        q.bias = _ptr(bias)
-    K, N = q.K, q.N
-    if xq.numel() != K:
-        raise ValueError(f"activation of {xq.numel()} values for a weight with K={K}")
-    r0, r1 = rows or (0, N)
-    if not 0 <= r0 <= r1 <= N:
-        raise ValueError(f"rows {r0}..{r1} outside 0..{N}")
-    xq, dx, xs = xq.to(torch.int8).contiguous(), dx.float().contiguous(), xs.to(torch.int32).contiguous()
-    ns = K // 16 + 8
-    xp, ssum, xsum, dxs = (torch.empty(K, dtype=torch.int8), torch.empty(ns, dtype=torch.int32),
-                           torch.empty(ns), torch.empty(ns))
-    isum, t, pl = torch.empty(ns, dtype=torch.int32), torch.empty(ns), torch.empty(2 * K + 64, dtype=torch.uint8)
-    x = XPrep(_ptr(xp), _ptr(ssum), _ptr(xsum), _ptr(dxs))
-    rb = RowBuf(_ptr(isum), _ptr(t), _ptr(pl))
+    so, keep = so or lib(), []
+    q = _desc(w, bias, keep)
+    r0, r1 = _rows(q, rows)
+    x = _prepared(so, q.qtype, q.K, xq, dx, xs, keep)
     out = torch.empty(r1 - r0)
-    so = so or lib()
-    if so.aq_prep(q.qtype, _ptr(xq), _ptr(dx), _ptr(xs), K, ctypes.byref(x)) != 0:
-        raise ValueError(f"type {q.qtype}: K={K} does not fit the expert contract")
+    rb = _row_scratch(q.K, keep)
     if so.aq_matvec(ctypes.byref(q), expert, ctypes.byref(x), r0, r1, _ptr(out), ctypes.byref(rb)) != 0:
         raise RuntimeError(f"aq_matvec failed (type {q.qtype}, rows {r0}..{r1})")
     return out

@@ -31,15 +31,19 @@ static void fp_defaults(void) {
 /* A layer's experts and their activation (ACTS' id); gate_up.N == 0: the layer has none. */
 typedef struct { qmat gate_up, down; int32_t act; } layer_desc;
 
+/* Prepared activations (aq_prep's outputs) for n rows of up to K values: x[i] is row i's. */
+typedef struct { xprep *x; int8_t *xp, *xi; int32_t *ssum; float *xsum, *dxs; } xset;
+
 typedef struct {
-    int8_t *xp; int32_t *ssum; float *xsum, *dxs;   /* xprep storage, sized for the largest K */
-    int32_t *isum; float *t; uint8_t *pl;          /* rowbuf storage */
-    float *act;                                    /* [max_k] silu_mul output */
-    int prepped;                                   /* task index whose activation xp holds, -1 none */
+    grpbuf gb;                 /* a decoded row, its scales and the row scratch (group.c) */
+    float *act;                /* [max_k] one pair's activation, before quantization */
+    const xprep **xv; float **ov;   /* [max_w k] a group's activations and outputs */
 } tscratch;
 
 typedef struct pool pool;
 typedef struct { pool *p; int id; } targ;
+
+#define MAXTASK 4096
 
 struct pool {
     int n;
@@ -50,11 +54,16 @@ struct pool {
     const int32_t *ids, *task; float *y;
     int max_w, k, D;
     const layer_desc *layers; int n_layers;
-    int max_k, max_n, max_f;
-    /* the post in progress */
-    int ntask, layer, tm[4096], tr[4096], te[4096];
+    int max_k, max_n, max_f, max_e;
+    /* the post in progress: its pairs (tasks), their groups by expert (post.c) */
+    int ntask, layer, tm[MAXTASK], tr[MAXTASK], te[MAXTASK];
+    int nrow, rows[MAXTASK];                      /* the posted rows with a pair */
+    int ngroup, gexp[MAXTASK], gstart[MAXTASK + 1], gtask[MAXTASK];
+    long gcost[MAXTASK + 1];                      /* cost of a row of groups < g, summed */
+    int *gof;                                     /* [max_e] an expert's group while grouping, else -1 */
     float *gu;      /* [max_w * k, max_n] gate|up outputs */
     int8_t *aq; float *adx; int32_t *axs;   /* [max_w * k, max_f (/32, /16)] quantized acts */
+    xset rowx, taskx;   /* gate|up's input per posted row, down's per pair */
     tscratch ts[MAXT];
     /* sync */
     int gen, quit;            /* gen: bumped by thread 0 per post (release) */
@@ -82,84 +91,43 @@ static void barrier(pool *p, int *local_sense) {
     }
 }
 
-static int alloc_scratch(tscratch *s, int max_k) {
-    int ns = max_k / 16 + CHUNK;
-    s->xp = malloc(max_k); s->ssum = malloc(4 * ns); s->xsum = malloc(4 * ns); s->dxs = malloc(4 * ns);
-    s->isum = malloc(4 * ns); s->t = malloc(4 * ns); s->act = malloc(4 * (size_t)max_k);
-    s->pl = malloc(ROW_PLANES(max_k));
-    s->prepped = -1;
-    return s->xp && s->ssum && s->xsum && s->dxs && s->isum && s->t && s->act && s->pl ? 0 : -1;
+/* Slots (and SIMD slack) of prepared values a row of K needs: the smallest slot is 16. */
+#define NS_OF(K) ((size_t)(K) / 16 + CHUNK)
+
+static int alloc_xset(xset *s, int n, int K) {
+    size_t ns = NS_OF(K);
+    s->x = malloc(sizeof *s->x * (size_t)n);
+    s->xp = malloc((size_t)n * K); s->xi = malloc((size_t)n * K); s->ssum = malloc(4 * ns * n);
+    s->xsum = malloc(4 * ns * n); s->dxs = malloc(4 * ns * n);
+    if (!s->x || !s->xp || !s->xi || !s->ssum || !s->xsum || !s->dxs) return -1;
+    for (int i = 0; i < n; i++)
+        s->x[i] = (xprep){s->xp + (size_t)i * K, s->ssum + ns * i, s->xsum + ns * i, s->dxs + ns * i,
+                          s->xi + (size_t)i * K};
+    return 0;
 }
 
-static void free_scratch(tscratch *s) {
-    free(s->xp); free(s->ssum); free(s->xsum); free(s->dxs); free(s->isum); free(s->t); free(s->act); free(s->pl);
+static void free_xset(xset *s) { free(s->x); free(s->xp); free(s->xi); free(s->ssum); free(s->xsum); free(s->dxs); }
+
+static int alloc_grpbuf(grpbuf *b, int K, int max_g) {
+    size_t ns = NS_OF(K);
+    b->rb = (rowbuf){malloc(4 * ns), malloc(4 * ns), malloc(ROW_PLANES(K))};
+    b->codes = malloc(K); b->A = malloc(4 * ns); b->B = malloc(4 * ns); b->sum = malloc(4 * (size_t)max_g);
+    return b->rb.isum && b->rb.t && b->rb.pl && b->codes && b->A && b->B && b->sum ? 0 : -1;
 }
 
-/* Rows [a, b) of the concatenation of every task's `which` matrix (rows tasks * N). */
-static void run_rows(pool *p, tscratch *s, int which, long a, long b) {
-    const layer_desc *L = &p->layers[p->layer];
-    const qmat *w = which ? &L->down : &L->gate_up;
-    long N = w->N;
-    xprep x = {s->xp, s->ssum, s->xsum, s->dxs};
-    rowbuf rb = {s->isum, s->t, s->pl};
-    s->prepped = -1;
-    for (long r = a; r < b;) {
-        int t = (int)(r / N);
-        long r0 = r % N, r1 = N < r0 + (b - r) ? N : r0 + (b - r);
-        if (s->prepped != t) {
-            int m = p->tm[t], f = L->gate_up.N / 2;
-            if (which == 0)
-                aq_prep(w->qtype, p->xq + (long)m * p->D, p->dx + (long)m * (p->D / 32),
-                        p->xs + (long)m * (p->D / 16), w->K, &x);
-            else
-                aq_prep(w->qtype, p->aq + (long)t * p->max_f, p->adx + (long)t * (p->max_f / 32),
-                        p->axs + (long)t * (p->max_f / 16), f, &x);
-            s->prepped = t;
-        }
-        float *out = which ? p->y + ((long)p->tm[t] * p->k + p->tr[t]) * p->D + r0
-                           : p->gu + (long)t * p->max_n + r0;
-        aq_matvec(w, p->te[t], &x, (int)r0, (int)r1, out, &rb);
-        r += r1 - r0;
-    }
+static void free_grpbuf(grpbuf *b) {
+    free(b->rb.isum); free(b->rb.t); free(b->rb.pl); free(b->codes); free(b->A); free(b->B); free(b->sum);
 }
 
-static void serve_post(pool *p, int id, int *sense) {
-    tscratch *s = &p->ts[id];
-    const layer_desc *L = &p->layers[p->layer];
-    int F = L->gate_up.N / 2;
-    long total = (long)p->ntask * L->gate_up.N;
-    run_rows(p, s, 0, total * id / p->n, total * (id + 1) / p->n);
-    barrier(p, sense);
-    for (int t = id; t < p->ntask; t += p->n) {
-        float *g = p->gu + (long)t * p->max_n;
-        aq_act(L->act, g, g + F, F, s->act);
-        aq_quantize(s->act, F, p->aq + (long)t * p->max_f, p->adx + (long)t * (p->max_f / 32),
-                    p->axs + (long)t * (p->max_f / 16));
-    }
-    barrier(p, sense);
-    total = (long)p->ntask * L->down.N;
-    run_rows(p, s, 1, total * id / p->n, total * (id + 1) / p->n);
-    barrier(p, sense);
+static int alloc_scratch(tscratch *s, int max_k, int max_tasks) {
+    s->act = malloc(4 * (size_t)max_k);
+    s->xv = malloc(sizeof *s->xv * (size_t)max_tasks); s->ov = malloc(sizeof *s->ov * (size_t)max_tasks);
+    return alloc_grpbuf(&s->gb, max_k, max_tasks) == 0 && s->act && s->xv && s->ov ? 0 : -1;
 }
 
-/* Thread 0: read a post's tasks. Returns 0 if the post has none it can serve. */
-static int read_post(pool *p, int32_t req) {
-    int layer = __atomic_load_n(&p->ctl[LAYER], __ATOMIC_RELAXED);
-    int rows = __atomic_load_n(&p->ctl[ROWS], __ATOMIC_RELAXED);
-    p->ntask = 0;
-    if (layer < 0 || layer >= p->n_layers || p->layers[layer].gate_up.N == 0 || rows < 0 || rows > p->max_w)
-        return 0;
-    p->layer = layer;
-    for (int m = 0; m < rows; m++)
-        for (int r = 0; r < p->k; r++) {
-            int e = p->ids[m * p->k + r];
-            if (p->task[m * p->k + r] == 1 && e >= 0 && e < p->layers[layer].gate_up.E && p->ntask < 4096) {
-                p->tm[p->ntask] = m; p->tr[p->ntask] = r; p->te[p->ntask] = e; p->ntask++;
-            }
-        }
-    (void)req;
-    return p->ntask > 0;
-}
+static void free_scratch(tscratch *s) { free_grpbuf(&s->gb); free(s->act); free(s->xv); free(s->ov); }
+
+#include "post.c"
 
 static void *worker(void *arg) {
     targ *a = arg;
@@ -184,7 +152,7 @@ static void *worker(void *arg) {
             int32_t req = __atomic_load_n(&p->ctl[REQ], __ATOMIC_ACQUIRE);
             if (req != last) {
                 last = req;
-                if (read_post(p, req)) {
+                if (read_post(p)) {
                     __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE);
                     serve_post(p, 0, &sense);
                 }
@@ -208,32 +176,52 @@ static void *worker(void *arg) {
     }
 }
 
+/* The largest shapes of the layers (scratch sizes), and the experts a layer may have. */
+static void pool_sizes(pool *p) {
+    p->max_k = 32; p->max_n = 2; p->max_f = 32; p->max_e = 1;
+    for (int i = 0; i < p->n_layers; i++) {
+        const layer_desc *L = &p->layers[i];
+        if (!L->gate_up.N) continue;
+        int ks[2] = {L->gate_up.K, L->down.K};
+        for (int j = 0; j < 2; j++) p->max_k = ks[j] > p->max_k ? ks[j] : p->max_k;
+        p->max_n = L->gate_up.N > p->max_n ? L->gate_up.N : p->max_n;
+        p->max_f = L->down.K > p->max_f ? L->down.K : p->max_f;
+        p->max_e = L->gate_up.E > p->max_e ? L->gate_up.E : p->max_e;
+    }
+}
+
+static int alloc_buffers(pool *p) {
+    long tasks = (long)p->max_w * p->k;
+    p->gu = malloc(4 * tasks * p->max_n);
+    p->aq = malloc(tasks * p->max_f); p->adx = malloc(4 * tasks * (p->max_f / 32));
+    p->axs = malloc(4 * tasks * (p->max_f / 16));
+    p->gof = malloc(sizeof *p->gof * (size_t)p->max_e);
+    int ok = p->gu && p->aq && p->adx && p->axs && p->gof;
+    ok = ok && alloc_xset(&p->rowx, p->max_w, p->D) == 0 && alloc_xset(&p->taskx, (int)tasks, p->max_f) == 0;
+    for (int i = 0; ok && i < p->max_e; i++) p->gof[i] = -1;
+    for (int i = 0; i < p->n; i++) ok = ok && alloc_scratch(&p->ts[i], p->max_k, (int)tasks) == 0;
+    return ok ? 0 : -1;
+}
+
+static void free_pool(pool *p) {
+    for (int i = 0; i < MAXT; i++) free_scratch(&p->ts[i]);
+    free_xset(&p->rowx); free_xset(&p->taskx);
+    free(p->gu); free(p->aq); free(p->adx); free(p->axs); free(p->gof); free(p);
+}
+
 /* Start n threads pinned to cpus (-1: not pinned) serving the mailbox. NULL on failure. */
 pool *aq_pool_start(int n, const int *cpus, int32_t *ctl, const int8_t *xq, const float *dx, const int32_t *xs,
                     const int32_t *ids, const int32_t *task, float *y, int max_w, int k, int D,
                     const layer_desc *layers, int n_layers) {
-    if (n < 1 || n > MAXT || max_w * k > 4096) return 0;
+    if (n < 1 || n > MAXT || max_w * k > MAXTASK) return 0;
     for (int i = 0; i < n_layers; i++)
         if (layers[i].gate_up.N && (layers[i].act < 0 || layers[i].act >= N_ACTS || !ACTS[layers[i].act])) return 0;
     pool *p = calloc(1, sizeof *p);
     if (!p) return 0;
     p->n = n; p->ctl = ctl; p->xq = xq; p->dx = dx; p->xs = xs; p->ids = ids; p->task = task; p->y = y;
     p->max_w = max_w; p->k = k; p->D = D; p->layers = layers; p->n_layers = n_layers;
-    p->max_k = 32; p->max_n = 2; p->max_f = 32;
-    for (int i = 0; i < n_layers; i++) {
-        const layer_desc *L = &layers[i];
-        if (!L->gate_up.N) continue;
-        int ks[2] = {L->gate_up.K, L->down.K};
-        for (int j = 0; j < 2; j++) p->max_k = ks[j] > p->max_k ? ks[j] : p->max_k;
-        p->max_n = L->gate_up.N > p->max_n ? L->gate_up.N : p->max_n;
-        p->max_f = L->down.K > p->max_f ? L->down.K : p->max_f;
-    }
-    long tasks = (long)max_w * k;
-    p->gu = malloc(4 * tasks * p->max_n);
-    p->aq = malloc(tasks * p->max_f); p->adx = malloc(4 * tasks * (p->max_f / 32));
-    p->axs = malloc(4 * tasks * (p->max_f / 16));
-    int ok = p->gu && p->aq && p->adx && p->axs;
-    for (int i = 0; i < n; i++) ok = ok && alloc_scratch(&p->ts[i], p->max_k) == 0;
+    pool_sizes(p);
+    int ok = alloc_buffers(p) == 0;
     __atomic_store_n(&ctl[STOP], 0, __ATOMIC_RELEASE);
     int started = 0;
     for (int i = 0; ok && i < n; i++) {
@@ -247,10 +235,7 @@ pool *aq_pool_start(int n, const int *cpus, int32_t *ctl, const int8_t *xq, cons
         __atomic_store_n(&p->quit, 1, __ATOMIC_RELEASE);
         __atomic_store_n(&p->gen, 1, __ATOMIC_RELEASE);
         for (int i = 0; i < started; i++) pthread_join(p->th[i], 0);
-        /* fall through to free */
-        p->n = started;
-        for (int i = 0; i < MAXT; i++) free_scratch(&p->ts[i]);
-        free(p->gu); free(p->aq); free(p->adx); free(p->axs); free(p);
+        free_pool(p);
         return 0;
     }
     return p;
@@ -262,38 +247,37 @@ void aq_pool_stop(pool *p) {
     __atomic_store_n(&p->ctl[STOP], 1, __ATOMIC_RELEASE);
     for (int i = 0; i < p->n; i++) pthread_join(p->th[i], 0);
     __atomic_store_n(&p->ctl[STOP], 0, __ATOMIC_RELEASE);
-    for (int i = 0; i < p->n; i++) free_scratch(&p->ts[i]);
-    free(p->gu); free(p->aq); free(p->adx); free(p->axs); free(p);
+    free_pool(p);
 }
 
-/* One row through expert e of a layer, on the calling thread: y [down.N]. */
+/* One row through expert e of a layer, on the calling thread, pair by pair (aq_matvec):
+ * y [down.N]. The reference the grouped pool is held to. */
 int aq_expert_ffn(const layer_desc *L, int e, const int8_t *xq, const float *dx, const int32_t *xs, float *y) {
     int D = L->gate_up.K, F = L->gate_up.N / 2, K = D > F ? D : F;
-    tscratch s;
+    xset x = {0};
+    grpbuf b = {0};
     float *gu = malloc(4 * (size_t)(2 * F)), *a = malloc(4 * (size_t)F);
     int8_t *aq = malloc(F);
     float *adx = malloc(4 * (size_t)(F / 32 + 1));
     int32_t *axs = malloc(4 * (size_t)(F / 16 + 1));
-    int rc = alloc_scratch(&s, K) || !gu || !a || !aq || !adx || !axs ? -2 : 0;
+    int rc = alloc_xset(&x, 1, K) || alloc_grpbuf(&b, K, 1) || !gu || !a || !aq || !adx || !axs ? -2 : 0;
     unsigned csr = 0;
 #if defined(__x86_64__)
     csr = _mm_getcsr();
     fp_defaults();
 #endif
     if (!rc) {
-        xprep x = {s.xp, s.ssum, s.xsum, s.dxs};
-        rowbuf rb = {s.isum, s.t, s.pl};
-        rc = aq_prep(L->gate_up.qtype, xq, dx, xs, D, &x) || aq_matvec(&L->gate_up, e, &x, 0, 2 * F, gu, &rb);
+        rc = aq_prep(L->gate_up.qtype, xq, dx, xs, D, x.x) || aq_matvec(&L->gate_up, e, x.x, 0, 2 * F, gu, &b.rb);
         if (!rc) rc = aq_act(L->act, gu, gu + F, F, a);
         if (!rc) {
             aq_quantize(a, F, aq, adx, axs);
-            rc = aq_prep(L->down.qtype, aq, adx, axs, F, &x) || aq_matvec(&L->down, e, &x, 0, L->down.N, y, &rb);
+            rc = aq_prep(L->down.qtype, aq, adx, axs, F, x.x) || aq_matvec(&L->down, e, x.x, 0, L->down.N, y, &b.rb);
         }
     }
 #if defined(__x86_64__)
     _mm_setcsr(csr);
 #endif
-    free_scratch(&s); free(gu); free(a); free(aq); free(adx); free(axs);
+    free_xset(&x); free_grpbuf(&b); free(gu); free(a); free(aq); free(adx); free(axs);
     return rc;
 }
 

@@ -15,6 +15,18 @@ static inline __m256i dot_u8s8(__m256i u, __m256i x) {   /* 8 int32 partial sums
 #endif
 }
 
+/* acc + the 4-product sums of u8 u and s8 x per int32 lane (VNNI: one dpbusd, no saturation;
+ * else pairs in int16: |sum| <= 2 * 128 * 127, exact). */
+static inline __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, x);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* Eight vectors of partial sums (slot j's in r[j]) -> [sum r0, ..., sum r7]. */
 static inline __m256i reduce8(const __m256i *r) {
     __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3]));
@@ -67,36 +79,37 @@ ROW_ISUMS32(isums_q5k_v, isums_q5k, 1, 0)
 ROW_ISUMS32(isums_q40_v, isums_q40, 0, 8)
 ROW_ISUMS32(isums_q50_v, isums_q50, 1, 16)
 
-/* Q6_K: slots of 16 (8 qs bytes, 2 top bits each at bit 8 b + 4 nib + 2 v of qh), two
- * slots per vector. Position p = 8 nib + 4 v + b. */
-static void isums_q6k_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
-                        const uint8_t *sh, int ns, int32_t *isum) {
+/* Q6_K: slots of 16 (8 qs bytes, 2 top bits each at bit 8 b + 4 nib + 2 v of qh): the
+ * unsigned codes of slots t, t+1 in one vector (slot t in the low lane). Position p = 8 nib + 4 v + b. */
+static inline __m256i codes16x2(const uint8_t *qs, const uint8_t *qh) {
     const __m256i idx = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
                                          0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
     const __m256i b0 = _mm256_setr_epi8(1, 1, 1, 1, 4, 4, 4, 4, 16, 16, 16, 16, 64, 64, 64, 64,
                                         1, 1, 1, 1, 4, 4, 4, 4, 16, 16, 16, 16, 64, 64, 64, 64);
-    const __m256i b1 = _mm256_add_epi8(b0, b0), m = _mm256_set1_epi8(15);
+    const __m256i b1 = _mm256_add_epi8(b0, b0);
+    const __m128i m = _mm_set1_epi8(15);
+    __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    __m256i u = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+    __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)ld32(qh + 4)), _mm_set1_epi32((int)ld32(qh)));
+    __m256i hb = _mm256_shuffle_epi8(hv, idx);
+    __m256i on0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0);
+    __m256i on1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1);
+    return _mm256_or_si256(u, _mm256_or_si256(_mm256_and_si256(on0, _mm256_set1_epi8(16)),
+                                              _mm256_and_si256(on1, _mm256_set1_epi8(32))));
+}
+
+static void isums_q6k_v(const uint8_t *qs, const uint8_t *qh, const int8_t *xp, const int32_t *ssum,
+                        const uint8_t *sh, int ns, int32_t *isum) {
     int s = 0;
     for (; s + 8 <= ns; s += 8) {
         __m256i r[4];
         for (int j = 0; j < 4; j++) {
             int t = s + 2 * j;
-            __m128i b = _mm_loadu_si128((const __m128i *)(qs + 8 * t));      /* slots t, t+1 */
-            __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(m));
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(m));
-            __m256i u = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-            __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)ld32(qh + 4 * (t + 1))),
-                                          _mm_set1_epi32((int)ld32(qh + 4 * t)));
-            __m256i hb = _mm256_shuffle_epi8(hv, idx);
-            __m256i on0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0);
-            __m256i on1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1);
-            u = _mm256_or_si256(u, _mm256_or_si256(_mm256_and_si256(on0, _mm256_set1_epi8(16)),
-                                                   _mm256_and_si256(on1, _mm256_set1_epi8(32))));
-            r[j] = dot_u8s8(u, _mm256_loadu_si256((const __m256i *)(xp + 16 * t)));
+            r[j] = dot_u8s8(codes16x2(qs + 8 * t, qh + 4 * t), _mm256_loadu_si256((const __m256i *)(xp + 16 * t)));
         }
         __m256i bias = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(ssum + s)), 5);   /* 32 sum x */
-        __m256i v = _mm256_sub_epi32(reduce8_pairs(r), bias);
-        _mm256_storeu_si256((__m256i *)(isum + s), v);
+        _mm256_storeu_si256((__m256i *)(isum + s), _mm256_sub_epi32(reduce8_pairs(r), bias));
     }
     if (s < ns) isums_q6k(qs + 8 * s, qh + 4 * s, xp + 16 * s, ssum + s, sh, ns - s, isum + s);
 }
@@ -153,40 +166,67 @@ static inline float chunk_v(__m256 t) {
     return _mm_cvtss_f32(_mm256_castps256_ps128(p2)) + _mm_cvtss_f32(_mm256_extractf128_ps(p2, 1));
 }
 
-static float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd, const int32_t *isum, const xprep *x, int nc) {
+/* A and B (has_min formats; else 0) of the 8 slots of chunk c: slot_scales' operations per lane. */
+static inline __attribute__((always_inline)) void chunk_scales_v(int qtype, const uint8_t *sc, const uint8_t *sd,
+                                                                int c, __m256 *A, __m256 *B) {
+    int s = c * CHUNK;
+    *B = _mm256_setzero_ps();
+    if (qtype == Q4_K || qtype == Q5_K) {   /* a chunk is one super-block */
+        __m128i v = _mm_loadu_si128((const __m128i *)(sc + 2 * s));
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_and_si128(v, _mm_set1_epi16(0xFF))));
+        __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(v, 8)));
+        *A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c))), scf);
+        *B = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c + 2))), mf);
+    } else if (qtype == Q4_1 || qtype == Q5_1) {   /* the scalar scales, gathered */
+        float a[CHUNK], b[CHUNK];
+        for (int j = 0; j < CHUNK; j++) slot_scales(qtype, sc, sd, s + j, &a[j], &b[j]);
+        *A = _mm256_loadu_ps(a);
+        *B = _mm256_loadu_ps(b);
+    } else if (qtype == Q6_K) {
+        *A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 2 * (s / 16)))),
+                           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + s)))));
+    } else if (qtype == MXFP4) {
+        *A = e8m0_half8(sc + s);
+    } else if (qtype == Q8_0) {   /* 4 d's, each for two slots */
+        *A = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + s)))),
+                                      _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    } else {
+        *A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 2 * s)));
+    }
+}
+
+/* slot_term of the 8 slots from slot s (their integer sums in isum), summed as one chunk. */
+static inline float chunk_terms_v(int kmin, __m256 A, __m256 B, __m256i isum, const xprep *x, int s) {
+    __m256 is = _mm256_cvtepi32_ps(isum);   /* exact: < 2**24 */
+    __m256 dx = _mm256_loadu_ps(x->dxs + s), t = _mm256_mul_ps(A, is);
+    if (kmin) t = _mm256_sub_ps(t, _mm256_mul_ps(B, _mm256_loadu_ps(x->xsum + s)));
+    return chunk_v(_mm256_mul_ps(t, dx));
+}
+
+/* The whole chunks of a row for one format: qtype a constant where this is expanded, so
+ * the loop carries no format tests. */
+static inline __attribute__((always_inline)) float chunks_of(const int qtype, const uint8_t *sc, const uint8_t *sd,
+                                                            const int32_t *isum, const xprep *x, int nc) {
     float acc = 0.0f;
     for (int c = 0; c < nc; c++) {
-        int s = c * CHUNK;
-        __m256 is = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(isum + s)));   /* exact: < 2**24 */
-        __m256 dx = _mm256_loadu_ps(x->dxs + s), A, t;
-        if (qtype == Q4_K || qtype == Q5_K) {   /* a chunk is one super-block */
-            __m128i v = _mm_loadu_si128((const __m128i *)(sc + 2 * s));
-            __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_and_si128(v, _mm_set1_epi16(0xFF))));
-            __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(v, 8)));
-            A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c))), scf);
-            __m256 B = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 4 * c + 2))), mf);
-            t = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(A, is), _mm256_mul_ps(B, _mm256_loadu_ps(x->xsum + s))), dx);
-        } else if (qtype == Q4_1 || qtype == Q5_1) {   /* the scalar terms, summed as a chunk */
-            float tt[CHUNK];
-            for (int j = 0; j < CHUNK; j++) tt[j] = slot_term(qtype, sc, sd, isum, x, s + j);
-            t = _mm256_loadu_ps(tt);
-        } else {
-            if (qtype == Q6_K)
-                A = _mm256_mul_ps(_mm256_set1_ps(h2f(ld16(sd + 2 * (s / 16)))),
-                                  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + s)))));
-            else if (qtype == MXFP4)
-                A = e8m0_half8(sc + s);
-            else if (qtype == Q8_0)   /* 4 d's, each for two slots */
-                A = _mm256_permutevar8x32_ps(
-                    _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + s)))),
-                                             _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-            else
-                A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 2 * s)));
-            t = _mm256_mul_ps(_mm256_mul_ps(A, is), dx);
-        }
-        acc = acc + chunk_v(t);
+        __m256 A, B;
+        chunk_scales_v(qtype, sc, sd, c, &A, &B);
+        acc = acc + chunk_terms_v(has_min(qtype), A, B, _mm256_loadu_si256((const __m256i *)(isum + c * CHUNK)), x,
+                                  c * CHUNK);
     }
     return acc;
+}
+
+static inline __attribute__((always_inline)) float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd,
+                                                           const int32_t *isum, const xprep *x, int nc) {
+    switch (qtype) {   /* formats with the same scales share an expansion */
+    case Q4_K: case Q5_K: return chunks_of(Q4_K, sc, sd, isum, x, nc);
+    case Q4_1: case Q5_1: return chunks_of(Q4_1, sc, sd, isum, x, nc);
+    case Q6_K: return chunks_of(Q6_K, sc, sd, isum, x, nc);
+    case Q8_0: return chunks_of(Q8_0, sc, sd, isum, x, nc);
+    case MXFP4: return chunks_of(MXFP4, sc, sd, isum, x, nc);
+    default: return chunks_of(Q4_0, sc, sd, isum, x, nc);
+    }
 }
 #define HAVE_SIMD_ISUMS 1
 #endif

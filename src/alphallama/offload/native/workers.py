@@ -7,10 +7,11 @@ weights sit (the store's host tier, read in place), driven through the mailbox.
     experts.stop()            # also at garbage collection and interpreter exit
 
 Thread 0 polls the mailbox's REQ; on a change it reads LAYER, ROWS and the ranks with
-task == 1, and all threads split the gate|up rows of every task (+ the experts' biases),
-then the layer's activation (SiLU, or gpt-oss's swiglu_oai: ExpertOps) and quantization
-per task, then the down rows (+ biases) into y[m, r, :]; thread 0 then stores
-DONE = REQ. Idle threads spin ~2 ms, then sleep ~30 us between polls, and 0.5 ms
+task == 1 (the pairs), grouped by expert, and all threads split the gate|up rows of every
+group (+ the experts' biases), each weight row read once for all the group's pairs (a
+round's rows that share an expert stream it from RAM once: native/post.c), then the
+layer's activation (SiLU, or gpt-oss's swiglu_oai: ExpertOps) and quantization per pair,
+then the down rows (+ biases) into y[m, r, :]; thread 0 then stores DONE = REQ. Idle threads spin ~2 ms, then sleep ~30 us between polls, and 0.5 ms
 after 100 ms without a post (an idle pool of 2 threads used ~7% of one core here).
 """
 from __future__ import annotations
