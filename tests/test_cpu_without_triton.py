@@ -24,7 +24,7 @@ sys.meta_path.insert(0, NoTriton())
 # weight formats and the references) and the CUDA runtime built on them.
 GPU_ONLY = ("alphallama.kernels.", "alphallama.runtime.gpu_", "alphallama.runtime.round", "alphallama.runtime.scratch",
             "alphallama.runtime.linear", "alphallama.runtime.moe", "alphallama.runtime.weights", "alphallama.runtime.graphs",
-            "alphallama.runtime.shared_expert", "alphallama.runtime.hybrid_")
+            "alphallama.runtime.shared_expert", "alphallama.runtime.hybrid_", "alphallama.runtime.store_rounds")
 TORCH_ONLY_KERNELS = {"alphallama.kernels.formats.qweight", "alphallama.kernels.formats",
                       "alphallama.kernels.formats.format", "alphallama.kernels.formats.fmt_float",
                       "alphallama.kernels.formats.fmt_legacy", "alphallama.kernels.formats.fmt_kquant",
