@@ -29,7 +29,8 @@ TORCH_ONLY_KERNELS = {"alphallama.kernels.formats.qweight", "alphallama.kernels.
                       "alphallama.kernels.formats.format", "alphallama.kernels.formats.fmt_float",
                       "alphallama.kernels.formats.fmt_legacy", "alphallama.kernels.formats.fmt_kquant",
                       "alphallama.kernels.gemv.mma_layout", "alphallama.kernels.moe.expert_q8",
-                      "alphallama.kernels.moe.mailbox_layout", "alphallama.kernels.activations.act_ids"}
+                      "alphallama.kernels.moe.mailbox_layout", "alphallama.kernels.activations.act_ids",
+                      "alphallama.kernels.deltanet.layout"}
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -77,3 +78,29 @@ def test_every_format_has_its_triton_side():
     from alphallama.kernels import FORMATS
     from alphallama.kernels.formats.format import triton_kernels
     assert set(triton_kernels()) == set(FORMATS)
+
+
+def test_plan_of_a_hybrid_without_triton(tmp_path):
+    """`alphallama plan` sizes a Gated DeltaNet hybrid's cache (its recurrent rows) with no
+    Triton to import: a user without a GPU asks what their file needs."""
+    from alphallama.gguf.writer import PRESETS, write_synthetic
+    path = tmp_path / "hybrid.gguf"
+    write_synthetic(PRESETS["tiny-qwen35moe"](), path)
+    r = _python(f"""
+import sys
+from alphallama.cli import main
+rc = main(["plan", "-m", {str(path)!r}, "--gpu-mem", "2G", "--no-probe", "--json"])
+assert not any(m == "triton" or m.startswith("triton.") for m in sys.modules), "triton was imported"
+sys.exit(rc)
+""")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout[r.stdout.index("{"):])
+    from alphallama.gguf.arch import load_config
+    from alphallama.gguf.reader import GGUFFile
+    from alphallama.kernels.deltanet.layout import RING_ROWS, W_MAX
+    from alphallama.offload.plan import KV_PAD_ROWS
+    c = load_config(GGUFFile(str(path)))
+    kv = 2 * len(c.attn_layers) * c.n_kv_heads * (plan["ctx"] + KV_PAD_ROWS) * c.head_dim * 2
+    state = 4 * len(c.recurrent_layers) * (RING_ROWS * c.conv_dim + c.ssm_v_heads * c.ssm_head_dim ** 2
+                                           + W_MAX * 2 * c.ssm_v_heads)
+    assert plan["sizes"]["kv"] == kv + state     # (the cache's own tensors: tests/runtime/test_gpu_hybrid_store.py)

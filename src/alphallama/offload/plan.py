@@ -122,7 +122,7 @@ def _state_bytes(cfg: ModelConfig, ctx: int) -> int:
     kv = 2 * n_kv * cfg.n_kv_heads * (ctx + KV_PAD_ROWS) * cfg.head_dim * 2
     if attn is None:
         return kv
-    from ..kernels.deltanet.common import RING_ROWS, W_MAX
+    from ..kernels.deltanet.layout import RING_ROWS, W_MAX
     hv, dk = cfg.ssm_v_heads, cfg.ssm_head_dim
     per_layer = RING_ROWS * cfg.conv_dim + hv * dk * dk + W_MAX * 2 * hv
     return kv + 4 * len(cfg.recurrent_layers) * per_layer

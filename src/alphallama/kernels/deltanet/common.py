@@ -19,9 +19,8 @@ import triton
 import triton.language as tl
 
 from ...model.deltanet import key_heads
+from .layout import RING_ROWS, W_MAX  # noqa: F401 (W_MAX: imported from here by the kernels and the cache)
 
-RING_ROWS = 72     # >= W_MAX + d_conv - 1 = 64 + 3: a round's reads and writes never share a slot
-W_MAX = 64
 
 
 @dataclass(frozen=True)
