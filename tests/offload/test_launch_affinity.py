@@ -18,12 +18,25 @@ from alphallama.runtime.overrides import Overrides
 CHEAP = Overrides(decode_gemv="f32", moe_gemv="f32", attention_tiles=(16, 4))
 
 
-def _layout(path: str) -> tuple[list[int], set[int]]:
-    """(worker cpus, launch cpus) of a fresh store with CPU workers, built in this thread."""
+needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                    reason="needs Linux thread affinity and two cpus")
+
+
+def _store(path: str) -> GPUModel:
+    """A fresh store with CPU workers, built in the calling thread."""
     model = GPUModel(GGUFFile(path), 64, device="cpu", expert_slots=2, cpu_tier=True, cpu_threads=1, overrides=CHEAP)
     if model.cpu_tier is None:
         pytest.skip("no CPU workers here (no C compiler)")
-    return list(model.cpu_tier.experts.cpus), set(model.cpu_tier.launch_cpus)
+    return model
+
+
+def _pinned(path: str) -> tuple[GPUModel, set[int], set[int]]:
+    """(a store, this thread's cpus before, after its launch thread was pinned apart, as a GPU
+    round's launch does)."""
+    before = os.sched_getaffinity(0)
+    model = _store(path)
+    model.cpu_tier.keep_launch_thread_apart()
+    return model, before, os.sched_getaffinity(0)
 
 
 def _in_a_thread(fn):
@@ -43,23 +56,15 @@ def _in_a_thread(fn):
     return out["value"]
 
 
+@needs_affinity
 def test_a_second_store_finds_the_cpus_the_first_found(micro_moe):
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs Linux thread affinity and two cpus")
-
     def arms():
-        before = os.sched_getaffinity(0)
-        model = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=2, cpu_tier=True, cpu_threads=1,
-                         overrides=CHEAP)
-        if model.cpu_tier is None:
-            pytest.skip("no CPU workers here (no C compiler)")
-        model.cpu_tier.keep_launch_thread_apart()       # what a GPU round's launch does
-        pinned = os.sched_getaffinity(0)
+        model, before, pinned = _pinned(micro_moe)
         del model
         gc.collect()
         after = os.sched_getaffinity(0)
-        workers, launch = _layout(micro_moe)
-        return before, pinned, after, workers, launch
+        second = _store(micro_moe)
+        return before, pinned, after, list(second.cpu_tier.experts.cpus), set(second.cpu_tier.launch_cpus)
 
     before, pinned, after, workers, launch = _in_a_thread(arms)
     assert pinned < before                              # pinned apart while the tier lived
@@ -67,18 +72,10 @@ def test_a_second_store_finds_the_cpus_the_first_found(micro_moe):
     assert workers and launch and launch.isdisjoint(workers) and launch | set(workers) <= before
 
 
+@needs_affinity
 def test_release_gives_the_cpus_back_while_the_tier_lives(micro_moe):
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs Linux thread affinity and two cpus")
-
     def pin_and_release():
-        before = os.sched_getaffinity(0)
-        model = GPUModel(GGUFFile(micro_moe), 64, device="cpu", expert_slots=2, cpu_tier=True, cpu_threads=1,
-                         overrides=CHEAP)
-        if model.cpu_tier is None:
-            pytest.skip("no CPU workers here (no C compiler)")
-        model.cpu_tier.keep_launch_thread_apart()
-        pinned = os.sched_getaffinity(0)
+        model, before, pinned = _pinned(micro_moe)
         model.cpu_tier.release_launch_threads()
         return before, pinned, os.sched_getaffinity(0)
 

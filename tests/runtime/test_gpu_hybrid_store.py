@@ -15,6 +15,7 @@ from alphallama.gguf.reader import GGUFFile
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.runtime.gpu_hybrid import GPUHybridModel
 from alphallama.runtime.overrides import Overrides
+from tests.offload.test_store import _teacher_forced
 from tests.runtime.test_gpu_hybrid import MOE, TINY, _copying
 
 F32 = Overrides(decode_gemv="f32", moe_gemv="f32")
@@ -42,14 +43,6 @@ def copying(tmp_path_factory) -> GGUFFile:
 
 def _model(f: GGUFFile, slots: int | None = None, cpu_tier: bool = False) -> GPUHybridModel:
     return GPUHybridModel(f, CTX, device="cpu", overrides=F32, expert_slots=slots, cpu_tier=cpu_tier)
-
-
-def _teacher_forced(m: GPUHybridModel, tokens: list[int], prefill: int = 3) -> list[torch.Tensor]:
-    cache = m.new_cache()
-    out = [m.forward(torch.tensor(tokens[:prefill]), 0, cache)[0].clone()]
-    for i in range(prefill, len(tokens)):
-        out.append(m.forward(torch.tensor(tokens[i:i + 1]), i, cache)[0].clone())
-    return out
 
 
 @pytest.mark.parametrize("cpu_tier", [False, True], ids=["pcie", "cpu-workers"])

@@ -6,27 +6,19 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 
 import jsonschema
 import pytest
-from conftest import QWEN, require
+from conftest import QWEN, ROOT, require
 from openai import BadRequestError, OpenAI
 from serverutil import free_port, wait_healthy
 from test_server_cli import serve_command
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}
-ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}}]
-ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
-                                           "languages": {"type": "array", "items": {"enum": ["python", "c", "go"]},
-                                                         "maxItems": 3}},
-          "required": ["name", "age", "languages"], "additionalProperties": False}
+sys.path.insert(0, str(ROOT / "bench"))
+# the tools and schemas bench/gpu_server_tools.py sends on the GPU: one definition for both
+from gpu_server_tools import ADD, ASK, PERSON, TOOLS, WEATHER  # noqa: E402
+
 NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 1, "maxItems": 4}
 CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "get_weather"}}}
 
