@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A session's device calls for the open comparisons against llama.cpp (issues 32, 33, 34), laid
-# out as session 45 found works: long CPU jobs (the llama.cpp build, the synthetic files) start in
-# the background of the first call with `setsid nice` (a setsid process outlives its call while
-# the machine stays warm), the GPU work runs in the foreground, and the next call, issued at once
-# (the machine goes back 30 s after a call), waits for them. Repo root; carry [".whl", ".devcarry"]
+# out as sessions 45-46 found works: long CPU jobs (the llama.cpp build, the synthetic files) start
+# in the background with `setsid nice` (a setsid process outlives its call while the machine stays
+# warm) under another call's GPU work, and the next call, issued at once (the machine goes back
+# 30 s after a call), waits for them. Repo root; carry [".whl", ".devcarry"]
 # (.devcarry/llama.cpp-src.tar.gz from `bash bench/llamacpp_source.sh`):
 #
-#   GIT_COMMIT=<c> bash bench/gpu_session.sh start     # build + files in the background; offload v2 (~8 min)
-#   GIT_COMMIT=<c> bash bench/gpu_session.sh compare   # -np servers, IQ4_XS, llama.cpp's offload (~9 min)
+#   bash bench/gpu_session.sh bg; GIT_COMMIT=<c> bash bench/gpu_train_embedded.sh   # build under the retrain
+#   GIT_COMMIT=<c> bash bench/gpu_session.sh compare   # -np servers, IQ4_XS (~9 min)
+#   GIT_COMMIT=<c> bash bench/gpu_session.sh offload   # offload v2 + llama.cpp's --n-cpu-moe, same call (~9 min)
+#   GIT_COMMIT=<c> bash bench/gpu_session.sh start     # bg + offload v2 in one call (when no retrain runs)
 #
 # The servers' file has a real vocabulary (the embedded model's): the synthetic default, 258
 # tokens padded with UNUSED [PAD] tokens, makes both servers stream no text. Writes the scripts'
@@ -15,7 +17,8 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/m /tmp/logs
 LIMIT=${LIMIT:-570}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -1
+[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl 2>&1 | tail -1   # once a machine: a background stage may be importing from it
 export PYTHONPATH=/tmp/site:$PWD/src TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 VOCAB=src/alphallama/data/alphallama-embedded.gguf
 
@@ -32,18 +35,26 @@ files() {   # the 8B files: servers (real vocab), IQ4_XS (llama-bench and ours);
 finish() { cp /tmp/build.out /tmp/logs/ 2>/dev/null; mv "$OUT"/*.log /tmp/logs/ 2>/dev/null
            tar -czf "$OUT/logs-$1.tgz" -C /tmp logs; ls "$OUT"; }
 
-case "${1:-}" in
-start)
-  setsid nice -n 19 bash bench/gpu_llamacpp.sh build > /tmp/build.out 2>&1 < /dev/null &
-  setsid nice -n 19 bash "$0" files > /dev/null 2>&1 < /dev/null &
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/kernels/test_moe_oai.py 2>&1 | tail -3
-  timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_v2.py --layers 12 --fractions 1.0 0.5 0.25 0.1 \
+offload_v2() {   # offload_v2 RESERVE_S: leave RESERVE_S of the call for what follows
+  timeout $((LIMIT - $1 - SECONDS)) python3 bench/gpu_offload_v2.py --layers 12 --fractions 1.0 0.5 0.25 0.1 \
       > /tmp/logs/offload_v2.log 2>&1
   grep -E '"config"' /tmp/logs/offload_v2.log | python3 -c "
 import json, sys
 for line in sys.stdin:
     r = json.loads(line)
     print(f\"{r['config'][:64]:64s} {r['tok_s']:8.1f} tok/s {r['ms_per_round']:7.3f} ms hit {r.get('hit_rate') or 1:.2f}\")"
+}
+background() {
+  setsid nice -n 19 bash bench/gpu_llamacpp.sh build > /tmp/build.out 2>&1 < /dev/null &
+  setsid nice -n 19 bash "$0" files > /dev/null 2>&1 < /dev/null &
+}
+
+case "${1:-}" in
+bg) background ;;
+start)
+  background
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/kernels/test_moe_oai.py 2>&1 | tail -3
+  offload_v2 0
   tail -2 /tmp/build.out; ls /tmp/m
   finish start ;;
 files) files ;;
@@ -60,5 +71,11 @@ compare)
   [ -f /tmp/offload-v2-synth.gguf ] && timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_llamacpp.py \
       --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
   finish compare ;;
-*) echo "stage: start | compare"; exit 2 ;;
+offload)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/kernels/test_moe_oai.py 2>&1 | tail -3
+  offload_v2 180
+  [ -x /tmp/llama.cpp/build/bin/llama-bench ] && timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_llamacpp.py \
+      --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
+  finish offload ;;
+*) echo "stage: bg | start | compare | offload"; exit 2 ;;
 esac
