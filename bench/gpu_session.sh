@@ -20,7 +20,7 @@ LIMIT=${LIMIT:-570}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl 2>&1 | tail -1   # once a machine: a background stage may be importing from it
 export PYTHONPATH=/tmp/site:$PWD/src TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-VOCAB=src/alphallama/data/alphallama-embedded.gguf
+VOCAB=${VOCAB:-src/alphallama/data/alphallama-embedded.gguf}   # or its tokenizer keys alone (a staging call)
 
 synth() {   # synth OUT ARGS...: one file, written under a temporary name (a cut write leaves no file)
   local out=$1; shift
