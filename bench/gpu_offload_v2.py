@@ -14,6 +14,10 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
     with admissions happening): gated (the cost table timed under the store, priced with
     the misses a column adds: spec/offload_costs.py; its prices and footprint recorded)
     and ungated (every draft verified), drafted / accepted tokens beside tok/s,
+  - prefill with a store: a --prefill-tokens prompt through the model's prefill path at each
+    --prefill-fractions and the resident control, in chunks of each --prefill-chunks rows (a
+    store's chunk reads every missed expert once over PCIe: a larger chunk reads the host tier
+    fewer times a prompt; the question behind "the prefill borrowing the bank"),
   - the mapped tier: --host-frac of the expert bytes allowed in pinned RAM (the rest of
     the layers read from the mapped file) at --mapped-fraction in VRAM, warm (the page
     cache holds the file) and cold (the file's pages dropped before the decode:
@@ -55,6 +59,27 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
+def prefill_ms(eng, ids: list[int], chunks: list[int], reps: int = 2) -> dict[str, float]:
+    """The prompt's prefill through the model alone (no engine chunking), per chunk size: the
+    best of `reps` after one warm-up (graphs, the bank's first reads)."""
+    m, toks, out = eng.model, torch.tensor(ids), {}
+    keep = m.prefill_chunk
+    for chunk in chunks:
+        m.prefill_chunk = chunk
+        times = []
+        for _ in range(reps + 1):
+            eng.reset()
+            t0 = time.perf_counter()
+            m.forward(toks, 0, eng.cache)
+            if torch.device(m.device).type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out[str(chunk)] = 1e3 * min(times[1:])
+    m.prefill_chunk = keep
+    eng.reset()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-30b-a3b")
@@ -71,6 +96,9 @@ def main() -> int:
     ap.add_argument("--spec-fraction", type=float, default=0.25, help="the budget of the speculative arm (0: none)")
     ap.add_argument("--mapped-fraction", type=float, default=0.25, help="VRAM share of the mapped arms (0: none)")
     ap.add_argument("--host-frac", type=float, default=0.5, help="expert bytes the mapped arms allow in pinned RAM")
+    ap.add_argument("--prefill-tokens", type=int, default=1536)
+    ap.add_argument("--prefill-chunks", type=int, nargs="*", default=[512, 1536])
+    ap.add_argument("--prefill-fractions", type=float, nargs="*", default=[0.25])
     ap.add_argument("--threads", type=int, default=None, help="CPU workers (default: the probe's count)")
     ap.add_argument("--no-control", action="store_true", help="skip the resident control (time)")
     args = ap.parse_args()
@@ -86,6 +114,7 @@ def main() -> int:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 256, (args.prompt,), generator=g).tolist()
     motif = torch.randint(0, 256, (8,), generator=g).tolist()
+    long_prompt = torch.randint(0, 256, (args.prefill_tokens,), generator=g).tolist()
     repeat = (motif * (args.prompt // 8 + 1))[:args.prompt]     # the copy drafter finds matches in it
     s = make_plan(path, ctx=args.ctx, gpu_mem=1 << 50).sizes
     fixed = s.dense + s.kv + s.workspace
@@ -100,7 +129,8 @@ def main() -> int:
     bw = Bandwidths(**{k: v for k, v in res["bandwidths"].items() if k != "source"})
 
     def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: SpecConfig | None = None,
-                cold: bool = False, ids: list[int] = prompt, key: str = "plain", workers: bool = True) -> None:
+                cold: bool = False, ids: list[int] = prompt, key: str = "plain", workers: bool = True,
+                prefill: bool = False) -> None:
         """key: the arms whose tokens must be equal (the same prompt); workers False: no CPU
         tier (the bank and the host rows on the resident int8 kernels, moe_i8 with its table)."""
         gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
@@ -129,6 +159,8 @@ def main() -> int:
                        **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
                        readahead_hints=st.readahead.hints if st.readahead else 0,
                        tokens_equal_first_store_arm=out["tokens"] == first.setdefault(key, out["tokens"]))
+            if prefill:   # after the decode's figures: the prompt's routing moves the bank
+                row["prefill_ms"] = prefill_ms(eng, long_prompt, args.prefill_chunks)
             del eng, st
         except Exception as e:   # keep the arms measured so far
             row["error"] = f"{type(e).__name__}: {e}"
@@ -142,13 +174,16 @@ def main() -> int:
     if not args.no_control:
         eng, load_s, cap_s = _engine(path, args.ctx, args.device, None)
         out = _decode(eng, prompt, args.tokens)
+        if args.prefill_chunks:
+            out["prefill_ms"] = prefill_ms(eng, long_prompt, args.prefill_chunks)
         rows.append({"config": "resident (no store)", "load_s": load_s, "capture_s": cap_s,
                      "expected": make_plan(path, ctx=args.ctx, gpu_mem=1 << 50, bandwidths=bw).estimate.to_dict(),
                      **{k: v for k, v in out.items() if k != "tokens"}})
         del eng
         save()
     for frac in args.fractions:   # at 100% the plan picks "resident": the store holds every expert
-        run_arm(f"store, --gpu-mem for {int(100 * frac)}% of experts", frac)
+        run_arm(f"store, --gpu-mem for {int(100 * frac)}% of experts", frac,
+                prefill=frac in args.prefill_fractions and bool(args.prefill_chunks))
     for frac in args.pcie_only_fractions:   # the contract kernels' share of a round: the same budgets, no CPU tier
         run_arm(f"store, --gpu-mem for {int(100 * frac)}% of experts, no CPU workers (PCIe only)", frac,
                 workers=False)
