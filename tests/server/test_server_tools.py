@@ -10,6 +10,7 @@ import sys
 
 import jsonschema
 import pytest
+import torch
 from conftest import QWEN, ROOT, require
 from openai import BadRequestError, OpenAI
 from serverutil import free_port, wait_healthy
@@ -178,9 +179,11 @@ def test_bad_requests_are_400(embedded, kw, param):
 
 @pytest.mark.shared
 @pytest.mark.slow
-def test_qwen_coder_tool_calls():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the GPU half needs CUDA"))])
+def test_qwen_coder_tool_calls(device):
     require(QWEN)
-    proc, client = _serve(["-m", str(QWEN), "--device", "cpu", "-c", "2048"], 600)
+    proc, client = _serve(["-m", str(QWEN), "--device", device, "-c", "2048"], 600)
     try:
         kw = dict(model="m", messages=ASK, tools=TOOLS, max_tokens=80, temperature=0)
         r = client.chat.completions.create(**kw)

@@ -61,6 +61,14 @@ HERMES = [
      [("add", {"a": 1, "b": 2})]),
     ("No tools needed: 2 + 2 = 4.", "No tools needed: 2 + 2 = 4.", []),
     ("a < b and <tool_ is not a tag", "a < b and <tool_ is not a tag", []),
+    # Qwen2.5-Coder's untagged calls (seen through the server under tool_choice auto)
+    ('{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}', "",
+     [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    ('\n```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```', "", [("add", {"a": 1, "b": 2})]),
+    ('{"name": "add", "arguments": {"a": 1, "b": 2}}\n{"name": "add", "arguments": {"a": 3, "b": 4}}', "",
+     [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]),
+    ("```python\ndef f():\n    return {}\n```", "```python\ndef f():\n    return {}\n```", []),
+    ('The call would be {"name": "add", "arguments": {}}', 'The call would be {"name": "add", "arguments": {}}', []),
 ]
 HERMES_BROKEN = [
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>',      # cut JSON
@@ -68,6 +76,10 @@ HERMES_BROKEN = [
     '<tool_call>\n{"arguments": {"city": "Paris"}}\n</tool_call>',                       # no name
     '<tool_call>\n{"name": "add", "arguments": [1, 2]}\n</tool_call>',                   # arguments not an object
     '<tool_call>\n{"name": "add", "arguments": {}} {"name": "add"}\n</tool_call>',       # two objects in one tag
+    '{"answer": 4}',                                                                     # bare JSON, not a call
+    '{"name": "add", "arguments": {"a": 1, "b": 2}} and then some words',               # a bare call and text
+    '```json\n{"name": "add", "arguments": {"a": 1}}',                                 # an unclosed fence
+    '{"name": "launch_rockets", "arguments": {}}',                                      # bare, not a tool offered
 ]
 
 

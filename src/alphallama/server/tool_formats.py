@@ -6,7 +6,10 @@ emits, never the model's file name), where a call starts and ends in the model's
 (`decode`: None when it is malformed, and the caller then returns that text as content),
 and the Lark grammar that forces calls when tool_choice asks for them.
 
-- Hermes (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
+- Hermes (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
+  an answer that is nothing but such objects, bare or in a ```json fence, is calls too
+  (Qwen2.5-Coder writes them without the tags under tool_choice auto; llama.cpp's Hermes
+  parser takes them as well)
 - Llama 3.x JSON: the whole answer is `{"name": ..., "parameters": {...}}`, optionally after
   `<|python_tag|>`
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
@@ -164,10 +167,25 @@ class HermesFormat:
     def detect(self, template: str) -> bool:
         return self.OPEN in template
 
+    FENCES = ("```json", "```")
+
     def span(self, text, at_start, final):
-        return _delimited_span(text, self.OPEN, self.CLOSE, final)
+        tagged = _delimited_span(text, self.OPEN, self.CLOSE, final)
+        if not at_start or (tagged is not None and tagged[1] is not None):
+            return tagged
+        body = text.lstrip()
+        lead = len(text) - len(body)
+        fenced = next((body[len(f):].lstrip() for f in self.FENCES if body.startswith(f)), body)
+        if fenced.startswith("{"):                  # a bare call: held to the end, decoded whole
+            return (lead, len(text)) if final else (lead, None)
+        if not final and (not body or any(f.startswith(body) for f in self.FENCES)
+                          or (fenced is not body and not fenced)):
+            return lead, None                       # whitespace, a fence's start: may become one
+        return tagged
 
     def decode(self, text, names):
+        if not text.startswith(self.OPEN):          # bare (span saw "{" at the answer's start)
+            return self._bare(text, names)
         body = text[len(self.OPEN):]
         if body.endswith(self.CLOSE):
             body = body[:-len(self.CLOSE)]
@@ -176,6 +194,17 @@ class HermesFormat:
             return None
         call = _call(values[0], names, ("arguments", "parameters"))
         return None if call is None else [call]
+
+    def _bare(self, text, names):
+        body = text.strip()
+        fence = next((f for f in self.FENCES if body.startswith(f)), None)
+        if fence is not None:
+            if not body.endswith("```") or len(body) < len(fence) + 3:
+                return None
+            body = body[len(fence):-3]
+        values = _json_values(body)
+        calls = [_call(v, names, ("arguments", "parameters")) for v in values or []]
+        return calls if calls and all(c is not None for c in calls) else None
 
     def grammar(self, tools, parallel, vocab):
         return "\n".join(["start: calls", *self._rules(tools, parallel, vocab)])
