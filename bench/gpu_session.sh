@@ -58,18 +58,19 @@ start)
   tail -2 /tmp/build.out; ls /tmp/m
   finish start ;;
 files) files ;;
-compare)
+compare)   # issue 32's IQ4_XS first, then 33's -np servers, then 34's llama.cpp offload in what is left
   while pgrep -f "cmake --build" > /dev/null || pgrep -f "gpu_session.sh files" > /dev/null; do
     sleep 3; [ $SECONDS -gt 300 ] && break; done
   echo "build and files at $SECONDS s"; ls /tmp/m /tmp/llama.cpp/build/bin/llama-bench
-  timeout 260 python3 bench/gpu_np_servers.py --gguf /tmp/m/qwen3-8b-np.gguf --ns 1 2 4 --tokens 128 \
-      --prompt-tokens 512 --ctx-per-slot 2048 --timeout 120 --stop-timeout 10 2>&1 | tail -12
   bash bench/gpu_llamacpp.sh bench /tmp/m/qwen3-8b-IQ4_XS.gguf
-  timeout $((LIMIT - 150 - SECONDS)) python3 bench/gpu_decode_arms.py --preset qwen3-8b --quant IQ4_XS \
+  timeout 180 python3 bench/gpu_decode_arms.py --preset qwen3-8b --quant IQ4_XS \
       --file /tmp/m/qwen3-8b-IQ4_XS.gguf --arms default f32 --reps 30 > /tmp/logs/arms-IQ4_XS.log 2>&1
   tail -3 /tmp/logs/arms-IQ4_XS.log
-  [ -f /tmp/offload-v2-synth.gguf ] && timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_llamacpp.py \
-      --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
+  left=$((LIMIT - SECONDS - 15)); [ $left -gt 260 ] && left=260
+  [ $left -gt 60 ] && timeout $left python3 bench/gpu_np_servers.py --gguf /tmp/m/qwen3-8b-np.gguf --ns 1 2 4 \
+      --tokens 128 --prompt-tokens 512 --ctx-per-slot 2048 --timeout 120 --stop-timeout 10 2>&1 | tail -12
+  [ -f /tmp/offload-v2-synth.gguf ] && [ $((LIMIT - SECONDS)) -gt 60 ] && timeout $((LIMIT - SECONDS)) \
+      python3 bench/gpu_offload_llamacpp.py --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
   finish compare ;;
 offload)
   timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/kernels/test_moe_oai.py 2>&1 | tail -3
