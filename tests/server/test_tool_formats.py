@@ -241,3 +241,8 @@ def test_lazy_grammars(vocab, fmt, one, two):
     assert not _accepts(vocab, lazy, "Let me add that.\n" + one.replace('"b": 2', '"b": 2.5') + close)
     assert _accepts(vocab, lazy, one + two + close)
     assert not _accepts(vocab, fmt.lazy_grammar(TOOLS, False, vocab), one + two + close)
+    if isinstance(fmt, HermesFormat):     # an untagged call (Qwen2.5-Coder's) is held to the schema too
+        bare = one[len(fmt.OPEN) + 1:-len(fmt.CLOSE) - 1]
+        assert _accepts(vocab, lazy, bare) and fmt.decode(bare, NAMES) is not None
+        assert not _accepts(vocab, lazy, bare.replace('"a": 1', '"a": "one"'))
+        assert not _accepts(vocab, lazy, '{"name": "launch", "arguments": {}}')

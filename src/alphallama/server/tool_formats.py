@@ -126,16 +126,21 @@ def _free_text(*markers: str) -> str:
     return f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*({never})(.|\\n)*/"
 
 
-def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str]) -> str:
+def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str], bare: str | None = None) -> str:
     """Free text, or text up to a call's marker and then `after` (the calls past the marker).
     A marker the vocabulary has as a control token cannot be spelled by text; a textual one
     ends the free text as a `suffix` (llguidance: the text runs lazily until it, the marker
-    then part of the output): a greedy text lexeme would swallow the marker's first bytes."""
+    then part of the output): a greedy text lexeme would swallow the marker's first bytes.
+    bare: the calls written without the marker, as a whole answer; free text then may not
+    start with "{" (nor whitespace, nor may the text before a marker start with "{"), so an
+    answer that opens as JSON is a call by the schema."""
     tid = vocab.special_token(marker)
+    text, lead, alt = ("/[^{\\s](.|\\n)*/", "/([^{](.|\\n)*)?/", f" | {bare}") if bare else \
+        ("/(.|\\n)+/", "/(.|\\n)*/", "")
     if tid is not None:
-        return "\n".join([f"start: TEXT | TEXT? <[{tid}]> {after}", "TEXT: /(.|\\n)+/", *rules])
-    return "\n".join([f"start: TEXT | lead {after}", _free_text(marker),
-                      f"lead[suffix={_lit(marker)}]: /(.|\\n)*/", *rules])
+        return "\n".join([f"start: TEXT | TEXT? <[{tid}]> {after}{alt}", f"TEXT: {text}", *rules])
+    return "\n".join([f"start: TEXT | lead {after}{alt}", _free_text(marker).replace("/(.|\\n)+/", text, 1),
+                      f"lead[suffix={_lit(marker)}]: {lead}", *rules])
 
 
 class ToolFormat(Protocol):
@@ -211,7 +216,8 @@ class HermesFormat:
 
     def lazy_grammar(self, tools, parallel, vocab):
         first = f'"\\n" call "\\n" {_marker(vocab, self.CLOSE)}' + (' ("\\n" tc)*' if parallel else "")
-        return _lazy(vocab, self.OPEN, first, self._rules(tools, parallel, vocab)[1:])
+        bare = 'call ("\\n" call)*' if parallel else "call"      # an untagged answer (decode's _bare)
+        return _lazy(vocab, self.OPEN, first, self._rules(tools, parallel, vocab)[1:], bare)
 
     def _rules(self, tools, parallel, vocab) -> list[str]:
         one = f'{_marker(vocab, self.OPEN)} "\\n" call "\\n" {_marker(vocab, self.CLOSE)}'
