@@ -27,9 +27,9 @@ synth() {   # synth OUT ARGS...: one file, written under a temporary name (a cut
   [ -f "$out" ] && return 0
   python3 -m alphallama synth "$@" -o "$out.tmp" > "/tmp/logs/synth-$(basename "$out").log" 2>&1 && mv "$out.tmp" "$out"
 }
-files() {   # the 8B files: servers (real vocab), IQ4_XS (llama-bench and ours); one at a time
-  synth /tmp/m/qwen3-8b-np.gguf --preset qwen3-8b --vocab-from $VOCAB
+files() {   # the 8B files: IQ4_XS (llama-bench and ours), servers (real vocab); one at a time
   synth /tmp/m/qwen3-8b-IQ4_XS.gguf --preset qwen3-8b --quant IQ4_XS
+  synth /tmp/m/qwen3-8b-np.gguf --preset qwen3-8b --vocab-from $VOCAB
 }
 
 finish() { cp /tmp/build.out /tmp/logs/ 2>/dev/null; mv "$OUT"/*.log /tmp/logs/ 2>/dev/null
