@@ -59,13 +59,15 @@ start)
   finish start ;;
 files) files ;;
 compare)   # issue 32's IQ4_XS first, then 33's -np servers, then 34's llama.cpp offload in what is left
-  while pgrep -f "cmake --build" > /dev/null || pgrep -f "gpu_session.sh files" > /dev/null; do
-    sleep 3; [ $SECONDS -gt 300 ] && break; done
-  echo "build and files at $SECONDS s"; ls /tmp/m /tmp/llama.cpp/build/bin/llama-bench
+  wait_for() { while [ ! -e "$1" ] && pgrep -f "$2" > /dev/null; do sleep 3; [ $SECONDS -gt $3 ] && break; done; }
+  wait_for /tmp/llama.cpp/build/bin/llama-server "cmake --build" 300
+  wait_for /tmp/m/qwen3-8b-IQ4_XS.gguf "gpu_session.sh files" 300
+  echo "build and IQ4_XS file at $SECONDS s"; ls /tmp/m /tmp/llama.cpp/build/bin/llama-bench
   bash bench/gpu_llamacpp.sh bench /tmp/m/qwen3-8b-IQ4_XS.gguf
   timeout 180 python3 bench/gpu_decode_arms.py --preset qwen3-8b --quant IQ4_XS \
       --file /tmp/m/qwen3-8b-IQ4_XS.gguf --arms default f32 --reps 30 > /tmp/logs/arms-IQ4_XS.log 2>&1
   tail -3 /tmp/logs/arms-IQ4_XS.log
+  wait_for /tmp/m/qwen3-8b-np.gguf "gpu_session.sh files" $((LIMIT - 120))
   left=$((LIMIT - SECONDS - 15)); [ $left -gt 260 ] && left=260
   [ $left -gt 60 ] && timeout $left python3 bench/gpu_np_servers.py --gguf /tmp/m/qwen3-8b-np.gguf --ns 1 2 4 \
       --tokens 128 --prompt-tokens 512 --ctx-per-slot 2048 --timeout 120 --stop-timeout 10 2>&1 | tail -12
