@@ -60,7 +60,7 @@ start)
 files) files ;;
 compare)   # issue 32's IQ4_XS first, then 33's -np servers, then 34's llama.cpp offload in what is left
   wait_for() { while [ ! -e "$1" ] && pgrep -f "$2" > /dev/null; do sleep 3; [ $SECONDS -gt $3 ] && break; done; }
-  wait_for /tmp/llama.cpp/build/bin/llama-server "cmake --build" 300
+  wait_for /nonexistent "cmake --build" 300                       # the build: both programs
   wait_for /tmp/m/qwen3-8b-IQ4_XS.gguf "gpu_session.sh files" 300
   echo "build and IQ4_XS file at $SECONDS s"; ls /tmp/m /tmp/llama.cpp/build/bin/llama-bench
   bash bench/gpu_llamacpp.sh bench /tmp/m/qwen3-8b-IQ4_XS.gguf
