@@ -10,35 +10,46 @@ Two paths a user's tokens take on the GPU:
   tokens equal the teacher-forced picks until the first place the two engines depart, and
   may go their own way after it only at a near tie of ours.
 
-CUDA only: a 262k-entry vocabulary through the interpreter would take hours. The file is
-read from ALPHA_MODELS (default ~/.cache/alphallama/models); assemble it with
-../shared/tools/fetch-models.sh DIR gemma."""
+On CUDA every case takes both paths. Without CUDA the first case's teacher-forced pass runs
+the same runtime under the Triton interpreter (the prefill path: its dequantization kernels
+interpreted, ~70 s on 2 cores; a decode round of the 262k-entry head would take minutes a
+token, so the decode test is CUDA's). The file is read from ALPHA_MODELS (default
+~/.cache/alphallama/models); assemble it with ../shared/tools/fetch-models.sh DIR gemma."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import MODELS_DIR, REFERENCE, require
+from conftest import MODELS_DIR, REFERENCE, SHARED, require
 
 NEAR_TIE = 0.15      # llama.cpp's own top-2 gap where we may take its second (the CPU test's)
 OUR_TIE = 0.2        # and ours there
 GEMMA = MODELS_DIR / "gemma-3-270m-q4_k_m.gguf"
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the real Gemma 3 on the GPU needs CUDA")
+CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not CUDA, reason="a decode round of the 262k-entry head needs CUDA")
 
 
 @pytest.fixture(scope="module")
 def engine():
+    """The engine on CUDA; without it, the GPU runtime alone on the CPU (the interpreter)."""
     from alphallama.engine import Engine
+    from alphallama.gguf.reader import GGUFFile
+    from alphallama.runtime.gpu_model import GPUModel
     require(GEMMA, "assemble it with ../shared/tools/fetch-models.sh DIR gemma")
-    return Engine.load(str(GEMMA), ctx_size=512, device="cuda")
+    if CUDA:
+        return Engine.load(str(GEMMA), ctx_size=512, device="cuda")
+    require(SHARED, "the long real-model tests run only beside ../shared")
+    return SimpleNamespace(model=GPUModel(GGUFFile(GEMMA), 512, device="cpu"), encode_prompt=None)
 
 
 @pytest.fixture(scope="module")
 def cases():
-    return json.loads((REFERENCE / "gemma-3-270m-q4_k_m.json").read_text())["cases"]
+    cases = json.loads((REFERENCE / "gemma-3-270m-q4_k_m.json").read_text())["cases"]
+    return cases if CUDA else cases[:1]
 
 
 def _teacher_forced(engine, ids: list[int], gen: list[int]) -> torch.Tensor:
@@ -52,11 +63,14 @@ def _first_departure(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+@pytest.mark.slow
+@pytest.mark.shared
 def test_teacher_forced_matches_llamacpp(engine, cases):
     report = []
     for case in cases:
-        ids = engine.encode_prompt(case["input"])
-        assert ids == case["prompt_ids"], case["input"]
+        ids = case["prompt_ids"]
+        if engine.encode_prompt is not None:
+            assert engine.encode_prompt(case["input"]) == ids, case["input"]
         lp = _teacher_forced(engine, ids, case["gen_ids"])
         ours = lp.argmax(-1).tolist()
         top1_err = [abs(lp[i, top[0][0]].item() - top[0][1]) for i, top in enumerate(case["top5"])]
@@ -69,9 +83,11 @@ def test_teacher_forced_matches_llamacpp(engine, cases):
             assert float(gap[0] - gap[1]) < OUR_TIE, (case["input"], first, gap)
         report.append((case["input"][:24], first))
     print(report)
-    assert sum(first is None for _, first in report) >= 2, report
+    if CUDA:       # llama.cpp's measured departures: two of the four cases run through unchanged
+        assert sum(first is None for _, first in report) >= 2, report
 
 
+@cuda_only
 def test_greedy_decode_follows_teacher_forcing(engine, cases):
     """The decode rounds' tokens against the prefill path's picks along llama.cpp's tokens: while
     the decode has followed llama.cpp's tokens, its next token is the prefill path's argmax at the
