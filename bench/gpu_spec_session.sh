@@ -2,7 +2,7 @@
 # The lead's device calls for issue 6's GPU figures (repo root, .whl carried, gguf installed to
 # /tmp/site as in the other device scripts; GIT_COMMIT set).
 #   bash bench/gpu_spec_session.sh qwen <qwen sha256> [TRAIN_S] [DEADLINE_S]
-#       join the staged Qwen2.5-Coder-0.5B parts (/tmp/stage/qwen.partNN, checked by sha256), distil its
+#       join the staged Qwen2.5-Coder-0.5B parts (bench/stage_model.sh: /tmp/models/qwen.pK, checked by sha256), distil its
 #       MTP sidecar (bench/gpu_distill_mtp.sh, time-boxed), then the public suite through the engine,
 #       arms none / ngram / mtp / mtp,ngram, on Qwen + the new sidecar.
 #   bash bench/gpu_spec_session.sh qwen-suite <qwen sha256>
@@ -16,8 +16,7 @@ case "$1" in
 qwen)
   SHA=$2; TRAIN_S=${3:-130}; DEADLINE_S=${4:-270}
   Q=/tmp/models/qwen.gguf
-  cat /tmp/stage/qwen.part0* > $Q
-  echo "$SHA  $Q" | sha256sum -c - || { echo "qwen parts do not join to the expected file"; exit 2; }
+  [ -f $Q ] || bash bench/stage_model.sh join qwen $Q "$SHA" || exit 2
   D=/tmp/distill; mkdir -p $D
   OUT=$D timeout $((DEADLINE_S + 45)) bash bench/gpu_distill_mtp.sh $Q "$TRAIN_S" --gen-budget-s 40 \
       --deadline-s "$DEADLINE_S" > $D/stdout.txt 2>&1
@@ -30,8 +29,7 @@ qwen)
   ;;
 qwen-suite)
   Q=/tmp/models/qwen.gguf
-  cat /tmp/stage/qwen.part0* > $Q
-  echo "$2  $Q" | sha256sum -c - || { echo "qwen parts do not join to the expected file"; exit 2; }
+  [ -f $Q ] || bash bench/stage_model.sh join qwen $Q "$2" || exit 2
   H=models/qwen2.5-coder-0.5b-instruct.mtp.gguf   # the distilled MTP sidecar, if carried (models/ is ignored)
   ARMS=$( [ -f $H ] && echo "--draft-head $H" || echo "--arms none ngram" )   # without it: plain and n-gram
   timeout 230 python3 bench/spec_suite.py -m $Q $ARMS --device cuda --out "$OUT" --tag h200 2>&1 | tail -40
