@@ -29,7 +29,6 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
+from alphallama.bench.hostinfo import host_state
 from alphallama.offload.mailbox import DONE, LAYER, REQ, ROWS, Mailbox
 from alphallama.offload.native import build
 from alphallama.offload.native.bench import random_weight
@@ -134,16 +134,13 @@ def child(so: str, widths: list[int], posts: int, E: int, cpus: list[int], nap: 
     return out
 
 
-def cpu_model() -> str:
-    """The cpu's model name, and whether it has the VNNI byte dots the slot sums use."""
+def vnni() -> bool:
+    """Whether the cpu has the VNNI byte dots the slot sums use."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or platform.machine()
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    fam = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("cpu family")), "?")
-    vnni = "avx512_vnni" in info or "avx_vnni" in info
-    return f"{name} (family {fam}){', VNNI' if vnni else ''}"
+        return False
+    return "avx512_vnni" in info or "avx_vnni" in info
 
 
 def _median(v: list[float]) -> float:
@@ -222,17 +219,12 @@ def main() -> None:
     results = summarize(runs, expert_b)
     for row in results:
         print(json.dumps(row), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", NATIVE], capture_output=True, text=True,
-                           check=True).stdout.strip()
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
-           "cpu": cpu_model(), "nproc": os.cpu_count(),
+    host = host_state(sys.argv)      # the device copy is no git checkout: GIT_COMMIT names it there
+    out = {**host, "commit": os.environ.get("GIT_COMMIT") or host["git"]["commit"], "vnni": vnni(),
            "note": (f"{len(cpus)} worker thread(s) on a {os.cpu_count()}-core shared VM, the poll on "
                     f"{'its own cpu' if not nap else 'a worker cpu, with 20 us naps'}: not the device host's "
                     "15 workers; the ratios, not the absolute rates, are the finding"),
-           "commit": commit + ("+dirty" if dirty else ""), "baseline": a.baseline,
-           "command": " ".join([Path(sys.executable).name, *sys.argv]), "threads": len(cpus),
+           "baseline": a.baseline, "threads": len(cpus),
            "shape": {"D": D, "F": F, "experts": a.experts, "top_k": K_TOP, "formats": ["Q4_K", "Q6_K"],
                      "expert_mb": round(expert_b / 1e6, 3)},
            "posts": a.posts, "reps": a.reps, "loadavg": os.getloadavg(), "results": results}
