@@ -85,6 +85,11 @@ def _call(obj, names: frozenset[str], args_keys: tuple[str, ...]) -> ToolCall | 
     return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), **extra)
 
 
+def _checked(calls: list[ToolCall | None]) -> list[ToolCall] | None:
+    """The calls, or None when there are none or any is malformed (the text stays content)."""
+    return calls if calls and all(c is not None for c in calls) else None
+
+
 def _json_values(text: str, sep: str = "") -> list | None:
     """The JSON values `text` is made of (whitespace and `sep` between them), or None."""
     dec, out, i = json.JSONDecoder(), [], 0
@@ -120,10 +125,14 @@ def _call_rules(tools: list[ToolSpec], args_key: str) -> list[str]:
     return rules
 
 
-def _free_text(*markers: str) -> str:
-    """The TEXT lexeme of a lazy grammar: any non-empty text that never spells a call's marker."""
+ANY_TEXT = "/(.|\\n)+/"
+NOT_JSON = "/[^{\\s](.|\\n)*/"      # text that cannot open as a call's JSON (nor with whitespace)
+
+
+def _free_text(*markers: str, base: str = ANY_TEXT) -> str:
+    """The TEXT lexeme of a lazy grammar: `base` text that never spells a call's marker."""
     never = "|".join(re.escape(m) for m in markers)
-    return f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*({never})(.|\\n)*/"
+    return f"TEXT: {base} & ~/(.|\\n)*({never})(.|\\n)*/"
 
 
 def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str], bare: str | None = None) -> str:
@@ -135,11 +144,10 @@ def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str], bare: 
     start with "{" (nor whitespace, nor may the text before a marker start with "{"), so an
     answer that opens as JSON is a call by the schema."""
     tid = vocab.special_token(marker)
-    text, lead, alt = ("/[^{\\s](.|\\n)*/", "/([^{](.|\\n)*)?/", f" | {bare}") if bare else \
-        ("/(.|\\n)+/", "/(.|\\n)*/", "")
+    text, lead, alt = (NOT_JSON, "/([^{](.|\\n)*)?/", f" | {bare}") if bare else (ANY_TEXT, "/(.|\\n)*/", "")
     if tid is not None:
         return "\n".join([f"start: TEXT | TEXT? <[{tid}]> {after}{alt}", f"TEXT: {text}", *rules])
-    return "\n".join([f"start: TEXT | lead {after}{alt}", _free_text(marker).replace("/(.|\\n)+/", text, 1),
+    return "\n".join([f"start: TEXT | lead {after}{alt}", _free_text(marker, base=text),
                       f"lead[suffix={_lit(marker)}]: {lead}", *rules])
 
 
@@ -168,11 +176,10 @@ class HermesFormat:
     name = "hermes"
     markers = ()
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    FENCES = ("```json", "```")                     # around an untagged call
 
     def detect(self, template: str) -> bool:
         return self.OPEN in template
-
-    FENCES = ("```json", "```")
 
     def span(self, text, at_start, final):
         tagged = _delimited_span(text, self.OPEN, self.CLOSE, final)
@@ -207,9 +214,7 @@ class HermesFormat:
             if not body.endswith("```") or len(body) < len(fence) + 3:
                 return None
             body = body[len(fence):-3]
-        values = _json_values(body)
-        calls = [_call(v, names, ("arguments", "parameters")) for v in values or []]
-        return calls if calls and all(c is not None for c in calls) else None
+        return _checked([_call(v, names, ("arguments", "parameters")) for v in _json_values(body) or []])
 
     def grammar(self, tools, parallel, vocab):
         return "\n".join(["start: calls", *self._rules(tools, parallel, vocab)])
@@ -251,11 +256,7 @@ class Llama3Format:
         body = text.strip()
         if body.startswith(self.TAG):
             body = body[len(self.TAG):]
-        values = _json_values(body, sep=";")
-        if not values:
-            return None
-        calls = [_call(v, names, ("parameters", "arguments")) for v in values]
-        return None if any(c is None for c in calls) else calls
+        return _checked([_call(v, names, ("parameters", "arguments")) for v in _json_values(body, sep=";") or []])
 
     def grammar(self, tools, parallel, vocab):
         # Llama 3.1's template takes one call per assistant message: one call, parallel or not.
@@ -264,7 +265,7 @@ class Llama3Format:
     def lazy_grammar(self, tools, parallel, vocab):
         # a call is the whole message (JSON from its first character, as span reads it): text
         # is anything else, never starting with "{" nor spelling the python tag
-        text = _free_text(self.TAG).replace("TEXT: /(.|\\n)+/", "TEXT: /[^{\\s](.|\\n)*/", 1)
+        text = _free_text(self.TAG, base=NOT_JSON)
         return "\n".join(["start: TEXT | call", text, *_call_rules(tools, "parameters")])
 
 
@@ -298,7 +299,7 @@ class MistralFormat:
                 if not values or len(values) != 1 or not isinstance(values[0], list) or not values[0]:
                     return None
                 calls += [_call(v, names, ("arguments", "parameters")) for v in values[0]]
-        return None if not calls or any(c is None for c in calls) else calls
+        return _checked(calls)
 
     def grammar(self, tools, parallel, vocab):
         return "\n".join(["start: calls", *self._rules(tools, parallel, vocab)])
