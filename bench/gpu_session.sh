@@ -7,7 +7,7 @@
 # (.devcarry/llama.cpp-src.tar.gz from `bash bench/llamacpp_source.sh`):
 #
 #   bash bench/gpu_session.sh bg; GIT_COMMIT=<c> bash bench/gpu_train_embedded.sh   # build under the retrain
-#   GIT_COMMIT=<c> bash bench/gpu_session.sh compare   # -np servers, IQ4_XS (~9 min)
+#   GIT_COMMIT=<c> bash bench/gpu_session.sh compare   # IQ4_XS, then the -np servers (~9 min)
 #   GIT_COMMIT=<c> bash bench/gpu_session.sh offload   # offload v2 + llama.cpp's --n-cpu-moe, same call (~9 min)
 #   GIT_COMMIT=<c> bash bench/gpu_session.sh start     # bg + offload v2 in one call (when no retrain runs)
 #
@@ -44,6 +44,10 @@ for line in sys.stdin:
     r = json.loads(line)
     print(f\"{r['config'][:64]:64s} {r['tok_s']:8.1f} tok/s {r['ms_per_round']:7.3f} ms hit {r.get('hit_rate') or 1:.2f}\")"
 }
+offload_llamacpp() {   # llama.cpp's --n-cpu-moe at offload v2's budgets, when its file and the build are there
+  [ -f /tmp/offload-v2-synth.gguf ] && [ -x /tmp/llama.cpp/build/bin/llama-bench ] && [ $((LIMIT - SECONDS)) -gt 60 ] \
+    && timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_llamacpp.py --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
+}
 background() {
   setsid nice -n 19 bash bench/gpu_llamacpp.sh build > /tmp/build.out 2>&1 < /dev/null &
   setsid nice -n 19 bash "$0" files > /dev/null 2>&1 < /dev/null &
@@ -71,14 +75,12 @@ compare)   # issue 32's IQ4_XS first, then 33's -np servers, then 34's llama.cpp
   left=$((LIMIT - SECONDS - 15)); [ $left -gt 260 ] && left=260
   [ $left -gt 60 ] && timeout $left python3 bench/gpu_np_servers.py --gguf /tmp/m/qwen3-8b-np.gguf --ns 1 2 4 \
       --tokens 128 --prompt-tokens 512 --ctx-per-slot 2048 --timeout 120 --stop-timeout 10 2>&1 | tail -12
-  [ -f /tmp/offload-v2-synth.gguf ] && [ $((LIMIT - SECONDS)) -gt 60 ] && timeout $((LIMIT - SECONDS)) \
-      python3 bench/gpu_offload_llamacpp.py --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
+  offload_llamacpp
   finish compare ;;
 offload)
   timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/kernels/test_moe_oai.py 2>&1 | tail -3
   offload_v2 180
-  [ -x /tmp/llama.cpp/build/bin/llama-bench ] && timeout $((LIMIT - SECONDS)) python3 bench/gpu_offload_llamacpp.py \
-      --gguf /tmp/offload-v2-synth.gguf 2>&1 | tail -12
+  offload_llamacpp
   finish offload ;;
 *) echo "stage: bg | start | compare | offload"; exit 2 ;;
 esac
