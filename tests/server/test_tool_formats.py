@@ -69,6 +69,14 @@ HERMES = [
      [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]),
     ("```python\ndef f():\n    return {}\n```", "```python\ndef f():\n    return {}\n```", []),
     ('The call would be {"name": "add", "arguments": {}}', 'The call would be {"name": "add", "arguments": {}}', []),
+    # untagged calls after text: the answer's end from a line that opens {"name"
+    ('Sure:\n{"name": "add", "arguments": {"a": 1, "b": 2}}', "Sure:", [("add", {"a": 1, "b": 2})]),
+    ('I will call it.\n\n```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```\n', "I will call it.",
+     [("get_weather", {"city": "Oslo"})]),
+    ('Two:\n{"name": "add", "arguments": {"a": 1}}\n{"name": "add", "arguments": {"a": 2}}', "Two:",
+     [("add", {"a": 1}), ("add", {"a": 2})]),
+    ("int main()\n{\n  return 0;\n}\n", "int main()\n{\n  return 0;\n}", []),
+    ('Config:\n```json\n{"names": ["a"]}\n```', 'Config:\n```json\n{"names": ["a"]}\n```', []),
 ]
 HERMES_BROKEN = [
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>',      # cut JSON
@@ -80,6 +88,9 @@ HERMES_BROKEN = [
     '{"name": "add", "arguments": {"a": 1, "b": 2}} and then some words',               # a bare call and text
     '```json\n{"name": "add", "arguments": {"a": 1}}',                                 # an unclosed fence
     '{"name": "launch_rockets", "arguments": {}}',                                      # bare, not a tool offered
+    'Sure:\n{"name": "add", "arguments": {"a": 1}}\nThat adds them.',                   # a call amid prose
+    'An example:\n{"name": "print", "arguments": {}}',                                  # not a tool offered
+    'Sure:\n{"name": "add", "arguments": {"a": 1}',                                     # cut JSON after text
 ]
 
 
@@ -246,3 +257,7 @@ def test_lazy_grammars(vocab, fmt, one, two):
         assert _accepts(vocab, lazy, bare) and fmt.decode(bare, NAMES) is not None
         assert not _accepts(vocab, lazy, bare.replace('"a": 1', '"a": "one"'))
         assert not _accepts(vocab, lazy, '{"name": "launch", "arguments": {}}')
+        # after text the untagged form is not free text: schema-checked calls are tagged there
+        assert not _accepts(vocab, lazy, "Sure:\n" + bare)
+        assert not _accepts(vocab, lazy, "Sure:\n" + bare + two)
+        assert _accepts(vocab, lazy, "int main()\n{\n  return 0;\n}")

@@ -7,9 +7,10 @@ emits, never the model's file name), where a call starts and ends in the model's
 and the Lark grammar that forces calls when tool_choice asks for them.
 
 - Hermes (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
-  an answer that is nothing but such objects, bare or in a ```json fence, is calls too
+  an answer that is nothing but such objects, bare or in a ```json fence, is calls too, and
+  so is an answer's end from a line that opens `{"name"` after text ("Sure:\n{...}")
   (Qwen2.5-Coder writes them without the tags under tool_choice auto; llama.cpp's Hermes
-  parser takes them as well)
+  parser takes them as well; a call amid prose stays text)
 - Llama 3.x JSON: the whole answer is `{"name": ..., "parameters": {...}}`, optionally after
   `<|python_tag|>`
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
@@ -127,12 +128,14 @@ def _call_rules(tools: list[ToolSpec], args_key: str) -> list[str]:
 
 ANY_TEXT = "/(.|\\n)+/"
 NOT_JSON = "/[^{\\s](.|\\n)*/"      # text that cannot open as a call's JSON (nor with whitespace)
+LINE_CALL = '\\n\\s*(```(json)?\\s*)?\\{\\s*"name"'   # nor hold an untagged call's head after text
 
 
-def _free_text(*markers: str, base: str = ANY_TEXT) -> str:
-    """The TEXT lexeme of a lazy grammar: `base` text that never spells a call's marker."""
-    never = "|".join(re.escape(m) for m in markers)
-    return f"TEXT: {base} & ~/(.|\\n)*({never})(.|\\n)*/"
+def _free_text(base: str, *markers: str, never: str = "") -> str:
+    """A lazy grammar's free text: `base` text that never spells a call's marker (nor
+    matches the regex `never`)."""
+    banned = [re.escape(m) for m in markers] + ([never] if never else [])
+    return f"{base} & ~/(.|\\n)*({'|'.join(banned)})(.|\\n)*/" if banned else base
 
 
 def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str], bare: str | None = None) -> str:
@@ -141,14 +144,16 @@ def _lazy(vocab: GrammarVocab, marker: str, after: str, rules: list[str], bare: 
     ends the free text as a `suffix` (llguidance: the text runs lazily until it, the marker
     then part of the output): a greedy text lexeme would swallow the marker's first bytes.
     bare: the calls written without the marker, as a whole answer; free text then may not
-    start with "{" (nor whitespace, nor may the text before a marker start with "{"), so an
-    answer that opens as JSON is a call by the schema."""
+    start with "{" (nor whitespace, nor may the text before a marker start with "{") nor hold
+    a line that opens an untagged call, so an answer that holds one is a call by the schema."""
     tid = vocab.special_token(marker)
     text, lead, alt = (NOT_JSON, "/([^{](.|\\n)*)?/", f" | {bare}") if bare else (ANY_TEXT, "/(.|\\n)*/", "")
+    never = LINE_CALL if bare else ""
     if tid is not None:
-        return "\n".join([f"start: TEXT | TEXT? <[{tid}]> {after}{alt}", f"TEXT: {text}", *rules])
-    return "\n".join([f"start: TEXT | lead {after}{alt}", _free_text(marker, base=text),
-                      f"lead[suffix={_lit(marker)}]: {lead}", *rules])
+        return "\n".join([f"start: TEXT | TEXT? <[{tid}]> {after}{alt}", f"TEXT: {_free_text(text, never=never)}",
+                          *rules])
+    return "\n".join([f"start: TEXT | lead {after}{alt}", f"TEXT: {_free_text(text, marker, never=never)}",
+                      f"lead[suffix={_lit(marker)}]: {_free_text(lead, never=never)}", *rules])
 
 
 class ToolFormat(Protocol):
@@ -177,26 +182,40 @@ class HermesFormat:
     markers = ()
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FENCES = ("```json", "```")                     # around an untagged call
+    NAMED = '\\{\\s*"name"'                           # an untagged call after text opens so
+    NAMED_PREFIX = '(\\{\\s*("(n(a(m(e)?)?)?)?)?)?'     # ... or may still
 
     def detect(self, template: str) -> bool:
         return self.OPEN in template
 
     def span(self, text, at_start, final):
         tagged = _delimited_span(text, self.OPEN, self.CLOSE, final)
-        if not at_start or (tagged is not None and tagged[1] is not None):
+        if tagged is not None and tagged[1] is not None:
             return tagged
-        body = text.lstrip()
-        lead = len(text) - len(body)
-        fenced = next((body[len(f):].lstrip() for f in self.FENCES if body.startswith(f)), body)
-        if fenced.startswith("{"):                  # a bare call: held to the end, decoded whole
-            return (lead, len(text)) if final else (lead, None)
-        if not final and (not body or any(f.startswith(body) for f in self.FENCES)
-                          or (fenced is not body and not fenced)):
-            return lead, None                       # whitespace, a fence's start: may become one
+        if at_start:
+            body = text.lstrip()
+            if self._head(body, final, any_object=True):
+                return len(text) - len(body), len(text) if final else None
+        for line in re.finditer("\n", text):          # calls after text, from a line's start
+            head = self._head(text[line.end():].lstrip(), final, any_object=False)
+            if head and (tagged is None or line.start() < tagged[0]):
+                return line.start(), len(text) if final else None
         return tagged
 
+    def _head(self, body: str, final: bool, any_object: bool) -> bool | None:
+        """Whether `body` opens untagged calls (True: held to the answer's end, decoded
+        whole), may still open them (True while not final), or does not (None)."""
+        if any(f.startswith(body) for f in self.FENCES):
+            return None if final else True          # nothing yet, or a fence's start
+        fence = next((f for f in self.FENCES if body.startswith(f)), None)
+        inner = body[len(fence):].lstrip() if fence else body
+        if re.match(self.NAMED if not any_object else "\\{", inner):
+            return True
+        maybe = re.fullmatch(self.NAMED_PREFIX if not any_object else "", inner)
+        return None if final or maybe is None else True
+
     def decode(self, text, names):
-        if not text.startswith(self.OPEN):          # bare (span saw "{" at the answer's start)
+        if not text.startswith(self.OPEN):          # untagged (span saw a call's head)
             return self._bare(text, names)
         body = text[len(self.OPEN):]
         if body.endswith(self.CLOSE):
@@ -265,8 +284,8 @@ class Llama3Format:
     def lazy_grammar(self, tools, parallel, vocab):
         # a call is the whole message (JSON from its first character, as span reads it): text
         # is anything else, never starting with "{" nor spelling the python tag
-        text = _free_text(self.TAG, base=NOT_JSON)
-        return "\n".join(["start: TEXT | call", text, *_call_rules(tools, "parameters")])
+        text = _free_text(NOT_JSON, self.TAG)
+        return "\n".join(["start: TEXT | call", f"TEXT: {text}", *_call_rules(tools, "parameters")])
 
 
 class MistralFormat:
