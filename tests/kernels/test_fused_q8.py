@@ -17,7 +17,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 from alphallama.kernels.attention.decode import decode_attention_q8, decode_attention_ref  # noqa: E402
 from alphallama.kernels.norm.rmsnorm import add_rmsnorm_q8, add_rmsnorm_ref  # noqa: E402
 from alphallama.kernels.activations.silu import silu_mul_q8, silu_mul_ref  # noqa: E402
-from alphallama.kernels.gemv.qgemv_mma import Q8K, prepare_q8k  # noqa: E402
+from alphallama.kernels.gemv.q8k_act import Q8K, prepare_q8k  # noqa: E402
 from alphallama.kernels.gemv.qmatvec_i8 import lane_order, prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatvec_i8 import _weight  # noqa: E402
@@ -189,7 +189,7 @@ def compile_sm90() -> None:
     for F in (12288, 4864):
         build(silu._silu_mul_kernel, ["*fp32", "*bf16", "*i8", "*i32"], dict(F=F, BLOCK=1024, NQ=1, SLOT1=16, V1=2,
                                                                             BITS1=4))
-    # with q8_K activations (qgemv_mma.Q8K) beside a lane order: the 8B shape's norm and SiLU
+    # with q8_K activations (q8k_act.Q8K) beside a lane order: the 8B shape's norm and SiLU
     q8k = ["*i8", "*i32", "*fp32", "*i8"]
     lanes = dict(SLOT1=16, V1=2, BITS1=4, SLOT2=32, V2=4, BITS2=4)
     build(rmsnorm._add_rmsnorm_kernel, ["*fp32", "*fp32", "*fp32", "*bf16", "fp32", "*i8", "*i32", "*i8", "*i32"]

@@ -16,7 +16,8 @@ if not torch.cuda.is_available():
 
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-from alphallama.kernels.gemv.qgemv_mma import COLS, mma_planes, prepare_q8k, qgemv_mma_k, supports_mma  # noqa: E402
+from alphallama.kernels.gemv.q8k_act import prepare_q8k  # noqa: E402
+from alphallama.kernels.gemv.qgemv_mma import COLS, mma_planes, qgemv_mma_k, supports_mma  # noqa: E402
 from alphallama.kernels.gemv.qmatvec_i8 import prepare_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant  # noqa: E402
@@ -150,7 +151,8 @@ def compile_sm90() -> None:
     fragments), and nothing goes through shared memory."""
     import re
 
-    from alphallama.kernels.gemv.qgemv_mma import _prepare_q8k_kernel, _qgemv_mma_k_kernel
+    from alphallama.kernels.gemv.q8k_act import _prepare_q8k_kernel
+    from alphallama.kernels.gemv.qgemv_mma import _qgemv_mma_k_kernel
     from tests.kernels.sm90 import compile_sm90 as build
 
     build(_prepare_q8k_kernel, ["*bf16", "*i8", "*i32", "*fp32", "*i8", "i32"], dict(n_slots=128, PDL=True))

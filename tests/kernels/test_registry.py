@@ -11,7 +11,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 
 from alphallama.kernels.formats.qweight import QuantWeight  # noqa: E402
-from alphallama.kernels.gemv.qgemv_mma import Q8K  # noqa: E402
+from alphallama.kernels.gemv.q8k_act import Q8K  # noqa: E402
 from alphallama.kernels.gemv.qmatvec_i8 import lane_order  # noqa: E402
 from alphallama.kernels.gemv.registry import (QGEMV_I8, QGEMV_MMA_K, QGEMV_Q8K, QMATMUL, MmaChoice,  # noqa: E402
                                               PlanError, plan_linear)

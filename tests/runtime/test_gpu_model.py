@@ -169,7 +169,7 @@ def test_narrow_rounds_give_the_tensor_cores_bits(tmp_path):
     """engine.gemv_mma_narrow: a 3-row round through qgemv_q8k (narrow 4) and through the mma
     (narrow 0) give the same logits, bit for bit: exact mode may pick the kernel by width.
     The producers emit the q8_K activations (the norms, the SiLU, the attention combine)."""
-    from alphallama.kernels.gemv.qgemv_mma import Q8K
+    from alphallama.kernels.gemv.q8k_act import Q8K
     path = tmp_path / "m.gguf"
     # head_dim 128: the attention combine emits o's q8_K activations, two heads a program
     write_synthetic(PRESETS["tiny-qwen3"](n_layers=2, quant="Q4_K", seed=19, n_heads=4, head_dim=128), path)

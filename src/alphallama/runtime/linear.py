@@ -37,7 +37,7 @@ class Linear:
         """split: parts() may give partial sums (qgemv_i8.split_runs) for a norm to add.
         mma: the weights qgemv_mma_k (Q4_K) covers run there (engine.gemv_mma), on q8_K
         activations (one scale a super-block) that its producer emits (orders:
-        qgemv_mma.Q8K) or this Linear prepares; rounds of up to mma.narrow rows take the
+        q8k_act.Q8K) or this Linear prepares; rounds of up to mma.narrow rows take the
         format's dp4a partner (qgemv_q8k: the same bits)."""
         groups: list[list[TensorInfo]] = []
         for p in parts:

@@ -26,7 +26,7 @@ import torch
 from ..kernels.attention.decode import decode_attention, decode_attention_q8
 from ..kernels.attention.rope import qkv_rope
 from ..kernels.attention.rows import row_positions
-from ..kernels.gemv.qgemv_mma import Q8K
+from ..kernels.gemv.q8k_act import Q8K
 from ..kernels.norm.rmsnorm import add_rmsnorm, add_rmsnorm_q8, rmsnorm_router_q8
 from ..kv_cache import KVCache
 

@@ -21,7 +21,7 @@ import triton.language as tl
 from .act_ids import ACT_IDS as ACT_IDS, OAI_ALPHA as _ALPHA, OAI_LIMIT as _LIMIT   # (ACT_IDS: re-exported)
 from ..gemv.emit import Q8, q8_args
 from ..gemv.qmatvec_i8 import emit_q8
-from ..gemv.qgemv_mma import emit_q8k
+from ..gemv.q8k_act import emit_q8k
 from ..pdl import pdl_kwargs, pdl_start
 
 
@@ -105,7 +105,7 @@ def silu_mul(gu: torch.Tensor, out_dtype: torch.dtype = torch.float32, pdl: bool
 def silu_mul_q8(gu: torch.Tensor, out_dtype: torch.dtype, orders: tuple,
                 pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """silu_mul, and the int8 activations of its output in (at most) one lane order (or
-    qgemv_mma.Q8K), in the same launch. -> (act [W, F], {order: (xp, xsd), or prepare_q8k's
+    q8k_act.Q8K), in the same launch. -> (act [W, F], {order: (xp, xsd), or prepare_q8k's
     four tensors})."""
     return _with_q8(gu, out_dtype, orders, pdl, 0)
 

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
-from ..gemv.qgemv_mma import Q8K, emit_q8k, new_q8k
+from ..gemv.q8k_act import Q8K, emit_q8k, new_q8k
 from ..gemv.qmatvec_i8 import emit_q8, new_q8
 from .rows import rows_stride
 
@@ -251,7 +251,7 @@ def _attn_combine_kernel(O, M, L, OUT, pos_ptr, stride_ow, stride_oh, stride_os,
                          XF=None, XK=None, DXK=None, XL=None, WINDOW: tl.constexpr = 0, ROWS: tl.constexpr = 0,
                          SINK=None, SINKS: tl.constexpr = False):
     """Q8K: a program combines the two heads of one 256-value super-block (HD 128), each as
-    alone (the same ops: the same bits), and emits their q8_K activations (qgemv_mma.emit_q8k).
+    alone (the same ops: the same bits), and emits their q8_K activations (q8k_act.emit_q8k).
     ROWS > 0: pos_ptr is a row table (rows.py), the row's length its position + 1.
     SINKS: SINK [N_HEADS] fp32, each head's sink logit (_combine_head)."""
     pdl_start(PDL)

@@ -1,18 +1,18 @@
 """What a producer kernel (a norm, the SiLU, the attention combine) emits for the GEMV
 that reads its output: the int8 activations of up to two lane orders (qmatvec_i8) and
-qgemv_mma.Q8K's q8_K activations, made in the producer's own launch."""
+q8k_act.Q8K's q8_K activations, made in the producer's own launch."""
 from __future__ import annotations
 
 import torch
 
-from .qgemv_mma import Q8K, new_q8k
+from .q8k_act import Q8K, new_q8k
 from .qmatvec_i8 import new_q8
 
 Q8 = tuple[torch.Tensor, torch.Tensor]          # int8 activations: (xp, xsd), qmatvec_i8.new_q8
 
 
 def q8_args(W: int, K: int, orders: tuple, device) -> tuple[dict, dict]:
-    """Buffers for up to two lane orders (and qgemv_mma.Q8K's q8_K activations, if among the
+    """Buffers for up to two lane orders (and q8k_act.Q8K's q8_K activations, if among the
     orders) and the kernel arguments that name them."""
     lanes = tuple(o for o in orders if o != Q8K)
     if len(lanes) > 2:

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
-from .qgemv_mma import tree_sum, mma_tile, prepare_q8k, supports_mma
+from .q8k_act import prepare_q8k
+from .qgemv_mma import tree_sum, mma_tile, supports_mma
 from .qmatvec_i8 import dp4a
 from ..formats.qweight import QuantWeight, check_gemv_args
 

@@ -24,7 +24,8 @@ from ..formats.qweight import QuantWeight
 from .qgemv_i8 import MAX_BW as I8_BW
 from .qgemv_i8 import SPLIT_MAX_N, SPLIT_MIN_K, gemv_tile, qgemv_i8, split_nt, split_runs
 from .qgemv_i8_table import has_dense_i8_form
-from .qgemv_mma import COLS, Q8K, mma_groups, mma_planes, mma_tile, prepare_q8k, qgemv_mma_k, supports_mma
+from .q8k_act import Q8K, prepare_q8k
+from .qgemv_mma import COLS, mma_groups, mma_planes, mma_tile, qgemv_mma_k, supports_mma
 from .qgemv_q8k import q8k_tile, qgemv_q8k
 from .qmatmul import MAX_BW as QM_BW
 from .qmatmul import qmatmul

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..gemv.emit import Q8, q8_args
 from ..gemv.qmatvec_i8 import emit_q8
-from ..gemv.qgemv_mma import emit_q8k
+from ..gemv.q8k_act import emit_q8k
 from ..moe.moe_f32 import MoEParts, combine_block
 from ..pdl import pdl_kwargs, pdl_start, pdl_trigger, pdl_wait
 
@@ -93,7 +93,7 @@ def add_rmsnorm(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.T
 def add_rmsnorm_q8(x: torch.Tensor, y: "torch.Tensor | MoEParts | None", w: torch.Tensor, eps: float,
                    out_dtype: torch.dtype, orders: tuple, pdl: bool = False) -> tuple[torch.Tensor, dict[tuple, Q8]]:
     """add_rmsnorm, and in the same launch the int8 activations of its output for each
-    lane order in `orders` (at most two; qmatvec_i8.lane_order; and qgemv_mma.Q8K): bit for
+    lane order in `orders` (at most two; qmatvec_i8.lane_order; and q8k_act.Q8K): bit for
     bit what prepare_i8 (prepare_q8k) would make of the returned tensor.
     -> (h [W, D], {order: (xp, xsd) (Q8K: prepare_q8k's four tensors)})."""
     W, D = x.shape
