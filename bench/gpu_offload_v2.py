@@ -3,9 +3,12 @@ expert bytes in VRAM, and the mapped tier under a RAM cap, in one process.
 
 Arms (each from the store's start layout, the same prompt, plain greedy unless named):
   - the engine with every expert resident (the control; skipped with --no-control),
-  - the store at --gpu-mem budgets for each --fractions (CPU workers on, the default CPU
-    share): tok/s, ms/round, hit rate, admissions, and the plan's expected tok/s at the
-    host's measured bandwidths (offload/estimate.py) beside the measured one,
+  - the store at --gpu-mem budgets for each --fractions (CPU workers on, their share of the
+    misses tuned on the rounds: offload/share_tuner.py, its final share and decisions in the
+    row): tok/s, ms/round, hit rate, admissions, and the plan's expected tok/s at the
+    host's measured bandwidths (offload/estimate.py) beside the measured one; every store arm
+    first decodes --tune-tokens from the prompt (the bank warms, the share settles), then
+    the timed --tokens,
   - the same budgets for each --pcie-only-fractions without CPU workers: the store's bank and
     host rows on the resident int8 kernels (moe_i8 with its table), so 100% against 100% with
     workers is what the contract's kernels cost a round (offload-v2.md part 3's question),
@@ -25,9 +28,9 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
 and every store arm's tokens against the first store arm's (a token's bits may not depend
 on where an expert lived). Writes $OUT/gpu_offload_v2-*.json after every arm.
 
-    python bench/gpu_offload_v2.py [--layers 12] [--tokens 64]
+    python bench/gpu_offload_v2.py [--layers 12] [--tokens 64] [--tune-tokens 256]
     TRITON_INTERPRET=1 python bench/gpu_offload_v2.py --device cpu --preset tiny-qwen3moe --quant Q4_K_M \\
-        --layers 2 --tokens 3 --prompt 6 --ctx 128 --no-control      # CPU smoke run (~8 min on 2 cores)
+        --layers 2 --tokens 3 --tune-tokens 0 --prompt 6 --ctx 128 --no-control   # CPU smoke (~8 min on 2 cores)
 """
 from __future__ import annotations
 
@@ -100,6 +103,8 @@ def main() -> int:
     ap.add_argument("--prefill-chunks", type=int, nargs="*", default=[512, 1536])
     ap.add_argument("--prefill-fractions", type=float, nargs="*", default=[0.25])
     ap.add_argument("--threads", type=int, default=None, help="CPU workers (default: the probe's count)")
+    ap.add_argument("--tune-tokens", type=int, default=256,
+                    help="tokens decoded before each store arm's timed run: the bank warms, the CPU share is tuned (0: none)")
     ap.add_argument("--no-control", action="store_true", help="skip the resident control (time)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
@@ -148,7 +153,12 @@ def main() -> int:
                        mapped_layers=sorted(st.mapped))
             if cold:
                 drop_page_cache(path)
+            tuner = eng.model.share_tuner
+            if args.tune_tokens:   # every store arm warms up (its bank, the CPU share's tuner) before the timing
+                _decode(eng, ids, args.tune_tokens, spec)
             out = _decode(eng, ids, args.tokens, spec)
+            if tuner is not None:
+                row.update(cpu_share=tuner.share, share_decisions=list(tuner.decisions))
             if spec is not None and spec.gate:   # the gate's prices as the run left them (timing included)
                 costs = spec.cost_table(eng)
                 row["gate_prices"] = {**costs.to_dict(), "table_ms": {w: costs.base.cost(w) for w in (1, 2, 4, 8, 16)},
@@ -202,12 +212,13 @@ def main() -> int:
     res["rows"] = rows
     res["host_end"] = host_state(sys.argv).get("gpus") if args.device == "cuda" else None
     save()
-    print(f"{'config':84} {'hit':>5} {'tok/s':>8} {'exp':>7} {'ms/rnd':>7} {'adm':>4} {'same':>5}")
+    print(f"{'config':84} {'hit':>5} {'tok/s':>8} {'exp':>7} {'ms/rnd':>7} {'adm':>4} {'same':>5} {'share':>5}")
     for r in rows:
         exp = (r.get("expected") or {}).get("tok_s", 0)
         print(f"{r['config'][:84]:84} {r.get('hit_rate', 1.0):5.2f} {r.get('tok_s', 0):8.1f} {exp:7.0f} "
               f"{r.get('ms_per_round', 0):7.2f} {r.get('admissions', 0):4} "
-              f"{str(r.get('tokens_equal_first_store_arm', '-')):>5}" + (f"  {r['error']}" if "error" in r else ""))
+              f"{str(r.get('tokens_equal_first_store_arm', '-')):>5} {r.get('cpu_share', '-'):>5}"
+              + (f"  {r['error']}" if "error" in r else ""))
     return 0
 
 

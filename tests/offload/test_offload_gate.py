@@ -140,6 +140,26 @@ def test_cpu_workers_price_a_missed_expert_once_a_round(wide):
                                             2.0 - 1e3 * (max(2e4 * 4e-8, 1e4 * 1e-8) + 1e3 * 2e-8)])
 
 
+def test_prices_follow_the_tuned_share(wide):
+    """The CPU share's tuner (offload/share_tuner.py) moves the split between rounds: the
+    prices follow it, and equal a fixed plan's at the same share."""
+    s = wide(32)
+    rates = MissRates(pcie=1e-8, mapped=2e-8, cpu=4e-8, share=0.5)
+
+    class Tuner:
+        share = 0.5
+
+    tuner = Tuner()
+    p = OffloadCosts(TABLE, s, rates, cpu_workers=True, tuner=tuner)
+    _routing(s, 500, lambda layer: np.nonzero(~s.resident[int(layer)])[0], seed=3)
+    np.testing.assert_allclose(p.miss_ms(), OffloadCosts(TABLE, s, rates, cpu_workers=True).miss_ms())
+    tuner.share = 0.0                                      # PCIe alone: the CPU's dearer rate is gone
+    pcie_alone = MissRates(pcie=1e-8, mapped=2e-8, cpu=4e-8, share=0.0)
+    np.testing.assert_allclose(p.miss_ms(), OffloadCosts(TABLE, s, pcie_alone, cpu_workers=True).miss_ms())
+    assert p.miss_ms()[0] < OffloadCosts(TABLE, s, rates, cpu_workers=True).miss_ms()[0]
+    assert p.to_dict()["cpu_share"] == 0.0
+
+
 def test_timing_leaves_the_bank_and_keeps_its_misses(micro_moe, tmp_path):
     f = GGUFFile(micro_moe)
     m = _model(f, 4, DEAR, max_len=128)

@@ -55,6 +55,20 @@ def test_logits_identical_whichever_tier(micro_moe, cpu_tier):
             assert int(m.cpu_link.mailbox.ctl[DONE]) == int(m.cpu_link.seq.item())
 
 
+def test_identical_while_the_cpu_share_is_tuned(micro_moe):
+    """The share tuner (offload/share_tuner.py; on CUDA it times the rounds) moves the split of
+    the host pairs between CPU workers and PCIe between rounds: the bits do not move."""
+    from alphallama.offload.share_tuner import ShareTuner
+    f = GGUFFile(micro_moe)
+    ref = _reference(f, True, TOKENS)
+    m = GPUModel(f, 64, device="cpu", expert_slots=0, cpu_tier=True)
+    applied = []
+    m.share_tuner = ShareTuner(lambda s: (applied.append(s), m.cpu_link.set_share(s)), 0.5, samples=1)
+    got = _teacher_forced(m, TOKENS)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    assert len(set(applied)) >= 3 and {0.25, 0.5, 0.75} <= set(applied)   # rounds at different splits
+
+
 @pytest.mark.parametrize("cpu_tier", [False, True], ids=["pcie", "cpu-workers"])
 def test_identical_while_admissions_happen(micro_moe, cpu_tier):
     f = GGUFFile(micro_moe)

@@ -132,7 +132,7 @@ class GPUHybridModel(StoreRounds):
             return self._pass([(tokens, pos, cache, not verify)])
         self._pos.fill_(pos)
         W = tokens.shape[0]
-        self._before_store_round()
+        self._before_store_round(W)
         if not (self.use_graphs and cache is self.cache):
             out = hybrid_round.rows(self, tokens, self._pos, cache, verify)
         else:
@@ -238,7 +238,7 @@ class GPUHybridModel(StoreRounds):
         slot, write: a step, else a verify round)] -> (logits [W, V], hidden [W, D])."""
         self.seats.fill([(c, p, t.shape[0], write) for t, p, c, write in parts], self.cache.max_len)
         tokens = torch.cat([t for t, *_ in parts])                                     # [W]
-        self._before_store_round()   # with a store: one of its rounds, every stream's routing (GPUModel._pass)
+        self._before_store_round(tokens.shape[0])   # with a store: one of its rounds, every stream's routing
         if self.use_graphs:          # a bucket's graph: steps and verify rounds differ in the seats
             out = hybrid_graphs.replay(self, tokens, verify=True)
         else:

@@ -241,7 +241,7 @@ class GPUModel(StoreRounds):
             part = tokens[s:s + MAX_W]
             W = part.shape[0]
             whole = self._seat([(W, pos + s, cache)])
-            self._before_store_round()
+            self._before_store_round(W)
             if self.use_graphs and whole is self.cache:
                 lg, hd = round_graphs.replay(self, part)
                 # the graph's outputs are static buffers: later chunks would overwrite them
@@ -313,7 +313,7 @@ class GPUModel(StoreRounds):
         """parts[group] in one pass; outs[i] <- (logits, hidden) of part i (cloned: later passes follow)."""
         tokens = torch.cat([parts[i][0] for i in group]).to(self.device)           # [W]
         whole = self._seat([(parts[i][0].shape[0], parts[i][1], parts[i][2]) for i in group])
-        self._before_store_round()
+        self._before_store_round(tokens.shape[0])
         if self.use_graphs and whole is self.cache:
             lg, hd = round_graphs.replay(self, tokens)
         else:

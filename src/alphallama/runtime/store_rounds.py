@@ -10,6 +10,7 @@ from ..gguf.arch import ModelConfig
 from ..gguf.reader import GGUFFile
 from ..offload.cpu_tier import CpuLink, start_cpu_tier
 from ..offload.estimate import MissRates
+from ..offload.share_tuner import ShareTuner
 from ..offload.store import ExpertStore
 from .weights import BlockNames
 from .widths import MAX_W
@@ -36,6 +37,7 @@ class StoreRounds:
     cpu_link: CpuLink | None = None
     cpu_experts = None                   # offload/native/workers.CpuExperts
     miss_rates: MissRates | None = None
+    share_tuner: ShareTuner | None = None   # the CPU workers' share of the misses, tuned on the rounds (CUDA)
 
     def _start_workers(self, moes: list, d_model: int, top_k: int, cpu_tier: bool | None, threads: int | None,
                        host_bytes: int | None, miss_rates: MissRates | None, progress=None) -> None:
@@ -54,6 +56,8 @@ class StoreRounds:
                                f"but they are off or could not start: allow more RAM or enable the CPU tier")
         if self.cpu_tier is not None:
             self.cpu_link, self.cpu_experts = self.cpu_tier.link, self.cpu_tier.experts
+            if DEFAULTS.offload.cpu_share_tune and self.device.type == "cuda":   # (interpreted rounds: no timing)
+                self.share_tuner = ShareTuner(self.cpu_link.set_share, DEFAULTS.offload.cpu_share)
         self.miss_rates = miss_rates or MissRates.assumed(self.cpu_experts.threads if self.cpu_experts else 0)
         for m in moes:
             m.link = self.cpu_link
@@ -63,14 +67,17 @@ class StoreRounds:
         if self.cpu_tier is not None:
             self.cpu_tier.keep_launch_thread_apart()
 
-    def _before_store_round(self) -> None:
-        """Before a round's launch, with an expert store: the last round's routing learned,
-        finished admissions published (store.before_round), the CPU workers' health checked."""
+    def _before_store_round(self, W: int) -> None:
+        """Before a round of W rows launches, with an expert store: the last round's routing
+        learned, finished admissions published (store.before_round), the CPU workers' health
+        checked and their share of the misses set (the tuner's, timing the rounds)."""
         if self.store is None:
             return
         self.store.before_round()
         if self.cpu_link is not None:
             self.cpu_link.check()
+            if self.share_tuner is not None:
+                self.share_tuner.before_round(W)
             if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
                 self._keep_launch_thread_apart()
 

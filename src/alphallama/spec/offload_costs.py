@@ -103,16 +103,23 @@ def store_timing(model) -> StoreTiming | None:
 class OffloadCosts:
     """The cost table with an expert store's misses priced (the module docstring)."""
 
-    def __init__(self, base: CostTable, store, rates: MissRates, cpu_workers: bool):
+    def __init__(self, base: CostTable, store, rates: MissRates, cpu_workers: bool, tuner=None):
+        """tuner: the CPU share's tuner (offload/share_tuner.py), whose share the prices follow."""
         self.base, self.store, self.rates = base, store, rates
-        self.share = rates.share if cpu_workers else 0.0                                 # of the host pairs, the CPU's
+        self._share = rates.share if cpu_workers else 0.0                                # of the host pairs, the CPU's
+        self._tuner = tuner if cpu_workers else None
         nbytes, mapped = _layer_bytes(store)
         self.host_b, self.mapped_b = nbytes * ~mapped, nbytes * mapped                   # [L'] bytes of a missed expert
         timed = [float(round_ms(c, p, m, rates)) for c, p, m in base.missed[:base.measured]]
         timed = extend_line(timed, len(base.ms)) if timed else [0.0] * len(base.ms)      # [MAX_WIDTH]
         self.resident = list(accumulate((max(c - t, RESIDENT_FLOOR * c) for c, t in zip(base.ms, timed)), max))
-        self._seen: tuple[object, int] | None = None                                     # (footprint, version)
+        self._seen: tuple[object, int, float] | None = None                              # (footprint, version, share)
         self._miss_ms = np.zeros(0)
+
+    @property
+    def share(self) -> float:
+        """The CPU workers' share of the host pairs as the rounds run now (the tuner's, or the plan's)."""
+        return self._tuner.share if self._tuner is not None else self._share
 
     def _by_tier(self, pcie_pairs: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """[cap] bytes a round of w = 1..cap rows is expected to miss, by tier (CPU, PCIe,
@@ -128,9 +135,9 @@ class OffloadCosts:
         """[cap]: the expected ms of the misses of a round of w = 1..cap rows, as the store's
         footprint stands now (recomputed once per round it learned)."""
         fp = self.store.footprint
-        if self._seen != (fp, fp.version):
+        if self._seen != (fp, fp.version, self.share):
             self._miss_ms = round_ms(*self._by_tier(), self.rates)
-            self._seen = (fp, fp.version)
+            self._seen = (fp, fp.version, self.share)
         return self._miss_ms
 
     def cost(self, width: int) -> float:
@@ -156,4 +163,4 @@ def priced(table: CostTable, model) -> RoundCosts:
     store = getattr(model, "store", None)
     if store is None:
         return table
-    return OffloadCosts(table, store, model.miss_rates, model.cpu_tier is not None)
+    return OffloadCosts(table, store, model.miss_rates, model.cpu_tier is not None, getattr(model, "share_tuner", None))
