@@ -26,7 +26,7 @@ from gpu_kernels import copies_for, random_raw, rel_err, run_header, time_graph 
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.gemv.qmatmul import qmatmul  # noqa: E402
-from alphallama.kernels.gemv.qmatvec_i8 import Tile, qmatvec_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import qmatvec_i8  # noqa: E402
 
 SHAPES = [("gate_up", T.Q4_K, 24576, 4096), ("down_q6", T.Q6_K, 4096, 12288), ("down_q4", T.Q4_K, 4096, 12288),
           ("o", T.Q4_K, 4096, 4096), ("head", T.Q6_K, 151936, 4096)]
@@ -34,8 +34,7 @@ SHAPES = [("gate_up", T.Q4_K, 24576, 4096), ("down_q6", T.Q6_K, 4096, 12288), ("
 CONFIGS = [(4, 128, 4, None), (4, 128, 4, 64), (4, 128, 4, 48), (2, 128, 4, None), (2, 128, 4, 48),
            (4, 64, 2, None), (4, 64, 2, 48), (2, 32, 1, None), (4, 32, 1, None), (4, 32, 1, 48),
            (1, 128, 4, 40), (4, 128, 8, None)]
-I8_TILES = [Tile(BN=16, NT=32, BW=1), Tile(BN=4, NT=32, BW=1), Tile(BN=8, NT=32, BW=1), Tile(BN=4, NT=64, BW=1),
-            Tile(BN=2, NT=32, BW=1, num_warps=2), Tile(BN=8, NT=32, BW=8), Tile(BN=4, NT=32, BW=8)]
+I8_BN = [16, 8, 4, 2]   # qmatvec_i8's weight rows a program (its lanes are the contract's)
 
 
 def main() -> None:
@@ -68,17 +67,18 @@ def main() -> None:
                       flush=True)
             if name == "head":
                 continue
-            for t in I8_TILES:
-                if (t.BW == 1) != (W == 1) or time.time() > t_end:
+            for bn in I8_BN:
+                t = f"BN={bn}"
+                if time.time() > t_end:
                     continue
                 try:
-                    us = time_graph([lambda w_=w_: qmatvec_i8(x, w_, tile=t) for w_ in ws]) * 1e6
+                    us = time_graph([lambda w_=w_: qmatvec_i8(x, w_, BN=bn) for w_ in ws]) * 1e6
                 except Exception as e:  # noqa: BLE001
-                    res["rows"].append({"shape": name, "W": W, "tile": str(t), "error": repr(e)[:300]})
+                    res["rows"].append({"shape": name, "W": W, "tile": t, "error": repr(e)[:300]})
                     continue
                 res["rows"].append({"shape": name, "qtype": qt.name, "N": N, "K": K, "W": W, "kernel": "qmatvec_i8",
-                                    "tile": str(t), "us": us, "TBps": w.nbytes / us / 1e6})
-                print(f"{name:8s} W={W} i8 {str(t):60s} {us:8.1f} us {w.nbytes / us / 1e6:5.2f} TB/s", flush=True)
+                                    "tile": t, "us": us, "TBps": w.nbytes / us / 1e6})
+                print(f"{name:8s} W={W} i8 {t:60s} {us:8.1f} us {w.nbytes / us / 1e6:5.2f} TB/s", flush=True)
         del ws
         torch.cuda.empty_cache()
     out = Path(os.environ.get("OUT", ".")) / f"gpu_qmatmul_sweep-{time.strftime('%Y%m%d-%H%M%S')}.json"

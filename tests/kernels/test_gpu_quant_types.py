@@ -273,7 +273,7 @@ def compile_sm90() -> None:
             bits, hbits, bias, has_min = CODES[qtype]
             build(mod._qmatvec_i8_kernel, ["*i32", "*i32", "*fp32", *args, "i32", "i32", "i32"],
                   dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias,
-                       HAS_MIN=has_min, BN=16, NT=32, BW=8, PREFETCH=True, DP4A=True))
+                       HAS_MIN=has_min, BN=16, NT=32, DP4A=True))
         if "f32" in kernels:
             build(qm._qmatmul_kernel, ["*bf16", "*fp32", *args, "i32", "i32", "i32", "i32"],
                   dict(n_slots=K // f.slot, LOAD=f.triton_load, FIELD=f.triton_field, V=f.V, P=f.P, BN=2, NT=128,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -97,6 +98,39 @@ def test_paired_gate_up_keeps_the_bits():
     assert_same_bits(moe_gate_up_i8(q8, gate_up, experts, torch.float32, paired=True), want, "paired")
     assert_same_bits(moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, paired=True), want_tiers,
                      "paired, tiers")
+
+
+def test_contract_form_is_the_expert_contract():
+    """CONTRACT: each pair's activation and down part are expert_q8's (matvec_q8, silu_mul_c,
+    quantize_q8) bit for bit, paired walk or not, from a bank slot or the host planes; a
+    pair of the skipped tier is neither computed nor written."""
+    from alphallama.kernels.moe.expert_q8 import matvec_q8, silu_mul_c
+    gate_up, down, x, experts, weights = _setup()
+    q8 = prepare_i8(x, gate_up.expert(0))
+    table = torch.tensor([1, -1, -1, -1, 0], dtype=torch.int32, device=DEV)
+    (hgu, bgu), (hdn, bdn) = _split(gate_up, [4, 0]), _split(down, [4, 0])
+    xq, dx, xs = quantize_q8(x.cpu().float())
+    cpu = lambda w: QuantWeight(w.qtype, w.shape, {n: t.cpu() for n, t in w.planes.items()})   # noqa: E731
+    gu_c, dn_c = cpu(gate_up), cpu(down)
+    W, k = experts.shape
+    want_act = torch.stack([torch.stack([silu_mul_c(*matvec_q8(xq[m], dx[m], xs[m], gu_c.expert(int(e))).split(F))
+                                         for e in experts[m].tolist()]) for m in range(W)])   # [W, k, F]
+    for paired in (False, True):
+        act = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, paired=paired, contract=True)
+        assert_same_bits(act, want_act, f"gate_up, paired={paired}")
+    aq, adx, axs = quantize_q8(want_act.reshape(W * k, F))
+    want_part = torch.stack([matvec_q8(aq[i], adx[i], axs[i], dn_c.expert(int(experts.flatten()[i])))
+                             for i in range(W * k)]).reshape(W, k, D)
+    part, _ = moe_down_i8(act, hdn, experts, weights, table, bdn, combine=False, contract=True)
+    assert_same_bits(part, want_part, "down parts")
+    tier = torch.tensor([[0, 2], [2, 1], [0, 0]], dtype=torch.int32, device=DEV)   # pairs (0, 1), (1, 0): the CPU's
+    act = moe_gate_up_i8(q8, hgu, experts, torch.float32, table, bgu, contract=True, skip=(tier, 2))
+    part, _ = moe_down_i8(act, hdn, experts, weights, table, bdn, combine=False, contract=True, skip=(tier, 2))
+    mine = (tier != 2).cpu()
+    assert_same_bits(act.cpu()[mine], want_act[mine], "gate_up, the GPU's pairs")
+    assert_same_bits(part.cpu()[mine], want_part[mine], "down, the GPU's pairs")
+    with pytest.raises(ValueError, match="float32"):
+        moe_gate_up_i8(q8, gate_up, experts, torch.bfloat16, contract=True)
 
 
 def test_order_is_the_gate_up_weights():

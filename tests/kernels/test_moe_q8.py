@@ -1,6 +1,7 @@
-"""The contract's Triton kernels (expert_q8_gpu.py through moe_q8.py) bit for bit
-against the plain-torch reference (expert_q8.moe_q8), for every format, with experts
-in the bank and in the host tier; and a row's bits independent of W and its position.
+"""The contract's Triton kernels (moe_q8.py: expert_q8_gpu.py's around moe_i8's CONTRACT
+form) bit for bit against the plain-torch reference (expert_q8.moe_q8), for every format,
+with experts in the bank and in the host tier, 64 lanes and ragged rows among them; and a
+row's bits independent of W and its position.
 On CPU the Triton interpreter runs them at small sizes; on a GPU, compiled."""
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ def _bank(w: QuantWeight, experts: list[int]) -> QuantWeight:
     return QuantWeight(w.qtype, (len(experts), *w.shape[1:]), {n: p[experts].clone() for n, p in w.planes.items()})
 
 
-@pytest.mark.parametrize("gt,dt,chunks", [(*c, 1) for c in CASES] + [(T.Q4_K, T.Q6_K, 2), (T.Q5_K, T.Q8_0, 4)],
-                         ids=[f"{a.name}-{b.name}" for a, b in CASES] + ["Q4_K-Q6_K-c2", "Q5_K-Q8_0-c4"])
-def test_moe_q8_matches_reference(gt, dt, chunks):
-    E, D, F, k, W = 4, 256, 256, 2, 3
+@pytest.mark.parametrize("gt,dt,F", [(*c, 256) for c in CASES] + [(T.Q4_K, T.Q6_K, 8448), (T.Q5_K, T.Q4_0, 96)],
+                         ids=[f"{a.name}-{b.name}" for a, b in CASES] + ["Q6_K-64-lanes", "Q4_0-3-slots"])
+def test_moe_q8_matches_reference(gt, dt, F):
+    """F 8448: down's Q6_K rows of 528 slots (64 lanes, ragged); F 96: 3 slots of Q4_0."""
+    E, D, k, W = 4, 256, 2, 3
     gu, dn = _layer(gt, dt, E, D, F, seed=11)
     bank_gu, bank_dn = _bank(gu, [2, 0]), _bank(dn, [2, 0])
     table = torch.tensor([1, -1, 0, -1], dtype=torch.int32, device=DEV)        # experts 0, 2 in the bank
@@ -47,12 +49,12 @@ def test_moe_q8_matches_reference(gt, dt, chunks):
     h[1, :32] = 0                                                                # an all-zero block
     experts = torch.tensor([[0, 1], [3, 2], [2, 0]], dtype=torch.int32, device=DEV)
     weights = torch.rand(W, k, generator=g).to(DEV)
-    out = moe_q8(h, weights, experts, gu, dn, bank_gu, bank_dn, table, layer=0, chunks=chunks)
+    out = moe_q8(h, weights, experts, gu, dn, bank_gu, bank_dn, table, layer=0)
     ref = moe_q8_ref(h, gu, dn, experts, weights)
     assert out.dtype == torch.float32
     assert torch.equal(out.cpu(), ref), f"max diff {(out.cpu() - ref).abs().max():.3g}"
     # the same row alone, and at another position: the same bits
-    one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0, chunks=chunks)
+    one = moe_q8(h[2:3], weights[2:3], experts[2:3], gu, dn, bank_gu, bank_dn, table, layer=0)
     assert torch.equal(one.cpu()[0], out.cpu()[2])
 
 

@@ -16,7 +16,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 from alphallama.kernels import QuantWeight  # noqa: E402
 from alphallama.kernels.moe.expert_q8 import QBLOCK, matvec_q8, quantize_q8  # noqa: E402
-from alphallama.kernels.gemv.qmatvec_i8 import Tile, lane_perm, qmatvec_i8  # noqa: E402
+from alphallama.kernels.gemv.qmatvec_i8 import lane_perm, qmatvec_i8  # noqa: E402
 from tests.kernels.sm90 import run_in_child  # noqa: E402
 from tests.kernels.test_qmatmul import gguf_dequant, random_raw  # noqa: E402
 
@@ -80,20 +80,20 @@ def test_rotation_same_bits(qtype):
 
 
 def test_any_tile_same_bits():
-    """The tile is speed only: other rows per program, slots per step, rows of x per
-    program and no prefetch give the same bits."""
+    """The rows a program takes are speed only: the lanes are the contract's."""
     _, w = _weight(T.Q5_K, 24, 512, seed=5)
     x = _x(3, 512, seed=6)
     ref = qmatvec_i8(x, w)
-    for t in (Tile(BN=32, NT=8, BW=4, prefetch=False), Tile(BN=16, NT=64, BW=1), Tile(BN=8, NT=16, BW=16)):
-        assert_same_bits(qmatvec_i8(x, w, tile=t), ref, str(t))
+    for BN in (1, 8, 32):
+        assert_same_bits(qmatvec_i8(x, w, BN=BN), ref, f"BN={BN}")
 
 
-@pytest.mark.parametrize("qtype,k", [(T.Q6_K, 768), (T.Q4_0, 896), (T.Q8_0, 96)],
-                         ids=["Q6_K-768", "Q4_0-896", "Q8_0-96"])
+@pytest.mark.parametrize("qtype,k", [(T.Q6_K, 768), (T.Q4_0, 896), (T.Q8_0, 96), (T.Q6_K, 8448), (T.Q4_0, 64)],
+                         ids=["Q6_K-768", "Q4_0-896", "Q8_0-96", "Q6_K-8448-64-lanes", "Q4_0-2-slots"])
 def test_ragged_shapes(qtype, k):
-    """Slot counts that are not a multiple of the step (masked, padded chunks), N not a
-    multiple of BN, x with a row stride larger than K."""
+    """Slot counts that are not a multiple of the lanes (masked, padded steps), 64 lanes
+    (Q6_K rows of >= 512 slots), fewer than 8, N not a multiple of BN, x with a row stride
+    larger than K."""
     n = 37
     _, w = _weight(qtype, n, k, seed=7)
     xbig = _x(3, k + 32, seed=8)
@@ -123,8 +123,8 @@ def test_errors():
     _, w = _weight(T.Q8_0, 8, 64, seed=11)
     with pytest.raises(ValueError, match="does not match"):
         qmatvec_i8(_x(1, 96, 0), w)
-    with pytest.raises(ValueError, match="bad tile"):
-        qmatvec_i8(_x(1, 64, 0), w, tile=Tile(BW=3))
+    with pytest.raises(ValueError, match="power of two"):
+        qmatvec_i8(_x(1, 64, 0), w, BN=3)
 
 
 def test_compiles_for_sm90():
@@ -135,11 +135,12 @@ def test_compiles_for_sm90():
 
 def compile_sm90() -> None:
     from alphallama.kernels.gemv import qmatvec_i8 as mod
+    from alphallama.kernels.moe.expert_q8 import contract_lanes
     from alphallama.kernels.moe.expert_q8_gpu import CODES
     from alphallama.kernels.formats.qweight import FORMATS
     from tests.kernels.sm90 import compile_sm90 as build
 
-    for qtype, K, BW in ((T.Q4_K, 4096, 8), (T.Q6_K, 4096, 1)):
+    for qtype, K in ((T.Q4_K, 4096), (T.Q6_K, 8192)):
         f = FORMATS[qtype]
         planes = [{torch.int32: "*i32", torch.int16: "*i16", torch.float16: "*fp16", torch.int8: "*i8"}[p.dtype]
                   for p in f.pack(torch.zeros((1, K // f.block_size, f.type_size), dtype=torch.uint8)).values()]
@@ -148,5 +149,5 @@ def compile_sm90() -> None:
         bits, hbits, bias, has_min = CODES[qtype]
         build(mod._qmatvec_i8_kernel, ["*i32", "*i32", "*fp32", *planes, "i32", "i32", "i32"],
               dict(n_slots=K // f.slot, LOAD=f.triton_load, V=f.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min,
-                   BN=16, NT=32, BW=BW, PREFETCH=True, DP4A=True))
+                   BN=16, NT=contract_lanes(qtype, K // f.slot), DP4A=True))
         build(mod._prepare_kernel, ["*bf16", "*i8", "*i32", "i32"], dict(K=K, BQ=256, SLOT=f.slot, V=f.V, BITS=bits, PDL=False))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from gguf.constants import GGMLQuantizationType as T
 
 from alphallama.kernels.moe import moe_f32 as moe
@@ -56,28 +57,28 @@ def test_moe_kernels_compile_for_sm90(table):
 
 
 def compile_contract() -> None:
-    """The expert contract's kernels (kernels/moe/expert_q8_gpu.py) with the mailbox words."""
+    """The expert contract's kernels (kernels/moe/expert_q8_gpu.py with the mailbox words, and
+    moe_i8's in their CONTRACT form skipping the CPU's pairs)."""
     from alphallama.kernels.moe import expert_q8_gpu as q8
+    from alphallama.kernels.moe import moe_i8
     from alphallama.offload.mailbox import DONE, ERR, LAYER, REQ, ROWS
+    from tests.kernels.test_moe_i8 import _sm90_args
 
     def build(kernel, types, const):
         compile_sm90(kernel, types, const, num_warps=q8.NUM_WARPS)
     # (gpt-oss's MXFP4 experts of its K = 2880: the level lookup, the biases, swiglu_oai)
     for qtype, K, oai in ((T.Q4_K, 2048, False), (T.Q6_K, 768, False), (T.Q8_0, 768, False), (T.MXFP4, 2880, True)):
-        f = FORMATS[qtype]
-        w = QuantWeight(qtype, (8, 64, K), {"qs": torch.zeros(8, 64, K // f.slot * f.V, dtype=torch.int32)})
-        planes = _plane_types(qtype, K) * 2
-        const = dict(q8.layout_args(w), BN=q8.BN_GATE)
-        acts = ["*i8", "*fp32", "*i32"]
-        bias, extra = (["*fp32"], {"HAS_EBIAS": True}) if oai else ([], {})
-        build(q8.q8_gate_up_kernel, [*acts, *acts, "*i32", "*i32", "*i32", *planes, "i32", "i32", *bias],
-              dict(const, TOP_K=8, **extra, **({"ACT": 2} if oai else {})))
-        build(q8.q8_down_kernel, [*acts, "*fp32", "*i32", "*i32", "*i32", *planes, "i32", "i32", *bias],
-              dict(const, **extra))
-    build(q8.q8_quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
-          dict(K=2048, POST=True, KP=2048))
-    build(q8.q8_quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "*i8", "*fp32", "*i32", "i32"],
-          dict(K=2880, POST=True, KP=4096))                             # gpt-oss's d_model
+        for kern in (moe_i8._gate_up_i8_kernel, moe_i8._down_i8_kernel):
+            types, const = _sm90_args(qtype, K, kern, True)
+            types[2] = "*fp32"                                          # the contract's act is fp32
+            bias = {"HAS_EBIAS": True, **({"ACT": 2} if kern is moe_i8._gate_up_i8_kernel else {})} if oai else \
+                {"ebias": None}
+            const = {**const, **bias, "CONTRACT": True, "SKIP_TIER": 2}
+            const |= {p.name: p.default for p in kern.params if p.is_constexpr and p.name not in const}
+            build(kern, [*types, *(["*fp32"] if oai else []), "*i32"], const)   # ..., (ebias), tier
+    for K in (2048, 2880):                                              # gpt-oss's d_model: KP 4096
+        build(q8.q8_quantize_kernel, ["*bf16", "*i8", "*fp32", "*i32", "i32"],
+              dict(K=K, KP=triton.next_power_of_2(K)))
     build(q8.q8_post_kernel, ["*i32"] * 8 + ["i32"] * 3,
           dict(BP=512, POST=True, GPU=True, REQ=REQ, LAYER=LAYER, ROWS=ROWS))
     build(q8.q8_combine_kernel, ["*fp32", "*fp32", "*fp32", "*i32", "*fp32", "*i32", "*i32", "i32"],

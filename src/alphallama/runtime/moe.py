@@ -109,8 +109,9 @@ class MoE:
         # with a store the ids also land in its record of the round (its admission policy)
         weights, experts = self.route(logits, t.routes)                         # [W, k] each
         if self.link is not None:   # the expert contract: the CPU takes host pairs, same bits as the GPU
+            x8 = (q8 or {}).get(self._orders[0]) if self.i8 else None
             return moe_q8(h, weights, experts, t.gate_up, t.down, t.bank_gate_up, t.bank_down, t.table,
-                          self.layer, self.link, ops=self.ops)
+                          self.layer, self.link, ops=self.ops, q8=x8)
         act = moe_gate_up(h, t.gate_up, experts, act_dtype, ROWS_PER_THREAD, t.table, t.bank_gate_up,
                           self.gate_up_bias, self.act)                                                 # [W, k, F]
         return moe_down(act, t.down, experts, weights, ROWS_PER_THREAD, t.table, t.bank_down, self.down_bias)

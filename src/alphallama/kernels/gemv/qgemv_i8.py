@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from ..moe.expert_q8 import QBLOCK
+from ..moe.expert_q8 import QBLOCK, contract_lanes
 from ..formats.format import PLANES
 from ..moe.expert_q8_gpu import CODES
 from .qgemv_i8_grid import grid_lanes
@@ -212,8 +212,7 @@ class GemvTile:
 def step_slots(w: QuantWeight) -> int:
     """Slots a step of a looped tile: 64 for Q6_K rows of >= 512 slots (K >= 8192, e.g.
     ffn_down), else 32 (or the whole row where it is shorter). The experts' tile too."""
-    wide = w.qtype == GGMLQuantizationType.Q6_K and w.n_slots >= 512
-    return min(64 if wide else 32, triton.next_power_of_2(w.n_slots))
+    return contract_lanes(w.qtype, w.n_slots)
 
 
 def one_step_row(w: QuantWeight) -> bool:

@@ -1,36 +1,33 @@
 """qmatvec_i8: x [W, K] @ w[N, K]^T -> [W, N] float32 under the expert contract
-(expert_q8.py), with int8 activations and dp4a.
+(expert_q8.py), with int8 activations and dp4a; and the pieces the int8 GEMVs share.
 
-Why: qmatmul spends 5-6 SASS instructions per weight (docs/decisions/gemv-history.md). Here
 `w & 0x0F0F0F0F` puts 4 codes of a qs word in 4 byte lanes and one dp4a multiplies them
-with 4 int8 activations into an int32; only the per-slot scale work is float. The
-contract's fixed float order costs shared-memory shuffles, so as a dense GEMV this is no
-faster than qmatmul (docs/decisions/expert-contract.md); the dense decode GEMV is qgemv_i8.
+with 4 int8 activations into an int32; only the per-slot scale work is float.
 
     prepare  (one program per row and block of x): the contract's q8 of x (quantize_q8's
              rule), its bytes stored in each format's dp4a lane order (`lane_perm`),
              and per slot the record (sum of its q, dx of its 32-block)
-    gemv     (one program per BN weight rows and BW x rows): per step NT slots; per
-             slot and x row isum = sum_lanes dp4a(codes, x) - BIAS * xsum (exact), then
-             the contract's float32 sequence t = A * isum [- B * xsum], term = t * dx,
-             8-slot chunks summed pairwise, acc = acc + chunk in slot order
+    gemv     (one program per x row and BN weight rows): per step NT slots (NT the
+             contract's lanes); per slot isum = sum_lanes dp4a(codes, x) - BIAS * xsum
+             (exact), then the contract's float32 sequence t = A * isum [- B * xsum],
+             lane = lane + t * dx (slot s in lane s mod NT), the lanes' pairwise tree
 
 Integer sums are exact in any order; the float part follows the contract to the bit,
-so a row equals expert_q8.matvec_q8 and its bits do not depend on W or its column.
+so a row equals expert_q8.matvec_q8 and its bits do not depend on W or its column. The
+dense decode GEMV is qgemv_i8 (an fma a slot and tl.sum: faster, not the contract); the
+contract's experts run moe_i8 with CONTRACT, on contract_step and lane_tree from here.
 Compiled with enable_fp_fusion=False, without tl.fma (the contract has no fused ops).
 Under TRITON_INTERPRET=1 (no inline asm) the same integers come from plain shifts and
 multiplies (the DP4A constexpr).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 import triton
 import triton.language as tl
 
-from ..moe.expert_q8 import CHUNK, QBLOCK, XS_GROUP
-from ..moe.expert_q8_gpu import CODES, chunk_sums, quantize_block
+from ..moe.expert_q8 import QBLOCK, contract_lanes
+from ..moe.expert_q8_gpu import CODES, quantize_block
 from ..formats.format import slot_positions
 from .qgemv_i8_table import ACT_ORDER, i8_codes
 from ..pdl import pdl_kwargs, pdl_start
@@ -206,166 +203,65 @@ def _slot_math(lo, hi, s1, s2, x_lo, x_hi, xsum, BITS: tl.constexpr, BIAS: tl.co
 
 
 @triton.jit
-def _row_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
-              BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
-    """One x row's contribution from NT slots: acc [BN] -> acc [BN]. u [NT]: the slots."""
-    NT: tl.constexpr = lo.shape[0]
+def contract_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr,
+                  BITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr):
+    """acc [NT, BN] lanes + one x row's terms of the NT slots u [NT], slot s in lane s mod NT:
+    lane + t dx, two roundings (no fma; padded slots: dx = 0, an identity)."""
     t, dx = slot_terms_i8(lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
-    t = t * dx[:, None]
-    if not EVEN:
-        t = tl.where((u < n_slots)[:, None], t, 0.0)                   # padded slots: +0
-    return chunk_sums(acc, tl.trans(t), NT // 8)
+    return acc + t * dx[:, None]
 
 
 @triton.jit
-def _store(out, acc, m, W, N, n_out):
-    tl.store(out + m.to(tl.int64) * N + n_out, acc, mask=(n_out < N) & (m < W))
+def _pair_sum(x):
+    """x [n, BN] -> [n/2, BN]: x[2i] + x[2i + 1]."""
+    n: tl.constexpr = x.shape[0]
+    BN: tl.constexpr = x.shape[1]
+    a, b = tl.split(tl.permute(tl.reshape(x, (n // 2, 2, BN)), (0, 2, 1)))
+    return a + b
+
+
+@triton.jit
+def lane_tree(acc):
+    """acc [NT, BN] -> [BN]: the lanes' pairwise tree, adjacent pairs first (expert_q8.lane_sum)."""
+    NT: tl.constexpr = acc.shape[0]
+    BN: tl.constexpr = acc.shape[1]
+    x = acc
+    if NT > 32:
+        x = _pair_sum(x)
+    if NT > 16:
+        x = _pair_sum(x)
+    if NT > 8:
+        x = _pair_sum(x)
+    if NT > 4:
+        x = _pair_sum(x)
+    if NT > 2:
+        x = _pair_sum(x)
+    if NT > 1:
+        x = _pair_sum(x)
+    return tl.reshape(x, (BN,))
 
 
 @triton.jit(do_not_specialize=["one"])
 def _qmatvec_i8_kernel(xp, xsd, out, qs, qh, sc, sd, W, N, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                        V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
-                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, BW: tl.constexpr,
-                       PREFETCH: tl.constexpr, DP4A: tl.constexpr):
+                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr):
+    """Program (x row m, BN weight rows): the contract's sums of row m."""
     EVEN: tl.constexpr = n_slots % NT == 0
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
-    n_wt = tl.cdiv(W, BW)
-    pid_n = tl.program_id(0) // n_wt
-    m0 = (tl.program_id(0) % n_wt) * BW
-    n_out = pid_n * BN + tl.arange(0, BN)                              # [BN]
+    n_nb = tl.cdiv(N, BN)
+    m = (tl.program_id(0) // n_nb).to(tl.int64)
+    n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
     row = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]               # [1, BN]; past N: recomputed, not stored
-    # x rows past W recompute row W-1 and are not stored
-    r0 = tl.minimum(m0 + 0, W - 1).to(tl.int64)
-    r1 = tl.minimum(m0 + 1, W - 1).to(tl.int64)
-    r2 = tl.minimum(m0 + 2, W - 1).to(tl.int64)
-    r3 = tl.minimum(m0 + 3, W - 1).to(tl.int64)
-    r4 = tl.minimum(m0 + 4, W - 1).to(tl.int64)
-    r5 = tl.minimum(m0 + 5, W - 1).to(tl.int64)
-    r6 = tl.minimum(m0 + 6, W - 1).to(tl.int64)
-    r7 = tl.minimum(m0 + 7, W - 1).to(tl.int64)
-    r8 = tl.minimum(m0 + 8, W - 1).to(tl.int64)
-    r9 = tl.minimum(m0 + 9, W - 1).to(tl.int64)
-    r10 = tl.minimum(m0 + 10, W - 1).to(tl.int64)
-    r11 = tl.minimum(m0 + 11, W - 1).to(tl.int64)
-    r12 = tl.minimum(m0 + 12, W - 1).to(tl.int64)
-    r13 = tl.minimum(m0 + 13, W - 1).to(tl.int64)
-    r14 = tl.minimum(m0 + 14, W - 1).to(tl.int64)
-    r15 = tl.minimum(m0 + 15, W - 1).to(tl.int64)
-    acc0 = tl.zeros([BN], tl.float32)
-    acc1 = tl.zeros([BN], tl.float32)
-    acc2 = tl.zeros([BN], tl.float32)
-    acc3 = tl.zeros([BN], tl.float32)
-    acc4 = tl.zeros([BN], tl.float32)
-    acc5 = tl.zeros([BN], tl.float32)
-    acc6 = tl.zeros([BN], tl.float32)
-    acc7 = tl.zeros([BN], tl.float32)
-    acc8 = tl.zeros([BN], tl.float32)
-    acc9 = tl.zeros([BN], tl.float32)
-    acc10 = tl.zeros([BN], tl.float32)
-    acc11 = tl.zeros([BN], tl.float32)
-    acc12 = tl.zeros([BN], tl.float32)
-    acc13 = tl.zeros([BN], tl.float32)
-    acc14 = tl.zeros([BN], tl.float32)
-    acc15 = tl.zeros([BN], tl.float32)
-    XS: tl.constexpr = n_slots * 2
-    LAST: tl.constexpr = (n_slots - 1) // NT * NT                      # the last step's first slot
-    if PREFETCH:
-        nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, 0, one, n_slots, NT, V)
+    acc = tl.zeros([NT, BN], tl.float32)
     for s0 in range(0, n_slots, NT):
-        if PREFETCH:
-            # the next step's weights are asked for before this step's arithmetic: twice
-            # the bytes in flight per thread (the last step re-reads itself, in bounds)
-            words, h, s1, s2 = nwords, nh, ns1, ns2
-            nwords, nh, ns1, ns2 = LOAD(qs, qh, sc, sd, row, tl.minimum(s0 + NT, LAST), one, n_slots, NT, V)
-        else:
-            words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
+        words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
         lo, hi = unpack_lanes(words, h, BITS, HBITS)
-        u = s0 + tl.arange(0, NT)                                      # [NT]
-        acc0 = _row_step(acc0, lo, hi, s1, s2, xp + r0 * XROW, xsd + r0 * XS, u, EVEN, n_slots, BITS, BIAS,
-                         HAS_MIN, DP4A)
-        if BW > 1:
-            acc1 = _row_step(acc1, lo, hi, s1, s2, xp + r1 * XROW, xsd + r1 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-        if BW > 2:
-            acc2 = _row_step(acc2, lo, hi, s1, s2, xp + r2 * XROW, xsd + r2 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-            acc3 = _row_step(acc3, lo, hi, s1, s2, xp + r3 * XROW, xsd + r3 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-        if BW > 4:
-            acc4 = _row_step(acc4, lo, hi, s1, s2, xp + r4 * XROW, xsd + r4 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-            acc5 = _row_step(acc5, lo, hi, s1, s2, xp + r5 * XROW, xsd + r5 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-            acc6 = _row_step(acc6, lo, hi, s1, s2, xp + r6 * XROW, xsd + r6 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-            acc7 = _row_step(acc7, lo, hi, s1, s2, xp + r7 * XROW, xsd + r7 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-        if BW > 8:
-            acc8 = _row_step(acc8, lo, hi, s1, s2, xp + r8 * XROW, xsd + r8 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-            acc9 = _row_step(acc9, lo, hi, s1, s2, xp + r9 * XROW, xsd + r9 * XS, u, EVEN, n_slots, BITS, BIAS,
-                             HAS_MIN, DP4A)
-            acc10 = _row_step(acc10, lo, hi, s1, s2, xp + r10 * XROW, xsd + r10 * XS, u, EVEN, n_slots, BITS,
-                              BIAS, HAS_MIN, DP4A)
-            acc11 = _row_step(acc11, lo, hi, s1, s2, xp + r11 * XROW, xsd + r11 * XS, u, EVEN, n_slots, BITS,
-                              BIAS, HAS_MIN, DP4A)
-            acc12 = _row_step(acc12, lo, hi, s1, s2, xp + r12 * XROW, xsd + r12 * XS, u, EVEN, n_slots, BITS,
-                              BIAS, HAS_MIN, DP4A)
-            acc13 = _row_step(acc13, lo, hi, s1, s2, xp + r13 * XROW, xsd + r13 * XS, u, EVEN, n_slots, BITS,
-                              BIAS, HAS_MIN, DP4A)
-            acc14 = _row_step(acc14, lo, hi, s1, s2, xp + r14 * XROW, xsd + r14 * XS, u, EVEN, n_slots, BITS,
-                              BIAS, HAS_MIN, DP4A)
-            acc15 = _row_step(acc15, lo, hi, s1, s2, xp + r15 * XROW, xsd + r15 * XS, u, EVEN, n_slots, BITS,
-                              BIAS, HAS_MIN, DP4A)
-    _store(out, acc0, m0 + 0, W, N, n_out)
-    if BW > 1:
-        _store(out, acc1, m0 + 1, W, N, n_out)
-    if BW > 2:
-        _store(out, acc2, m0 + 2, W, N, n_out)
-        _store(out, acc3, m0 + 3, W, N, n_out)
-    if BW > 4:
-        _store(out, acc4, m0 + 4, W, N, n_out)
-        _store(out, acc5, m0 + 5, W, N, n_out)
-        _store(out, acc6, m0 + 6, W, N, n_out)
-        _store(out, acc7, m0 + 7, W, N, n_out)
-    if BW > 8:
-        _store(out, acc8, m0 + 8, W, N, n_out)
-        _store(out, acc9, m0 + 9, W, N, n_out)
-        _store(out, acc10, m0 + 10, W, N, n_out)
-        _store(out, acc11, m0 + 11, W, N, n_out)
-        _store(out, acc12, m0 + 12, W, N, n_out)
-        _store(out, acc13, m0 + 13, W, N, n_out)
-        _store(out, acc14, m0 + 14, W, N, n_out)
-        _store(out, acc15, m0 + 15, W, N, n_out)
+        acc = contract_step(acc, lo, hi, s1, s2, xp + m * XROW, xsd + m * n_slots * 2, s0 + tl.arange(0, NT),
+                            EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+    tl.store(out + m * N + n_out, lane_tree(acc), mask=n_out < N)
 
 
 # -- host side -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Tile:
-    """How the work is cut: speed only. The contract fixes every operation's order, so a
-    row's bits are the same under any tile (tested), unlike qmatmul's tiles."""
-    BN: int = 16            # weight rows per program
-    NT: int = 32            # slots per step (a multiple of CHUNK)
-    BW: int = 8             # x rows per program (at most MAX_BW)
-    num_warps: int = NUM_WARPS
-    prefetch: bool = True   # load the next step's weights before this step's arithmetic
-
-
-def tile_i8(w: QuantWeight, W: int) -> Tile:
-    """The default tile: 32 slots a step, 16 weight rows a program (more rows make too few
-    programs for the GPU), at most 8 x rows a program, so W > 8 runs the W = 8 tile more
-    than once over the weight (docs/decisions/expert-contract.md)."""
-    return fit(Tile(BW=min(8, triton.next_power_of_2(W))), w)
-
-
-def fit(t: Tile, w: QuantWeight) -> Tile:
-    """No more slots per step than the row has (rounded up to whole chunks, a power of 2)."""
-    NT = min(t.NT, CHUNK * triton.next_power_of_2(triton.cdiv(w.n_slots, CHUNK)))
-    if NT % CHUNK or NT // CHUNK not in (1, 2, 4, 8) or t.BW > MAX_BW or t.BW & (t.BW - 1):
-        raise ValueError(f"bad tile {t}")
-    return replace(t, NT=NT)
-
-
 def lane_order(w: QuantWeight) -> tuple[int, int, int]:
     """(slot, V, bits): what the activations' byte order depends on (Q4_K, Q5_K, Q4_0,
     Q5_0 and the dense GEMV's IQ4_NL, IQ4_XS share one; Q6_K has its own; Q8_0 and the
@@ -393,25 +289,22 @@ def prepare_i8(x: torch.Tensor, w: QuantWeight, pdl: bool = False) -> tuple[torc
     return xp, xsd
 
 
-def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None,
-               tile: Tile | None = None) -> torch.Tensor:
+def qmatvec_i8(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, BN: int = 16) -> torch.Tensor:
     """x [W, K] (any float dtype) @ w^T -> [W, N] float32 under the expert contract: row m
-    equals expert_q8.matvec_q8 of quantize_q8(x[m]) bit for bit, whatever W, m and tile.
-    Runs on CUDA or under the Triton interpreter."""
+    equals expert_q8.matvec_q8 of quantize_q8(x[m]) bit for bit, whatever W, m and BN (the
+    lanes are the contract's). The dense form of moe_i8's CONTRACT rows (tests, and a
+    reference on the device). Runs on CUDA or under the Triton interpreter."""
     if w.qtype not in CODES:         # (the contract's level formats, MXFP4, are its experts' kernels' only)
         raise ValueError(f"qmatvec_i8 has no integer form of {w.qtype.name} "
                          f"(supported: {', '.join(t.name for t in CODES)})")
-    if XS_GROUP != 16 or CHUNK != 8:
-        raise ValueError(f"qmatvec_i8 is written for the expert contract's XS_GROUP 16 and CHUNK 8, "
-                         f"got {XS_GROUP} and {CHUNK}")
+    if BN < 1 or BN & (BN - 1):
+        raise ValueError(f"qmatvec_i8: BN must be a power of two, got {BN}")
     W, N, out = check_gemv_args(x, w, out, "qmatvec_i8", k_multiple=QBLOCK)   # K: the contract's q8 blocks
     x = x if x.stride(1) == 1 else x.contiguous()
     xp, xsd = prepare_i8(x, w)
-    t = tile_i8(w, W) if tile is None else fit(tile, w)
     bits, hbits, bias, has_min = CODES[w.qtype]
-    grid = (triton.cdiv(N, t.BN) * triton.cdiv(W, t.BW),)
-    _qmatvec_i8_kernel[grid](xp, xsd, out, *w.plane_args(), W, N, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load,
-                             V=w.fmt.V, BITS=bits, HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=t.BN, NT=t.NT,
-                             BW=t.BW, PREFETCH=t.prefetch, DP4A=x.is_cuda, num_warps=t.num_warps,
-                             enable_fp_fusion=False)
+    _qmatvec_i8_kernel[(triton.cdiv(N, BN) * W,)](
+        xp, xsd, out, *w.plane_args(), W, N, 1, n_slots=w.n_slots, LOAD=w.fmt.triton_load, V=w.fmt.V, BITS=bits,
+        HBITS=hbits, BIAS=bias, HAS_MIN=has_min, BN=BN, NT=contract_lanes(w.qtype, w.n_slots), DP4A=x.is_cuda,
+        num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

@@ -28,9 +28,11 @@ bits as ggml does, e < 2 the subnormals 2^-128 and 2^-127.) Then
     isum = sum_k c_k xq_k,  xsum = sum_k xq_k                (exact integers)
     t    = A * isum                  or (A * isum) - (B * xsum)
     term = t * dx[block of the slot]
-A row's terms are taken in chunks of CHUNK slots (the last one padded with +0): a
-chunk's terms are summed pairwise, ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)),
-and acc = acc + chunk, chunk after chunk, from +0.
+A row's terms go to nl lanes (contract_lanes: 32, 64 for Q6_K rows of >= 512 slots, fewer
+for shorter rows), slot s to lane s mod nl: lane = lane + term, slot after slot, from +0;
+then the lanes' pairwise tree, adjacent pairs first: ((l0 + l1) + (l2 + l3)) + ... (the
+order of moe_i8, the resident experts' kernel, so that kernel serves the store's VRAM and
+PCIe tiers with the CPU workers on: docs/decisions/offload-v2.md part 3).
 Expert FFN of a row x:  g | u = gate_up @ quantize_q8(x)   (rows [0, F) and [F, 2F))
                         g | u = (g | u) + b_gu[e]   (with the experts' biases: one add a row)
                         a = act(g, u)                (CONTRACT_ACTS, below)
@@ -54,7 +56,7 @@ from ..activations.act_ids import ACT_IDS, OAI_ALPHA, OAI_LIMIT
 from ..formats.format import torch_fields, torch_high
 from ..formats.qweight import QuantWeight
 
-CHUNK = 8               # slots per pairwise-summed chunk
+LANES = 32              # a row's lanes (contract_lanes), 64 for the long Q6_K rows
 QBLOCK = 32             # activation values per scale
 XS_GROUP = 16           # activation values per integer sum
 RNE_MAGIC = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds to an integer, ties to even
@@ -212,17 +214,26 @@ def slot_terms(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 # -- the contract's matrix-vector product and expert --------------------------------------
-def chunk_sum(terms: torch.Tensor) -> torch.Tensor:
-    """terms [R, ns] float32 -> [R]: CHUNK-slot chunks summed pairwise, chunks in order."""
+def contract_lanes(qtype: int, n_slots: int) -> int:
+    """A row's lanes: 32 (64 for Q6_K rows of >= 512 slots, K >= 8192), or the row's slots
+    rounded up to a power of two where there are fewer. A function of the weight only
+    (gemv/qgemv_i8.step_slots: the experts' kernels step this many slots at a time)."""
+    wide = qtype == T.Q6_K and n_slots >= 512
+    return min(2 * LANES if wide else LANES, 1 << max(0, (n_slots - 1).bit_length()))
+
+
+def lane_sum(terms: torch.Tensor, nl: int) -> torch.Tensor:
+    """terms [R, ns] float32 -> [R]: slot s into lane s mod nl, in order from +0, then the
+    lanes' pairwise tree (a lane is never -0, so the +0 padding is an identity)."""
     R, ns = terms.shape
-    pad = (-ns) % CHUNK
-    t = torch.cat([terms, terms.new_zeros(R, pad)], 1).reshape(R, -1, CHUNK)   # [R, nc, 8]
-    while t.shape[-1] > 1:
-        t = t[..., 0::2] + t[..., 1::2]
-    acc = torch.zeros(R, dtype=torch.float32)
+    pad = (-ns) % nl
+    t = torch.cat([terms, terms.new_zeros(R, pad)], 1).reshape(R, -1, nl)     # [R, steps, nl]
+    acc = torch.zeros(R, nl, dtype=torch.float32)
     for j in range(t.shape[1]):
-        acc = acc + t[:, j, 0]
-    return acc
+        acc = acc + t[:, j]
+    while acc.shape[1] > 1:
+        acc = acc[:, 0::2] + acc[:, 1::2]
+    return acc[:, 0]
 
 
 def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeight) -> torch.Tensor:
@@ -236,7 +247,7 @@ def matvec_q8(xq: torch.Tensor, dx: torch.Tensor, xs: torch.Tensor, w: QuantWeig
         xsum = xs.to(torch.int64).reshape(ns, slot // XS_GROUP).sum(-1).float()   # [ns]
         t = t - B * xsum
     blk = torch.arange(ns) * slot // QBLOCK                            # [ns] activation block of each slot
-    return chunk_sum(t * dx.float()[blk])
+    return lane_sum(t * dx.float()[blk], contract_lanes(w.qtype, ns))
 
 
 def expert_ffn(x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight, act: int = ACT_IDS["silu"],

@@ -14,6 +14,13 @@ sums and per-lane FMA, one lane sum at the end) on a tile that is a function of 
 weight only, so a row's bits depend on neither W nor its column, and not on the tier an
 expert is read from (TABLE: bank slot or host planes, the same code on either).
 
+CONTRACT (an expert store with CPU workers: kernels/moe/moe_q8.py) gives the expert
+contract's bits (expert_q8.py), which the CPU workers compute too: the same lanes (NT =
+contract_lanes, slot s in lane s mod NT), lane + t * dx in two roundings instead of the fma,
+the lanes' pairwise tree instead of tl.sum, and the contract's act_c in fp32 (its exp and
+correctly rounded division) instead of gated's; the interpreter gives the GPU's bits too.
+A pair the CPU workers take (its tier, SKIP_TIER) is skipped.
+
 The experts' types: the expert contract's (expert_q8_gpu.CODES) and MXFP4 (gpt-oss's), whose
 codes become their doubled E2M1 levels through qgemv_i8_table's lookup (LANES 4: the `prmt`
 asm on CUDA, selects under the interpreter; Q4_K's lane order, t = 2^(e-128) isum exact).
@@ -28,13 +35,13 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from .expert_q8_gpu import CODES
+from .expert_q8_gpu import CODES, act_c
 from .moe_f32 import BD_COMBINE, NUM_WARPS, bank_args, check_bank, down_combine_kernel
 from ..activations.silu import gated
 from ..gemv.qgemv_i8 import lanes_i8, row_step_i8, step_slots
 from ..gemv.qgemv_i8_table import i8_codes
+from ..gemv.qmatvec_i8 import contract_step, lane_order, lane_tree, prepare_i8
 from ..pdl import pdl_kwargs, pdl_start
-from ..gemv.qmatvec_i8 import lane_order, prepare_i8
 
 
 # gate_up walks K once for its gate and up rows together (_rows2_i8: the same bits, twice
@@ -51,25 +58,45 @@ EXPERT_TYPES = frozenset((*CODES, T.MXFP4))
 
 
 @triton.jit
+def _step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n_slots: tl.constexpr, BITS: tl.constexpr,
+          BIAS: tl.constexpr, HAS_MIN: tl.constexpr, DP4A: tl.constexpr, CONTRACT: tl.constexpr):
+    """acc [NT, BN] + one step's slot terms, lane by lane: the expert contract's lane + t dx
+    (two roundings) with CONTRACT, else qgemv_i8's fma."""
+    if CONTRACT:
+        return contract_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+    return row_step_i8(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+
+
+@triton.jit
+def _lanes_total(acc, CONTRACT: tl.constexpr):
+    if CONTRACT:
+        return lane_tree(acc)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
              V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
-             BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr, LANES: tl.constexpr):
+             BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr, LANES: tl.constexpr,
+             CONTRACT: tl.constexpr = False):
     """Weight rows `row` [1, BN] (int64, rows of the flattened planes) against one int8
-    x row: [BN] float32, qgemv_i8's arithmetic (LANES: its TABLE, qgemv_i8.lanes_i8)."""
+    x row: [BN] float32, qgemv_i8's arithmetic (LANES: its TABLE, qgemv_i8.lanes_i8), or
+    with CONTRACT the expert contract's (expert_q8.py: its lanes, adds and tree)."""
     EVEN: tl.constexpr = n_slots % NT == 0
     acc = tl.zeros([NT, BN], tl.float32)
     for s0 in range(0, n_slots, NT):
         words, h, s1, s2 = LOAD(qs, qh, sc, sd, row, s0, one, n_slots, NT, V)   # [NT, BN, V], [NT, BN] x3
         lo, hi = lanes_i8(words, h, one, BITS, HBITS, LANES, DP4A)
-        acc = row_step_i8(acc, lo, hi, s1, s2, xp_row, xsd_row, s0 + tl.arange(0, NT), EVEN, n_slots, BITS, BIAS,
-                        HAS_MIN, DP4A)
-    return tl.sum(acc, axis=0)
+        acc = _step(acc, lo, hi, s1, s2, xp_row, xsd_row, s0 + tl.arange(0, NT), EVEN, n_slots, BITS, BIAS,
+                    HAS_MIN, DP4A, CONTRACT)
+    return _lanes_total(acc, CONTRACT)
 
 
 @triton.jit
 def _rows2_i8(xp_row, xsd_row, qs, qh, sc, sd, row_a, row_b, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
               V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
-              BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr, LANES: tl.constexpr):
+              BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr, LANES: tl.constexpr,
+              CONTRACT: tl.constexpr = False):
     """_rows_i8 of two row sets (gate's and up's) in one walk over K: each step asks for
     both sets' weights before either's arithmetic (twice the bytes in flight). Each set
     keeps its own accumulator and steps, so each gives _rows_i8's bits."""
@@ -81,43 +108,37 @@ def _rows2_i8(xp_row, xsd_row, qs, qh, sc, sd, row_a, row_b, one, n_slots: tl.co
         wb, hb, b1, b2 = LOAD(qs, qh, sc, sd, row_b, s0, one, n_slots, NT, V)
         u = s0 + tl.arange(0, NT)
         lo, hi = lanes_i8(wa, ha, one, BITS, HBITS, LANES, DP4A)
-        acc_a = row_step_i8(acc_a, lo, hi, a1, a2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
+        acc_a = _step(acc_a, lo, hi, a1, a2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A, CONTRACT)
         lo, hi = lanes_i8(wb, hb, one, BITS, HBITS, LANES, DP4A)
-        acc_b = row_step_i8(acc_b, lo, hi, b1, b2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A)
-    return tl.sum(acc_a, axis=0), tl.sum(acc_b, axis=0)
+        acc_b = _step(acc_b, lo, hi, b1, b2, xp_row, xsd_row, u, EVEN, n_slots, BITS, BIAS, HAS_MIN, DP4A, CONTRACT)
+    return _lanes_total(acc_a, CONTRACT), _lanes_total(acc_b, CONTRACT)
 
 
 @triton.jit
 def _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, row_g, F, one, n_slots: tl.constexpr, LOAD: tl.constexpr,
                   V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
                   HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                  PAIRED: tl.constexpr, LANES: tl.constexpr):
+                  PAIRED: tl.constexpr, LANES: tl.constexpr, CONTRACT: tl.constexpr):
     """(gate rows row_g, up rows row_g + F) against one int8 x row: [BN] float32 each."""
     if PAIRED:
         g, u = _rows2_i8(xp_row, xsd_row, qs, qh, sc, sd, row_g, row_g + F, one, n_slots, LOAD, V, BITS, HBITS,
-                         BIAS, HAS_MIN, BN, NT, DP4A, LANES)
+                         BIAS, HAS_MIN, BN, NT, DP4A, LANES, CONTRACT)
     else:
         g = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row_g, one, n_slots, LOAD, V, BITS, HBITS, BIAS, HAS_MIN,
-                     BN, NT, DP4A, LANES)
+                     BN, NT, DP4A, LANES, CONTRACT)
         u = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, row_g + F, one, n_slots, LOAD, V, BITS, HBITS, BIAS,
-                     HAS_MIN, BN, NT, DP4A, LANES)
+                     HAS_MIN, BN, NT, DP4A, LANES, CONTRACT)
     return g, u
 
 
-@triton.jit(do_not_specialize=["one"])
-def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
-                       TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
-                       V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
-                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False, LANES: tl.constexpr = 0,
-                       ebias=None, HAS_EBIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
-    """Program (pair, n block). LANES: the codes' lanes (qgemv_i8.lanes_i8's TABLE); HAS_EBIAS:
-    ebias [E, 2F] fp32 (gate's then up's) added to the sums; ACT: silu.gated's activation."""
-    pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
+@triton.jit
+def _gate_up_program(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one, pair, n_out,
+                     TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                     V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+                     HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
+                     PAIRED: tl.constexpr, LANES: tl.constexpr, ebias, HAS_EBIAS: tl.constexpr, ACT: tl.constexpr,
+                     CONTRACT: tl.constexpr):
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)        # int32 words per packed x row
-    n_fb = tl.cdiv(F, BN)
-    pair = tl.program_id(0) // n_fb
-    n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)         # [BN]
     n_in = tl.minimum(n_out, F - 1).to(tl.int64)[None, :]              # [1, BN]; past F: recomputed, not stored
     m = (pair // TOP_K).to(tl.int64)
     e = tl.load(experts + pair).to(tl.int64)
@@ -127,34 +148,57 @@ def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, b
         slot = tl.load(table + e).to(tl.int64)
         if slot >= 0:
             g, u = _gate_up_pair(xp_row, xsd_row, bqs, bqh, bsc, bsd, slot * 2 * F + n_in, F, one, n_slots, LOAD, V,
-                                 BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES)
+                                 BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES, CONTRACT)
         else:
             g, u = _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, V,
-                                 BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES)
+                                 BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES, CONTRACT)
     else:
         g, u = _gate_up_pair(xp_row, xsd_row, qs, qh, sc, sd, e * 2 * F + n_in, F, one, n_slots, LOAD, V,
-                             BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES)
+                             BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES, CONTRACT)
     if HAS_EBIAS:
         g += tl.load(ebias + e * 2 * F + n_out, mask=n_out < F, other=0.0)
         u += tl.load(ebias + e * 2 * F + F + n_out, mask=n_out < F, other=0.0)
-    y = gated(g, u, ACT).to(out.dtype.element_ty)                       # silu(gate) * up (as silu_mul), or swiglu_oai
+    if CONTRACT:
+        y = act_c(g, u, ACT)                                           # the contract's exp and division, fp32
+    else:
+        y = gated(g, u, ACT).to(out.dtype.element_ty)                   # silu(gate) * up (as silu_mul), or swiglu_oai
     tl.store(out + pair.to(tl.int64) * F + n_out, y, mask=n_out < F)
 
 
 @triton.jit(do_not_specialize=["one"])
-def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
-                    TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
-                    V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
-                    HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
-                    PDL: tl.constexpr = False, LANES: tl.constexpr = 0, ebias=None,
-                    HAS_EBIAS: tl.constexpr = False):
-    """Program (pair, n block): the pair's unweighted part [BN] (+ its expert's row of
-    ebias [E, N] with HAS_EBIAS)."""
-    pdl_start(PDL)
+def _gate_up_i8_kernel(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one,
+                       TOP_K: tl.constexpr, TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                       V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+                       HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
+                       PDL: tl.constexpr = False, PAIRED: tl.constexpr = False, LANES: tl.constexpr = 0,
+                       ebias=None, HAS_EBIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+                       CONTRACT: tl.constexpr = False, tier=None, SKIP_TIER: tl.constexpr = -1):
+    """Program (pair, n block). LANES: the codes' lanes (qgemv_i8.lanes_i8's TABLE); HAS_EBIAS:
+    ebias [E, 2F] fp32 (gate's then up's) added to the sums; ACT: silu.gated's activation.
+    CONTRACT: the expert contract's arithmetic (out fp32); SKIP_TIER >= 0: pairs whose
+    tier [W k] is SKIP_TIER are another's (the CPU workers'): nothing is read or written."""
+    pdl_start(PDL)                   # which weights to read comes from the routing: nothing to fetch before
+    n_fb = tl.cdiv(F, BN)
+    pair = tl.program_id(0) // n_fb
+    n_out = (tl.program_id(0) % n_fb) * BN + tl.arange(0, BN)         # [BN]
+    if SKIP_TIER >= 0:
+        if tl.load(tier + pair) != SKIP_TIER:
+            _gate_up_program(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one, pair, n_out,
+                             TOP_K, TABLE, n_slots, LOAD, V, BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES,
+                             ebias, HAS_EBIAS, ACT, CONTRACT)
+    else:
+        _gate_up_program(xp, xsd, out, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, F, one, pair, n_out,
+                         TOP_K, TABLE, n_slots, LOAD, V, BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, PAIRED, LANES,
+                         ebias, HAS_EBIAS, ACT, CONTRACT)
+
+
+@triton.jit
+def _down_program(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one, pair, n_out,
+                  TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr, V: tl.constexpr,
+                  BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr, HAS_MIN: tl.constexpr,
+                  BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr, LANES: tl.constexpr, ebias,
+                  HAS_EBIAS: tl.constexpr, CONTRACT: tl.constexpr):
     XROW: tl.constexpr = n_slots * (2 * V if BITS == 4 else V)
-    n_nb = tl.cdiv(N, BN)
-    pair = (tl.program_id(0) // n_nb).to(tl.int64)
-    n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
     nn = tl.minimum(n_out, N - 1).to(tl.int64)[None, :]                # [1, BN]
     e = tl.load(experts + pair).to(tl.int64)
     xp_row = xp + pair * XROW
@@ -163,16 +207,41 @@ def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc
         slot = tl.load(table + e).to(tl.int64)
         if slot >= 0:
             y = _rows_i8(xp_row, xsd_row, bqs, bqh, bsc, bsd, slot * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
-                         BIAS, HAS_MIN, BN, NT, DP4A, LANES)
+                         BIAS, HAS_MIN, BN, NT, DP4A, LANES, CONTRACT)
         else:
             y = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
-                         BIAS, HAS_MIN, BN, NT, DP4A, LANES)
+                         BIAS, HAS_MIN, BN, NT, DP4A, LANES, CONTRACT)
     else:
         y = _rows_i8(xp_row, xsd_row, qs, qh, sc, sd, e * N + nn, one, n_slots, LOAD, V, BITS, HBITS,
-                     BIAS, HAS_MIN, BN, NT, DP4A, LANES)
+                     BIAS, HAS_MIN, BN, NT, DP4A, LANES, CONTRACT)
     if HAS_EBIAS:
         y += tl.load(ebias + e * N + n_out, mask=n_out < N, other=0.0)
     tl.store(part + pair * N + n_out, y, mask=n_out < N)
+
+
+@triton.jit(do_not_specialize=["one"])
+def _down_i8_kernel(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one,
+                    TABLE: tl.constexpr, n_slots: tl.constexpr, LOAD: tl.constexpr,
+                    V: tl.constexpr, BITS: tl.constexpr, HBITS: tl.constexpr, BIAS: tl.constexpr,
+                    HAS_MIN: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, DP4A: tl.constexpr,
+                    PDL: tl.constexpr = False, LANES: tl.constexpr = 0, ebias=None,
+                    HAS_EBIAS: tl.constexpr = False, CONTRACT: tl.constexpr = False, tier=None,
+                    SKIP_TIER: tl.constexpr = -1):
+    """Program (pair, n block): the pair's unweighted part [BN] (+ its expert's row of
+    ebias [E, N] with HAS_EBIAS). CONTRACT, SKIP_TIER: as _gate_up_i8_kernel's."""
+    pdl_start(PDL)
+    n_nb = tl.cdiv(N, BN)
+    pair = (tl.program_id(0) // n_nb).to(tl.int64)
+    n_out = (tl.program_id(0) % n_nb) * BN + tl.arange(0, BN)         # [BN]
+    if SKIP_TIER >= 0:
+        if tl.load(tier + pair) != SKIP_TIER:
+            _down_program(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one, pair, n_out,
+                          TABLE, n_slots, LOAD, V, BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, LANES, ebias, HAS_EBIAS,
+                          CONTRACT)
+    else:
+        _down_program(xp, xsd, part, experts, table, qs, qh, sc, sd, bqs, bqh, bsc, bsd, N, one, pair, n_out,
+                      TABLE, n_slots, LOAD, V, BITS, HBITS, BIAS, HAS_MIN, BN, NT, DP4A, LANES, ebias, HAS_EBIAS,
+                      CONTRACT)
 
 
 def expert_consts(w, N: int, DP4A: bool) -> dict:
@@ -204,15 +273,25 @@ def moe_i8_order(gate_up) -> tuple[int, int, int]:
     return lane_order(gate_up.expert(0))
 
 
+def _skip_args(contract: bool, skip: tuple[torch.Tensor, int] | None) -> dict:
+    """The kernels' CONTRACT and tier-skip keywords (none: their defaults)."""
+    return ({"CONTRACT": True} if contract else {}) | ({"tier": skip[0], "SKIP_TIER": skip[1]} if skip else {})
+
+
 def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torch.Tensor, act_dtype: torch.dtype,
                    table: torch.Tensor | None = None, bank=None, pdl: bool = False,
-                   paired: bool = GATE_UP_PAIRED, bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+                   paired: bool = GATE_UP_PAIRED, bias: torch.Tensor | None = None, act: int = 0,
+                   contract: bool = False, skip: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """q8: the rows' int8 input in gate_up's lane order (moe_i8_order), gate_up [E, 2F, K],
     experts [W, k] int32 -> silu(gate) * up [W, k, F] in act_dtype. pdl: programmatic
     dependent launch (kernels/pdl.py). paired: gate and up rows walked together (the same bits).
     bias [E, 2F] fp32: added to gate's and up's sums (gpt-oss); act: activations.silu.ACT_IDS'
-    id of the activation in silu's place."""
+    id of the activation in silu's place. contract: the expert contract's arithmetic
+    (expert_q8.py; act_dtype must be float32); skip (tier [W, k] int32, t): pairs of tier t
+    are neither read nor written."""
     check_bank(gate_up, table, bank)
+    if contract and act_dtype != torch.float32:
+        raise ValueError(f"the expert contract's activations are float32, not {act_dtype}")
     xp, xsd = q8
     W, k = experts.shape
     F = gate_up.N // 2
@@ -223,19 +302,21 @@ def moe_gate_up_i8(q8: tuple[torch.Tensor, torch.Tensor], gate_up, experts: torc
     _gate_up_i8_kernel[(W * k * triton.cdiv(F, c["BN"]),)](
         xp, xsd, out, experts.contiguous(), *bank_args(gate_up, table, bank), F, 1, TOP_K=k,
         TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, PAIRED=paired, **c, **extra,
-        **pdl_kwargs(pdl, dev))
+        **_skip_args(contract, skip), **pdl_kwargs(pdl, dev))
     return out
 
 
 def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.Tensor,
                 table: torch.Tensor | None = None, bank=None, pdl: bool = False, combine: bool = True,
-                bias: torch.Tensor | None = None) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
+                bias: torch.Tensor | None = None, contract: bool = False,
+                skip: tuple[torch.Tensor, int] | None = None) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """act [W, k, F] (quantized here, one launch), down [E, D, F] -> sum over ranks j of
     weights[:, j] * (q8(act[:, j]) @ down[experts[:, j]]^T): [W, D] float32.
     Two launches (down, then moe's combine). pdl: every launch with programmatic
     dependent launch (kernels/pdl.py). combine=False: no combine launch; returns (part [W, k, D], weights [W, k]) fp32 for the next norm
     to sum (fused.add_rmsnorm's MoE parts: the same bits). bias [E, D] fp32: expert e's added
-    to its part before the weighting (gpt-oss)."""
+    to its part before the weighting (gpt-oss). contract, skip: as moe_gate_up_i8's (a skipped
+    pair's part is left unwritten)."""
     check_bank(down, table, bank)
     W, k, F = act.shape
     D = down.N
@@ -247,7 +328,7 @@ def moe_down_i8(act: torch.Tensor, down, experts: torch.Tensor, weights: torch.T
     grid = (W * k * triton.cdiv(D, c["BN"]),)
     args = (aq, asd, part, experts.contiguous(), *bank_args(down, table, bank), D, 1)
     _down_i8_kernel[grid](*args, TABLE=table is not None, num_warps=NUM_WARPS, enable_fp_fusion=False, **c, **pk,
-                          **_bias_args(bias, (down.shape[0], D), "down"))
+                          **_bias_args(bias, (down.shape[0], D), "down"), **_skip_args(contract, skip))
     if not combine:
         return part, weights.float().contiguous()
     out = torch.empty((W, D), dtype=torch.float32, device=dev)                 # [W, D]

@@ -1,10 +1,14 @@
-"""A MoE layer over an expert store under the expert contract (expert_q8.py): the
-launches of expert_q8_gpu.py (without CUDA or the interpreter: the plain-torch reference).
+"""A MoE layer over an expert store under the expert contract (expert_q8.py): the launches of
+expert_q8_gpu.py around moe_i8's kernels in their CONTRACT form (without CUDA or the
+interpreter: the plain-torch reference).
 
 Each (row, rank) pair is computed by the tier its expert is in: the VRAM bank, the
 host tier read in place over PCIe, or the CPU workers (through `link`, a CpuLink of
-offload/cpu_tier.py). Bits never depend on the tier: that is the contract. A layer's
-ExpertOps (expert_q8.py) give its activation and its experts' biases (gpt-oss's).
+offload/cpu_tier.py). Bits never depend on the tier: that is the contract. The bank and
+PCIe pairs run the resident experts' kernels (moe_i8, CONTRACT: the contract's lanes and
+adds, no fma), so a store with every expert in the bank costs what the resident layer
+costs plus the post and the ordered combine. A layer's ExpertOps (expert_q8.py) give its
+activation and its experts' biases (gpt-oss's).
 """
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import torch
 import triton
 
 from .expert_q8 import ExpertOps, moe_q8 as moe_q8_ref, supports, supports_act
-from .expert_q8_gpu import (BD_COMBINE, BN_DOWN, BN_GATE, NUM_WARPS, SPIN_LIMIT, layout_args, q8_combine_kernel,
-                            q8_down_kernel, q8_gate_up_kernel, q8_post_kernel, q8_quantize_kernel)
+from .expert_q8_gpu import BD_COMBINE, NUM_WARPS, SPIN_LIMIT, q8_combine_kernel, q8_post_kernel, q8_quantize_kernel
+from .moe_i8 import EXPERT_TYPES, moe_down_i8, moe_gate_up_i8
 from ..backend import use_triton
 from ..formats.qweight import QuantWeight
+from ..gemv.qmatvec_i8 import prepare_i8
 from .mailbox_layout import DONE, ERR, LAYER, REQ, ROWS
 
 POST_CTL = dict(REQ=REQ, LAYER=LAYER, ROWS=ROWS)   # the post kernel's control words
@@ -24,29 +29,31 @@ TIER_BANK, TIER_HOST, TIER_CPU = 0, 1, 2
 
 def contract_ok(gate_up: QuantWeight, down: QuantWeight, act: int = ExpertOps().act) -> bool:
     """Whether a layer's experts can run under the contract (formats, activation and shapes)."""
-    F, D = down.K, down.N
-    return supports(gate_up) and supports(down) and supports_act(act) and D % 32 == 0 and F % BN_GATE == 0
+    D = down.N
+    return (supports(gate_up) and supports(down) and gate_up.qtype in EXPERT_TYPES and down.qtype in EXPERT_TYPES
+            and supports_act(act) and D % 32 == 0)
 
 
-def _bias_args(ops: ExpertOps, E: int, F: int, D: int) -> tuple[dict, dict]:
-    """The gate|up and down kernels' bias keywords (none: their defaults)."""
+def _biases(ops: ExpertOps, E: int, F: int, D: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The experts' (gate|up [E, 2F], down [E, D]) float32 biases, or (None, None)."""
     if ops.biases is None:
-        return {}, {}
+        return None, None
     gb, db = ops.biases
     if tuple(gb.shape) != (E, 2 * F) or tuple(db.shape) != (E, D) or {gb.dtype, db.dtype} != {torch.float32}:
         raise ValueError(f"the experts' biases {tuple(gb.shape)} {gb.dtype}, {tuple(db.shape)} {db.dtype} "
                          f"are not float32 [{E}, {2 * F}] and [{E}, {D}]")
-    return {"ebias": gb.contiguous(), "HAS_EBIAS": True}, {"ebias": db.contiguous(), "HAS_EBIAS": True}
+    return gb, db
 
 
 def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_gate_up: QuantWeight,
            host_down: QuantWeight, bank_gate_up: QuantWeight, bank_down: QuantWeight, table: torch.Tensor,
-           layer: int, link=None, chunks: int | None = None, ops: ExpertOps = ExpertOps()) -> torch.Tensor:
+           layer: int, link=None, ops: ExpertOps = ExpertOps(),
+           q8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """h [W, D] (bf16/fp32), weights/experts [W, k] (the router's) -> [W, D] float32.
     host_* [E, ...] are the layer's host tier, bank_* the shared bank, table [E] int32
     the slot of each expert (< 0: host). link: the CPU workers' mailbox, or None.
-    chunks: contract chunks per kernel step (a speed knob; no bit depends on it).
-    ops: the experts' activation and biases (on h's device; the CPU workers hold theirs)."""
+    ops: the experts' activation and biases (on h's device; the CPU workers hold theirs).
+    q8: h's int8 activations in gate_up's lane order, if its norm made them (moe_i8_order)."""
     if not use_triton(h):
         # the plain-torch contract: a bank slot holds its expert's host bytes, so the
         # host tier alone gives the same bits; the CPU workers' protocol needs the kernels
@@ -57,16 +64,14 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     k = experts.shape[1]
     F = host_down.K
     dev = h.device
-    gu_bias, dn_bias = _bias_args(ops, table.shape[0], F, D)   # E: the table's (a mapped layer's host_* is the bank)
+    gu_bias, dn_bias = _biases(ops, table.shape[0], F, D)   # E: the table's
     h = h if h.stride(1) == 1 else h.contiguous()
     experts = experts.contiguous()
-    xq = torch.empty((W, D), dtype=torch.int8, device=dev)                      # [W, D]
-    dx = torch.empty((W, D // 32), dtype=torch.float32, device=dev)
-    xs = torch.empty((W, D // 16), dtype=torch.int32, device=dev)
     post = link is not None
     mb = link.mailbox if post else None
-    q8_quantize_kernel[(W,)](h, xq, dx, xs, *((mb.xq, mb.dx, mb.xs) if post else (xq, dx, xs)), h.stride(0),
-                           K=D, POST=post, KP=triton.next_power_of_2(D), num_warps=NUM_WARPS, enable_fp_fusion=False)
+    if post:   # the CPU workers' input: the contract's q8 of h in the mailbox
+        q8_quantize_kernel[(W,)](h, mb.xq, mb.dx, mb.xs, h.stride(0), K=D, KP=triton.next_power_of_2(D),
+                                 num_warps=NUM_WARPS, enable_fp_fusion=False)
     tier = torch.empty((W, k), dtype=torch.int32, device=dev)                   # [W, k]
     gpu = h.is_cuda
     if post:
@@ -75,17 +80,16 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     else:
         q8_post_kernel[(1,)](experts, table, tier, table, table, tier, tier, tier, W * k, layer, W,
                            BP=triton.next_power_of_2(W * k), POST=False, GPU=gpu, num_warps=NUM_WARPS, **POST_CTL)
-    aq = torch.empty((W, k, F), dtype=torch.int8, device=dev)                   # [W, k, F]
-    adx = torch.empty((W, k, F // 32), dtype=torch.float32, device=dev)
-    axs = torch.empty((W, k, F // 16), dtype=torch.int32, device=dev)
-    q8_gate_up_kernel[(W * k * (F // BN_GATE),)](
-        xq, dx, xs, aq, adx, axs, experts, tier, table, *host_gate_up.plane_args(), *bank_gate_up.plane_args(),
-        F, 1, TOP_K=k, BN=BN_GATE, **layout_args(host_gate_up, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False,
-        **gu_bias, **({"ACT": ops.act} if ops.act else {}))
-    y = torch.empty((W, k, D), dtype=torch.float32, device=dev)                 # [W, k, D]
-    q8_down_kernel[(W * k * triton.cdiv(D, BN_DOWN),)](
-        aq, adx, axs, y, experts, tier, table, *host_down.plane_args(), *bank_down.plane_args(), D, 1,
-        BN=BN_DOWN, **layout_args(host_down, chunks), num_warps=NUM_WARPS, enable_fp_fusion=False, **dn_bias)
+    # the bank's and the host tier's pairs on the resident kernels, the contract's arithmetic
+    E = table.shape[0]
+    if host_gate_up.shape[0] != E:   # a mapped layer: host_* are the bank's, never read (its other pairs: the CPU's)
+        host_gate_up, host_down = (QuantWeight(w.qtype, (E, *w.shape[1:]), w.planes) for w in (host_gate_up, host_down))
+    x8 = q8 if q8 is not None else prepare_i8(h, host_gate_up.expert(0))
+    skip = (tier, TIER_CPU)
+    act = moe_gate_up_i8(x8, host_gate_up, experts, torch.float32, table, bank_gate_up, bias=gu_bias, act=ops.act,
+                         contract=True, skip=skip)                                                  # [W, k, F]
+    y, _ = moe_down_i8(act, host_down, experts, weights, table, bank_down, combine=False, bias=dn_bias,
+                       contract=True, skip=skip)                                                    # [W, k, D]
     if post and not gpu:
         link.wait_host()          # the interpreter cannot spin on memory another thread writes
     out = torch.empty((W, D), dtype=torch.float32, device=dev)

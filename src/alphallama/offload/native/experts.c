@@ -1,7 +1,8 @@
 /* The expert contract (kernels/expert_q8.py) in C: one routed expert's arithmetic, bit
  * for bit the plain-torch reference's. Integer slot dots are exact, so any order or SIMD
- * width gives the same sums; the float part is the contract's fixed scalar sequence
- * (built with -ffp-contract=off -fno-fast-math: no fma, no reassociation).
+ * width gives the same sums; the float part is the contract's fixed sequence (built with
+ * -ffp-contract=off -fno-fast-math: no fma, no reassociation): each slot's term, added
+ * into the row's lane s % nl, then the lanes' pairwise tree (lane_add, lane_tree).
  *
  * Weights are read in place from the GPU "planes" layout (kernels/formats.py). A slot's
  * qs bytes are taken in storage order: position p < nbytes is the low nibble of byte p,
@@ -21,8 +22,9 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MXFP4 = 39 };
 #define QBLOCK 32
-#define CHUNK 8
+#define CHUNK 8       /* slots per SIMD step (simd.c, group.c) */
 #define MAXL 32
+#define MAXLANES 64   /* the most lanes a row has (contract_lanes) */
 #define RNE_MAGIC 12582912.0f
 
 /* One [E, N, K] expert tensor: plane bases and byte strides per expert and per row. */
@@ -107,15 +109,23 @@ static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); re
 
 #include "acts.c"
 
-/* chunk_sum: CHUNK-term chunks summed pairwise, chunks added to acc in order (from +0). */
-static inline float chunk_sum(float *t, int ns, float acc) {
-    int nc = (ns + CHUNK - 1) / CHUNK;
-    for (int s = ns; s < nc * CHUNK; s++) t[s] = 0.0f;
-    for (int c = 0; c < nc; c++) {
-        const float *q = t + c * CHUNK;
-        acc = acc + (((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7])));
-    }
-    return acc;
+/* The contract's sum order, the GPU kernel's: a row of ns slot terms is summed in nl
+ * lanes (a power of 2, at most MAXLANES). Slot s's term is added to lane s % nl, slots in
+ * order, lanes from +0; then the lanes' tree over adjacent pairs, ((l0 + l1) + (l2 + l3)) + ... */
+static inline int contract_lanes(int qtype, int ns) {
+    int cap = qtype == Q6_K && ns >= 512 ? 64 : 32, nl = 1;
+    while (nl < ns && nl < cap) nl *= 2;
+    return nl;
+}
+
+static inline void lane_add(float *lanes, int nl, int s, float term) {
+    lanes[s & (nl - 1)] = lanes[s & (nl - 1)] + term;
+}
+
+static inline float lane_tree(float *lanes, int nl) {
+    for (int n = nl / 2; n >= 1; n /= 2)
+        for (int i = 0; i < n; i++) lanes[i] = lanes[2 * i] + lanes[2 * i + 1];
+    return lanes[0];
 }
 
 /* One activation row made ready for a weight format: permuted into storage order. */
@@ -233,6 +243,14 @@ static inline float slot_term(int kmin, float A, float B, int32_t isum, float xs
 #include "simd.c"
 #include "gguf_rows.c"
 
+/* A row's sum from its lanes: lane_tree, 8 lanes a vector where the build has them. */
+static inline float row_sum(float *lanes, int nl) {
+#ifdef HAVE_SIMD_ISUMS
+    if (nl >= CHUNK) return lane_tree_v(lanes, nl);
+#endif
+    return lane_tree(lanes, nl);
+}
+
 typedef void (*isums_fn)(const uint8_t *, const uint8_t *, const int8_t *, const int32_t *,
                          const uint8_t *, int, int32_t *);
 
@@ -255,17 +273,18 @@ static isums_fn isums_of(int qtype) {
 }
 #undef ISUMS
 
-/* Scratch for one row: isum [ns], terms [ns rounded up to CHUNK], a mapped row's planes
- * (ROW_PLANES(K) bytes; unused for a weight with planes). */
-typedef struct { int32_t *isum; float *t; uint8_t *pl; } rowbuf;
+/* Scratch for one row: isum [ns], a mapped row's planes (ROW_PLANES(K) bytes; unused for a
+ * weight with planes). */
+typedef struct { int32_t *isum; uint8_t *pl; } rowbuf;
 #define ROW_PLANES(K) (2 * (size_t)(K) + 64)
 
-/* What every row of a weight shares: its format, slots a row, qh shifts, slot dots, plane sizes. */
-typedef struct { fmt_t f; int ns; uint8_t sh[MAXL]; isums_fn fn; size_t nqs, nqh, nsc; } rowfmt;
+/* What every row of a weight shares: its format, slots and lanes a row, qh shifts, slot dots, plane sizes. */
+typedef struct { fmt_t f; int ns, nl; uint8_t sh[MAXL]; isums_fn fn; size_t nqs, nqh, nsc; } rowfmt;
 
 static int row_fmt(const qmat *w, rowfmt *rf) {
     if (fmt_of(w->qtype, &rf->f)) return -1;
     rf->ns = w->K / rf->f.L;
+    rf->nl = contract_lanes(w->qtype, rf->ns);
     for (int p = 0; p < rf->f.L; p++) { int k, hb; slot_layout(&rf->f, p, &k, &hb); rf->sh[p] = (uint8_t)hb; }
     rf->fn = isums_of(w->qtype);
     plane_bytes(&rf->f, w->K, &rf->nqs, &rf->nqh, &rf->nsc);
@@ -300,19 +319,21 @@ static inline float with_bias(const qmat *w, int e, int r, float acc) {
  * costs a short row (down's K = 768) a few %. */
 static inline __attribute__((always_inline)) float row_dot(const qmat *w, const rowfmt *rf, const rowplanes *rp,
                                                            const xprep *x, rowbuf *rb) {
-    int ns = rf->ns, s0 = 0, kmin = has_min(w->qtype);
+    int ns = rf->ns, nl = rf->nl, s = 0, kmin = has_min(w->qtype);
+    float lanes[MAXLANES];
     rf->fn(rp->qs, rp->qh, x->xp, x->ssum, rf->sh, ns, rb->isum);
-    float acc = 0.0f;
 #ifdef HAVE_SIMD_ISUMS
-    s0 = ns / CHUNK * CHUNK;
-    acc = chunks_v(w->qtype, rp->sc, rp->sd, rb->isum, x, ns / CHUNK);
+    s = ns / CHUNK * CHUNK;
+    chunks_v(w->qtype, rp->sc, rp->sd, rb->isum, x, s / CHUNK, nl, lanes);   /* sets the nl lanes */
+#else
+    for (int j = 0; j < nl; j++) lanes[j] = 0.0f;
 #endif
-    for (int s = s0; s < ns; s++) {
+    for (; s < ns; s++) {
         float A, B;
         slot_scales(w->qtype, rp->sc, rp->sd, s, &A, &B);
-        rb->t[s - s0] = slot_term(kmin, A, B, rb->isum[s], x->xsum[s], x->dxs[s]);
+        lane_add(lanes, nl, s, slot_term(kmin, A, B, rb->isum[s], x->xsum[s], x->dxs[s]));
     }
-    return s0 < ns ? chunk_sum(rb->t, ns - s0, acc) : acc;
+    return row_sum(lanes, nl);
 }
 
 /* Rows [r0, r1) of expert e of w times the prepared activation: out[r - r0]. */

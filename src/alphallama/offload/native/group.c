@@ -6,7 +6,8 @@
  * Every (activation, row) gets the bits aq_matvec gives it: the slot sums are exact
  * integers (any order and any decoding give the same), and the float part is the same
  * sequence of operations on the same A, B and activation terms (chunk_scales_v /
- * slot_scales once per row instead of once per activation).
+ * slot_scales once per row instead of once per activation), each activation's terms
+ * into its own nl lanes (experts.c's lane order) and their tree.
  *
  * What an extra activation costs is what a group saves, so the row is decoded into the
  * layout that makes a pair cheapest (SIMD builds): each chunk of 8 slots interleaved, vector
@@ -16,9 +17,9 @@
  * per-row slot dots (simd.c) pay. Slots past the last whole chunk stay in storage order.
  * Included by experts.c. */
 
-/* Scratch for one decoded row: its codes [K], A and B [ns], the pairs' sums [G], and a
- * rowbuf (isum, t, pl). */
-typedef struct { rowbuf rb; uint8_t *codes; float *A, *B, *sum; } grpbuf;
+/* Scratch for one decoded row: its codes [K], A and B [ns], the pairs' sums [G] and lanes
+ * [G][MAXLANES], and a rowbuf (isum, pl). */
+typedef struct { rowbuf rb; uint8_t *codes; float *A, *B, *sum, *lanes; } grpbuf;
 
 /* Q8_0's and MXFP4's codes are signed (int8, E2M1 levels); the others unsigned, less a bias. */
 static inline int signed_codes(int qtype) { return qtype == Q8_0 || qtype == MXFP4; }
@@ -143,19 +144,24 @@ static inline __attribute__((always_inline)) __m256i chunk_isums_v(const uint8_t
     return _mm256_add_epi32(a0, a1);
 }
 
-/* pairs_dot's whole chunks (slots [0, nc * CHUNK)): sum[g] += each chunk's terms, in order. */
+/* pairs_dot's whole chunks (slots [0, nc * CHUNK)): chunk c's 8 terms added to lanes
+ * [8 (c % (nl / 8)), +8) of each activation's (lanes + g MAXLANES), chunks_of's order. */
 static inline __attribute__((always_inline)) void pairs_chunks_v(const uint8_t *codes, const float *A, const float *B,
-                                                                const xprep *const *x, int G, float *sum, int nc,
-                                                                const int L, const int sgn, int bias, int kmin) {
+                                                                const xprep *const *x, int G, float *lanes, int nc,
+                                                                int nl, const int L, const int sgn, int bias,
+                                                                int kmin) {
+    int vmask = nl / CHUNK - 1;   /* nl / 8 vectors of lanes: a power of 2 */
     for (int c = 0; c < nc; c++) {
         int s = c * CHUNK;
+        float *acc = lanes + CHUNK * (c & vmask);
         __m256 a = _mm256_loadu_ps(A + s), b = _mm256_loadu_ps(B + s);
         for (int g = 0; g < G; g++) {
             __m256i is = chunk_isums_v(codes + (size_t)s * L, x[g]->xi + (size_t)s * L, L, sgn);
             if (bias)
                 is = _mm256_sub_epi32(is, _mm256_mullo_epi32(_mm256_set1_epi32(bias),
                                                              _mm256_loadu_si256((const __m256i *)(x[g]->ssum + s))));
-            sum[g] = sum[g] + chunk_terms_v(kmin, a, b, is, x[g], s);
+            float *l = acc + (size_t)g * MAXLANES;
+            _mm256_storeu_ps(l, _mm256_add_ps(_mm256_loadu_ps(l), chunk_terms_v(kmin, a, b, is, x[g], s)));
         }
     }
 }
@@ -204,27 +210,30 @@ static void row_scales(int qtype, const rowfmt *rf, const rowplanes *rp, float *
 }
 
 /* G activations against a decoded row: row_dot's sums (without the bias), term for term,
- * into sum[g]. Chunk by chunk, the pairs inner: their sums are independent chains the
- * core overlaps, and a chunk's codes and scales stay in registers / L1 across them. */
+ * into sum[g], activation g's lanes at lanes + g MAXLANES. Chunk by chunk, the pairs inner:
+ * their lanes are independent chains the core overlaps, and a chunk's codes and scales stay
+ * in registers / L1 across them. */
 static void pairs_dot(int qtype, const rowfmt *rf, const uint8_t *codes, const float *A, const float *B,
-                      const xprep *const *x, int G, float *sum, float *t) {
-    int L = rf->f.L, ns = rf->ns, bias = rf->f.bias, kmin = has_min(qtype), sgn = signed_codes(qtype), s = 0;
-    for (int g = 0; g < G; g++) sum[g] = 0.0f;
+                      const xprep *const *x, int G, float *sum, float *lanes) {
+    int L = rf->f.L, ns = rf->ns, nl = rf->nl, bias = rf->f.bias, kmin = has_min(qtype), sgn = signed_codes(qtype);
+    int s = 0;
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < nl; j++) lanes[(size_t)g * MAXLANES + j] = 0.0f;
 #ifdef HAVE_SIMD_ISUMS
     int nc = ns / CHUNK;   /* one expansion per code width and sign: constants for the unrolled loops */
-    if (L == 32 && sgn) pairs_chunks_v(codes, A, B, x, G, sum, nc, 32, 1, bias, kmin);
-    else if (L == 32) pairs_chunks_v(codes, A, B, x, G, sum, nc, 32, 0, bias, kmin);
-    else if (sgn) pairs_chunks_v(codes, A, B, x, G, sum, nc, 16, 1, bias, kmin);
-    else pairs_chunks_v(codes, A, B, x, G, sum, nc, 16, 0, bias, kmin);
+    if (L == 32 && sgn) pairs_chunks_v(codes, A, B, x, G, lanes, nc, nl, 32, 1, bias, kmin);
+    else if (L == 32) pairs_chunks_v(codes, A, B, x, G, lanes, nc, nl, 32, 0, bias, kmin);
+    else if (sgn) pairs_chunks_v(codes, A, B, x, G, lanes, nc, nl, 16, 1, bias, kmin);
+    else pairs_chunks_v(codes, A, B, x, G, lanes, nc, nl, 16, 0, bias, kmin);
     s = nc * CHUNK;
 #endif
-    if (s == ns) return;
     for (int g = 0; g < G; g++) {
+        float *l = lanes + (size_t)g * MAXLANES;
         for (int j = s; j < ns; j++) {
             int32_t is = dot_codes(codes + (size_t)j * L, x[g]->xp + (size_t)j * L, L, sgn) - bias * x[g]->ssum[j];
-            t[j - s] = slot_term(kmin, A[j], B[j], is, x[g]->xsum[j], x[g]->dxs[j]);
+            lane_add(l, nl, j, slot_term(kmin, A[j], B[j], is, x[g]->xsum[j], x[g]->dxs[j]));
         }
-        sum[g] = chunk_sum(t, ns - s, sum[g]);
+        sum[g] = row_sum(l, nl);
     }
 }
 
@@ -243,7 +252,7 @@ int aq_matvec_group(const qmat *w, int e, const xprep *const *x, int G, int r0, 
         }
         const uint8_t *codes = decode_row(w->qtype, &rf, &rp, gb->codes);
         row_scales(w->qtype, &rf, &rp, gb->A, gb->B);
-        pairs_dot(w->qtype, &rf, codes, gb->A, gb->B, x, G, gb->sum, gb->rb.t);
+        pairs_dot(w->qtype, &rf, codes, gb->A, gb->B, x, G, gb->sum, gb->lanes);
         for (int g = 0; g < G; g++) out[g][r - r0] = with_bias(w, e, r, gb->sum[g]);
     }
     return 0;

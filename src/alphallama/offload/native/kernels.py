@@ -37,12 +37,16 @@ class XPrep(ctypes.Structure):
 
 
 class RowBuf(ctypes.Structure):
-    _fields_ = [("isum", _P), ("t", _P), ("pl", _P)]   # pl: a mapped row's planes, 2 K + 64 bytes
+    _fields_ = [("isum", _P), ("pl", _P)]   # pl: a mapped row's planes, 2 K + 64 bytes
+
+
+MAXLANES = 64   # experts.c's: the most lanes a row's sum has
 
 
 class GrpBuf(ctypes.Structure):
-    """group.c's grpbuf: a row's scratch, its decoded codes [K], scales A, B [K / 16 + 8], sums [G]."""
-    _fields_ = [("rb", RowBuf), ("codes", _P), ("A", _P), ("B", _P), ("sum", _P)]
+    """group.c's grpbuf: a row's scratch, its decoded codes [K], scales A, B [K / 16 + 8], sums [G],
+    lanes [G, MAXLANES]."""
+    _fields_ = [("rb", RowBuf), ("codes", _P), ("A", _P), ("B", _P), ("sum", _P), ("lanes", _P)]
 
 
 def qmat(w: QuantWeight) -> QMat:
@@ -170,7 +174,7 @@ def _prepared(so: ctypes.CDLL, qtype: int, K: int, xq: torch.Tensor, dx: torch.T
 
 def _row_scratch(K: int, keep: list) -> RowBuf:
     ns = K // 16 + 8
-    bufs = (torch.empty(ns, dtype=torch.int32), torch.empty(ns), torch.empty(2 * K + 64, dtype=torch.uint8))
+    bufs = (torch.empty(ns, dtype=torch.int32), torch.empty(2 * K + 64, dtype=torch.uint8))
     keep += bufs
     return RowBuf(*(_ptr(b) for b in bufs))
 
@@ -206,7 +210,8 @@ def matvec_group_q8(acts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     xv = (ctypes.POINTER(XPrep) * G)(*(ctypes.pointer(x) for x in xs_))
     ov = (_P * G)(*(out[g].data_ptr() for g in range(G)))
     ns = q.K // 16 + 8
-    bufs = (torch.empty(q.K, dtype=torch.uint8), torch.empty(ns), torch.empty(ns), torch.empty(G))
+    bufs = (torch.empty(q.K, dtype=torch.uint8), torch.empty(ns), torch.empty(ns), torch.empty(G),
+            torch.empty(G, MAXLANES))
     gb = GrpBuf(_row_scratch(q.K, keep), *(_ptr(b) for b in bufs))
     if so.aq_matvec_group(ctypes.byref(q), expert, xv, G, r0, r1, ov, ctypes.byref(gb)) != 0:
         raise RuntimeError(f"aq_matvec_group failed (type {q.qtype}, rows {r0}..{r1})")

@@ -110,13 +110,14 @@ static void free_xset(xset *s) { free(s->x); free(s->xp); free(s->xi); free(s->s
 
 static int alloc_grpbuf(grpbuf *b, int K, int max_g) {
     size_t ns = NS_OF(K);
-    b->rb = (rowbuf){malloc(4 * ns), malloc(4 * ns), malloc(ROW_PLANES(K))};
+    b->rb = (rowbuf){malloc(4 * ns), malloc(ROW_PLANES(K))};
     b->codes = malloc(K); b->A = malloc(4 * ns); b->B = malloc(4 * ns); b->sum = malloc(4 * (size_t)max_g);
-    return b->rb.isum && b->rb.t && b->rb.pl && b->codes && b->A && b->B && b->sum ? 0 : -1;
+    b->lanes = malloc(4 * MAXLANES * (size_t)max_g);
+    return b->rb.isum && b->rb.pl && b->codes && b->A && b->B && b->sum && b->lanes ? 0 : -1;
 }
 
 static void free_grpbuf(grpbuf *b) {
-    free(b->rb.isum); free(b->rb.t); free(b->rb.pl); free(b->codes); free(b->A); free(b->B); free(b->sum);
+    free(b->rb.isum); free(b->rb.pl); free(b->codes); free(b->A); free(b->B); free(b->sum); free(b->lanes);
 }
 
 static int alloc_scratch(tscratch *s, int max_k, int max_tasks) {

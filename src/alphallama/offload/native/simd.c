@@ -1,5 +1,6 @@
-/* AVX2 (and AVX-VNNI / AVX512-VNNI) slot dots, 8 slots (one contract chunk) per step:
- * the same exact integer sums as the scalar loops of experts.c, which take the tail.
+/* AVX2 (and AVX-VNNI / AVX512-VNNI) slot dots, 8 slots (a chunk) per step: the same
+ * exact integer sums as the scalar loops of experts.c, which take the tail; and the float
+ * part of the whole chunks, 8 slot terms per vector, into the row's lanes (chunks_v).
  * Codes are unsigned bytes (nibble | top bits << 4), activations signed: u8 x s8 products
  * summed in 4s (dpbusd) or pairs (maddubs: |sum| <= 2 * 128 * 127, no saturation). */
 #if defined(__AVX2__) && defined(__F16C__)
@@ -158,14 +159,6 @@ static inline __m256 e8m0_half8(const uint8_t *e8) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(nrm, sub, small));
 }
 
-/* The float part, 8 slots (one chunk) per step: the same per-lane IEEE operations as
- * slot_term, then the chunk's pairwise sum ((t0+t1)+(t2+t3))+((t4+t5)+(t6+t7)). */
-static inline float chunk_v(__m256 t) {
-    __m256 p1 = _mm256_add_ps(t, _mm256_permute_ps(t, 0xB1));       /* lane 2i: t2i + t2i+1 */
-    __m256 p2 = _mm256_add_ps(p1, _mm256_permute_ps(p1, 0x4E));     /* lane 4i: pairs of those */
-    return _mm_cvtss_f32(_mm256_castps256_ps128(p2)) + _mm_cvtss_f32(_mm256_extractf128_ps(p2, 1));
-}
-
 /* A and B (has_min formats; else 0) of the 8 slots of chunk c: slot_scales' operations per lane. */
 static inline __attribute__((always_inline)) void chunk_scales_v(int qtype, const uint8_t *sc, const uint8_t *sd,
                                                                 int c, __m256 *A, __m256 *B) {
@@ -195,38 +188,73 @@ static inline __attribute__((always_inline)) void chunk_scales_v(int qtype, cons
     }
 }
 
-/* slot_term of the 8 slots from slot s (their integer sums in isum), summed as one chunk. */
-static inline float chunk_terms_v(int kmin, __m256 A, __m256 B, __m256i isum, const xprep *x, int s) {
+/* slot_term of the 8 slots from slot s (their integer sums in isum): the same per-lane IEEE
+ * operations. */
+static inline __m256 chunk_terms_v(int kmin, __m256 A, __m256 B, __m256i isum, const xprep *x, int s) {
     __m256 is = _mm256_cvtepi32_ps(isum);   /* exact: < 2**24 */
     __m256 dx = _mm256_loadu_ps(x->dxs + s), t = _mm256_mul_ps(A, is);
     if (kmin) t = _mm256_sub_ps(t, _mm256_mul_ps(B, _mm256_loadu_ps(x->xsum + s)));
-    return chunk_v(_mm256_mul_ps(t, dx));
+    return _mm256_mul_ps(t, dx);
 }
 
-/* The whole chunks of a row for one format: qtype a constant where this is expanded, so
- * the loop carries no format tests. */
-static inline __attribute__((always_inline)) float chunks_of(const int qtype, const uint8_t *sc, const uint8_t *sd,
-                                                            const int32_t *isum, const xprep *x, int nc) {
-    float acc = 0.0f;
-    for (int c = 0; c < nc; c++) {
-        __m256 A, B;
-        chunk_scales_v(qtype, sc, sd, c, &A, &B);
-        acc = acc + chunk_terms_v(has_min(qtype), A, B, _mm256_loadu_si256((const __m256i *)(isum + c * CHUNK)), x,
-                                  c * CHUNK);
-    }
-    return acc;
+/* The nc whole chunks of a row into its nl lanes (contract_lanes; nl >= 8 where a row has a
+ * chunk), stored over lanes[0, max(nl, 8)): chunk c's 8 terms are added to vector accumulator
+ * c % NV, slot 8c + j to lane 8 (c % NV) + j, which is lane (8c + j) % nl where nl == 8 NV. A
+ * row of fewer lanes (nl < 8 NV: at most 16 slots) has at most nl / 8 chunks, each alone in
+ * accumulator c. qtype and NV are constants where this is expanded: no format tests in the
+ * loop, the accumulators in registers. */
+static inline __attribute__((always_inline)) void chunks_of(const int qtype, const int NV, const uint8_t *sc,
+                                                           const uint8_t *sd, const int32_t *isum, const xprep *x,
+                                                           int nc, int nl, float *lanes) {
+    __m256 acc[MAXLANES / CHUNK];
+    for (int k = 0; k < NV; k++) acc[k] = _mm256_setzero_ps();
+    for (int c0 = 0; c0 < nc; c0 += NV)
+        for (int k = 0; k < NV && c0 + k < nc; k++) {
+            int c = c0 + k;
+            __m256 A, B;
+            chunk_scales_v(qtype, sc, sd, c, &A, &B);
+            __m256i is = _mm256_loadu_si256((const __m256i *)(isum + c * CHUNK));
+            acc[k] = _mm256_add_ps(acc[k], chunk_terms_v(has_min(qtype), A, B, is, x, c * CHUNK));
+        }
+    for (int k = 0; k < NV && CHUNK * k < nl; k++) _mm256_storeu_ps(lanes + CHUNK * k, acc[k]);
 }
 
-static inline __attribute__((always_inline)) float chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd,
-                                                           const int32_t *isum, const xprep *x, int nc) {
-    switch (qtype) {   /* formats with the same scales share an expansion */
-    case Q4_K: case Q5_K: return chunks_of(Q4_K, sc, sd, isum, x, nc);
-    case Q4_1: case Q5_1: return chunks_of(Q4_1, sc, sd, isum, x, nc);
-    case Q6_K: return chunks_of(Q6_K, sc, sd, isum, x, nc);
-    case Q8_0: return chunks_of(Q8_0, sc, sd, isum, x, nc);
-    case MXFP4: return chunks_of(MXFP4, sc, sd, isum, x, nc);
-    default: return chunks_of(Q4_0, sc, sd, isum, x, nc);
+static inline __attribute__((always_inline)) void chunks_v(int qtype, const uint8_t *sc, const uint8_t *sd,
+                                                          const int32_t *isum, const xprep *x, int nc, int nl,
+                                                          float *lanes) {
+    switch (qtype) {   /* formats with the same scales share an expansion; only Q6_K has 64 lanes */
+    case Q4_K: case Q5_K: chunks_of(Q4_K, 4, sc, sd, isum, x, nc, nl, lanes); return;
+    case Q4_1: case Q5_1: chunks_of(Q4_1, 4, sc, sd, isum, x, nc, nl, lanes); return;
+    case Q6_K:
+        if (nl == 64) chunks_of(Q6_K, 8, sc, sd, isum, x, nc, nl, lanes);
+        else chunks_of(Q6_K, 4, sc, sd, isum, x, nc, nl, lanes);
+        return;
+    case Q8_0: chunks_of(Q8_0, 4, sc, sd, isum, x, nc, nl, lanes); return;
+    case MXFP4: chunks_of(MXFP4, 4, sc, sd, isum, x, nc, nl, lanes); return;
+    default: chunks_of(Q4_0, 4, sc, sd, isum, x, nc, nl, lanes); return;
     }
+}
+
+/* The 8-lane trees ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of the vectors
+ * l[8k, 8k + 8), k < 4, as [r0, r1, r2, r3] (of n = 1 or 2 vectors: k mod n, repeated).
+ * hadd adds adjacent pairs: levels 1 and 2 of four vectors at once; level 3, the halves. */
+static inline __m128 tree4_v(const float *l, int n) {
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(l + CHUNK * (k & (n - 1)));
+    __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+}
+
+/* lane_tree of nl >= 8 lanes, the same adds: each vector's 8-lane tree r_k, then the r_k's
+ * tree, r0 + r1 (n = 2), (r0 + r1) + (r2 + r3) (n = 4), or that of 8. */
+static inline float lane_tree_v(const float *lanes, int nl) {
+    int n = nl / CHUNK;
+    __m128 r = tree4_v(lanes, n < 4 ? n : 4);
+    if (n == 1) return _mm_cvtss_f32(r);
+    __m128 s = _mm_hadd_ps(r, n == 8 ? tree4_v(lanes + 32, 4) : r);   /* [r0 + r1, r2 + r3, (n = 8:) r4 + r5, ...] */
+    if (n == 2) return _mm_cvtss_f32(s);
+    if (n == 8) s = _mm_hadd_ps(s, s);                                 /* [(r0 + r1) + (r2 + r3), (r4 + r5) + ...] */
+    return _mm_cvtss_f32(s) + _mm_cvtss_f32(_mm_movehdup_ps(s));
 }
 #define HAVE_SIMD_ISUMS 1
 #endif
