@@ -279,7 +279,8 @@ typedef struct { int32_t *isum; uint8_t *pl; } rowbuf;
 #define ROW_PLANES(K) (2 * (size_t)(K) + 64)
 
 /* What every row of a weight shares: its format, slots and lanes a row, qh shifts, slot dots, plane sizes. */
-typedef struct { fmt_t f; int ns, nl; uint8_t sh[MAXL]; isums_fn fn; size_t nqs, nqh, nsc; } rowfmt;
+typedef struct { fmt_t f; int ns, nl; uint8_t sh[MAXL]; isums_fn fn; size_t nqs, nqh, nsc;
+                 relay rl; /* a mapped weight's: its GGUF blocks' re-lay (gguf_rows.c) */ } rowfmt;
 
 static int row_fmt(const qmat *w, rowfmt *rf) {
     if (fmt_of(w->qtype, &rf->f)) return -1;
@@ -288,7 +289,7 @@ static int row_fmt(const qmat *w, rowfmt *rf) {
     for (int p = 0; p < rf->f.L; p++) { int k, hb; slot_layout(&rf->f, p, &k, &hb); rf->sh[p] = (uint8_t)hb; }
     rf->fn = isums_of(w->qtype);
     plane_bytes(&rf->f, w->K, &rf->nqs, &rf->nqh, &rf->nsc);
-    return 0;
+    return w->raw ? relay_init(w->qtype, &rf->rl) : 0;
 }
 
 /* One row's planes: where they sit (host tier), or re-laid into pl from the file's blocks (mapped tier). */
@@ -298,7 +299,7 @@ static inline __attribute__((always_inline)) int row_planes(const qmat *w, const
                                                            uint8_t *pl, rowplanes *o) {
     if (w->raw) {
         size_t a = rf->nqs, b = a + rf->nqh, c = b + rf->nsc;
-        if (!pl || aq_repack_row(w->qtype, raw_row(w, e, r), w->K, pl, pl + a, pl + b, pl + c)) return -1;
+        if (!pl || relay_row(&rf->rl, w->qtype, raw_row(w, e, r), w->K, pl, pl + a, pl + b, pl + c)) return -1;
         *o = (rowplanes){pl, pl + a, pl + b, pl + c};
         return 0;
     }

@@ -3,6 +3,9 @@
  * (kernels/formats: qs / qh / sc / sd, the bytes fmt.pack makes) in a per-thread scratch,
  * then computed by the same slot code as a host-tier row: the planes are the same bytes,
  * so the bits are (tests/offload/test_mapped.py holds aq_repack_row equal to fmt.pack).
+ * The re-lay of a block is a fixed gather: where each planes nibble and top-bit field comes
+ * from is worked out once per weight (relay_init, from code_loc's rules), and each block is
+ * then copied by that table (relay_row): ~15x the per-value decoding it replaced.
  * Included by experts.c after fmt_of / slot_layout. */
 #include <sys/mman.h>
 #include <unistd.h>
@@ -23,31 +26,68 @@ static int gguf_block(int qtype, int *qk, int *bytes) {
     }
 }
 
-/* Value k of block b: its low bits (Q8_0: the int8 code) in *lo, its top bits in *hi. */
-static inline void block_code(int qtype, const uint8_t *b, int k, int *lo, int *hi) {
-    *hi = 0;
+/* Where value k of a block keeps its low bits (Q8_0: its int8 code, the whole byte) and its
+ * top bits: byte index and shift in the block (*hwidth 0: none). */
+static void code_loc(int qtype, int k, int *lo_byte, int *lo_shift, int *hi_byte, int *hi_shift, int *hwidth) {
+    *hi_byte = *hi_shift = *hwidth = 0;
     switch (qtype) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
         int off = qtype == Q4_0 ? 2 : qtype == Q4_1 ? 4 : qtype == Q5_0 ? 6 : 8;   /* the 16 code bytes */
-        *lo = k < 16 ? b[off + k] & 15 : b[off + k - 16] >> 4;
-        if (qtype == Q5_0 || qtype == Q5_1) *hi = (ld32(b + (qtype == Q5_0 ? 2 : 4)) >> k) & 1;
+        *lo_byte = off + k % 16; *lo_shift = k < 16 ? 0 : 4;
+        if (qtype == Q5_0 || qtype == Q5_1) { *hi_byte = (qtype == Q5_0 ? 2 : 4) + k / 8; *hi_shift = k % 8; *hwidth = 1; }
         return;
     }
-    case Q8_0: *lo = (int8_t)b[2 + k]; return;
-    case MXFP4: *lo = k < 16 ? b[1 + k] & 15 : b[1 + k - 16] >> 4; return;   /* e, then Q4_0's nibbles */
+    case Q8_0: *lo_byte = 2 + k; *lo_shift = 0; return;
+    case MXFP4: *lo_byte = 1 + k % 16; *lo_shift = k < 16 ? 0 : 4; return;   /* e, then Q4_0's nibbles */
     case Q4_K: case Q5_K: {   /* 4 runs of 32 bytes: run c's low nibbles are sub-block 2c, high 2c+1 */
-        int w = k % 64, off = qtype == Q4_K ? 16 : 48;
-        *lo = (b[off + (k / 64) * 32 + w % 32] >> (4 * (w / 32))) & 15;
-        if (qtype == Q5_K) *hi = (b[16 + k % 32] >> (k / 32)) & 1;
+        int w = k % 64;
+        *lo_byte = (qtype == Q4_K ? 16 : 48) + (k / 64) * 32 + w % 32; *lo_shift = 4 * (w / 32);
+        if (qtype == Q5_K) { *hi_byte = 16 + k % 32; *hi_shift = k / 32; *hwidth = 1; }
         return;
     }
     case Q6_K: {              /* halves of 128: ql 64 bytes (low / high nibbles), qh 32 bytes of 2-bit fields */
         int h = k / 128, w = k % 128;
-        *lo = (b[h * 64 + w % 64] >> (4 * (w / 64))) & 15;
-        *hi = (b[128 + h * 32 + w % 32] >> (2 * (w / 32))) & 3;
+        *lo_byte = h * 64 + w % 64; *lo_shift = 4 * (w / 64);
+        *hi_byte = 128 + h * 32 + w % 32; *hi_shift = 2 * (w / 32); *hwidth = 2;
         return;
     }
     }
+}
+
+/* A block's re-lay as a gather: qs byte o of the block's slots is nibble (qa, sa) | nibble
+ * (qb, sb) << 4 of the block (Q8_0: byte qa); value p of slot j's top-bit word comes from
+ * (ha, hs), to bit hb[p]. */
+typedef struct {
+    int qk, bb, spb, nq, hmask;
+    uint8_t qa[256], sa[256], qb[256], sb[256];   /* nq output qs bytes a block */
+    uint8_t ha[256], hs[256];                      /* the block's values, slot by slot, p in storage order */
+    uint8_t hb[MAXL];
+} relay;
+
+static int relay_init(int qtype, relay *t) {
+    fmt_t f;
+    if (fmt_of(qtype, &f) || gguf_block(qtype, &t->qk, &t->bb)) return -1;
+    int perm[MAXL], hb[MAXL], lb, ls, hbyte, hsh, hw = 0;
+    for (int p = 0; p < f.L; p++) { slot_layout(&f, p, &perm[p], &hb[p]); t->hb[p] = (uint8_t)hb[p]; }
+    t->spb = t->qk / f.L;
+    t->nq = t->spb * f.nbytes;
+    for (int j = 0; j < t->spb; j++) {
+        for (int p = 0; p < f.nbytes; p++) {
+            int o = j * f.nbytes + p;
+            code_loc(qtype, j * f.L + perm[p], &lb, &ls, &hbyte, &hsh, &hw);
+            t->qa[o] = (uint8_t)lb; t->sa[o] = (uint8_t)ls;
+            if (qtype != Q8_0) {
+                code_loc(qtype, j * f.L + perm[p + f.nbytes], &lb, &ls, &hbyte, &hsh, &hw);
+                t->qb[o] = (uint8_t)lb; t->sb[o] = (uint8_t)ls;
+            }
+        }
+        for (int p = 0; p < f.L; p++) {
+            code_loc(qtype, j * f.L + perm[p], &lb, &ls, &hbyte, &hsh, &hw);
+            t->ha[j * f.L + p] = (uint8_t)hbyte; t->hs[j * f.L + p] = (uint8_t)hsh;
+        }
+    }
+    t->hmask = (1 << f.hbits) - 1;
+    return 0;
 }
 
 /* Q4_K / Q5_K's 12 scale bytes -> slot j's 6-bit scale | min << 8 (fmt_kquant._k_scales). */
@@ -67,26 +107,26 @@ static inline size_t plane_bytes(const fmt_t *f, int K, size_t *qs, size_t *qh, 
     return *qs + *qh + *sc + 4 * (size_t)ns;
 }
 
-/* One GGUF row of K values -> its planes at qs, qh, sc, sd (the layout fmt.pack makes). */
-int aq_repack_row(int qtype, const uint8_t *row, int K, uint8_t *qs, uint8_t *qh, uint8_t *sc, uint8_t *sd) {
+/* One GGUF row of K values -> its planes at qs, qh, sc, sd (the layout fmt.pack makes), by
+ * the format's relay (relay_init). */
+static int relay_row(const relay *t, int qtype, const uint8_t *row, int K, uint8_t *qs, uint8_t *qh, uint8_t *sc,
+                     uint8_t *sd) {
     fmt_t f;
-    int qk, bb;
-    if (fmt_of(qtype, &f) || gguf_block(qtype, &qk, &bb) || K % qk) return -1;
-    int perm[MAXL], hb[MAXL], lo[MAXL], hi[MAXL], spb = qk / f.L;
-    for (int p = 0; p < f.L; p++) slot_layout(&f, p, &perm[p], &hb[p]);
-    for (int blk = 0; blk < K / qk; blk++) {
-        const uint8_t *b = row + (size_t)blk * bb;
-        for (int j = 0; j < spb; j++) {
-            int s = blk * spb + j;
-            for (int k = 0; k < f.L; k++) block_code(qtype, b, j * f.L + k, &lo[k], &hi[k]);
-            uint8_t *q = qs + (size_t)s * f.nbytes;
-            if (qtype == Q8_0)
-                for (int p = 0; p < f.L; p++) q[p] = (uint8_t)lo[perm[p]];
-            else
-                for (int p = 0; p < f.nbytes; p++) q[p] = (uint8_t)((lo[perm[p]] & 15) | (lo[perm[p + f.nbytes]] & 15) << 4);
+    if (fmt_of(qtype, &f) || K % t->qk) return -1;
+    for (int blk = 0; blk < K / t->qk; blk++) {
+        const uint8_t *b = row + (size_t)blk * t->bb;
+        uint8_t *q = qs + (size_t)blk * t->nq;
+        if (qtype == Q8_0)
+            for (int o = 0; o < t->nq; o++) q[o] = b[t->qa[o]];
+        else
+            for (int o = 0; o < t->nq; o++)
+                q[o] = (uint8_t)(((b[t->qa[o]] >> t->sa[o]) & 15) | ((b[t->qb[o]] >> t->sb[o]) & 15) << 4);
+        for (int j = 0; j < t->spb; j++) {
+            int s = blk * t->spb + j;
             if (f.hbits) {
                 uint32_t h = 0;
-                for (int p = 0; p < f.L; p++) h |= (uint32_t)hi[perm[p]] << hb[p];
+                const uint8_t *ha = t->ha + j * f.L, *hs = t->hs + j * f.L;
+                for (int p = 0; p < f.L; p++) h |= (uint32_t)((b[ha[p]] >> hs[p]) & t->hmask) << t->hb[p];
                 memcpy(qh + 4 * (size_t)s, &h, 4);
             }
             switch (qtype) {
@@ -102,6 +142,11 @@ int aq_repack_row(int qtype, const uint8_t *row, int K, uint8_t *qs, uint8_t *qh
         if (qtype == Q6_K) memcpy(sd + 2 * (size_t)blk, b + 208, 2);
     }
     return 0;
+}
+
+int aq_repack_row(int qtype, const uint8_t *row, int K, uint8_t *qs, uint8_t *qh, uint8_t *sc, uint8_t *sd) {
+    relay t;
+    return relay_init(qtype, &t) ? -1 : relay_row(&t, qtype, row, K, qs, qh, sc, sd);
 }
 
 /* Row r of expert e of a mapped weight (rows >= split from raw2: gate|up fused from two tensors). */
