@@ -175,10 +175,13 @@ def test_short_chunks_run_padded_in_the_graphs(tmp_path_factory, monkeypatch, pr
     finally:
         gpu.scratch.graphs = False
         gpu.scratch.captured.clear()
+    # the padded chunk is another GEMM shape (16 or 8 rows against 10 or 5), so the host BLAS may
+    # take another kernel: the same sums in another order. 5e-4 of the largest (1.2e-4 was seen
+    # on one host's MKL for the MoE model); a wrong row, weight or pad is far beyond it
     for (le, he), (lg, hg) in zip(eager, graph):
         assert lg.shape == le.shape and hg.shape == he.shape
-        torch.testing.assert_close(lg, le, atol=1e-4 * le.abs().max().item(), rtol=0)
-        torch.testing.assert_close(hg, he, atol=1e-4 * he.abs().max().item(), rtol=0)
+        torch.testing.assert_close(lg, le, atol=5e-4 * le.abs().max().item(), rtol=0)
+        torch.testing.assert_close(hg, he, atol=5e-4 * he.abs().max().item(), rtol=0)
     torch.testing.assert_close(graph_cache.k[:, :, :15], eager_cache.k[:, :, :15], atol=2e-3, rtol=0)
     torch.testing.assert_close(graph_cache.v[:, :, :15], eager_cache.v[:, :, :15], atol=2e-3, rtol=0)
 
