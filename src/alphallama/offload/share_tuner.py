@@ -42,6 +42,7 @@ class ShareTuner:
         self._times: dict[tuple[float, int], list[float]] = defaultdict(list)
         self._turns: dict[int, int] = defaultdict(int)       # each width's next candidate
         self._last: tuple[float, int, float] | None = None   # (share, W, start) of the round in flight
+        self._applied: float | None = None                    # the share set_share last applied
         self.decisions: deque[tuple[float, dict[float, float]]] = deque(maxlen=64)   # (new share, ms by candidate)
         self._new_climb()
 
@@ -69,7 +70,9 @@ class ShareTuner:
             turn = self._turns[W]
             self._turns[W] = turn + 1
             share = self._cands[turn % len(self._cands)]
-        self._set(share)
+        if share != self._applied:   # (a fill of a device tensor: only when it changes)
+            self._set(share)
+            self._applied = share
         self._last = (share, W, now)
 
     def _decide(self) -> None:
@@ -88,6 +91,5 @@ class ShareTuner:
         self.share = best
         if self.step < self._min_step:
             self._held = self._hold
-            self._set(self.share)
         else:
             self._new_climb()
