@@ -40,6 +40,7 @@ import triton.language as tl
 
 from .mma_layout import COLS, ROWS, mma_shape_ok
 from .q8k_act import prepare_q8k
+from .tree import tree_sum
 from .qmatvec_i8 import dp4a
 from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from ..formats.qweight import QuantWeight, check_gemv_args
@@ -104,28 +105,6 @@ def _warp_place(W, N, WARPS: tl.constexpr, KW: tl.constexpr, GR: tl.constexpr = 
     n_grp = N // 16
     return (tl.program_id(0) % n_cb, lane, lane // 4, lane % 4, tl.minimum(grp, n_grp - 1).to(tl.int64),
             grp < n_grp, (i // 32) % KW)
-
-
-@triton.jit
-def _pairs(y):
-    """[A, B, K] -> [A, B, K / 2]: adjacent pairs added (y[2i] + y[2i + 1])."""
-    a, b = tl.split(tl.reshape(y, (y.shape[0], y.shape[1], y.shape[2] // 2, 2)))
-    return a + b
-
-
-@triton.jit
-def tree_sum(y, K: tl.constexpr):
-    """y [A, B, K] (K = 1, 2, 4 or 8 runs) -> [A, B]: ((y0 + y1) + (y2 + y3)) + ...: the one
-    order every kernel on q8_K activations adds its runs in (qgemv_q8k must match it bit for
-    bit; tl.sum's tree would follow each kernel's layout)."""
-    tl.static_assert(K == 1 or K == 2 or K == 4 or K == 8, "1, 2, 4 or 8 runs")
-    if K >= 2:
-        y = _pairs(y)
-    if K >= 4:
-        y = _pairs(y)
-    if K >= 8:
-        y = _pairs(y)
-    return tl.reshape(y, (y.shape[0], y.shape[1]))
 
 
 @triton.jit

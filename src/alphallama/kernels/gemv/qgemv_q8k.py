@@ -25,7 +25,8 @@ import triton.language as tl
 
 from ..pdl import pdl_kwargs, pdl_trigger, pdl_wait
 from .q8k_act import prepare_q8k
-from .qgemv_mma import tree_sum, mma_tile, supports_mma
+from .qgemv_mma import mma_tile, supports_mma
+from .tree import tree_sum
 from .qmatvec_i8 import dp4a
 from ..formats.qweight import QuantWeight, check_gemv_args
 

@@ -30,6 +30,7 @@ from ..moe.expert_q8 import QBLOCK, contract_lanes
 from ..moe.expert_q8_gpu import CODES, quantize_block
 from ..formats.format import slot_positions
 from .qgemv_i8_table import ACT_ORDER, i8_codes
+from .tree import tree_sum
 from ..pdl import pdl_kwargs, pdl_start
 from ..formats.qweight import QuantWeight, check_gemv_args
 
@@ -212,33 +213,11 @@ def contract_step(acc, lo, hi, s1, s2, xp_row, xsd_row, u, EVEN: tl.constexpr, n
 
 
 @triton.jit
-def _pair_sum(x):
-    """x [n, BN] -> [n/2, BN]: x[2i] + x[2i + 1]."""
-    n: tl.constexpr = x.shape[0]
-    BN: tl.constexpr = x.shape[1]
-    a, b = tl.split(tl.permute(tl.reshape(x, (n // 2, 2, BN)), (0, 2, 1)))
-    return a + b
-
-
-@triton.jit
 def lane_tree(acc):
     """acc [NT, BN] -> [BN]: the lanes' pairwise tree, adjacent pairs first (expert_q8.lane_sum)."""
     NT: tl.constexpr = acc.shape[0]
     BN: tl.constexpr = acc.shape[1]
-    x = acc
-    if NT > 32:
-        x = _pair_sum(x)
-    if NT > 16:
-        x = _pair_sum(x)
-    if NT > 8:
-        x = _pair_sum(x)
-    if NT > 4:
-        x = _pair_sum(x)
-    if NT > 2:
-        x = _pair_sum(x)
-    if NT > 1:
-        x = _pair_sum(x)
-    return tl.reshape(x, (BN,))
+    return tl.reshape(tree_sum(tl.reshape(tl.permute(acc, (1, 0)), (BN, 1, NT)), NT), (BN,))
 
 
 @triton.jit(do_not_specialize=["one"])
