@@ -182,8 +182,10 @@ class HermesFormat:
     markers = ()
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FENCES = ("```json", "```")                     # around an untagged call
-    NAMED = '\\{\\s*"name"'                           # an untagged call after text opens so
-    NAMED_PREFIX = '(\\{\\s*("(n(a(m(e)?)?)?)?)?)?'     # ... or may still
+    # (the head an untagged call opens with, the text that may still become it): at the answer's
+    # start any object; after text, a line that opens {"name"
+    ANY_OBJECT = ("\\{", "")
+    NAMED = ('\\{\\s*"name"', '(\\{\\s*("(n(a(m(e)?)?)?)?)?)?')
 
     def detect(self, template: str) -> bool:
         return self.OPEN in template
@@ -194,25 +196,25 @@ class HermesFormat:
             return tagged
         if at_start:
             body = text.lstrip()
-            if self._head(body, final, any_object=True):
+            if self._head(body, final, self.ANY_OBJECT):
                 return len(text) - len(body), len(text) if final else None
         for line in re.finditer("\n", text):          # calls after text, from a line's start
-            head = self._head(text[line.end():].lstrip(), final, any_object=False)
+            head = self._head(text[line.end():].lstrip(), final, self.NAMED)
             if head and (tagged is None or line.start() < tagged[0]):
                 return line.start(), len(text) if final else None
         return tagged
 
-    def _head(self, body: str, final: bool, any_object: bool) -> bool | None:
+    def _head(self, body: str, final: bool, head: tuple[str, str]) -> bool | None:
         """Whether `body` opens untagged calls (True: held to the answer's end, decoded
-        whole), may still open them (True while not final), or does not (None)."""
+        whole), may still open them (True while not final), or does not (None); head: the
+        (opening, may-still-open) patterns, ANY_OBJECT or NAMED."""
         if any(f.startswith(body) for f in self.FENCES):
             return None if final else True          # nothing yet, or a fence's start
         fence = next((f for f in self.FENCES if body.startswith(f)), None)
         inner = body[len(fence):].lstrip() if fence else body
-        if re.match(self.NAMED if not any_object else "\\{", inner):
+        if re.match(head[0], inner):
             return True
-        maybe = re.fullmatch(self.NAMED_PREFIX if not any_object else "", inner)
-        return None if final or maybe is None else True
+        return None if final or re.fullmatch(head[1], inner) is None else True
 
     def decode(self, text, names):
         if not text.startswith(self.OPEN):          # untagged (span saw a call's head)

@@ -34,17 +34,6 @@ def contract_ok(gate_up: QuantWeight, down: QuantWeight, act: int = ExpertOps().
             and supports_act(act) and D % 32 == 0)
 
 
-def _biases(ops: ExpertOps, E: int, F: int, D: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The experts' (gate|up [E, 2F], down [E, D]) float32 biases, or (None, None)."""
-    if ops.biases is None:
-        return None, None
-    gb, db = ops.biases
-    if tuple(gb.shape) != (E, 2 * F) or tuple(db.shape) != (E, D) or {gb.dtype, db.dtype} != {torch.float32}:
-        raise ValueError(f"the experts' biases {tuple(gb.shape)} {gb.dtype}, {tuple(db.shape)} {db.dtype} "
-                         f"are not float32 [{E}, {2 * F}] and [{E}, {D}]")
-    return gb, db
-
-
 def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_gate_up: QuantWeight,
            host_down: QuantWeight, bank_gate_up: QuantWeight, bank_down: QuantWeight, table: torch.Tensor,
            layer: int, link=None, ops: ExpertOps = ExpertOps(),
@@ -62,9 +51,7 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
         return moe_q8_ref(h, host_gate_up, host_down, experts, weights, ops).to(h.device)
     W, D = h.shape
     k = experts.shape[1]
-    F = host_down.K
     dev = h.device
-    gu_bias, dn_bias = _biases(ops, table.shape[0], F, D)   # E: the table's
     h = h if h.stride(1) == 1 else h.contiguous()
     experts = experts.contiguous()
     post = link is not None
@@ -84,6 +71,7 @@ def moe_q8(h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, host_g
     E = table.shape[0]
     if host_gate_up.shape[0] != E:   # a mapped layer: host_* are the bank's, never read (its other pairs: the CPU's)
         host_gate_up, host_down = (QuantWeight(w.qtype, (E, *w.shape[1:]), w.planes) for w in (host_gate_up, host_down))
+    gu_bias, dn_bias = ops.biases or (None, None)       # (moe_i8 checks them against the experts' shapes)
     x8 = q8 if q8 is not None else prepare_i8(h, host_gate_up.expert(0))
     skip = (tier, TIER_CPU)
     act = moe_gate_up_i8(x8, host_gate_up, experts, torch.float32, table, bank_gate_up, bias=gu_bias, act=ops.act,
