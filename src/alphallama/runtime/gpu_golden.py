@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import sys
 import tempfile
@@ -233,14 +234,18 @@ VALUE_HIDDEN = 8
 
 
 def _values_of(lg: torch.Tensor, hd: torch.Tensor, rows: list[int]) -> list[dict]:
-    """Rows of logits [T, V] and hidden [T, D] as a few numbers each (7 digits)."""
+    """Rows of logits [T, V] and hidden [T, D] as a few numbers each (7 digits). The RMS is
+    summed exactly (fsum of float64 squares, which are exact): a library's reduction sums
+    in an order of its own choosing (the same bits gave another last digit at another
+    address), and a summary of the bits must depend on the bits alone."""
     r7 = lambda t: [float(f"{x:.7g}") for x in t.double().flatten().tolist()]   # noqa: E731
+    rms = lambda t: r7(torch.tensor(math.sqrt(math.fsum(v * v for v in t.double().tolist()) / t.numel())))[0]  # noqa: E731
     ids = torch.linspace(0, lg.shape[1] - 1, VALUE_IDS).round().long()
     out = []
     for i in rows:
         x, h = lg[i].float().cpu(), hd[i].float().cpu()
-        out.append({"row": i, "logits": r7(x[ids]), "max": r7(x.max())[0], "rms": r7(x.square().mean().sqrt())[0],
-                    "hidden": r7(h[:VALUE_HIDDEN]), "hidden_rms": r7(h.square().mean().sqrt())[0]})
+        out.append({"row": i, "logits": r7(x[ids]), "max": r7(x.max())[0], "rms": rms(x),
+                    "hidden": r7(h[:VALUE_HIDDEN]), "hidden_rms": rms(h)})
     return out
 
 
