@@ -41,33 +41,11 @@ from gguf.constants import GGMLQuantizationType as T
 from alphallama.bench.hostinfo import host_state
 from alphallama.offload.mailbox import DONE, LAYER, REQ, ROWS, Mailbox
 from alphallama.offload.native import build
-from alphallama.offload.native.bench import random_weight
+from alphallama.offload.native.bench import build_at, random_weight
 from alphallama.offload.native.kernels import LayerDesc, qmat
 
-NATIVE = "src/alphallama/offload/native"
 BASELINE = "86cdd37"     # main before the grouped workers: one task per (row, rank) pair
 D, F, K_TOP = 2048, 768, 8
-
-
-def build_at(ref: str, tmp: Path) -> Path:
-    """The native library as it was at git ref (its .c files), built with today's flags; ref
-    may be a folder holding those .c files instead (a machine without the repo's git, e.g. the
-    device: `git archive 86cdd37 src/alphallama/offload/native | tar -x -C .devcarry/old`, then
-    --baseline .devcarry/old/src/alphallama/offload/native)."""
-    if Path(ref).is_dir():
-        for c in Path(ref).glob("*.c"):
-            (tmp / c.name).write_bytes(c.read_bytes())
-        ref = Path(ref).name
-    else:
-        names = subprocess.run(["git", "ls-tree", "--name-only", f"{ref}:{NATIVE}"], capture_output=True, text=True,
-                               check=True).stdout.split()
-        for n in (n for n in names if n.endswith(".c")):
-            src = subprocess.run(["git", "show", f"{ref}:{NATIVE}/{n}"], capture_output=True, check=True).stdout
-            (tmp / n).write_bytes(src)
-    so = tmp / f"experts-{ref}.so"
-    cmd = [build.find_compiler(), *build.FLAGS, f"-march={build.MARCH}", "-o", str(so), str(tmp / "pool.c"), "-lm"]
-    subprocess.run(cmd, check=True)
-    return so
 
 
 def load(so: str) -> ctypes.CDLL:

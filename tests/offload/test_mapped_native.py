@@ -4,6 +4,9 @@ one from the host tier's planes; and the pool computes a mapped layer's experts 
 computes a host layer's."""
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,7 @@ from alphallama.kernels.formats.qweight import format_of
 from alphallama.kernels.moe import expert_q8 as ref
 from alphallama.offload.mailbox import Mailbox
 from alphallama.offload.mapped import MappedExperts
+from alphallama.offload.native import build
 from alphallama.offload.native import kernels as nk
 from alphallama.offload.native.workers import CpuExperts
 from tests.kernels.test_qmatmul import random_raw
@@ -30,17 +34,37 @@ def _k(qtype) -> int:
     return 512 if qtype in KQUANT else 96
 
 
+BUILDS = ["native"] + (["x86-64", "haswell"] if platform.machine() == "x86_64" else [])
+
+
+@pytest.mark.parametrize("march", BUILDS)
 @pytest.mark.parametrize("qtype", MAPPED, ids=MAPPED_IDS)
-def test_repack_row_is_fmt_pack(qtype):
+def test_repack_row_is_fmt_pack(qtype, march):
+    """Every build re-lays a row as fmt.pack lays it: x86-64 by the scalar gather, AVX2
+    builds in vectors (each format's blocks, all but a small format's last ones whose
+    32-byte window would pass the row's end: those take the scalar gather, so both meet)."""
+    so = build.lib(march)
+    if march != "x86-64" and platform.machine() == "x86_64" and "avx2" in _cpu_flags():
+        assert so.aq_relay_vectorized(int(qtype)) == 1, qtype.name
+    if march == "x86-64":
+        assert so.aq_relay_vectorized(int(qtype)) == 0
     K = _k(qtype)
     raw = random_raw(qtype, 3, K, seed=K)                                  # [3, row_bytes]
     block, size = GGML_QUANT_SIZES[qtype]
     planes = format_of(qtype).pack(torch.from_numpy(raw.reshape(3, K // block, size).copy()))
     for r in range(3):
-        got = nk.repack_row(raw[r], int(qtype), K)
+        got = nk.repack_row(raw[r], int(qtype), K, so=so)
         for name, p in planes.items():
             want = p[r].contiguous().view(torch.uint8).numpy()
-            assert np.array_equal(got[name][:want.size], want), (qtype.name, name, r)
+            assert np.array_equal(got[name][:want.size], want), (qtype.name, name, r, march)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
 
 
 @pytest.mark.parametrize("qtype", MAPPED, ids=MAPPED_IDS)

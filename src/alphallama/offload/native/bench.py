@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 from gguf.constants import GGMLQuantizationType as T
@@ -19,8 +21,33 @@ from gguf.constants import GGMLQuantizationType as T
 from ...kernels.formats.format import PLANES
 from ...kernels.formats.qweight import FORMATS, QuantWeight
 from ..mailbox import DONE, LAYER, REQ, ROWS, Mailbox
+from . import build
 from .probe import probe
 from .workers import CpuExperts
+
+
+NATIVE = "src/alphallama/offload/native"
+
+
+def build_at(ref: str, tmp: Path) -> Path:
+    """The native library as it was at git ref (its .c files), built with today's flags into
+    tmp (a baseline arm); ref may be a folder holding those .c files instead (a machine
+    without the repo's git, e.g. the device: `git archive 86cdd37 src/alphallama/offload/native
+    | tar -x -C .devcarry/old`, then --baseline .devcarry/old/src/alphallama/offload/native)."""
+    if Path(ref).is_dir():
+        for c in Path(ref).glob("*.c"):
+            (tmp / c.name).write_bytes(c.read_bytes())
+        ref = Path(ref).name
+    else:
+        names = subprocess.run(["git", "ls-tree", "--name-only", f"{ref}:{NATIVE}"], capture_output=True, text=True,
+                               check=True).stdout.split()
+        for n in (n for n in names if n.endswith(".c")):
+            src = subprocess.run(["git", "show", f"{ref}:{NATIVE}/{n}"], capture_output=True, check=True).stdout
+            (tmp / n).write_bytes(src)
+    so = tmp / f"experts-{ref}.so"
+    cmd = [build.find_compiler(), *build.FLAGS, f"-march={build.MARCH}", "-o", str(so), str(tmp / "pool.c"), "-lm"]
+    subprocess.run(cmd, check=True)
+    return so
 
 
 def random_weight(qtype: T, shape: tuple[int, int, int], seed: int) -> QuantWeight:

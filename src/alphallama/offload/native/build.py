@@ -110,16 +110,25 @@ def load(march: str = MARCH) -> ctypes.CDLL:
         fd, why = open_trusted(out)
         if fd is None:
             raise NativeBuildError(f"the freshly built CPU expert library fails verification: {why}")
-    try:   # load what was verified, through the open fd, not whatever the path names now
-        return ctypes.CDLL(f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(out))
-    finally:
+    if not os.path.isdir("/proc/self/fd"):
         os.close(fd)
+        return ctypes.CDLL(str(out))
+    # load what was verified, through the open fd, not whatever the path names now; the fd
+    # stays open: dlopen knows a loaded library by its name, and a closed fd's number comes
+    # back, so another build loaded through it would be handed this one (one fd a build:
+    # lib() loads each once)
+    return ctypes.CDLL(f"/proc/self/fd/{fd}")
 
 
 @functools.cache
 def lib(march: str = MARCH) -> ctypes.CDLL:
     """The loaded library, with argument types declared (one per process and -march)."""
-    so = load(march)
+    return declare(load(march))
+
+
+def declare(so: ctypes.CDLL) -> ctypes.CDLL:
+    """so with the argument and result types of its functions declared (the missing ones of
+    an older build, a benchmark's baseline, are left out)."""
     P, I = ctypes.c_void_p, ctypes.c_int
     sigs = {
         "aq_quantize": (None, [P, I, P, P, P]),
@@ -137,9 +146,11 @@ def lib(march: str = MARCH) -> ctypes.CDLL:
         "aq_slot_len": (I, [I]),
         "aq_current_cpu": (I, []),
         "aq_repack_row": (I, [I, P, I, P, P, P, P]),
+        "aq_relay_vectorized": (I, [I]),
         "aq_willneed": (I, [P, ctypes.c_size_t]),
     }
     for name, (res, args) in sigs.items():
-        fn = getattr(so, name)
-        fn.restype, fn.argtypes = res, args
+        fn = getattr(so, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = res, args
     return so

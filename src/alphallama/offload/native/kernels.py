@@ -86,10 +86,10 @@ def qmat_mapped(parts: list[np.ndarray], qtype: int, K: int) -> QMat:
                 raw_e=a.strides[0], raw_r=a.strides[1], split=n)
 
 
-def repack_row(row: np.ndarray, qtype: int, K: int) -> dict[str, np.ndarray]:
-    """One GGUF row (uint8 [row_bytes]) re-laid by the C code: the planes' bytes
-    {qs, qh, sc, sd}, each as long as the format's plane of one row (tests compare them
-    with fmt.pack's)."""
+def repack_row(row: np.ndarray, qtype: int, K: int, so=None) -> dict[str, np.ndarray]:
+    """One GGUF row (uint8 [row_bytes]) re-laid by the C code (`so`: another build of it):
+    the planes' bytes {qs, qh, sc, sd}, each as long as the format's plane of one row
+    (tests compare them with fmt.pack's)."""
     if not supports_qtype(qtype):
         raise ValueError(f"the CPU expert workers have no integer form of type {qtype}")
     fmt = format_of(qtype)
@@ -99,7 +99,7 @@ def repack_row(row: np.ndarray, qtype: int, K: int) -> dict[str, np.ndarray]:
     nqs = ns * 4 * fmt.V                       # V int32 words a slot
     offs = [0, nqs, nqs + 4 * ns, nqs + 8 * ns]
     base = buf.ctypes.data
-    if lib().aq_repack_row(int(qtype), row.ctypes.data, K, *(base + o for o in offs)) != 0:
+    if (so or lib()).aq_repack_row(int(qtype), row.ctypes.data, K, *(base + o for o in offs)) != 0:
         raise ValueError(f"type {qtype}: a row of {K} values does not fit its blocks")
     return {n: buf[o:o + 4 * ns if n != "qs" else o + nqs] for n, o in zip(("qs", "qh", "sc", "sd"), offs)}
 
