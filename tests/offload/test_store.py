@@ -101,6 +101,24 @@ def test_identical_while_admissions_happen(micro_moe, cpu_tier):
                 assert torch.equal(c.bank_down.planes[n][slot], p[e])
     s.before_round()   # the last round's routing is observed at the next round
     assert s.stats.lookups == len(TOKENS) * 2 * 2 and 0 < s.stats.hits < s.stats.lookups
+    _figures_are_the_stores(m, cpu_tier)
+
+
+def _figures_are_the_stores(m: GPUModel, cpu_tier: bool) -> None:
+    """What /metrics shows of a store (StoreRounds.store_figures) is its counters and tiers."""
+    from alphallama.server.metrics import Metrics
+    s, fig = m.store, m.store_figures()
+    assert [fig[k] for k in ("lookups", "hits", "admissions", "admitted_bytes")] == \
+        [s.stats.lookups, s.stats.hits, s.stats.admissions, s.stats.admitted_bytes]
+    assert fig["bank_bytes"] == s.bank_bytes > 0 and fig["host_bytes"] == s.host_bytes > 0 and fig["mapped_bytes"] == 0
+    assert fig["cpu_share"] == (int(m.cpu_link.share.item()) / 256 if cpu_tier else None)
+    text = Metrics().render(0, 0, True, fig)
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert int(samples["alphallama_expert_hits_total"]) == s.stats.hits
+    assert int(samples["alphallama_expert_lookups_total"]) == s.stats.lookups
+    assert int(samples["alphallama_expert_admissions_total"]) == s.stats.admissions
+    assert int(samples['alphallama_expert_tier_bytes{tier="bank"}']) == s.bank_bytes
+    assert ("alphallama_expert_cpu_share" in samples) == cpu_tier
 
 
 def test_admission_is_paced_and_waits_for_its_copy(micro_moe):

@@ -136,6 +136,7 @@ def test_models_health_metrics_openapi(stories_server):
     assert float(samples["alphallama_tokens_predicted_total"]) >= 3
     assert float(samples["alphallama_decode_tokens_per_second"]) > 0
     assert samples["alphallama_queue_depth"] == "0" and samples["alphallama_model_loaded"] == "1"
+    assert not [k for k in samples if k.startswith("alphallama_expert_")]   # no expert store: no store lines
 
 
 def test_curl_style_request_without_content_type(stories_server):

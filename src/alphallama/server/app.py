@@ -125,7 +125,8 @@ def create_app(settings: ServerSettings, load: Callable[[], Engine] | Engine,
              responses=error_responses(401))
     async def prometheus(request: Request):
         st = app_state(request)
-        text = st.metrics.render(st.worker.queue_depth, st.worker.processing, st.worker.state == "ready")
+        text = st.metrics.render(st.worker.queue_depth, st.worker.processing, st.worker.state == "ready",
+                                 st.worker.store_figures())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     install_openapi(app)

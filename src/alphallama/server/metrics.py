@@ -41,8 +41,9 @@ class Metrics:
             if timings["predicted_n"] > 0:
                 self.last_decode_tps = timings["predicted_per_second"]
 
-    def render(self, queue_depth: int, processing: int, loaded: bool) -> str:
-        """The exposition text. Gauges that live elsewhere (queue, load state) are passed in."""
+    def render(self, queue_depth: int, processing: int, loaded: bool, store: dict | None = None) -> str:
+        """The exposition text. Gauges that live elsewhere (queue, load state, an offloaded
+        model's expert store: StoreRounds.store_figures) are passed in."""
         with self._lock:
             out: list[str] = []
 
@@ -68,7 +69,23 @@ class Metrics:
         metric("queue_depth", "gauge", "Requests waiting for the engine.", one(queue_depth))
         metric("requests_processing", "gauge", "Requests being generated (at most the slots, -np).", one(processing))
         metric("model_loaded", "gauge", "1 once the model is loaded.", one(int(loaded)))
+        if store is not None:
+            _store_metrics(metric, store)
         return "\n".join(out) + "\n"
+
+
+def _store_metrics(metric: Callable, s: dict) -> None:
+    """An expert store's counters (the bank's hit rate is hits / lookups between two scrapes)."""
+    one = lambda v: [("", v)]   # noqa: E731
+    metric("expert_lookups_total", "counter", "Routed expert picks (row, rank) of the expert store.", one(s["lookups"]))
+    metric("expert_hits_total", "counter", "Of those, picks served from the VRAM bank.", one(s["hits"]))
+    metric("expert_admissions_total", "counter", "Experts copied into the VRAM bank.", one(s["admissions"]))
+    metric("expert_admitted_bytes_total", "counter", "Bytes copied into the VRAM bank.", one(s["admitted_bytes"]))
+    metric("expert_tier_bytes", "gauge", "Expert bytes by tier: the VRAM bank, pinned host RAM, the mapped file.",
+           [(f'{{tier="{t}"}}', s[f"{t}_bytes"]) for t in ("bank", "host", "mapped")])
+    if s.get("cpu_share") is not None:
+        metric("expert_cpu_share", "gauge", "The CPU workers' share of the host tier's missed experts.",
+               one(s["cpu_share"]))
 
 
 def _num(v: float) -> str:

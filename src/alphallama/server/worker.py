@@ -196,6 +196,11 @@ class EngineWorker:
     def processing(self) -> int:
         return int(self._current is not None) + len(self.running)
 
+    def store_figures(self) -> dict | None:
+        """An offloaded model's expert store counters (runtime/store_rounds.py), else None."""
+        figures = getattr(self.engine.model, "store_figures", None) if self.engine is not None else None
+        return figures() if figures is not None else None
+
     @property
     def last_job(self) -> Job | None:
         """The job running now, else the one that ran last (None before the first)."""

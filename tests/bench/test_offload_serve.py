@@ -1,0 +1,41 @@
+"""bench/gpu_offload_serve.py's pure pieces: the expert store's figures over the timed
+requests from two /metrics scrapes, and the means over the requests."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import ROOT
+
+from alphallama.server.metrics import Metrics
+
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_offload_serve import store_delta, summarize  # noqa: E402
+
+
+def _samples(store: dict | None) -> dict[str, float]:
+    text = Metrics().render(0, 0, True, store)
+    return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if not ln.startswith("#"))}
+
+
+def test_store_delta_is_the_timed_requests_own():
+    fig = {"lookups": 100, "hits": 60, "admissions": 2, "admitted_bytes": 10, "bank_bytes": 7, "host_bytes": 9,
+           "mapped_bytes": 0, "cpu_share": 0.5}
+    later = fig | {"lookups": 300, "hits": 210, "admissions": 5, "cpu_share": 0.25}
+    d = store_delta(_samples(fig), _samples(later))
+    assert (d["lookups"], d["hits"], d["admissions"]) == (200, 150, 3)
+    assert d["hit_rate"] == pytest.approx(0.75)
+    assert d["cpu_share"] == 0.25 and d["tier_bytes"] == {"bank": 7, "host": 9, "mapped": 0}
+
+
+def test_no_store_no_figures():
+    d = store_delta(_samples(None), _samples(None))
+    assert d["lookups"] is None and d["hit_rate"] is None and d["cpu_share"] is None
+
+
+def test_summarize_means_and_totals():
+    reqs = [{"ok": True, "tokens": 10, "client_tps": 100.0, "ms_per_round": 2.0, "ttft_s": None},
+            {"ok": True, "tokens": 12, "client_tps": 200.0, "ms_per_round": 4.0, "ttft_s": 0.1}]
+    s = summarize(reqs)
+    assert s["client_tps"] == 150.0 and s["ms_per_round"] == 3.0 and s["ttft_s"] == 0.1
+    assert s["tokens"] == 22 and s["ok"] and s["server_tps_reported"] is None
