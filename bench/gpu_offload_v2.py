@@ -23,8 +23,10 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
     fewer times a prompt; the question behind "the prefill borrowing the bank"),
   - the mapped tier: --host-frac of the expert bytes allowed in pinned RAM (the rest of
     the layers read from the mapped file) at --mapped-fraction in VRAM, warm (the page
-    cache holds the file) and cold (the file's pages dropped before the decode:
-    posix_fadvise DONTNEED, emulating a host whose RAM cannot keep them),
+    cache holds the file) and cold (the mapped layers' pages dropped after the warm-up, before
+    the timed decode: out of this process's mapping, then out of the page cache, each expert
+    then read from the disk the first time the decode needs it; the share of their pages in
+    RAM before and after the timing in the row),
 and every store arm's tokens against the first store arm's (a token's bits may not depend
 on where an expert lived). Writes $OUT/gpu_offload_v2-*.json after every arm.
 
@@ -35,6 +37,7 @@ on where an expert lived). Writes $OUT/gpu_offload_v2-*.json after every arm.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -42,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from alphallama.bench.hostinfo import host_state
@@ -54,12 +58,51 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpu_offload import _decode, _engine  # noqa: E402  (the v1 script's engine and decode helpers)
 
 
-def drop_page_cache(path: str) -> None:
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MADV_DONTNEED = 4
+
+
+def _ranges(store) -> list[tuple[int, int]]:
+    """(page-aligned address, bytes) of every mapped layer's expert tensors in the mapping."""
+    out = []
+    for m in store.mapped.values():
+        for t in (m.gate, m.up, m.down):
+            a = t.data.view(np.uint8).reshape(-1)
+            lo = a.ctypes.data & ~(_PAGE - 1)
+            out.append((lo, a.ctypes.data + a.nbytes - lo))
+    return out
+
+
+def resident_share(ranges: list[tuple[int, int]]) -> float:
+    """The share of the ranges' pages in RAM (mincore)."""
+    have = total = 0
+    for addr, n in ranges:
+        pages = (n + _PAGE - 1) // _PAGE
+        vec = (ctypes.c_ubyte * pages)()
+        if _LIBC.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(n), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        have += sum(v & 1 for v in vec)
+        total += pages
+    return have / total if total else 0.0
+
+
+def drop_mapped(store, path: str) -> float:
+    """The mapped layers' pages out of RAM, returning the share still resident after: first out
+    of this process's mapping (madvise MADV_DONTNEED drops its page-table entries; the page
+    cache never evicts a page a process maps, so posix_fadvise alone left session 47's "cold"
+    arm warm), then out of the page cache (fsync, then posix_fadvise DONTNEED on the file)."""
+    ranges = _ranges(store)
+    for addr, n in ranges:
+        if _LIBC.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(n), MADV_DONTNEED) != 0:
+            raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED)")
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fsync(fd)           # a freshly written file's dirty pages are never dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+    return resident_share(ranges)
 
 
 def prefill_ms(eng, ids: list[int], chunks: list[int], reps: int = 2) -> dict[str, float]:
@@ -151,12 +194,14 @@ def main() -> int:
             row.update(load_s=load_s, capture_s=cap_s, resident_fraction=st.slots / s.n_experts,
                        bank_bytes=st.bank_bytes, host_bytes=st.host_bytes, mapped_bytes=st.mapped_bytes,
                        mapped_layers=sorted(st.mapped))
-            if cold:
-                drop_page_cache(path)
             tuner = eng.model.share_tuner
             if args.tune_tokens:   # every store arm warms up (its bank, the CPU share's tuner) before the timing
                 _decode(eng, ids, args.tune_tokens, spec)
+            if st.mapped:          # the share of the mapped layers' pages in RAM as the timing starts and ends
+                row["mapped_resident_share"] = drop_mapped(st, path) if cold else resident_share(_ranges(st))
             out = _decode(eng, ids, args.tokens, spec)
+            if st.mapped:
+                row["mapped_resident_share_after"] = resident_share(_ranges(st))
             if tuner is not None:
                 row.update(cpu_share=tuner.share, share_decisions=list(tuner.decisions))
             if spec is not None and spec.gate:   # the gate's prices as the run left them (timing included)

@@ -176,6 +176,7 @@ class OffloadDefaults:
     assumed_gpu_bw: float = 3.0e12        # bytes/s priced where no GPU is here to measure (plan --gpu-mem)
     assumed_pcie_bw: float = 25e9
     assumed_ram_bw: float = 103e9         # the workers' RAM rate priced without a plan's probe (the H200 host's)
+    assumed_disk_bw: float = 1.3e9        # a cold read where the disk could not be measured (the H100 host's 1.27)
     # the gate's price of a verify round's misses (offload/footprint.py, spec/offload_costs.py)
     footprint_half_life: float = 64.0     # rows: the routing's distinct-expert counts follow the context
     footprint_prior_rows: float = 16.0    # the plan's uniform-routing model counts as this many rows at first

@@ -79,6 +79,11 @@ def test_cost_model(moe):
     cold = _offload(moe, 0.25, 0, Bandwidths(ram=50e9, disk=1e8, page_cache=None, pcie=25e9, gpu=3e12))
     assert cold.estimate.tok_s < mapped.estimate.tok_s           # no page cache measured: the disk prices it
     assert _offload(moe, 0.5, None, Bandwidths(ram=50e9)).estimate.assumed   # no GPU measured: said so
+    # the disk not measurable (the probe could not drop its pages): the assumed disk prices it, and is named
+    blind = _offload(moe, 0.25, 0, Bandwidths(ram=50e9, disk=None, page_cache=None, pcie=25e9, gpu=3e12))
+    o_disk = DEFAULTS.offload.assumed_disk_bw
+    assert blind.estimate.miss.mapped == pytest.approx(1 / min(50e9 * o.worker_efficiency, o_disk))
+    assert any(a.startswith("disk ") for a in blind.estimate.assumed) and not mapped.estimate.assumed
     assert json.loads(json.dumps(mapped.to_dict()))["host"]["mapped_experts"] == 32
     assert priced(make_plan(moe, ctx=CTX, device="cpu"), BW).estimate is None   # the cpu layout: no estimate
 
@@ -96,3 +101,23 @@ def test_plan_command_prints_the_host_layout(moe, capsys):
     assert d["estimate"] is None and d["host"]["mapped_layers"] == [] and d["host"]["ram_experts"] == 32
     with pytest.raises(SystemExit):                                  # argparse's own error for a bad size
         main(["plan", "-m", moe, "--host-mem", "lots"])
+
+
+def test_disk_probe_reads_from_the_disk_or_says_it_cannot(tmp_path):
+    """A file just written has dirty pages, which posix_fadvise never drops: the probe syncs
+    first, so its cold read starts with the range out of the page cache; where the pages stay
+    (tmpfs, or a process mapping them) it reports no disk rate rather than the cache's."""
+    import numpy as np
+    from alphallama.offload import host_probe
+    path = tmp_path / "blob.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 8 << 20, dtype=np.uint8).tobytes())
+    assert host_probe.cached_share(str(path), 0, 8 << 20) > 0.9        # written: in the page cache
+    held = np.memmap(path, dtype=np.uint8, mode="r")
+    int(held[::4096].sum())                                             # mapped and touched by this process
+    cold, cached = host_probe.file_rates(str(path), 8 << 20)
+    assert cold is None and cached > 0                                  # could not be dropped: no disk figure
+    del held
+    cold, cached = host_probe.file_rates(str(path), 8 << 20)
+    if host_probe.cached_share(str(path), 0, 4096) == 1.0 and cold is None:
+        pytest.skip(f"{tmp_path}'s file system keeps its pages in memory (tmpfs): no disk to measure")
+    assert cold is not None and cold > 0 and cached > 0

@@ -135,8 +135,9 @@ class MissRates:
         o = DEFAULTS.offload
         pcie = bw.pcie if bw.pcie is not None else o.assumed_pcie_bw
         cpu = bw.ram * o.worker_efficiency if cpu_threads else 0.0
-        src = (bw.page_cache if mapped_fits else None) or bw.disk     # unmeasured page cache: priced as the disk
-        rate = min(cpu, src) if src else cpu
+        # unmeasured page cache: priced as the disk; an unmeasured disk as config's assumed one
+        src = (bw.page_cache if mapped_fits else None) or bw.disk or o.assumed_disk_bw
+        rate = min(cpu, src)                                            # no workers: no mapped tier (0)
         return cls(pcie=1 / pcie, mapped=1 / max(rate, 1.0), cpu=1 / cpu if cpu else 0.0,
                    share=o.cpu_share if cpu else 0.0,
                    source=bw.source if bw.pcie is not None else f"{bw.source}; PCIe assumed")
@@ -178,5 +179,7 @@ def estimate(dense: int, expert_bytes: float, n_layers: int, n_moe: int, top_k: 
         parts["ram"] = 1e3 * ram_b * miss.host
         if map_b:
             parts["mapped"] = 1e3 * map_b * miss.mapped
+            if not (fits and bw.page_cache) and bw.disk is None:
+                assumed += (f"disk {o.assumed_disk_bw / 1e9:.1f} GB/s",)
     ms = sum(parts.values())
     return Estimate(1e3 / ms, ms, h, {k: round(v, 4) for k, v in parts.items()}, assumed, miss)

@@ -3,7 +3,8 @@
     ram         the CPU workers' cpus streaming through RAM (native/probe.py: the best of
                 its thread counts, cached per host); torch's sum where no C compiler
     disk        the model file's pages read after dropping them from the page cache
-                (posix_fadvise DONTNEED on one range of the file: a cold read)
+                (fsync, posix_fadvise DONTNEED on one range of the file: a cold read;
+                None where they stay cached, checked with mincore)
     page_cache  the same range read again (now cached)
     pcie        page-locked host -> device copies (CUDA only)
     gpu         device memory read + write by a device-to-device copy, counted as 2x the
@@ -63,8 +64,27 @@ def ram_rate() -> float:
     return best
 
 
-def file_rates(path: str, nbytes: int = FILE_PROBE, chunk: int = 4 * MiB) -> tuple[float, float]:
-    """(cold, cached) bytes/s reading the last `nbytes` of the file (its tensor data)."""
+def cached_share(path: str, off: int, n: int) -> float:
+    """The share of the file's pages in [off, off + n) that are in the page cache (mincore on
+    a fresh read-only mapping: mapping touches no page)."""
+    import ctypes
+    import numpy as np
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo = off - off % page
+    m = np.memmap(path, dtype=np.uint8, mode="r", offset=lo, shape=(off + n - lo,))
+    pages = (m.size + page - 1) // page
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mincore(ctypes.c_void_p(m.ctypes.data), ctypes.c_size_t(m.size), vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    del m
+    return sum(v & 1 for v in vec) / pages
+
+
+def file_rates(path: str, nbytes: int = FILE_PROBE, chunk: int = 4 * MiB) -> tuple[float | None, float]:
+    """(cold, cached) bytes/s reading the last `nbytes` of the file (its tensor data). cold is
+    None where the pages could not be dropped from the page cache first (a process maps them,
+    or the file system is memory: tmpfs), so no read here would come from the disk."""
     size = os.path.getsize(path)
     n = min(nbytes, size)
     off = size - n
@@ -80,9 +100,15 @@ def file_rates(path: str, nbytes: int = FILE_PROBE, chunk: int = 4 * MiB) -> tup
                     break
                 pos += got
             return n / max(time.perf_counter() - t0, 1e-9)
-        if hasattr(os, "posix_fadvise"):
+        dropped = hasattr(os, "posix_fadvise")
+        if dropped:
+            os.fsync(fd)          # dirty pages (a file just written or downloaded) are never dropped
             os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
-        cold = read()
+            try:
+                dropped = cached_share(path, off, n) < 0.5
+            except OSError:       # no mincore here: trust the advice
+                pass
+        cold = read() if dropped else None
         cached = max(read() for _ in range(2))
     finally:
         os.close(fd)
