@@ -22,6 +22,14 @@
 # If eval.json is missing (cut off), evaluate here from the bundle:
 #   python -m alphallama.train.evaluate NEW.gguf --baseline-json before.json --heldout heldout.jsonl.gz -o eval.json
 #
+# Two calls, twice the tokens (the machine kept warm between them, the second issued at once):
+#   PART=1 GIT_COMMIT=<commit> bash bench/gpu_train_embedded.sh    # data, ~7 min of training, the
+#                                                                  # before-model's evaluation; $OUT: train.json
+#   PART=2 GIT_COMMIT=<commit> bash bench/gpu_train_embedded.sh    # resumes: ~7.5 min more, export, evaluation
+# The learning rate's schedule spans TOTAL_S trained seconds over both (880 by default:
+# part 1 passes --continue-later, so its deadline only stops it); the work folder is
+# /tmp/alphallama-train-2call (0700, made afresh by part 1).
+#
 # CPU smoke (a tiny model, a few steps; every stage runs, ~2 min), from the repo root:
 #   mkdir -p /tmp/smoke-src && for f in $(python3 -c "import sysconfig;print(sysconfig.get_paths()['stdlib'])")/*.py; do
 #     [ $(stat -c %s $f) -lt 40000 ] && cp $f /tmp/smoke-src/; done
@@ -46,23 +54,40 @@ if ! python3 -c "import gguf" 2>/dev/null; then
         --target /tmp/site .whl/*.whl || { echo "gpu_train_embedded: wheels failed" >&2; exit 2; }
 fi
 export PYTHONPATH=/tmp/site:$PWD/src
-WORK=$(mktemp -d /tmp/alphallama-train.XXXXXX)     # fresh (0700): no stale checkpoint resumes
+PART=${PART:-}                                      # "": one call; 1 / 2: the first / second of two
+TOTAL_S=${TOTAL_S:-880}
+if [ -z "$PART" ]; then
+    WORK=$(mktemp -d /tmp/alphallama-train.XXXXXX)  # fresh (0700): no stale checkpoint resumes
+    TRAIN_ARGS=(--time-budget-s 100000 --checkpoint-every-s 100000)
+else
+    WORK=/tmp/alphallama-train-2call
+    case "$PART" in
+    1) rm -rf "$WORK" && mkdir -m 700 "$WORK" || exit 2
+       TRAIN_ARGS=(--time-budget-s "$TOTAL_S" --checkpoint-every-s 60 --continue-later) ;;
+    2) [ -f "$WORK/cache/ckpt.pt" ] || { echo "gpu_train_embedded: PART=2 needs part 1's $WORK/cache/ckpt.pt (the same warm machine)" >&2; exit 2; }
+       TRAIN_ARGS=(--time-budget-s "$TOTAL_S" --checkpoint-every-s 60) ;;
+    *) echo "gpu_train_embedded: PART is 1 or 2, not $PART" >&2; exit 2 ;;
+    esac
+fi
 RUN=$WORK/run
 AFTER=$WORK/after
 mkdir -p "$RUN" "$AFTER"
+[ "$PART" = 2 ] && mv "$RUN/train.log" "$RUN/train.part1.log"   # part 2 logs afresh, part 1's kept beside
 [ -f "$BEFORE" ] || { echo "gpu_train_embedded: $BEFORE: no such model" >&2; exit 2; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "[$SECONDS s] training (deadline ${DEADLINE_S} s), before-model $BEFORE"
 
 python3 -m alphallama.train run --out "$RUN" --work-dir "$WORK/cache" --deadline-s "$DEADLINE_S" \
-    --time-budget-s 100000 --checkpoint-every-s 100000 --device "$DEVICE" --commit "${GIT_COMMIT:-unknown}" \
+    "${TRAIN_ARGS[@]}" --device "$DEVICE" --commit "${GIT_COMMIT:-unknown}" \
     "$@" > "$RUN/train.log" 2>&1 &
 TRAIN=$!
 
 # the before-model's evaluation needs only the held-out files: start it once the data stage is done
 while [ ! -f "$WORK/cache/data.pt" ] && kill -0 "$TRAIN" 2>/dev/null; do sleep 2; done
 BEFORE_PID=
-if [ -f "$WORK/cache/heldout.jsonl.gz" ]; then
+if [ -f "$RUN/before.json" ]; then
+    echo "[$SECONDS s] the before-model's record is part 1's"
+elif [ -f "$WORK/cache/heldout.jsonl.gz" ]; then
     echo "[$SECONDS s] data ready; evaluating the before-model on the CPU (${BEFORE_JOBS} jobs)"
     timeout "$((LIMIT_S - SECONDS - 60))" \
     python3 -m alphallama.train.evaluate "$BEFORE" --heldout "$WORK/cache/heldout.jsonl.gz" --jobs "$BEFORE_JOBS" \
@@ -73,13 +98,19 @@ wait "$TRAIN"
 rc=$?
 tail -n 6 "$RUN/train.log"
 echo "[$SECONDS s] training exited $rc"
+if [ "$PART" = 1 ]; then                           # part 2 exports and evaluates
+    [ -n "$BEFORE_PID" ] && wait "$BEFORE_PID" && echo "[$SECONDS s] before-model evaluated"
+    cp "$RUN/train.json" "$RUN/train.log" "$OUT/" 2>/dev/null
+    ls -l "$OUT" "$WORK/cache/ckpt.pt"
+    exit $rc
+fi
 for f in "$RUN"/alphallama-embedded.gguf.part* "$RUN"/alphallama-embedded.gguf.sha256 \
          "$RUN"/alphallama-embedded.mtp.gguf "$RUN"/train.json; do
     [ -f "$f" ] && cp "$f" "$OUT/"
 done
 bundle() {
     (cd "$RUN" && tar czf "$OUT/bundle.tgz" --ignore-failed-read heldout.jsonl.gz manifest.tsv.gz before.json \
-        step_ab.json train.log before.log eval.log step_ab.log 2>/dev/null)
+        step_ab.json train.log train.part1.log before.log eval.log step_ab.log 2>/dev/null)
     ls -l "$OUT"
 }
 if [ -f "$RUN/alphallama-embedded.gguf.sha256" ]; then     # split (the real model: 2 parts)

@@ -179,3 +179,20 @@ def test_inspect_shows_provenance(tmp_path, tok_kv):
     main, _ = export(tmp_path, "m", model, head, kv, meta, QT.F32)
     d = describe(str(main))
     assert d["provenance"] == {k.rsplit(".", 1)[1]: v for k, v in meta.items()}
+
+
+def test_schedule_spans_the_calls_that_will_train():
+    """One call: the cosine ends at its deadline (or the budget, whichever comes first). A
+    call that a later one continues (--continue-later): it spans the whole budget, so the
+    two calls make one schedule and the first leaves the rate where the budget says."""
+    from alphallama.train.loop import Hyper, State, lr_at, schedule_budget
+    hp = Hyper(batch_size=1, ctx_len=8, lr=1e-3, warmup_steps=0, time_budget_s=900.0, mtp_depths=1, mtp_weight=0.3,
+               aux_weight=0.01)
+    st = State()
+    assert schedule_budget(hp, st, None, 0.0, False) == 900.0
+    assert schedule_budget(hp, st, 500.0, 0.0, False) == pytest.approx(475.0)   # this call's 95%
+    assert schedule_budget(hp, st, 500.0, 0.0, True) == 900.0
+    st.step, st.trained_s = 10, 450.0                                         # the first call's end
+    first = lr_at(hp, st, schedule_budget(hp, st, 500.0, 0.0, True))
+    assert first == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 0.5))))   # mid-schedule
+    assert lr_at(hp, st, schedule_budget(hp, st, 10_000.0, 0.0, False)) == first   # the second call resumes it

@@ -131,11 +131,22 @@ def evaluate(model, head, val: torch.Tensor, hp: Hyper, device: str) -> dict:
     return {"loss": main.item(), "mtp": [m.item() for m in mtp], "mtp_top1": [a.item() for a in acc]}
 
 
+def schedule_budget(hp: Hyper, st: State, deadline: float | None, now: float, continue_later: bool) -> float:
+    """The trained seconds the learning rate's schedule spans: it ends where training will
+    end, at the time budget, or earlier at this call's deadline (less a little for evaluations
+    and checkpoints, which are not trained time) unless a later call goes on from here."""
+    if deadline is None or continue_later:
+        return hp.time_budget_s
+    return min(hp.time_budget_s, st.trained_s + 0.95 * max(1.0, deadline - now))
+
+
 def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens: torch.Tensor,
           hp: Hyper, device: str, ckpt: Path | None, deadline: float | None = None,
-          log=print) -> State:
+          log=print, continue_later: bool = False) -> State:
     """Train until the state's trained seconds reach hp.time_budget_s, the wall clock
-    reaches `deadline` (time.time()), or hp.max_steps; checkpoint along the way."""
+    reaches `deadline` (time.time()), or hp.max_steps; checkpoint along the way.
+    continue_later: a later call resumes from the checkpoint, so the schedule spans the
+    whole time budget and the deadline only stops this call."""
     model.to(device).train()
     head.to(device).train()
     opt = _optimizer(model, head, hp, device)
@@ -143,11 +154,7 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
     if st.step:
         log(f"resumed at step {st.step} ({st.trained_s:.0f} s, {st.tokens / 1e6:.1f}M tokens)")
     val = val_batch(val_tokens, hp.val_windows, hp.ctx_len, device)
-    # the schedule ends where training will end: at the time budget, or earlier at the
-    # deadline (less a little for evaluations and checkpoints, which are not trained time)
-    budget = hp.time_budget_s
-    if deadline is not None:
-        budget = min(budget, st.trained_s + 0.95 * max(1.0, deadline - time.time()))
+    budget = schedule_budget(hp, st, deadline, time.time(), continue_later)
     last_ck = last_val = time.time()
     t_log, tok_log = time.time(), st.tokens
 

@@ -157,7 +157,8 @@ def run(args) -> int:
     t = time.time()
     try:
         st = train(model, head, torch.from_numpy(d["train"].astype(np.int32)),
-                   torch.from_numpy(d["val"].astype(np.int32)), hp, device, work / "ckpt.pt", deadline, _log)
+                   torch.from_numpy(d["val"].astype(np.int32)), hp, device, work / "ckpt.pt", deadline, _log,
+                   continue_later=args.continue_later)
     except (RuntimeError, torch.cuda.OutOfMemoryError) as e:   # export what the checkpoint holds
         _log(f"training failed: {type(e).__name__}: {e}")
         from .loop import State, load
@@ -232,6 +233,9 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--warmup-steps", type=int, default=T.warmup_steps)
     a("--time-budget-s", type=float, default=T.time_budget_s, help="training seconds, summed over resumed calls")
     a("--deadline-s", type=float, default=None, help="wall seconds for this whole call: training stops in time to export")
+    a("--continue-later", action="store_true",
+      help="a later call with the same --work-dir resumes: the learning rate's schedule spans --time-budget-s, "
+           "not this call's deadline (which only stops it)")
     a("--export-reserve-s", type=float, default=45.0)
     a("--checkpoint-every-s", type=float, default=T.checkpoint_every_s)
     a("--max-steps", type=int, default=None)
