@@ -132,3 +132,39 @@ def test_special_tokens_by_id(engine):
 def test_bad_schemas_are_grammar_errors(engine, schema):
     with pytest.raises(GrammarError):
         TokenConstraint(engine.grammar_vocab, json_schema_grammar(schema))
+
+
+SPM_VOCAB = Path(__file__).resolve().parent / "data" / "vocab" / "ggml-vocab-llama-spm.gguf"
+
+
+@pytest.mark.parametrize("schema", [{}, PERSON, NUMBERS], ids=["any", "object", "array"])
+def test_spm_vocabulary_forced_bytes_spell_themselves(schema):
+    """A SentencePiece vocabulary (llama 2, Gemma, Mistral) prefixes a space to what it
+    encodes: the grammar library, tokenizing the bytes a grammar forces ("rue" after "t"),
+    was handed " r" and then refused the token it had allowed (a 500 on `json_schema: {}`
+    with stories260K, found by fuzzing the server). Walks under random logits: every
+    emitted token is one the mask allowed and the matcher takes, and a finished walk is
+    JSON that the schema (jsonschema, not the grammar library) accepts."""
+    from alphallama.grammar import GrammarVocab
+    from alphallama.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(SPM_VOCAB)
+    vocab = GrammarVocab(tok)
+    assert tok.encode_running("rue") and b"".join(tok.token_to_piece(i) for i in tok.encode_running("rue")) == b"rue"
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        c = TokenConstraint(vocab, json_schema_grammar(schema))
+        text = b""
+        for _ in range(80):
+            logits = c.mask_rows(torch.randn(1, vocab.n_vocab, generator=g), [])[0]
+            t = int(logits.argmax())
+            assert logits[t] > float("-inf")
+            if t in tok.stop_ids:
+                break
+            c.commit(t)                                  # raised on the token the mask had allowed
+            text += tok.token_to_piece(t)
+        if c.finished or t in tok.stop_ids:
+            jsonschema.validate(json.loads(text), schema)
+    after_t = TokenConstraint(vocab, json_schema_grammar({}))
+    after_t.commit(tok.encode_running("t")[0])
+    allowed = (after_t.mask_rows(torch.zeros(1, vocab.n_vocab), [])[0] > float("-inf")).nonzero().flatten()
+    assert len(allowed) and all(b"rue".startswith(tok.token_to_piece(int(i))) for i in allowed)

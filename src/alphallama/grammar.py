@@ -93,10 +93,10 @@ class GrammarVocab:
             eos_token_id, bos_token_id = stops[0], tokenizer.bos_id
             tokens, special_token_ids = pieces, special
 
-            def __call__(self, text):
+            def __call__(self, text):    # the bytes the grammar forces, as tokens that spell them
                 if isinstance(text, bytes):
                     text = text.decode("utf-8", errors="replace")
-                return tokenizer.encode(text)
+                return tokenizer.encode_running(text)
         self.tokenizer = tokenizer
         self.n_vocab = max(n_vocab or n, n)                # logits may have padding columns
         self.lltok = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped()), n_vocab=self.n_vocab, eos_token=stops)

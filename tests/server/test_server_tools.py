@@ -158,6 +158,23 @@ def test_llama_server_grammar_fields(embedded):
     jsonschema.validate(json.loads(chat.choices[0].message.content), NUMBERS)
 
 
+def test_text_completions_take_the_grammar_fields(embedded):
+    """/v1/completions honours response_format (as vLLM's does) and llama-server's json_schema /
+    grammar (as its /v1/completions does): they were dropped, and the text came back free."""
+    gbnf = 'root ::= "answer: " ("yes" | "no") "."'
+    r = embedded.completions.create(model="m", prompt="x = ", max_tokens=40, extra_body={"json_schema": NUMBERS})
+    jsonschema.validate(json.loads(r.choices[0].text), NUMBERS)
+    r = embedded.completions.create(model="m", prompt="def f():", max_tokens=20, extra_body={"grammar": gbnf})
+    assert r.choices[0].text in ("answer: yes.", "answer: no.")
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": NUMBERS}}
+    text = "".join(ch.choices[0].text for ch in embedded.completions.create(
+        model="m", prompt="x = ", max_tokens=40, stream=True, extra_body={"response_format": fmt}) if ch.choices)
+    jsonschema.validate(json.loads(text), NUMBERS)
+    with pytest.raises(BadRequestError) as e:
+        embedded.completions.create(model="m", prompt="x", max_tokens=5, extra_body={"json_schema": {"type": "nonsense"}})
+    assert e.value.body["param"] == "json_schema"
+
+
 @pytest.mark.parametrize("kw, param", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),

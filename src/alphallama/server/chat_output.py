@@ -74,6 +74,31 @@ def native_grammar(gbnf: str | None, schema: dict | None) -> str | None:
     return None
 
 
+def response_grammar(rf) -> str | None:
+    """OpenAI's response_format (json_object, json_schema) as a grammar; None for text or none."""
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        schema = rf.schema_ if rf.schema_ is not None else {"type": "object"}
+    else:
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise _bad("response_format json_schema needs json_schema.schema", "response_format")
+        schema = rf.json_schema.schema_
+    try:
+        return json_schema_grammar(schema)
+    except GrammarError as e:
+        raise _bad(str(e), "response_format") from None
+
+
+def request_grammar(body) -> tuple[str | None, str]:
+    """(the grammar a completion request asks for, the parameter that asked): response_format,
+    else llama-server's grammar / json_schema fields (both completion routes take all three)."""
+    grammar = response_grammar(body.response_format)
+    if grammar is not None:
+        return grammar, "response_format"
+    return native_grammar(body.grammar, body.json_schema), "grammar" if body.grammar else "json_schema"
+
+
 def make_constraint(engine: Engine, grammar: str | None, param: str) -> TokenConstraint | None:
     if grammar is None:
         return None
@@ -104,9 +129,7 @@ class ChatOutput:
         render = tools if choice != "none" else []
         if render:
             self._plan_tools(engine, choice)
-        grammar, param = self._response_grammar(), "response_format"
-        if grammar is None:
-            grammar, param = native_grammar(body.grammar, body.json_schema), "grammar"
+        grammar, param = request_grammar(body)
         if grammar is not None and choice not in ("none", "auto"):
             raise _bad(f"{param} cannot be combined with a forced tool_choice", param)
         if grammar is None and render and (choice != "auto" or any(t.function.strict for t in tools)):
@@ -173,21 +196,6 @@ class ChatOutput:
         specs = [ToolSpec(t.function.name, closed_objects(t.function.parameters or _NO_ARGUMENTS)) for t in tools]
         parallel = choice == "required" and self.body.parallel_tool_calls
         return lark_grammar(self.tool_format.grammar(specs, parallel, engine.grammar_vocab))
-
-    def _response_grammar(self) -> str | None:
-        rf = self.body.response_format
-        if rf is None or rf.type == "text":
-            return None
-        if rf.type == "json_object":
-            schema = rf.schema_ if rf.schema_ is not None else {"type": "object"}
-        else:
-            if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise _bad("response_format json_schema needs json_schema.schema", "response_format")
-            schema = rf.json_schema.schema_
-        try:
-            return json_schema_grammar(schema)
-        except GrammarError as e:
-            raise _bad(str(e), "response_format") from None
 
     # -- the response ------------------------------------------------------------------
     def format(self, model: str, tokenizer: Tokenizer, want_logprobs: bool) -> ChatFormat:

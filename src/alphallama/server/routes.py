@@ -15,8 +15,9 @@ from starlette.concurrency import run_in_threadpool
 
 from ..chat import ChatTemplateError, TemplateBudgetError
 from ..engine import ContextOverflow, Engine
+from ..grammar import TokenConstraint
 from ..sampling import SamplingParams
-from .chat_output import ChatOutput
+from .chat_output import ChatOutput, make_constraint, request_grammar
 from .errors import APIError
 from .response_schemas import ChatCompletion, Completion, ModelList, error_responses, streamed
 from .responses import FORMATS, Format, usage
@@ -53,7 +54,8 @@ async def completions(body: CompletionRequest, request: Request):
             raise APIError("invalid_request", f"token id {bad} is outside the vocabulary (0..{vocab - 1})",
                            param="prompt")
         return list(p)
-    return await _complete(request, body, "completions", prompt)
+    return await _complete(request, body, "completions", prompt,
+                           constraint=lambda engine: make_constraint(engine, *request_grammar(body)))
 
 
 @router.get("/models", summary="The model this server serves", response_model=ModelList,
@@ -85,7 +87,9 @@ def _sampling(st: AppState, body: ChatRequest | CompletionRequest) -> SamplingPa
 
 
 async def _complete(request: Request, body: ChatRequest | CompletionRequest, endpoint: str,
-                    prompt: Callable[[Engine], list[int]], output: ChatOutput | None = None):
+                    prompt: Callable[[Engine], list[int]], output: ChatOutput | None = None,
+                    constraint: Callable[[Engine], TokenConstraint | None] | None = None):
+    """constraint: a text completion's grammar, made beside its prompt (a chat's is its output's)."""
     st = app_state(request)
     try:
         body.check_supported()   # `model` is not checked: one model is served whatever the name (llama-server too)
@@ -93,6 +97,7 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
         try:
             ids = await run_in_threadpool(prompt, engine)
             engine.check_fits(len(ids))
+            grammar = await run_in_threadpool(constraint, engine) if constraint is not None else None
         except TemplateBudgetError as e:   # a hostile (or broken) template of the model's
             raise APIError("invalid_request", f"the model's chat template could not render these messages: {e}",
                            param="messages") from None
@@ -107,8 +112,8 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
         limit = body.token_limit if body.token_limit is not None else st.settings.n_predict
         gen = GenRequest(endpoint, ids, limit if limit > 0 else engine.ctx_size, _sampling(st, body),
                          body.stop_list(), body.n_logprobs, ignore_eos=body.ignore_eos,
-                         **({} if output is None else {"constraint": output.constraint,
-                                                       "shown_tokens": output.shown_tokens}))
+                         **({"constraint": grammar} if output is None else
+                            {"constraint": output.constraint, "shown_tokens": output.shown_tokens}))
         job = Job(gen, asyncio.get_running_loop())
         st.worker.submit(job)
     except APIError as e:

@@ -218,6 +218,9 @@ class CompletionRequest(_Common):
     echo: bool = False
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+    response_format: ResponseFormat | None = None   # as vLLM's completions take it
+    grammar: Text | None = None          # llama-server's: GBNF
+    json_schema: dict | None = None      # llama-server's
 
     def check_supported(self) -> None:
         self.check_common()

@@ -150,6 +150,13 @@ class Tokenizer:
             ids.append(self._eos)
         return ids
 
+    def encode_running(self, text: str) -> list[int]:
+        """Token ids of `text` as it stands inside running text: no BOS/EOS, no SPM space
+        prefix, control-token text not parsed; their pieces spell exactly `text` (a grammar
+        library tokenizes the bytes it forces with this: encode's prefixed space would make
+        it force " r" where the grammar wants "r")."""
+        return self._model.encode_fragment(text, after_special=False) if text else []
+
     # -- decoding -------------------------------------------------------------
 
     def _render(self, tid: int) -> bytes:
