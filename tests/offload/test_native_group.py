@@ -196,3 +196,24 @@ def test_pool_a_round_of_many_rows_on_one_expert():
                      torch.ones(W, k, dtype=torch.int32))
     finally:
         ce.stop()
+
+
+def test_pool_oversubscribed_many_posts():
+    """8 workers on this host's few cpus: the OS deschedules them mid-post all the time. The
+    units are claimed one at a time, tagged with their post, and DONE comes from the thread
+    that finishes the last one: 300 posts of mixed routing, each bit for bit the per-pair
+    ffn, none touched by a thread that woke after its post ended."""
+    D, F, E, k, W = 64, 64, 5, 2, 4
+    layers = {0: expert_pair(T.Q8_0, T.Q4_0, D, F, E, seed=9)}
+    mb = Mailbox.new(W, D, k)
+    ce = CpuExperts(layers, mb, n_layers=1, **_threads(8)).start()
+    g = torch.Generator().manual_seed(10)
+    try:
+        for req in range(1, 301):
+            w = int(torch.randint(1, W + 1, (1,), generator=g))
+            x = activations(w, D, seed=req) * 0.05
+            task = torch.randint(0, 2, (w, k), generator=g, dtype=torch.int32)
+            task[0, 0] = 1
+            _check_round(ce, mb, req, x, _routes(["shared", "distinct", "random"][req % 3], w, k, E, g), task)
+    finally:
+        ce.stop()
