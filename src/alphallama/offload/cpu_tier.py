@@ -39,6 +39,7 @@ class CpuLink:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the CPU share of host experts is a fraction in [0, 1], got {share}")
         self.share.fill_(round(share * 256))
+        self.share_now = round(share * 256) / 256      # the same, readable from any thread without the device
 
     def wait_host(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         """Until the workers answered the last post (DONE == seq)."""

@@ -65,13 +65,13 @@ class StoreRounds:
     def store_figures(self) -> dict | None:
         """The expert store's counters and layout for /metrics (None without a store):
         picks routed and bank hits, admissions, the tiers' bytes, the CPU workers' share
-        of the host misses (None without workers). Read from another thread: each is one
-        int or float, read as the rounds leave it."""
+        of the host misses (None without workers). Read from another thread (the server's
+        /metrics): plain ints and floats as the rounds leave them, nothing from the device (a
+        sync from another thread would break a graph being captured)."""
         if self.store is None:
             return None
         s = self.store.stats
-        share = (self.share_tuner.share if self.share_tuner is not None
-                 else int(self.cpu_link.share.item()) / 256 if self.cpu_link is not None else None)
+        share = self.cpu_link.share_now if self.cpu_link is not None else None
         return {"lookups": s.lookups, "hits": s.hits, "admissions": s.admissions, "admitted_bytes": s.admitted_bytes,
                 "bank_bytes": self.store.bank_bytes, "host_bytes": self.store.host_bytes,
                 "mapped_bytes": self.store.mapped_bytes, "cpu_share": share}
