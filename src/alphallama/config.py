@@ -163,8 +163,9 @@ class OffloadDefaults:
     probe_bytes: int = 256 << 20          # buffer the bandwidth probe streams through
     probe_within: float = 0.9             # the probe takes the fewest threads within this fraction of the best
     cpu_tier: bool = True                 # host-tier experts computed by the CPU workers (else read over PCIe)
-    cpu_share: float = 0.6                # of a layer's host (row, rank) pairs, the CPU takes this share, PCIe the rest
-    cpu_share_tune: bool = True           # ... at first: then the rounds' periods tune it (offload/share_tuner.py)
+    # the CPU workers' share of a layer's host (row, rank) pairs, PCIe the rest: at first where the plan's rates
+    # have both finish together (estimate.MissRates.of), then the rounds' periods tune it (offload/share_tuner.py)
+    cpu_share_tune: bool = True
     host_mem: int | None = None           # pinned RAM the host tier may hold (--host-mem); None: what the host has
                                           # available; the layers past it stay in the mapped GGUF file
     host_headroom: float = 0.2            # of MemAvailable, kept for everything else (and the mapped tier's page cache)

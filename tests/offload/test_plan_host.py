@@ -70,9 +70,10 @@ def test_cost_model(moe):
     assert resident.estimate.tok_s > half.estimate.tok_s > quarter.estimate.tok_s
     assert half.estimate.hit_rate == pytest.approx(half.slots / s.n_experts)
     # the miss rates (what the speculation gate prices a column's misses with, offload_costs.py) go to the engine
-    cpu, share = BW.ram * o.worker_efficiency, o.cpu_share
-    assert half.estimate.miss.host == pytest.approx(max(share / cpu, (1 - share) / BW.pcie) if half.cpu_threads
-                                                    else 1 / BW.pcie)
+    cpu = BW.ram * o.worker_efficiency
+    share = cpu / (cpu + BW.pcie)                                    # where both pipes finish together
+    assert half.estimate.miss.share == pytest.approx(share if half.cpu_threads else 0.0)
+    assert half.estimate.miss.host == pytest.approx(1 / (cpu + BW.pcie) if half.cpu_threads else 1 / BW.pcie)
     assert engine_kwargs(argparse.Namespace(ctx_size=None, device="auto"), half)["miss_rates"] == half.estimate.miss
     mapped = _offload(moe, 0.25, 0)                                  # every MoE layer mapped
     assert mapped.estimate.parts_ms["mapped"] > 0 and mapped.estimate.parts_ms["ram"] == 0

@@ -9,8 +9,9 @@ The cost model (`estimate`), plain decode at W = 1, per round:
     dense bytes / GPU bandwidth + n_layers x layer_fixed_s                    (the resident round)
     + with a store: n_moe x store_layer_extra_s                               (its contract kernels)
     + R h B / GPU                         bank hits
-    + R (1 - h) f_ram B / (CPU | PCIe)    host-tier misses: the CPU takes cpu_share of them at
-                                          ram x worker_efficiency, PCIe the rest, both at once
+    + R (1 - h) f_ram B / (CPU | PCIe)    host-tier misses: the CPU takes a share of them at
+                                          ram x worker_efficiency, PCIe the rest, both at once; the
+                                          share where both finish together, CPU / (CPU + PCIe)
     + R (1 - h) f_map B / mapped rate     mapped misses: the CPU workers at min(their rate, the
                                           page cache's) when the mapped bytes fit the RAM left, else
                                           the disk's
@@ -139,7 +140,7 @@ class MissRates:
         src = (bw.page_cache if mapped_fits else None) or bw.disk or o.assumed_disk_bw
         rate = min(cpu, src)                                            # no workers: no mapped tier (0)
         return cls(pcie=1 / pcie, mapped=1 / max(rate, 1.0), cpu=1 / cpu if cpu else 0.0,
-                   share=o.cpu_share if cpu else 0.0,
+                   share=cpu / (cpu + pcie),        # both pipes finish together (the tuner's start; 0 without workers)
                    source=bw.source if bw.pcie is not None else f"{bw.source}; PCIe assumed")
 
     @classmethod

@@ -28,7 +28,7 @@ from ..gguf.arch import ModelConfig, load_config
 from ..gguf.reader import GGUFFile, TensorInfo
 from ..kernels.gemv.mma_layout import mma_shape_ok
 from ..kernels.formats.qweight import embedding_planes
-from .estimate import Estimate, HostLayout, estimate, human
+from .estimate import Estimate, HostLayout, MissRates, estimate, human
 from .host_probe import Bandwidths
 from .support import EXPERT_SUFFIXES as _EXPERT_SUFFIXES, TypeUse, cpu_problems, cpu_workers_refusal, gpu_problems, \
     type_uses
@@ -238,9 +238,11 @@ class Plan:
                              f"({g(h.mapped_bytes)}) stay in the GGUF file (page cache; {room} the RAM left), "
                              f"computed by the CPU workers from its blocks, read ahead between rounds")
             if self.cpu_threads:
-                share = DEFAULTS.offload.cpu_share
+                share = (self.estimate.miss if self.estimate and self.estimate.miss else
+                         MissRates.assumed(self.cpu_threads)).share
                 lines.append(f"host tier  experts without a slot: {100 * share:.0f}% of each layer's computed by "
-                             f"CPU workers where they sit, the rest read in place over PCIe by the GPU")
+                             f"CPU workers where they sit (at first: the rounds tune it), the rest read in place "
+                             f"over PCIe by the GPU")
             else:
                 lines.append("host tier  experts without a slot: read in place over PCIe by the GPU")
             lines.append(f"threads    1 launch thread + {self.cpu_threads} CPU expert workers "

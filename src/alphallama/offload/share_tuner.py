@@ -4,9 +4,9 @@ A missed (row, rank) pair of a host-tier expert is computed either by the CPU wo
 its weights sit, or by the GPU reading them in place over PCIe; the post kernel gives the CPU
 the first `share` of a layer's host pairs and PCIe the rest, at the same time. The best share
 is where both finish together, and it is a property of the host: its cores and their
-neighbours, the RAM and PCIe rates under load. The plan's guess (config offload.cpu_share,
-0.6) was 1.7x off on an H100 host where the workers lost to PCIe alone
-(docs/decisions/offload-v2.md, session 47). Exact mode does not care: the expert contract
+neighbours, the RAM and PCIe rates under load. The plan's guess (where both pipes finish
+together at the probed rates; a fixed 0.6 until session 48) was 1.7x off on an H100 host
+where the workers lost to PCIe alone (docs/decisions/offload-v2.md, session 47). Exact mode does not care: the expert contract
 gives a pair the same bits on either side, so the share may change between any two rounds
 (it is a graph input: no recapture).
 

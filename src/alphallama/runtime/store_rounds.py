@@ -45,11 +45,12 @@ class StoreRounds:
         cpu_tier is None), linked to the MoE layers `moes`, and the misses' prices."""
         if self.store is None:
             return
+        share = (miss_rates or MissRates.assumed(1)).share   # the plan's: both pipes finish together
         if DEFAULTS.offload.cpu_tier if cpu_tier is None else cpu_tier:
             # each MoE layer's activation and biases (gpt-oss's: swiglu_oai, biased experts) go to the workers
             ops = {m.layer: m.ops for m in moes}
             self.cpu_tier = start_cpu_tier(self.store, d_model, top_k, MAX_W, self.device, threads,
-                                           DEFAULTS.offload.cpu_share, progress, ops)
+                                           share, progress, ops)
         if self.store.mapped and self.cpu_tier is None:
             raise RuntimeError(f"{len(self.store.mapped)} MoE layers' experts are past the host tier's budget "
                                f"(host_bytes {host_bytes}) and only the CPU expert workers read the mapped file, "
@@ -57,7 +58,7 @@ class StoreRounds:
         if self.cpu_tier is not None:
             self.cpu_link, self.cpu_experts = self.cpu_tier.link, self.cpu_tier.experts
             if DEFAULTS.offload.cpu_share_tune and self.device.type == "cuda":   # (interpreted rounds: no timing)
-                self.share_tuner = ShareTuner(self.cpu_link.set_share, DEFAULTS.offload.cpu_share)
+                self.share_tuner = ShareTuner(self.cpu_link.set_share, share)
         self.miss_rates = miss_rates or MissRates.assumed(self.cpu_experts.threads if self.cpu_experts else 0)
         for m in moes:
             m.link = self.cpu_link
