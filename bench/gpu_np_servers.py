@@ -77,6 +77,11 @@ def texts_possible(gguf: str) -> str | None:
     return None
 
 
+def num(x, width: int, digits: int = 1) -> str:
+    """A table cell: x in `width` columns, "-" where there is none."""
+    return "-".rjust(width) if x is None else f"{x:{width}.{digits}f}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -284,8 +289,6 @@ def main() -> int:
     res["ratios_ours_over_llama"] = {str(N): ratios(by.get(("ours", N)), by.get(("llama-server", N)))
                                      for N in args.ns} if "llama-server" in servers else None
     save()
-    def f(x, width: int, digits: int = 1) -> str:
-        return "-".rjust(width) if x is None else f"{x:{width}.{digits}f}"
     print(f"\n{'server':13} {'N':>2} {'total tok/s':>11} {'window tok/s':>12} {'per-stream':>10} "
           f"{'min stream':>10} {'TTFT ms':>8} {'tokens':>12}  error")
     for r in res["runs"]:
@@ -293,14 +296,14 @@ def main() -> int:
         toks = "/".join(str(s["tokens"]) for s in r.get("streams", [])) or "-"
         ttft = a.get("mean_ttft_s")
         err = (r.get("error") or "").split("\n")[0][:60]
-        print(f"{r['server']:13} {r['N']:>2} {f(a.get('total_tok_s'), 11)} {f(a.get('window_tok_s'), 12)} "
-              f"{f(a.get('per_stream_decode_tok_s'), 10)} {f(a.get('min_stream_decode_tok_s'), 10)} "
-              f"{f(ttft and ttft * 1e3, 8, 0)} {toks:>12}  {err}")
+        print(f"{r['server']:13} {r['N']:>2} {num(a.get('total_tok_s'), 11)} {num(a.get('window_tok_s'), 12)} "
+              f"{num(a.get('per_stream_decode_tok_s'), 10)} {num(a.get('min_stream_decode_tok_s'), 10)} "
+              f"{num(ttft and ttft * 1e3, 8, 0)} {toks:>12}  {err}")
     if res["ratios_ours_over_llama"]:
         print(f"\nours / llama-server {'N':>2} {'total':>6} {'window':>7} {'per-stream':>10} {'TTFT':>6}")
         for N, q in res["ratios_ours_over_llama"].items():
-            print(f"{'':19} {N:>2} {f(q['total_tok_s'], 6, 2)} {f(q['window_tok_s'], 7, 2)} "
-                  f"{f(q['per_stream_decode_tok_s'], 10, 2)} {f(q['mean_ttft_s'], 6, 2)}")
+            print(f"{'':19} {N:>2} {num(q['total_tok_s'], 6, 2)} {num(q['window_tok_s'], 7, 2)} "
+                  f"{num(q['per_stream_decode_tok_s'], 10, 2)} {num(q['mean_ttft_s'], 6, 2)}")
     print(f"wrote {name}")
     return 0 if all("error" not in r for r in res["runs"]) else 1
 

@@ -43,7 +43,7 @@ from alphallama.offload.host_probe import measure
 from alphallama.offload.plan import make_plan
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_np_servers import COMPLETIONS, Server, body, free_port, gpu_of, prompt_ids  # noqa: E402
+from gpu_np_servers import COMPLETIONS, Server, body, free_port, gpu_of, num, prompt_ids  # noqa: E402
 from gpu_offload_llamacpp import layer_expert_bytes, placement  # noqa: E402
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "src/alphallama/data/alphallama-embedded.gguf"
@@ -193,17 +193,15 @@ def main() -> int:
         r["of_resident"], r["over_llama_server"] = ratio(s.get("client_tps"), base), ratio(s.get("client_tps"), theirs)
     save()
 
-    def f1(x, w: int, d: int = 1) -> str:
-        return "-".rjust(w) if x is None else f"{x:{w}.{d}f}"
     print(f"\n{'arm':18} {'tok/s':>7} {'server':>7} {'ms/round':>8} {'tok/rnd':>7} {'hit':>5} {'share':>5} "
           f"{'expected':>8} {'of res':>6} {'/llama':>6}  error")
     for r in res["arms"]:
         s, st = r.get("summary") or {}, r.get("store") or {}
         exp = (((r.get("plan") or {}).get("expected")) or {}).get("tok_s")
-        print(f"{r['arm']:18} {f1(s.get('client_tps'), 7)} {f1(s.get('server_tps_reported'), 7)} "
-              f"{f1(s.get('ms_per_round'), 8, 3)} {f1(s.get('tokens_per_round'), 7, 2)} {f1(st.get('hit_rate'), 5, 2)} "
-              f"{f1(st.get('cpu_share'), 5, 2)} {f1(exp, 8)} {f1(r.get('of_resident'), 6, 3)} "
-              f"{f1(r.get('over_llama_server'), 6, 2)}  {(r.get('error') or '').splitlines()[0][:50] if r.get('error') else ''}")
+        print(f"{r['arm']:18} {num(s.get('client_tps'), 7)} {num(s.get('server_tps_reported'), 7)} "
+              f"{num(s.get('ms_per_round'), 8, 3)} {num(s.get('tokens_per_round'), 7, 2)} {num(st.get('hit_rate'), 5, 2)} "
+              f"{num(st.get('cpu_share'), 5, 2)} {num(exp, 8)} {num(r.get('of_resident'), 6, 3)} "
+              f"{num(r.get('over_llama_server'), 6, 2)}  {(r.get('error') or '').splitlines()[0][:50] if r.get('error') else ''}")
     print(f"wrote {name}")
     return 0 if all("error" not in r for r in res["arms"]) else 1
 

@@ -45,12 +45,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from alphallama.bench.hostinfo import host_state
 from alphallama.gguf.writer import PRESETS, write_synthetic
-from alphallama.offload.host_probe import Bandwidths, measure
+from alphallama.offload.host_probe import Bandwidths, measure, resident_share
 from alphallama.offload.plan import make_plan
 from alphallama.spec.config import SpecConfig
 
@@ -64,27 +63,8 @@ MADV_DONTNEED = 4
 
 
 def _ranges(store) -> list[tuple[int, int]]:
-    """(page-aligned address, bytes) of every mapped layer's expert tensors in the mapping."""
-    out = []
-    for m in store.mapped.values():
-        for t in (m.gate, m.up, m.down):
-            a = t.data.view(np.uint8).reshape(-1)
-            lo = a.ctypes.data & ~(_PAGE - 1)
-            out.append((lo, a.ctypes.data + a.nbytes - lo))
-    return out
-
-
-def resident_share(ranges: list[tuple[int, int]]) -> float:
-    """The share of the ranges' pages in RAM (mincore)."""
-    have = total = 0
-    for addr, n in ranges:
-        pages = (n + _PAGE - 1) // _PAGE
-        vec = (ctypes.c_ubyte * pages)()
-        if _LIBC.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(n), vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore")
-        have += sum(v & 1 for v in vec)
-        total += pages
-    return have / total if total else 0.0
+    """(address, bytes) of every mapped layer's expert tensors in the mapping."""
+    return [(t.data.ctypes.data, t.data.nbytes) for m in store.mapped.values() for t in (m.gate, m.up, m.down)]
 
 
 def drop_mapped(store, path: str) -> float:
@@ -94,7 +74,8 @@ def drop_mapped(store, path: str) -> float:
     arm warm), then out of the page cache (fsync, then posix_fadvise DONTNEED on the file)."""
     ranges = _ranges(store)
     for addr, n in ranges:
-        if _LIBC.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(n), MADV_DONTNEED) != 0:
+        lo = addr - addr % _PAGE                       # madvise takes a page-aligned start
+        if _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(addr + n - lo), MADV_DONTNEED) != 0:
             raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED)")
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -64,21 +64,36 @@ def ram_rate() -> float:
     return best
 
 
-def cached_share(path: str, off: int, n: int) -> float:
-    """The share of the file's pages in [off, off + n) that are in the page cache (mincore on
-    a fresh read-only mapping: mapping touches no page)."""
+def resident_share(ranges: list[tuple[int, int]]) -> float:
+    """The share of the pages of mapped memory ranges (address, bytes) that are in RAM
+    (mincore; each range widened to whole pages)."""
     import ctypes
+    page = os.sysconf("SC_PAGE_SIZE")
+    libc = ctypes.CDLL(None, use_errno=True)
+    have = total = 0
+    for addr, n in ranges:
+        lo = addr - addr % page
+        size = addr + n - lo
+        pages = (size + page - 1) // page
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(size), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        have += sum(v & 1 for v in vec)
+        total += pages
+    return have / total if total else 0.0
+
+
+def cached_share(path: str, off: int, n: int) -> float:
+    """The share of the file's pages in [off, off + n) that are in the page cache (on a fresh
+    read-only mapping: mapping touches no page)."""
     import numpy as np
     page = os.sysconf("SC_PAGE_SIZE")
     lo = off - off % page
     m = np.memmap(path, dtype=np.uint8, mode="r", offset=lo, shape=(off + n - lo,))
-    pages = (m.size + page - 1) // page
-    vec = (ctypes.c_ubyte * pages)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mincore(ctypes.c_void_p(m.ctypes.data), ctypes.c_size_t(m.size), vec) != 0:
-        raise OSError(ctypes.get_errno(), "mincore")
-    del m
-    return sum(v & 1 for v in vec) / pages
+    try:
+        return resident_share([(m.ctypes.data, m.size)])
+    finally:
+        del m
 
 
 def file_rates(path: str, nbytes: int = FILE_PROBE, chunk: int = 4 * MiB) -> tuple[float | None, float]:
