@@ -1,11 +1,9 @@
 """The CPU expert workers when a cpu is not theirs alone: a post's latency with every worker's
 cpu free ("quiet") and with a busy process pinned to one of the workers' cpus ("busy": a
 desktop's other work, a VM's neighbours), for the library at --baseline (built from git) and
-this tree's, in the same run. This tree splits a post's work into one fixed share a thread
-with a barrier after each phase, so a post waits for the slowest share; 4bbae0e's threads
-claim a phase's units one at a time and move on when they are all done (session 48: better
-for W = 4 with a busy cpu on a 2-core host, worse for W = 1; lost-experiments.md). On the
-device: --threads 15 --baseline 4bbae0e (the baseline arm is then the claims).
+this tree's, in the same run. Session 48: the baseline split a post's work into one fixed
+share a thread with a barrier after each phase, so a post waited for the slowest share; the
+tree's threads claim a phase's units one at a time and move on when they are all done.
 
     PYTHONPATH=src python bench/cpu_workers_busy.py [--threads 2] [--posts 40] [--reps 4]
         [--widths 1 4] [--baseline REF] [--out bench/results]

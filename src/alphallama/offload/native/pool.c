@@ -67,7 +67,9 @@ struct pool {
     tscratch ts[MAXT];
     /* sync */
     int gen, quit;            /* gen: bumped by thread 0 per post (release) */
-    int bar_count, bar_sense;
+    int32_t req;              /* the post's REQ: DONE's value once its last unit is done */
+    uint64_t claim[4];        /* a phase's units: gen << 32 | units << 16 | next (post.c) */
+    int done[4];              /* a phase's units done */
 };
 
 static long now_ns(void) {
@@ -79,16 +81,6 @@ static long now_ns(void) {
 static void nap(long idle) {
     struct timespec t = {0, idle > DOZE_NS ? DOZE_NAP_NS : NAP_NS};
     nanosleep(&t, 0);
-}
-
-static void barrier(pool *p, int *local_sense) {
-    *local_sense = !*local_sense;
-    if (__atomic_add_fetch(&p->bar_count, 1, __ATOMIC_ACQ_REL) == p->n) {
-        __atomic_store_n(&p->bar_count, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&p->bar_sense, *local_sense, __ATOMIC_RELEASE);
-    } else {
-        while (__atomic_load_n(&p->bar_sense, __ATOMIC_ACQUIRE) != *local_sense) cpu_relax();
-    }
 }
 
 /* Slots (and SIMD slack) of prepared values a row of K needs: the smallest slot is 16. */
@@ -133,7 +125,7 @@ static void free_scratch(tscratch *s) { free_grpbuf(&s->gb); free(s->act); free(
 static void *worker(void *arg) {
     targ *a = arg;
     pool *p = a->p;
-    int id = a->id, sense = 0, seen_gen = 0;
+    int id = a->id, seen_gen = 0;
     if (p->cpus[id] >= 0) {
         cpu_set_t set;
         CPU_ZERO(&set);
@@ -153,11 +145,14 @@ static void *worker(void *arg) {
             int32_t req = __atomic_load_n(&p->ctl[REQ], __ATOMIC_ACQUIRE);
             if (req != last) {
                 last = req;
-                if (read_post(p)) {
-                    __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE);
-                    serve_post(p, 0, &sense);
+                if (read_post(p)) {            /* DONE comes from the thread that finishes its last unit */
+                    int g = p->gen + 1;
+                    open_post(p, g, req);
+                    __atomic_store_n(&p->gen, g, __ATOMIC_RELEASE);
+                    serve_post(p, 0, g);
+                } else {
+                    __atomic_store_n(&p->ctl[DONE], req, __ATOMIC_RELEASE);
                 }
-                __atomic_store_n(&p->ctl[DONE], req, __ATOMIC_RELEASE);
                 idle_since = now_ns();
                 continue;
             }
@@ -166,7 +161,7 @@ static void *worker(void *arg) {
             if (g != seen_gen) {
                 seen_gen = g;
                 if (__atomic_load_n(&p->quit, __ATOMIC_RELAXED)) return 0;
-                serve_post(p, id, &sense);
+                serve_post(p, id, g);
                 idle_since = now_ns();
                 continue;
             }

@@ -4,14 +4,22 @@
  * streamed from RAM once, not W times (RAM bandwidth is the tier's limit with every worker
  * on), and decoded once, each extra pair costing only its dot. Included by pool.c.
  *
- * Four phases, a barrier after each: a thread's work in one phase reads what any thread
- * made in the phase before.
+ * Four phases; a phase's work reads what any thread made in the phase before.
  *   1. each posted row's activation prepared for gate|up's format (all its pairs read it);
- *   2. gate|up: every group's rows against its pairs' rows, split across threads by cost;
+ *   2. gate|up: every group's rows against its pairs' rows, in CHUNKS_PER_THREAD x threads
+ *      pieces of equal cost;
  *   3. per pair: the activation of its gate|up outputs, quantized and prepared for down's
  *      format (down's input is the pair's own);
  *   4. down: every group's rows against its pairs' activations, all made in 3.
+ * A phase's units (rows, pieces, pairs) are claimed one at a time, and a thread moves on when
+ * the phase's units are all done, not when every thread has arrived: a thread the OS has
+ * descheduled (a desktop's other work, a VM's neighbours) delays a post by the unit it
+ * holds, not by the whole of its share as a fixed split with barriers did. The thread that
+ * finishes the post's last unit writes DONE. A claim is tagged with the post's generation,
+ * so a thread that wakes after its post ended claims nothing of the next one.
  * A pair's bits do not depend on its group or its thread: each (pair, row) is aq_matvec's. */
+
+#define CHUNKS_PER_THREAD 4
 
 /* A weight row of a group of G pairs costs ROW_COST + G pair dots: reading and decoding the
  * row, then one dot per pair (the split's unit; a group of one is a plain matvec row, about
@@ -85,13 +93,13 @@ static void run_group(pool *p, tscratch *s, int which, int g, long r0, long r1) 
     aq_matvec_group(which ? &L->down : &L->gate_up, p->gexp[g], s->xv, G, (int)r0, (int)r1, s->ov, &s->gb);
 }
 
-/* This thread's share (by cost) of every group's rows of the `which` weight. */
-static void run_groups(pool *p, tscratch *s, int which, int id) {
+/* Piece u of `parts` (by cost) of every group's rows of the `which` weight. */
+static void run_piece(pool *p, tscratch *s, int which, int u, int parts) {
     const layer_desc *L = &p->layers[p->layer];
     long N = which ? L->down.N : L->gate_up.N, total = N * p->gcost[p->ngroup], r, r1;
     int g, g1;
-    cost_pos(p, N, total * id / p->n, &g, &r);
-    cost_pos(p, N, total * (id + 1) / p->n, &g1, &r1);
+    cost_pos(p, N, total * u / parts, &g, &r);
+    cost_pos(p, N, total * (u + 1) / parts, &g1, &r1);
     for (; g < g1 || (g == g1 && r < r1); g++, r = 0) run_group(p, s, which, g, r, g < g1 ? N : r1);
 }
 
@@ -108,19 +116,62 @@ static void pair_act(pool *p, tscratch *s, int t) {
     aq_prep_group(L->down.qtype, aq, adx, axs, F, &p->taskx.x[t]);
 }
 
-static void serve_post(pool *p, int id, int *sense) {
+/* Thread 0, before publishing generation g: the post's four phases, none claimed or done. */
+static void open_post(pool *p, int g, int32_t req) {
+    int pieces = CHUNKS_PER_THREAD * p->n;
+    int units[4] = {p->nrow, pieces, p->ntask, pieces};
+    p->req = req;
+    for (int k = 0; k < 4; k++) {
+        __atomic_store_n(&p->claim[k], (uint64_t)(uint32_t)g << 32 | (uint64_t)units[k] << 16, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->done[k], 0, __ATOMIC_RELAXED);
+    }
+}
+
+/* A unit of phase k of post g (its index, and the phase's units in *units), or -1: none left
+ * or the post is over. */
+static int take(pool *p, int k, int g, int *units) {
+    uint64_t v = __atomic_load_n(&p->claim[k], __ATOMIC_ACQUIRE);
+    for (;;) {
+        int next = (int)(v & 0xffff), n = (int)(v >> 16 & 0xffff);
+        if ((int)(v >> 32) != g || next >= n) return -1;
+        if (__atomic_compare_exchange_n(&p->claim[k], &v, v + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            *units = n;
+            return next;
+        }
+    }
+}
+
+/* A unit of phase k done; the post's last one publishes DONE (every unit's outputs with it). */
+static void finish(pool *p, int k, int units) {
+    if (__atomic_add_fetch(&p->done[k], 1, __ATOMIC_ACQ_REL) == units && k == 3)
+        __atomic_store_n(&p->ctl[DONE], p->req, __ATOMIC_RELEASE);
+}
+
+/* Wait until phase k of post g is done: 1, or 0 if the post is over (a newer one is out). */
+static int phase_done(pool *p, int k, int g) {
+    for (;;) {
+        uint64_t v = __atomic_load_n(&p->claim[k], __ATOMIC_ACQUIRE);
+        if ((int)(v >> 32) != g) return 0;
+        if (__atomic_load_n(&p->done[k], __ATOMIC_ACQUIRE) >= (int)(v >> 16 & 0xffff)) return 1;
+        if (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) != g) return 0;
+        cpu_relax();
+    }
+}
+
+static void serve_post(pool *p, int id, int g) {
     tscratch *s = &p->ts[id];
-    const layer_desc *L = &p->layers[p->layer];
-    for (int i = id; i < p->nrow; i += p->n) {
-        int m = p->rows[i];
+    int u, n;
+    while ((u = take(p, 0, g, &n)) >= 0) {
+        const layer_desc *L = &p->layers[p->layer];
+        int m = p->rows[u];
         aq_prep_group(L->gate_up.qtype, p->xq + (long)m * p->D, p->dx + (long)m * (p->D / 32),
                 p->xs + (long)m * (p->D / 16), L->gate_up.K, &p->rowx.x[m]);
+        finish(p, 0, n);
     }
-    barrier(p, sense);
-    run_groups(p, s, 0, id);
-    barrier(p, sense);
-    for (int t = id; t < p->ntask; t += p->n) pair_act(p, s, t);
-    barrier(p, sense);
-    run_groups(p, s, 1, id);
-    barrier(p, sense);
+    if (!phase_done(p, 0, g)) return;
+    while ((u = take(p, 1, g, &n)) >= 0) { run_piece(p, s, 0, u, n); finish(p, 1, n); }
+    if (!phase_done(p, 1, g)) return;
+    while ((u = take(p, 2, g, &n)) >= 0) { pair_act(p, s, u); finish(p, 2, n); }
+    if (!phase_done(p, 2, g)) return;
+    while ((u = take(p, 3, g, &n)) >= 0) { run_piece(p, s, 1, u, n); finish(p, 3, n); }
 }
