@@ -7,8 +7,8 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
     misses tuned on the rounds: offload/share_tuner.py, its final share and decisions in the
     row): tok/s, ms/round, hit rate, admissions, and the plan's expected tok/s at the
     host's measured bandwidths (offload/estimate.py) beside the measured one; every store arm
-    first decodes --tune-tokens from the prompt (the bank warms, the share settles), then
-    the timed --tokens,
+    first decodes --tune-tokens from another prompt of the same kind (the bank warms, the
+    share settles), then the timed --tokens,
   - the same budgets for each --pcie-only-fractions without CPU workers: the store's bank and
     host rows on the resident int8 kernels (moe_i8 with its table), so 100% against 100% with
     workers is what the contract's kernels cost a round (offload-v2.md part 3's question),
@@ -145,6 +145,11 @@ def main() -> int:
     motif = torch.randint(0, 256, (8,), generator=g).tolist()
     long_prompt = torch.randint(0, 256, (args.prefill_tokens,), generator=g).tolist()
     repeat = (motif * (args.prompt // 8 + 1))[:args.prompt]     # the copy drafter finds matches in it
+    # the warm-up decodes other prompts than the timed run: decoding the timed prompt first would
+    # leave the bank holding exactly the experts the timed tokens route to (session 49's hit rates)
+    tune_plain = torch.randint(0, 256, (args.prompt,), generator=g).tolist()
+    tune_motif = torch.randint(0, 256, (8,), generator=g).tolist()
+    tune_repeat = (tune_motif * (args.prompt // 8 + 1))[:args.prompt]
     s = make_plan(path, ctx=args.ctx, gpu_mem=1 << 50).sizes
     fixed = s.dense + s.kv + s.workspace
     res["sizes"] = s.__dict__
@@ -159,7 +164,7 @@ def main() -> int:
 
     def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: SpecConfig | None = None,
                 cold: bool = False, ids: list[int] = prompt, key: str = "plain", workers: bool = True,
-                prefill: bool = False) -> None:
+                prefill: bool = False, tune_ids: list[int] = tune_plain) -> None:
         """key: the arms whose tokens must be equal (the same prompt); workers False: no CPU
         tier (the bank and the host rows on the resident int8 kernels, moe_i8 with its table)."""
         gpu_mem = fixed + int(frac * s.experts) + (1 << 20)
@@ -177,7 +182,7 @@ def main() -> int:
                        mapped_layers=sorted(st.mapped))
             tuner = eng.model.share_tuner
             if args.tune_tokens:   # every store arm warms up (its bank, the CPU share's tuner) before the timing
-                _decode(eng, ids, args.tune_tokens, spec)
+                _decode(eng, tune_ids, args.tune_tokens, spec)
             if st.mapped:          # the share of the mapped layers' pages in RAM as the timing starts and ends
                 row["mapped_resident_share"] = drop_mapped(st, path) if cold else resident_share(_ranges(st))
             out = _decode(eng, ids, args.tokens, spec)
@@ -225,11 +230,11 @@ def main() -> int:
                 workers=False)
     if args.spec_fraction:
         f = args.spec_fraction
-        run_arm(f"store {int(100 * f)}%, repetitive prompt, plain", f, ids=repeat, key="repeat")
+        run_arm(f"store {int(100 * f)}%, repetitive prompt, plain", f, ids=repeat, key="repeat", tune_ids=tune_repeat)
         for how, spec in (("gate priced with its misses", SpecConfig(spec_type="ngram")),
                           ("ungated", SpecConfig(spec_type="ngram", gate=False))):   # (not `name`: the JSON's)
             run_arm(f"store {int(100 * f)}%, repetitive prompt, n-gram (exact), {how}", f, spec=spec, ids=repeat,
-                    key="repeat")
+                    key="repeat", tune_ids=tune_repeat)
     if args.mapped_fraction:
         f, cap = args.mapped_fraction, int(args.host_frac * s.experts)
         for cold in (False, True):
