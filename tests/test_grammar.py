@@ -28,7 +28,9 @@ PERSON = {"type": "object",
                          "role": {"enum": ["admin", "user", "guest"]},
                          "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
           "required": ["name", "age", "role", "tags"], "additionalProperties": False}
-NUMBERS = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 5}
+# integers with bounds: a float's digits are unbounded in the grammar (llguidance has no digit cap, llama.cpp's
+# converter caps 16), and a small greedy model may write 0.0000... until max_tokens (the 2026-12-07 model does)
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": -1000, "maximum": 1000}, "minItems": 2, "maxItems": 5}
 PROMPTS = ["Describe the user who wrote this file as JSON.", "Write a Python function that returns a list.",
            "Change every double-quoted string in this file to single quotes."]
 SPECS = {"ngram": SpecConfig("ngram", draft_max=16, ngram_min=2, gate=False),
