@@ -81,6 +81,7 @@ SLOW_FIRST = ("runtime/test_gpu_prefill.py", "runtime/test_gpu_model.py", "runti
               "runtime/test_gpu_gemma3.py", "kernels/test_gpu_quant_types.py", "runtime/test_gpu_shared_expert.py",
               "kernels/test_gpu_quant_types_iq.py", "runtime/test_gpu_quant_types_iq_model.py",
               "runtime/test_gpu_hybrid.py", "offload/test_mapped_store.py", "test_engine_streams.py",
+              "test_engine_penalties.py",
               "runtime/test_gpu_hybrid_mtp.py", "runtime/test_gpu_gpt_oss.py")
 
 

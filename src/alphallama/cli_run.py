@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .config import DEFAULTS
@@ -18,10 +19,40 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=DEFAULTS.sampling.top_k)
     p.add_argument("--top-p", type=float, default=DEFAULTS.sampling.top_p)
     p.add_argument("--min-p", type=float, default=DEFAULTS.sampling.min_p)
+    add_penalty_arguments(p)
     p.add_argument("--draft-head", default=None,
                    help="MTP head GGUF for --spec-type mtp (default: the model's own, or <model>.mtp.gguf beside it)")
     from .offload.apply import add_memory_arguments
     add_memory_arguments(p)   # the automatic plan's device and host budgets (offload/)
+
+
+def add_penalty_arguments(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's penalties and logit bias flags (penalties.py; on serve: the requests' defaults)."""
+    d = DEFAULTS.sampling
+    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, metavar="X",
+                   help="divide a positive logit (multiply a negative one) of every token in the last "
+                        "--repeat-last-n tokens by X (1.0: off)")
+    p.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n, metavar="N",
+                   help="the penalties' window: the last N tokens of prompt and output (0: off, -1: the context)")
+    p.add_argument("--presence-penalty", type=float, default=d.presence_penalty, metavar="X",
+                   help="subtract X from the logit of every token in the window (-2..2; 0: off)")
+    p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty, metavar="X",
+                   help="subtract X times its count in the window from a token's logit (-2..2; 0: off)")
+    p.add_argument("-l", "--logit-bias", type=logit_bias_flag, action="append", default=[],
+                   metavar="TOKEN_ID(+/-)BIAS", help="add BIAS to a token's logit, e.g. 15043+1, 15043-1 "
+                                                     "or 15043-inf (never); repeatable")
+
+
+def logit_bias_flag(text: str) -> tuple[int, float]:
+    """llama.cpp's --logit-bias value: TOKEN_ID followed by a signed bias (15043+1, 15043-inf)."""
+    m = re.fullmatch(r"(\d+)([+-])(.+)", text.strip())
+    try:
+        if m is None:
+            raise ValueError
+        bias = float(m.group(3))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS such as 15043+1, got {text!r}") from None
+    return int(m.group(1)), -bias if m.group(2) == "-" else bias
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,7 +121,9 @@ def warm_engine(args, engine, spec, progress) -> None:
 def sampling_from_args(args):
     from .sampling import SamplingParams
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, seed=args.seed)
+                          min_p=args.min_p, seed=args.seed, repeat_penalty=args.repeat_penalty,
+                          repeat_last_n=args.repeat_last_n, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, logit_bias=tuple(args.logit_bias))
 
 
 def _fail(message: str) -> int:
@@ -113,6 +146,7 @@ def run(args) -> int:
         return _fail(problem)
     try:
         spec = spec_from_args(args)
+        sampling_from_args(args).validate()
     except ValueError as e:
         return _fail(str(e))
     from .offload.apply import plan_from_args

@@ -13,6 +13,11 @@ class SamplingDefaults:
     min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 256
+    # llama.cpp's penalties sampler (penalties.py): off by default, as in llama.cpp
+    repeat_penalty: float = 1.0   # 1 = off
+    repeat_last_n: int = 64       # the window: the last N tokens of prompt + output (0 = off, -1 = the context)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass(frozen=True)

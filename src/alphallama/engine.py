@@ -22,6 +22,7 @@ from .generation import GenStats, Generation, _logprobs  # noqa: F401 (re-export
 from .gguf.arch import ModelConfig
 from .gguf.reader import GGUFFile
 from .model.layers import rms_norm
+from .penalties import Penalties, shape_rows
 from .sampling import Sampler, SamplingParams
 from .spec.config import SpecConfig
 from .spec.allot import Claim, Seat, allot, cut
@@ -252,7 +253,8 @@ class Engine:
         during decoding, closing the generator is the way to stop.
         constraint: a grammar (grammar.py) every emitted token obeys: drafts are cut at the
         first token it rejects and each verify row is masked under its state, so exact mode
-        still equals plain constrained greedy. slot: where it runs (None: choose_slot's).
+        still equals plain constrained greedy; sampling's logit_bias and penalties
+        (penalties.py) count each row's history the same way. slot: where it runs (None: choose_slot's).
         This drives `stream` alone: each of its rounds is the model's verify."""
         core = self.stream(prompt_ids, max_tokens, sampling, stop_ids, gen, spec, logprobs, cancel, constraint,
                            slot)
@@ -300,6 +302,7 @@ class Engine:
         gen = gen if gen is not None else Generation()
         stop = self.tokenizer.stop_ids if stop_ids is None else stop_ids
         sampler = Sampler(sampling)
+        penalties = Penalties.start(sampling, prompt_ids, self.cfg.vocab_size)   # logit_bias, repeat penalties
         if slot.mtp is not None:
             slot.mtp.wanted = False        # an MTP drafter (made next) asks for the slot's MTP cache
         drafter = spec.make_drafter(self, slot.mtp, slot=slot)
@@ -312,8 +315,7 @@ class Engine:
         logits, hidden = out
         t0 = time.perf_counter()
         try:
-            if constraint is not None:
-                logits = constraint.mask_rows(logits[None], [])[0]
+            logits = shape_rows(logits[None], [], penalties, constraint)[0]
             to_emit = [sampler.sample(logits)]
             if mtp is not None:            # the last prompt row and the first token: MTP entry len(prompt)
                 mtp.stage(hidden, len(prompt), to_emit)
@@ -327,6 +329,8 @@ class Engine:
                         return
                     if constraint is not None:
                         constraint.commit(t)
+                    if penalties is not None:
+                        penalties.commit(t)
                     if logprobs is not None:
                         gen.logprobs.append(_logprobs(rows_logits[j], t, logprobs))
                     gen.tokens.append(t)
@@ -350,8 +354,7 @@ class Engine:
                     draft = replace(draft, tokens=draft.tokens[:keep], probs=draft.probs[:keep])
                 rows = [to_emit[-1], *draft.tokens]
                 logits, hidden = yield Verify(torch.tensor(rows), pos, slot.cache, not spec.fast)
-                if constraint is not None:
-                    logits = constraint.mask_rows(logits, draft.tokens)
+                logits = shape_rows(logits, draft.tokens, penalties, constraint)   # row i after drafts[:i]
                 if sampling.greedy:
                     to_emit = greedy_accept(draft.tokens, logits)
                 else:

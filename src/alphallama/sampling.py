@@ -2,11 +2,13 @@
 
 `Sampler.distribution` gives the final probability vector a token is drawn from, so
 speculative sampling can accept/reject against exactly the distribution plain
-sampling uses. Filter order follows llama.cpp's default chain: top-k, top-p, min-p,
-then temperature.
+sampling uses. Filter order follows llama.cpp's default chain: (logit bias, penalties:
+penalties.py, applied by the engine to each verify row before the sampler sees it)
+top-k, top-p, min-p, then temperature.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +18,7 @@ from .config import DEFAULTS
 # Temperatures below this sample as this: float32 logits divided by less overflow, and
 # the distribution is already one-hot to float32 precision long before.
 _MIN_TEMPERATURE = 1e-6
+MIN_REPEAT_PENALTY, MAX_REPEAT_PENALTY = 0.01, 100.0
 
 
 @dataclass(frozen=True)
@@ -25,10 +28,22 @@ class SamplingParams:
     top_p: float = DEFAULTS.sampling.top_p
     min_p: float = DEFAULTS.sampling.min_p
     seed: int | None = DEFAULTS.sampling.seed
+    # llama.cpp's logit-bias and penalties samplers (penalties.py has the math)
+    repeat_penalty: float = DEFAULTS.sampling.repeat_penalty
+    repeat_last_n: int = DEFAULTS.sampling.repeat_last_n
+    presence_penalty: float = DEFAULTS.sampling.presence_penalty
+    frequency_penalty: float = DEFAULTS.sampling.frequency_penalty
+    logit_bias: tuple[tuple[int, float], ...] = ()     # (token id, bias) pairs; -inf: never
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the penalties change anything (llama.cpp's test: a window and a penalty)."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)
 
     def validate(self) -> None:
         if not (self.temperature >= 0):
@@ -39,6 +54,24 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        self.validate_penalties()
+
+    def validate_penalties(self, n_vocab: int | None = None) -> None:
+        """The penalties' and logit_bias's ranges; with n_vocab, the biased ids too."""
+        if not MIN_REPEAT_PENALTY <= self.repeat_penalty <= MAX_REPEAT_PENALTY:   # (float32 logits stay finite)
+            raise ValueError(f"repeat_penalty must be in [{MIN_REPEAT_PENALTY}, {MAX_REPEAT_PENALTY}] (1 = off), "
+                             f"got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (0 = off, -1 = the context), got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        for tid, bias in self.logit_bias:
+            if tid < 0 or (n_vocab is not None and tid >= n_vocab):
+                raise ValueError(f"logit_bias: token id {tid} is outside the vocabulary"
+                                 + (f" (0..{n_vocab - 1})" if n_vocab is not None else ""))
+            if not (-100.0 <= bias <= 100.0 or bias == -math.inf):
+                raise ValueError(f"logit_bias: the bias of token {tid} must be in [-100, 100], got {bias}")
 
 
 class Sampler:

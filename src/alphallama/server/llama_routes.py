@@ -8,6 +8,7 @@ the speculation mode, which the web page shows.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Union
 
 from fastapi import APIRouter, Request
@@ -37,7 +38,12 @@ def params_json(st: AppState, sampling: SamplingParams, n_predict: int, stops: l
     return {"seed": RANDOM_SEED if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "n_predict": n_predict, "max_tokens": n_predict, "stop": stops, "stream": stream,
-            "n_probs": n_probs, "ignore_eos": False, "samplers": ["top_k", "top_p", "min_p", "temperature"],
+            "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+            "logit_bias": [{"token": t, "bias": b if b > -math.inf else False}   # false: never (JSON has no -inf)
+                           for t, b in sampling.logit_bias],
+            "n_probs": n_probs, "ignore_eos": False,
+            "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
             "speculative.types": spec.spec_type, "speculative.n_max": spec.draft_max,
             "timings_per_token": False, "post_sampling_probs": False, "lora": []}
 

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..config import DEFAULTS
 from .errors import APIError
-from .schemas import MAX_TOP_LOGPROBS, StopText, Text, _Body
+from .schemas import MAX_TOP_LOGPROBS, PenaltyFields, StopText, Text, _Body
 
 # A prompt as llama-server's tokenize_mixed takes it: text, or token ids mixed with texts.
 MixedPrompt = Union[Text, list[Union[int, Text]]]
@@ -31,8 +31,8 @@ class DetokenizeRequest(_Body):
     tokens: list[int] = Field(default_factory=list)
 
 
-class NativeCompletionRequest(_Body):
-    """POST /completion: llama-server's native body."""
+class NativeCompletionRequest(PenaltyFields):
+    """POST /completion: llama-server's native body (the penalties and logit_bias: PenaltyFields)."""
     prompt: MixedPrompt
     n_predict: int | None = Field(None, ge=-1)    # -1: until EOS or a full context; 0: only evaluate the prompt
     max_tokens: int | None = Field(None, ge=-1)   # llama-server reads it when n_predict is absent

@@ -25,6 +25,7 @@ from .errors import APIError
 from .llama_routes import params_json
 from .llama_schemas import NativeCompletionRequest
 from .response_schemas import error_responses, streamed
+from .sampling_fields import request_sampling
 from .state import AppState, app_state
 from .streaming import EventStream, sse, until_disconnect
 from .worker import Cancelled, Delta, Done, Failed, GenRequest, Job
@@ -60,7 +61,8 @@ async def completion(body: NativeCompletionRequest, request: Request):
             raise APIError("context_length", str(e), param="prompt", code="context_length_exceeded") from None
         except ValueError as e:   # an empty prompt
             raise APIError("invalid_request", str(e), param="prompt") from None
-        sampling = _sampling(st, body)
+        seed = st.settings.sampling.seed if body.seed is None else body.sampling_seed
+        sampling = await run_in_threadpool(request_sampling, st.settings.sampling, body, engine, seed)
         limit = body.token_limit if body.token_limit is not None else st.settings.n_predict
         stops = body.stop_list()
         answer = _Answer(st, engine, body, ids, sampling, limit, stops)
@@ -87,21 +89,6 @@ async def completion(body: NativeCompletionRequest, request: Request):
 def _prompt_ids(engine: Engine, prompt: str | list) -> list[int]:
     check_text_sizes(engine, prompt)
     return mixed_ids(engine, prompt, add_special=True, parse_special=True)   # llama-server parses specials here
-
-
-def _sampling(st: AppState, body: NativeCompletionRequest) -> SamplingParams:
-    d = st.settings.sampling
-
-    def pick(value, default):
-        return default if value is None else value
-    seed = d.seed if body.seed is None else body.sampling_seed
-    params = SamplingParams(temperature=pick(body.temperature, d.temperature), top_k=pick(body.top_k, d.top_k),
-                            top_p=pick(body.top_p, d.top_p), min_p=pick(body.min_p, d.min_p), seed=seed)
-    try:
-        params.validate()
-    except ValueError as e:
-        raise APIError("invalid_request", str(e)) from None
-    return params
 
 
 class _Answer:

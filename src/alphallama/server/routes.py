@@ -16,13 +16,13 @@ from starlette.concurrency import run_in_threadpool
 from ..chat import ChatTemplateError, TemplateBudgetError
 from ..engine import ContextOverflow, Engine
 from ..grammar import TokenConstraint
-from ..sampling import SamplingParams
 from .chat_output import ChatOutput, make_constraint, request_grammar
 from .errors import APIError
 from .response_schemas import ChatCompletion, Completion, ModelList, error_responses, streamed
 from .responses import FORMATS, Format, usage
+from .sampling_fields import request_sampling
 from .schemas import ChatRequest, CompletionRequest
-from .state import AppState, app_state
+from .state import app_state
 from .streaming import EventStream, sse, until_disconnect
 from .worker import Cancelled, Delta, Done, Failed, GenRequest, Job
 
@@ -71,21 +71,6 @@ async def models(request: Request):
 
 # -----------------------------------------------------------------------------------------
 
-def _sampling(st: AppState, body: ChatRequest | CompletionRequest) -> SamplingParams:
-    d = st.settings.sampling
-
-    def pick(value, default):
-        return default if value is None else value
-    params = SamplingParams(temperature=pick(body.temperature, d.temperature), top_k=pick(body.top_k, d.top_k),
-                            top_p=pick(body.top_p, d.top_p), min_p=pick(body.min_p, d.min_p),
-                            seed=pick(body.seed, d.seed))
-    try:
-        params.validate()
-    except ValueError as e:
-        raise APIError("invalid_request", str(e)) from None
-    return params
-
-
 async def _complete(request: Request, body: ChatRequest | CompletionRequest, endpoint: str,
                     prompt: Callable[[Engine], list[int]], output: ChatOutput | None = None,
                     constraint: Callable[[Engine], TokenConstraint | None] | None = None):
@@ -109,8 +94,10 @@ async def _complete(request: Request, body: ChatRequest | CompletionRequest, end
                            code="context_length_exceeded") from None
         except ValueError as e:   # an empty prompt
             raise APIError("invalid_request", str(e)) from None
+        sampling = await run_in_threadpool(request_sampling, st.settings.sampling, body, engine,
+                                           st.settings.sampling.seed if body.seed is None else body.seed)
         limit = body.token_limit if body.token_limit is not None else st.settings.n_predict
-        gen = GenRequest(endpoint, ids, limit if limit > 0 else engine.ctx_size, _sampling(st, body),
+        gen = GenRequest(endpoint, ids, limit if limit > 0 else engine.ctx_size, sampling,
                          body.stop_list(), body.n_logprobs, ignore_eos=body.ignore_eos,
                          **({"constraint": grammar} if output is None else
                             {"constraint": output.constraint, "shown_tokens": output.shown_tokens}))

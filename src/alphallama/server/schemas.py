@@ -2,19 +2,24 @@
 OpenAPI schema).
 
 Validation is strict (a string where a number belongs is an error, not a guess), and
-fields this server does not know are ignored, as clients send many (`user`,
-`presence_penalty`, ...). Fields it knows but cannot honour are refused with a clear
-message in `check_supported`, never silently dropped when they would change the output.
+fields this server does not know are ignored, as clients send many (`user`, `metadata`,
+`store`, `service_tier`, llama-server's samplers that do not exist here: `typical_p`,
+`mirostat*`, `dry_*`, `xtc_*`, `dynatemp_*`, `top_n_sigma`). Fields it knows but cannot
+honour are refused with a clear message in `check_supported`, never silently dropped when
+they would change the output. The penalties and logit_bias (PenaltyFields) are honoured
+(penalties.py).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..config import DEFAULTS
+from ..sampling import MAX_REPEAT_PENALTY, MIN_REPEAT_PENALTY
 from .errors import APIError
 
 _STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
@@ -125,7 +130,45 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
-class _Common(_Body):
+def _bias_pairs(value: Union[dict, list, None]) -> tuple[tuple[Union[int, str], float], ...] | None:
+    """logit_bias as {key: bias} (OpenAI) or [[key, bias], ...] (llama-server) -> ((key, bias), ...):
+    a key is a token id (an integer, or a string of one) or a text; a bias a number in
+    [-100, 100] (OpenAI's range) or false: -inf, never (llama-server's)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        entries = list(value.items())
+    else:
+        entries = [tuple(e) if isinstance(e, list) and len(e) == 2 else None for e in value]
+        if None in entries:
+            raise ValueError("each entry of a logit_bias list must be a [token id or text, bias] pair")
+    out = []
+    for key, bias in entries:
+        if not isinstance(key, (int, str)) or isinstance(key, bool):
+            raise ValueError(f"a logit_bias key must be a token id or a text, got {key!r}")
+        if bias is False:
+            out.append((key, -math.inf))
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool) and -100 <= bias <= 100:
+            out.append((key, float(bias)))
+        else:
+            raise ValueError(f"the bias of {key!r} must be a number in [-100, 100] (or false: never), got {bias!r}")
+    return tuple(out)
+
+
+class PenaltyFields(_Body):
+    """OpenAI's presence_penalty, frequency_penalty and logit_bias, llama-server's
+    repeat_penalty and repeat_last_n (every completion route; penalties.py has the math).
+    None: the server's default (its flags; off unless set)."""
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(None, ge=MIN_REPEAT_PENALTY, le=MAX_REPEAT_PENALTY)   # 1: off
+    repeat_last_n: int | None = Field(None, ge=-1)         # 0: no penalties, -1: the whole context
+    # {"token id": bias} (OpenAI), or llama-server's [[token id or text, bias], ...]; a text key
+    # stands for its tokens (llama-server's); ids outside the vocabulary are a 400 (sampling_fields.py)
+    logit_bias: Annotated[Union[dict[str, Any], list[Any], None], AfterValidator(_bias_pairs)] = None
+
+
+class _Common(PenaltyFields):
     """Parameters shared by both endpoints."""
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
