@@ -105,8 +105,9 @@ def start_cpu_tier(store, d_model: int, top_k: int, max_w: int, device, threads:
     from ..kernels.moe.expert_q8 import ExpertOps
     from ..kernels.moe.moe_q8 import contract_ok
     from .native.build import NativeBuildError
-    from .native.probe import allowed_cpus
+    from .native.probe import allowed_cpus, placement
     from .native.workers import CpuExperts
+    from .numa import on_cpus
     ops = ops or {}
     layers = store.moe_layers.tolist()
     if not all(contract_ok(store.layer(i).host_gate_up, store.layer(i).host_down, ops.get(i, ExpertOps()).act)
@@ -115,11 +116,15 @@ def start_cpu_tier(store, d_model: int, top_k: int, max_w: int, device, threads:
             progress("CPU expert workers off: an expert format or activation outside the contract "
                      "(host tier over PCIe)", 0)
         return None
-    mailbox = Mailbox.new(max_w, d_model, top_k)
+    placed = placement(store.device)          # None on a host of one memory node
+    with on_cpus(placed.cpus if placed is not None else None):
+        mailbox = Mailbox.new(max_w, d_model, top_k)   # polled by the workers: on their node
     try:
         experts = CpuExperts.from_store(store, mailbox, threads, ops=ops).start()
     except (NativeBuildError, OSError) as e:
         if progress is not None:
             progress(f"CPU expert workers off ({e}); host tier over PCIe", 0)
         return None
+    if placed is not None and progress is not None:
+        progress(placed.describe(experts.cpus), 0)
     return CpuTier(CpuLink(mailbox, device, share), experts, set(allowed_cpus()) - set(experts.cpus))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.moe.mailbox_layout import CTL_WORDS, DONE, ERR, LAYER, REQ, ROWS, STOP
+from .numa import touch_pages
 from .store import pin
 
 __all__ = ["CTL_WORDS", "DONE", "ERR", "LAYER", "REQ", "ROWS", "STOP", "Mailbox"]   # the words: kernels/moe/mailbox_layout.py
@@ -44,8 +45,8 @@ class Mailbox:
         if d_model % 32:
             raise ValueError(f"the expert contract needs d_model % 32 == 0, got {d_model}")
 
-        def buf(shape, dtype):
-            return pin(torch.zeros(shape, dtype=dtype))
+        def buf(shape, dtype):   # first touched by this thread (numa.py: on its node), then zeroed
+            return pin(touch_pages(torch.empty(shape, dtype=dtype)).zero_())
         return cls(buf((CTL_WORDS,), torch.int32), buf((max_w, d_model), torch.int8),
                    buf((max_w, d_model // 32), torch.float32), buf((max_w, d_model // 16), torch.int32),
                    buf((max_w, top_k), torch.int32), buf((max_w, top_k), torch.int32),

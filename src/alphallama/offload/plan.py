@@ -30,6 +30,7 @@ from ..kernels.gemv.mma_layout import mma_shape_ok
 from ..kernels.formats.qweight import embedding_planes
 from .estimate import Estimate, HostLayout, MissRates, estimate, human
 from .host_probe import Bandwidths
+from .numa import gpu_placement
 from .support import EXPERT_SUFFIXES as _EXPERT_SUFFIXES, TypeUse, cpu_problems, cpu_workers_refusal, gpu_problems, \
     type_uses
 
@@ -128,24 +129,32 @@ def _state_bytes(cfg: ModelConfig, ctx: int) -> int:
     return kv + 4 * len(cfg.recurrent_layers) * per_layer
 
 
-def host_threads() -> tuple[int, str]:
-    """(CPU expert workers, why that many): the fewest threads that reach the host's
+def host_threads() -> tuple[list[int], str]:
+    """(the CPU expert workers' cpus, why that many): the fewest threads that reach the host's
     memory bandwidth (offload/native/probe.py, measured once per host and cached; or
-    config offload.cpu_threads), on cpus other than the launch thread's; 0 where the
-    workers cannot be built (no C compiler): the host tier is then read over PCIe only."""
+    config offload.cpu_threads), on cpus other than the launch thread's (on a host of several
+    memory nodes, the GPU's node's); none where the workers cannot be built (no C
+    compiler): the host tier is then read over PCIe only."""
     if not DEFAULTS.offload.cpu_tier:
-        return 0, "CPU tier off (config offload.cpu_tier)"
+        return [], "CPU tier off (config offload.cpu_tier)"
     try:
         from .native.build import NativeBuildError
         from .native.probe import worker_cpus
     except ImportError as e:
-        return 0, f"no CPU expert workers ({e})"
+        return [], f"no CPU expert workers ({e})"
     try:
-        n = len(worker_cpus())
+        cpus = worker_cpus()
     except (NativeBuildError, OSError) as e:
-        return 0, f"no CPU expert workers ({e})"
+        return [], f"no CPU expert workers ({e})"
     how = "config offload.cpu_threads" if DEFAULTS.offload.cpu_threads else "the host's memory bandwidth (probe)"
-    return n, f"sized by {how}, launch thread kept apart"
+    return cpus, f"sized by {how}, launch thread kept apart"
+
+
+def numa_line(workers: list[int]) -> str:
+    """Where the CPU workers (their cpus; none: no workers) and the host tier go on a host of
+    several memory nodes (numa.py); "" on one node, where placement changes nothing."""
+    placed = gpu_placement(None)
+    return "" if placed is None else placed.describe(workers)
 
 
 def host_available() -> int | None:
@@ -189,6 +198,7 @@ class Plan:
     gpu_refused: tuple[str, ...] = ()   # why the GPU runtime would refuse the file (layout cpu)
     mode: str = "exact"
     host: HostLayout | None = None      # offload: the host tier's RAM budget and the mapped layers
+    numa: str = ""                      # offload on a host of several memory nodes: where workers and host tier go
     bandwidths: Bandwidths | None = None
     estimate: Estimate | None = None    # plain decode's expected round at these bandwidths
 
@@ -247,6 +257,8 @@ class Plan:
                 lines.append("host tier  experts without a slot: read in place over PCIe by the GPU")
             lines.append(f"threads    1 launch thread + {self.cpu_threads} CPU expert workers "
                          f"({self.cpu_threads_why}) + 1 copy stream for admissions")
+            if self.numa:
+                lines.append(f"numa       {self.numa}")
         elif self.gpu_refused:
             lines.append(f"layout     cpu (reference runtime): the GPU runtime cannot run this file: "
                          f"{self.gpu_refused[0]}" + (f" (and {len(self.gpu_refused) - 1} more)"
@@ -324,13 +336,14 @@ def _layout(path: str, ctx: int | None, gpu_mem: int | None, device: str, host_m
     # a bank of any size works (even none: every expert is then read from RAM)
     slots = (budget - fixed) // max(s.expert_slot, 1)
     host = HostLayout.of(dict(s.layer_experts), cfg.n_experts, host_mem, host_available())
-    n, why = host_threads()
-    refusal = cpu_workers_refusal(f.tensors, cfg.variant.ffn_act) if n else None
+    cpus, why = host_threads()
+    refusal = cpu_workers_refusal(f.tensors, cfg.variant.ffn_act) if cpus else None
     if refusal is not None:   # the runtime would not start them (cpu_tier.start_cpu_tier)
-        n, why = 0, f"CPU expert workers off: {refusal}"
+        cpus, why = [], f"CPU expert workers off: {refusal}"
+    n = len(cpus)
     if host.mapped_layers and n == 0:
         raise PlanError(f"{path}: the experts ({human(s.experts)}) do not fit the host tier's RAM "
                         f"({human(host.budget)}, {host.source}), and the experts past it can only be computed "
                         f"from the mapped file by the CPU expert workers, which are off here ({why})")
     return Plan(layout="offload", slots=int(min(slots, s.n_experts - 1)), **common, cpu_threads=n, cpu_threads_why=why,
-                host=host)
+                host=host, numa=numa_line(cpus))

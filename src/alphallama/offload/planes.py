@@ -8,6 +8,7 @@ import torch
 
 from ..gguf.reader import TensorInfo
 from ..kernels.formats.qweight import QuantWeight
+from .numa import on_cpus, touch_pages
 
 
 def _expert_rows(p: TensorInfo) -> torch.Tensor:
@@ -41,9 +42,15 @@ def pin(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def host_like(w: QuantWeight, rows: int) -> QuantWeight:
-    """Empty pinned host planes for `rows` experts shaped like w's."""
-    planes = {n: pin(torch.empty((rows, *p.shape[1:]), dtype=p.dtype)) for n, p in w.planes.items()}
+def host_like(w: QuantWeight, rows: int, cpus: tuple[int, ...] | None = None) -> QuantWeight:
+    """Empty pinned host planes for `rows` experts shaped like w's. cpus: a memory node's
+    (numa.Placement): the planes are allocated, first touched and pinned by this thread
+    moved onto them, so their pages lie on that node; None: wherever the kernel puts them."""
+    def plane(p: torch.Tensor) -> torch.Tensor:
+        t = torch.empty((rows, *p.shape[1:]), dtype=p.dtype)
+        return pin(touch_pages(t) if cpus else t)
+    with on_cpus(cpus):
+        planes = {n: plane(p) for n, p in w.planes.items()}
     return QuantWeight(w.qtype, (rows, *w.shape[1:]), planes, w.table)   # a codebook stays where the kernels read
 
 

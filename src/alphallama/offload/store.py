@@ -49,6 +49,7 @@ from .admission import Admission, queue_copies, round_budget
 from .estimate import uniform_hit_rate
 from .footprint import Footprint
 from .mapped import HOST, MAPPED, MappedExperts, ReadAhead, map_past_budget
+from .numa import gpu_placement
 from .planes import bank_like, host_like, sub_experts, pack_experts, pin
 
 __all__ = ["ExpertStore", "ExpertClass", "LayerView", "Tiers", "pack_experts", "pin"]
@@ -123,6 +124,10 @@ class ExpertStore:
         for c in self.classes:
             c.template = MappedExperts(*layers[c.layers[0]]).expert(0, "cpu")
         self.mapped = self._map_past_budget(layers, host_bytes)
+        self.placement = gpu_placement(self.device)   # the GPU's memory node (None: one node, or no GPU)
+        node_cpus = self.placement.cpus if self.placement is not None else None
+        if node_cpus is not None and progress is not None:
+            progress(self.placement.describe(), 0)
         for c in self.classes:
             host_layers = [i for i in c.layers if i not in self.mapped]
             for i in c.layers:
@@ -132,7 +137,7 @@ class ExpertStore:
                 gu, dn = pack_experts(*layers[i], self.device)
                 if c.host_gate_up is None:
                     rows = len(host_layers) * self.E
-                    c.host_gate_up, c.host_down = host_like(gu, rows), host_like(dn, rows)
+                    c.host_gate_up, c.host_down = host_like(gu, rows, node_cpus), host_like(dn, rows, node_cpus)
                 for host, w in ((c.host_gate_up, gu), (c.host_down, dn)):
                     for n, p in w.planes.items():
                         host.planes[n][j * self.E:(j + 1) * self.E].copy_(p)

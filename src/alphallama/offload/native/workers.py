@@ -87,7 +87,10 @@ class CpuExperts:
     def from_store(cls, store, mailbox: Mailbox, threads: int | None = None,
                    cpus: list[int] | None = None, ops: dict[int, ExpertOps] | None = None) -> "CpuExperts":
         """Every MoE layer of an ExpertStore: its host tier read in place, or its mapped
-        file's blocks (the store's mapped layers); ops as the constructor's."""
+        file's blocks (the store's mapped layers); ops as the constructor's. Default cpus:
+        on a host of several memory nodes, the store's GPU's node's (probe.worker_cpus)."""
+        if cpus is None:
+            cpus, threads = worker_cpus(threads, store.device), None
         return cls(store.cpu_sources(), mailbox, store.table.shape[0], threads, cpus, ops)
 
     @property
