@@ -30,6 +30,22 @@
 # part 1 passes --continue-later, so its deadline only stops it); the work folder is
 # /tmp/alphallama-train-2call (0700, made afresh by part 1).
 #
+# A coder model's answers (docs/decisions/embedded-model.md, "The next run's design"): with
+# TEACHER=/tmp/models/qwen.gguf (staged: bench/stage_model.sh), part 1 (or the single call) first
+# runs `python -m alphallama.train.teach` on the GPU until TEACH_S (150) seconds from its start
+# (TEACH_REQUESTS requests, 16384; TEACH_ARGS more flags, e.g. "--batch 512 --max-new 320"), on
+# the corpus the trainer reads (the --root / --corpus-mb / --seed of the flags below), then trains
+# with --teacher-answers (part 2 passes part 1's file again: the data cache's key holds its
+# sha256). The trainer's deadline and TOTAL_S (880 - TEACH_S - 30 by default) give up the
+# teacher's seconds. It stops unless at least TEACH_MIN_KEPT (1) answers were kept. Part 1's
+# $OUT adds answers.jsonl.gz and answers.summary.json (kept / answered / why the rest were
+# dropped, a few samples, tokens/s); part 2's and the single call's bundle.tgz hold them:
+#   PART=1 TEACHER=/tmp/models/qwen.gguf GIT_COMMIT=<commit> bash bench/gpu_train_embedded.sh
+#   PART=2 TEACHER=/tmp/models/qwen.gguf GIT_COMMIT=<commit> bash bench/gpu_train_embedded.sh
+# Or ANSWERS=/tmp/teach/answers.jsonl.gz: a file teach already wrote on this machine (e.g. in the
+# last staging call, its summary beside it): part 1 / the single call trains with it at once, with
+# the full TOTAL_S.
+#
 # CPU smoke (a tiny model, a few steps; every stage runs, ~2 min), from the repo root:
 #   mkdir -p /tmp/smoke-src && for f in $(python3 -c "import sysconfig;print(sysconfig.get_paths()['stdlib'])")/*.py; do
 #     [ $(stat -c %s $f) -lt 40000 ] && cp $f /tmp/smoke-src/; done
@@ -38,6 +54,11 @@
 #     --root lib=/tmp/smoke-src --corpus-mb 2 --tokenizer-sample-mb 1 --instruct-examples 32 --vocab-size 400 \
 #     --ctx 256 --d-model 32 --layers 1 --heads 2 --kv-heads 1 --head-dim 16 --experts 2 --experts-used 1 \
 #     --expert-ffn 32 --mtp-ffn 32 --batch-size 2 --max-steps 3 --workers 1 --warmup-steps 1 --split-mib 0.02
+# ... and with a teacher (the embedded model stands in for the coder model; it keeps few or no
+# answers, hence TEACH_MIN_KEPT=0), the same flags after:
+#   TEACHER=src/alphallama/data/alphallama-embedded.gguf TEACH_S=120 TEACH_REQUESTS=8 TEACH_MIN_KEPT=0 \
+#   TEACH_ARGS="--max-new 32 --workers 1" OUT=/tmp/smoke-out DEVICE=cpu LIMIT_S=900 BEFORE_JOBS=1 EVAL_JOBS=2 \
+#   EVAL_ARGS="--per-kind 1 --windows 2 --continuations 2 --max-tokens 8" bash bench/gpu_train_embedded.sh ...
 set -uo pipefail
 OUT=${OUT:-/tmp/train-out}
 mkdir -p "$OUT"
@@ -55,7 +76,12 @@ if ! python3 -c "import gguf" 2>/dev/null; then
 fi
 export PYTHONPATH=/tmp/site:$PWD/src
 PART=${PART:-}                                      # "": one call; 1 / 2: the first / second of two
-TOTAL_S=${TOTAL_S:-880}
+TEACHER=${TEACHER:-}                                # a coder model's GGUF: its answers in the chat data
+TEACH_S=${TEACH_S:-150}
+TEACH_REQUESTS=${TEACH_REQUESTS:-16384}
+TEACH_ARGS=${TEACH_ARGS:-}
+TEACH_MIN_KEPT=${TEACH_MIN_KEPT:-1}
+if [ -n "$TEACHER" ]; then TOTAL_S=${TOTAL_S:-$((880 - TEACH_S - 30))}; else TOTAL_S=${TOTAL_S:-880}; fi
 if [ -z "$PART" ]; then
     WORK=$(mktemp -d /tmp/alphallama-train.XXXXXX)  # fresh (0700): no stale checkpoint resumes
     TRAIN_ARGS=(--time-budget-s 100000 --checkpoint-every-s 100000)
@@ -75,6 +101,42 @@ mkdir -p "$RUN" "$AFTER"
 [ "$PART" = 2 ] && mv "$RUN/train.log" "$RUN/train.part1.log"   # part 2 logs afresh, part 1's kept beside
 [ -f "$BEFORE" ] || { echo "gpu_train_embedded: $BEFORE: no such model" >&2; exit 2; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+ANSWERS_IN=${ANSWERS:-}
+if [ -n "$TEACHER" ] || [ -n "$ANSWERS_IN" ]; then
+    ANSWERS=$RUN/answers.jsonl.gz
+    CORPUS_ARGS=()                                  # the teacher asks of the trainer's corpus
+    prev=
+    for a in "$@"; do
+        case "$prev" in --root|--corpus-mb|--seed) CORPUS_ARGS+=("$prev" "$a") ;; esac
+        case "$a" in --root=*|--corpus-mb=*|--seed=*) CORPUS_ARGS+=("$a") ;; esac
+        prev=$a
+    done
+    if [ "$PART" = 2 ]; then
+        [ -f "$ANSWERS" ] || { echo "gpu_train_embedded: PART=2 with TEACHER or ANSWERS needs part 1's $ANSWERS" >&2; exit 2; }
+    elif [ -n "$ANSWERS_IN" ]; then
+        [ -f "$ANSWERS_IN" ] || { echo "gpu_train_embedded: ANSWERS $ANSWERS_IN: no such file" >&2; exit 2; }
+        cp "$ANSWERS_IN" "$ANSWERS" || exit 2
+        cp "${ANSWERS_IN%.jsonl.gz}.summary.json" "$RUN/answers.summary.json" 2>/dev/null
+        echo "[$SECONDS s] the teacher's answers: $ANSWERS_IN"
+    else
+        [ -f "$TEACHER" ] || { echo "gpu_train_embedded: TEACHER $TEACHER: no such file (bench/stage_model.sh)" >&2; exit 2; }
+        echo "[$SECONDS s] the teacher answers $TEACH_REQUESTS requests until ${TEACH_S} s: $TEACHER"
+        timeout "$((TEACH_S + 120))" python3 -m alphallama.train.teach "$TEACHER" -o "$ANSWERS" \
+            --requests "$TEACH_REQUESTS" --deadline-s "$TEACH_S" --device "$DEVICE" ${CORPUS_ARGS[@]+"${CORPUS_ARGS[@]}"} \
+            $TEACH_ARGS > "$RUN/teach.log" 2>&1
+        echo "[$SECONDS s] teach exited $?"
+        tail -n 4 "$RUN/teach.log"
+        kept=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['kept'])" "$RUN/answers.summary.json" 2>/dev/null)
+        if [ "${kept:-0}" -lt "$TEACH_MIN_KEPT" ]; then
+            echo "gpu_train_embedded: the teacher's answers kept: ${kept:-none} (< TEACH_MIN_KEPT $TEACH_MIN_KEPT)" >&2
+            cp "$RUN/teach.log" "$RUN/answers.summary.json" "$OUT/" 2>/dev/null
+            exit 2
+        fi
+        DEADLINE_S=$((DEADLINE_S - SECONDS))        # the trainer's deadline counts from its own start
+    fi
+    TRAIN_ARGS+=(--teacher-answers "$ANSWERS")
+fi
 echo "[$SECONDS s] training (deadline ${DEADLINE_S} s), before-model $BEFORE"
 
 python3 -m alphallama.train run --out "$RUN" --work-dir "$WORK/cache" --deadline-s "$DEADLINE_S" \
@@ -101,6 +163,7 @@ echo "[$SECONDS s] training exited $rc"
 if [ "$PART" = 1 ]; then                           # part 2 exports and evaluates
     [ -n "$BEFORE_PID" ] && wait "$BEFORE_PID" && echo "[$SECONDS s] before-model evaluated"
     cp "$RUN/train.json" "$RUN/train.log" "$OUT/" 2>/dev/null
+    [ -f "$RUN/answers.jsonl.gz" ] && cp "$RUN/answers.jsonl.gz" "$RUN/answers.summary.json" "$OUT/" 2>/dev/null
     ls -l "$OUT" "$WORK/cache/ckpt.pt"
     exit $rc
 fi
@@ -110,7 +173,8 @@ for f in "$RUN"/alphallama-embedded.gguf.part* "$RUN"/alphallama-embedded.gguf.s
 done
 bundle() {
     (cd "$RUN" && tar czf "$OUT/bundle.tgz" --ignore-failed-read heldout.jsonl.gz manifest.tsv.gz before.json \
-        step_ab.json train.log train.part1.log before.log eval.log step_ab.log 2>/dev/null)
+        step_ab.json train.log train.part1.log before.log eval.log step_ab.log \
+        teach.log answers.jsonl.gz answers.summary.json 2>/dev/null)
     ls -l "$OUT"
 }
 if [ -f "$RUN/alphallama-embedded.gguf.sha256" ]; then     # split (the real model: 2 parts)

@@ -12,35 +12,45 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
-from .instruct import SYSTEM_PROMPTS, make_examples, make_template, render
+from .instruct import SYSTEM_PROMPTS, make_examples, make_template, render, teacher_edit
 
 # The texts the example workers draw from. Set just before the pool forks, so workers
 # inherit them instead of receiving 100+ MB through pickling; cleared afterwards.
 _FORK_TEXTS: list[str] = []
 
 
-def _examples_worker(args: tuple[int, int, int, int, int, tuple]) -> list[tuple[str, str]]:
+def _examples_worker(args: tuple) -> list[tuple[str, str]]:
     """Worker i of `of` draws from every of-th text only, so the workers' code-writing
-    requests (each worker's functions in turn) never ask for the same function twice."""
-    n, seed, max_chars, i, of, weights = args
+    requests (each worker's functions in turn) never ask for the same function twice;
+    likewise every of-th teacher answer."""
+    n, seed, max_chars, i, of, weights, teacher, asked, share = args
     tmpl = make_template()
     rng = random.Random(seed)
+    teacher = [teacher_edit(q, a) for q, a in teacher]
     out = []
-    for e in make_examples(_FORK_TEXTS[i::of], n, seed=seed, max_chars=max_chars, weights=dict(weights)):
+    for e in make_examples(_FORK_TEXTS[i::of], n, seed=seed, max_chars=max_chars, weights=dict(weights),
+                           teacher=teacher, teacher_share=share, teacher_asked=asked):
         system = rng.choice(SYSTEM_PROMPTS) if rng.random() < 0.3 else None
         out.append((e.kind, render(e, tmpl, system)))
     return out
 
 
 def rendered_examples(texts: list[str], n: int, seed: int, max_chars: int = 1400,
-                      workers: int = 1, weights: dict[str, int] | None = None) -> list[tuple[str, str]]:
+                      workers: int = 1, weights: dict[str, int] | None = None,
+                      teacher: list[tuple[str, str]] | None = None,
+                      teacher_share: float | None = None) -> list[tuple[str, str]]:
     """n (kind, ChatML text) examples made from `texts`, in `workers` processes; kinds
-    weighted as make_examples does."""
+    weighted as make_examples does. teacher: (request, answer) pairs (teach_answers.py)
+    that answer code-writing requests, at `teacher_share` of them (None: all of them
+    first, instruct.TeacherMix); rendered with the student's template like the rest."""
     global _FORK_TEXTS
     per = max(1, -(-n // max(workers, 1)))
     w = tuple(sorted((weights or {}).items()))
     k = -(-n // per)                                   # workers that get examples
-    jobs = [(min(per, n - i * per), seed * 1000 + i, max_chars, i, k, w) for i in range(k)]
+    teacher = list(teacher or [])
+    asked = frozenset(q for q, _ in teacher)
+    jobs = [(min(per, n - i * per), seed * 1000 + i, max_chars, i, k, w, teacher[i::k], asked, teacher_share)
+            for i in range(k)]
     _FORK_TEXTS = texts
     try:
         if workers <= 1 or mp.get_start_method(allow_none=True) not in (None, "fork"):

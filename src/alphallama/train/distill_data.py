@@ -30,8 +30,9 @@ class ChatEncoder:
         sep = self.tok.id_of("<|endoftext|>")
         self.sep_id = sep if sep is not None else (self.tok.eos_id if self.tok.eos_id is not None else 0)
 
-    def prompt(self, user: str) -> list[int]:
-        return chat_prompt_ids(self.template, self.tok, [{"role": "user", "content": user}])
+    def prompt(self, user: str, system: str | None = None) -> list[int]:
+        msgs = [{"role": "system", "content": system}] if system else []
+        return chat_prompt_ids(self.template, self.tok, msgs + [{"role": "user", "content": user}])
 
     def answer(self, text: str) -> list[int]:
         return self.tok.encode(text) + [self.end_id]
@@ -49,13 +50,13 @@ def _encode_task(task: tuple) -> list[int] | tuple[list[int], list[int]]:
     kind, *args = task
     if kind == "text":
         return _WORKER.tok.encode(args[0])
-    user, answer = args
-    return _WORKER.prompt(user), (_WORKER.answer(answer) if answer is not None else [])
+    user, answer, *system = args
+    return _WORKER.prompt(user, *system), (_WORKER.answer(answer) if answer is not None else [])
 
 
 def encode_parallel(model_path: str, tasks: Iterable[tuple], workers: int) -> Iterator:
-    """Encode ("text", s) or ("chat", user, answer|None) tasks in order, in `workers`
-    processes (0: in this process). Yields ids, or (prompt ids, answer ids)."""
+    """Encode ("text", s) or ("chat", user, answer|None[, system]) tasks in order, in
+    `workers` processes (0: in this process). Yields ids, or (prompt ids, answer ids)."""
     if workers <= 0:
         _init_worker(model_path)
         yield from map(_encode_task, tasks)

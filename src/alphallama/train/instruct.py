@@ -10,6 +10,8 @@ prompt format the engine will build.
                                             docstring, a header), the corpus function as answer
     make_write_function(text, rng)       -> such an Edit for a random function and style
     make_examples(texts, n, seed, weights=...) -> [Edit], edit tasks and requests mixed
+    teacher_edit(request, answer)        -> an Edit answered by the teacher model (teach.py),
+                                            mixed into the requests by TeacherMix
     render(edit, system=None)            -> the ChatML text of one user/assistant exchange
 """
 from __future__ import annotations
@@ -194,8 +196,10 @@ class FunctionPool:
     order of its own): no function is asked for twice before every one of its group has
     been asked for once, and no (function, style) repeats; None when all are spent."""
 
-    def __init__(self, texts: list[str], rng: random.Random, max_chars: int):
-        cases = [c for t in texts for c in function_cases(t, max_chars)]
+    def __init__(self, texts: list[str], rng: random.Random, max_chars: int,
+                 cases: list[FunctionCase] | None = None):
+        """cases: already made from the texts (the texts are then not parsed again)."""
+        cases = list(cases) if cases is not None else [c for t in texts for c in function_cases(t, max_chars)]
         rng.shuffle(cases)
         self.groups = [[c for c in cases if c.closed], [c for c in cases if not c.closed]]
         self.rng = rng
@@ -229,6 +233,37 @@ class FunctionPool:
         return None
 
 
+TEACHER_KIND = "write_function_teacher"
+
+
+def teacher_edit(request: str, answer: str) -> Edit:
+    """A code-writing request answered by the teacher model (train/teach.py): its answer is
+    the whole assistant turn as written, not a fenced output."""
+    return Edit(TEACHER_KIND, request, answer, answer, fence="{}")
+
+
+class TeacherMix:
+    """Code-writing requests: the teacher's answered requests mixed into a FunctionPool's.
+    share None: every teacher example first, then the pool's; else request j (0-based) is
+    the teacher's when fewer than share * (j + 1) of requests 0..j-1 were, so the two
+    interleave at that share until the teacher's run out. The pool's requests that a teacher example asks in
+    the same words (`asked`, the whole file's requests) are skipped: no request is
+    taught with two answers."""
+
+    def __init__(self, pool: FunctionPool, teacher: list[Edit], share: float | None, asked: frozenset[str]):
+        self.pool, self.teacher, self.share, self.asked = pool, teacher, share, asked
+        self.j = self.t = 0
+
+    def next(self) -> Edit | None:
+        self.j += 1
+        if self.t < len(self.teacher) and (self.share is None or self.t < self.share * self.j):
+            self.t += 1
+            return self.teacher[self.t - 1]
+        while (e := self.pool.next()) is not None and e.prompt in self.asked:
+            pass
+        return e
+
+
 def check_write_function(e: Edit) -> bool:
     try:
         tree = ast.parse(e.output)
@@ -256,13 +291,18 @@ KINDS = (*TASKS, "write_function")
 
 
 def make_examples(texts: list[str], n: int, seed: int = 0, max_chars: int = 1400,
-                  kinds: tuple[str, ...] = KINDS, weights: dict[str, int] | None = None) -> list[Edit]:
+                  kinds: tuple[str, ...] = KINDS, weights: dict[str, int] | None = None,
+                  teacher: list[Edit] | None = None, teacher_share: float | None = None,
+                  teacher_asked: frozenset[str] = frozenset()) -> list[Edit]:
     """n examples, kinds in turn (kind k `weights[k]` times per turn, default 1): code
     tasks from randomly drawn files (texts with no suitable part are skipped; gives up
-    after 20 tries per example), code-writing requests from a FunctionPool of all texts."""
+    after 20 tries per example), code-writing requests from a FunctionPool of all texts,
+    mixed with `teacher` examples (teacher_edit) as TeacherMix does."""
     rng = random.Random(seed)
     turn = [k for k in kinds for _ in range((weights or {}).get(k, 1))]
     pool = FunctionPool(texts, rng, max_chars) if "write_function" in kinds else None
+    if pool is not None and teacher:
+        pool = TeacherMix(pool, teacher, teacher_share, teacher_asked)
     out: list[Edit] = []
     tries = 0
     while len(out) < n and tries < 20 * n and texts and turn:

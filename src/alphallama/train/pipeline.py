@@ -22,18 +22,26 @@ import torch
 
 from ..private_dir import private_dir
 from .bpe import gguf_tokenizer_kv, train_bpe
-from .corpus import collect, default_roots, write_manifest
+from .corpus import SourceFile, collect, default_roots, write_manifest
 from .data import rendered_examples, tokenize_docs
 from .export import export
-from .instruct import chat_template_text
+from .instruct import TEACHER_KIND, chat_template_text
 from .loop import Hyper, train
 from .model import MoEConfig, MoEModel
 from .mtp import MTPConfig, MTPHead
 from .parts import sha256_file, split_file
+from .teach_answers import answers_record, read_answers
 
 
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _share(text: str) -> float:
+    x = float(text)
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share is between 0 and 1, not {text}")
+    return x
 
 
 def _roots(args) -> list[tuple[str, Path]]:
@@ -46,17 +54,38 @@ def _roots(args) -> list[tuple[str, Path]]:
     return out
 
 
+def corpus_files(args) -> list[SourceFile]:
+    """The corpus of `--root` (default: this interpreter's) up to `--corpus-mb`, held-out
+    files marked (corpus.collect); train/teach.py asks its requests of the same files."""
+    return collect(_roots(args), max_bytes=args.corpus_mb << 20)
+
+
+def example_texts(texts: list[str]) -> list[str]:
+    """The training texts examples are made from: each one parses its file, and big files
+    would make that the slow part of the run."""
+    return [x for x in texts if len(x) <= 32_000] or texts
+
+
+def data_key(args) -> dict:
+    """What the data stage depends on: its arguments and the teacher answers' sha256."""
+    key = {k: getattr(args, k) for k in ("corpus_mb", "instruct_examples", "write_function_weight",
+                                         "vocab_size", "seed", "root", "tokenizer_sample_mb")}
+    answers = getattr(args, "teacher_answers", None)
+    key["teacher_answers_sha256"] = sha256_file(answers) if answers else None
+    key["teacher_share"] = getattr(args, "teacher_share", None)
+    return key
+
+
 def build_data(args, work: Path, timings: dict) -> dict:
     """Corpus, examples, tokenizer and token streams; cached in work/data.pt."""
-    key = {k: getattr(args, k) for k in ("corpus_mb", "instruct_examples", "write_function_weight",
-                                          "vocab_size", "seed", "root", "tokenizer_sample_mb")}
+    key = data_key(args)
     cache = work / "data.pt"
     d = load_data_cache(cache, key)
     if d is not None:
         _log("data: reusing the work folder's corpus, tokenizer and token streams")
         return d
     t = time.time()
-    files = collect(_roots(args), max_bytes=args.corpus_mb << 20)
+    files = corpus_files(args)
     train_f = [f for f in files if not f.held_out]
     held = [f for f in files if f.held_out]
     manifest_sha = write_manifest(files, work / "manifest.tsv.gz")
@@ -68,13 +97,16 @@ def build_data(args, work: Path, timings: dict) -> dict:
          f"{len(held)} held out; manifest {manifest_sha[:12]}")
     t = time.time()
     texts = [f.text for f in train_f]
-    # examples come from files of modest size: each one parses its file, and big
-    # files would make that the slow part of the run
-    small = [x for x in texts if len(x) <= 32_000] or texts
-    examples = rendered_examples(small, args.instruct_examples, args.seed, workers=args.workers,
-                                 weights={"write_function": args.write_function_weight})
+    answers = read_answers(args.teacher_answers) if args.teacher_answers else []
+    examples = rendered_examples(example_texts(texts), args.instruct_examples, args.seed, workers=args.workers,
+                                 weights={"write_function": args.write_function_weight},
+                                 teacher=answers, teacher_share=args.teacher_share)
+    kinds = dict(Counter(k for k, _ in examples))
+    teacher = (answers_record(args.teacher_answers, len(answers), kinds.get(TEACHER_KIND, 0), args.teacher_share)
+               if args.teacher_answers else None)
     timings["examples_s"] = time.time() - t
-    _log(f"examples: {len(examples)} ({dict(Counter(k for k, _ in examples))})")
+    _log(f"examples: {len(examples)} ({kinds})" + (f"; teacher answers {teacher['used']} of {len(answers)} "
+                                                     f"({teacher['file']})" if teacher else ""))
     t = time.time()
     rng = random.Random(args.seed)
     sample, size = [], 0
@@ -100,7 +132,7 @@ def build_data(args, work: Path, timings: dict) -> dict:
     d = {"key": key, "train": train_ids, "val": val_ids, "tokenizer": hf.to_str(), "manifest_sha": manifest_sha,
          "corpus": {"files": len(files), "bytes": sum(f.size for f in files), "held_out_files": len(held),
                     "held_out_bytes": sum(f.size for f in held), "manifest_sha256": manifest_sha,
-                    "examples": dict(Counter(k for k, _ in examples)),
+                    "examples": kinds, "teacher": teacher,
                     "tokens_train": int(len(train_ids)), "tokens_val": int(len(val_ids))}}
     save_data_cache(d, cache)
     return d
@@ -173,7 +205,7 @@ def run(args) -> int:
             "alphallama.training.corpus_manifest_sha256": d["manifest_sha"],
             "alphallama.training.steps": st.step, "alphallama.training.tokens": st.tokens,
             "alphallama.training.seconds": round(st.trained_s, 1), "alphallama.training.device": gpu,
-            "alphallama.training.commit": args.commit or "unknown"}
+            "alphallama.training.commit": args.commit or "unknown"} | teacher_meta(d["corpus"].get("teacher"))
     from gguf import GGMLQuantizationType as QT
     main, side = export(out, args.stem, model.cpu().float(), head.cpu().float(),
                         gguf_tokenizer_kv(hf, chat_template_text()), meta, QT[args.quant])
@@ -190,7 +222,7 @@ def run(args) -> int:
               "torch": torch.__version__, "config": asdict(cfg), "mtp_d_ff": args.mtp_ffn,
               "params": n_params, "hyper": asdict(hp), "corpus": d["corpus"], "timings": timings,
               "state": {"step": st.step, "trained_s": st.trained_s, "tokens": st.tokens},
-              "curves": st.curves, "files": sums}
+              "teacher": d["corpus"].get("teacher"), "curves": st.curves, "files": sums}
     (out / "train.json").write_text(json.dumps(report, indent=1))
     last = st.curves["val"][-1] if st.curves["val"] else {}
     _log(f"done: {st.step} steps, {st.tokens / 1e6:.1f}M tokens, {st.trained_s:.0f} s; held-out loss "
@@ -198,6 +230,22 @@ def run(args) -> int:
          + " top1 " + " ".join(f"{x:.2f}" for x in last.get("mtp_top1", [])))
     _log(f"files: {', '.join(sorted(p.name for p in out.iterdir()))}; total {time.time() - t_start:.0f} s")
     return 0
+
+
+def teacher_meta(rec: dict | None) -> dict:
+    """The model's alphallama.training.teacher_* keys: how many teacher answers went in, from
+    which file (name, sha256) and teacher model (when its summary was beside the file)."""
+    if not rec:
+        return {}
+    meta = {"alphallama.training.teacher_answers": int(rec["used"]),
+            "alphallama.training.teacher_answers_file": rec["file"],
+            "alphallama.training.teacher_answers_sha256": rec["sha256"]}
+    if rec.get("share") is not None:
+        meta["alphallama.training.teacher_share"] = float(rec["share"])
+    for k in ("teacher", "teacher_sha256"):
+        if isinstance(rec.get(k), str):
+            meta[f"alphallama.training.{k.replace('teacher', 'teacher_model')}"] = rec[k]
+    return meta
 
 
 def add_arguments(p: argparse.ArgumentParser, T) -> None:
@@ -212,6 +260,12 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--instruct-examples", type=int, default=T.instruct_examples)
     a("--write-function-weight", type=int, default=T.write_function_weight,
       help="code-writing requests per turn of the edit kinds (one of each)")
+    a("--teacher-answers", default=None, metavar="ANSWERS.jsonl.gz",
+      help="code-writing requests answered by a coder model (python -m alphallama.train.teach): they take "
+           "the place of corpus answers, rendered with this model's template")
+    a("--teacher-share", type=_share, default=None,
+      help="share of the code-writing examples answered by the teacher (default: every answer the file has, "
+           "the rest from the corpus)")
     a("--vocab-size", type=int, default=T.vocab_size)
     a("--ctx", type=int, default=T.ctx_len)
     a("--d-model", type=int, default=T.d_model)
