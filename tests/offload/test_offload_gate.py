@@ -27,7 +27,9 @@ from alphallama.spec.config import SpecConfig
 from alphallama.spec.gate import MAX_WIDTH, CostTable, Gate, cumulative, load_or_measure
 from alphallama.spec.offload_costs import (
     RESIDENT_FLOOR,
+    SCALE_BOUNDS,
     OffloadCosts,
+    fit_scale,
     priced,
     store_timing,
 )
@@ -171,7 +173,8 @@ def test_timing_leaves_the_bank_and_keeps_its_misses(micro_moe, tmp_path):
     t = load_or_measure(m, cache, micro_moe, m.cfg.vocab_size, True, str(tmp_path), 0.05, store_timing(m))
     assert torch.equal(s.table, before[0]) and np.array_equal(s.policy.score, before[1])
     assert (s.stats.to_dict(), s.footprint.version, len(s._admissions)) == before[2:]
-    assert t.key["experts"] == "store, PCIe" and len(t.missed) == t.measured >= 4 and cache.length == 1
+    assert t.key["experts"] == "store, PCIe; bank timed" and len(t.missed) == t.measured >= 4 and cache.length == 1
+    assert len(t.bank) == len(t.ms) and all(a <= b for a, b in pairwise(t.bank))   # the bank-only rounds, timed
     assert t.missed[-1][1] > 0 and all(a[1] <= b[1] for a, b in pairwise(t.missed))   # 8 of 12 without a slot
     ids = s.routes[:, :t.measured]                           # the timing's last round: its widest
     for w in range(1, t.measured + 1):
@@ -179,12 +182,47 @@ def test_timing_leaves_the_bank_and_keeps_its_misses(micro_moe, tmp_path):
                    for i in s.moe_layers)
         assert t.missed[w - 1] == [0.0, pytest.approx(want), 0.0]                 # no CPU workers: all PCIe's
     again = load_or_measure(m, cache, micro_moe, m.cfg.vocab_size, True, str(tmp_path), 0.05, store_timing(m))
-    assert again.from_cache and again.missed == t.missed
-    # the priced table takes the timed misses off at the same rates (PCIe: no CPU workers): the rounds' own cost
-    p, top = priced(t, m), 0.0
+    assert again.from_cache and again.missed == t.missed and again.bank == t.bank
+    # the rounds' own cost is the bank-only table; the misses' price is scaled to what they cost in it
+    p, unscaled = priced(t, m), priced(replace(t, bank=[]), m)
+    np.testing.assert_allclose(p.miss_ms(), p.rates_scale * unscaled.miss_ms())
+    assert p.resident == t.bank and p.rates_scale == pytest.approx(fit_scale(
+        t.ms[:t.measured], t.bank[:t.measured], [1e3 * x[1] * DEAR.pcie for x in t.missed]))
+    # a table timed before the bank-only rounds existed: the timed misses come off at the plan's rates
+    p, top = priced(replace(t, bank=[]), m), 0.0
     for w in range(1, t.measured + 1):
         top = max(top, t.ms[w - 1] - 1e3 * t.missed[w - 1][1] * DEAR.pcie, RESIDENT_FLOOR * t.ms[w - 1])
         assert p.resident[w - 1] == pytest.approx(top)
+    assert p.rates_scale == 1.0
+
+
+def test_bank_only_rounds_read_the_bank_and_give_the_table_back(micro_moe):
+    """store.bank_only: inside, every expert of a class with slots points at one of its slots
+    (no pair for PCIe or the CPU), a hit keeps its own slot; after it, and after an error
+    inside, the table and the routes are as they were."""
+    m = _model(GGUFFile(micro_moe), 4, DEAR, max_len=32)
+    s, cache = m.store, m.new_cache(32)
+    m.forward(torch.tensor([5, 9, 13]), 0, cache)
+    table, routes = s.table.clone(), s.routes.clone()
+    assert (table[s.moe_layers] < 0).any()
+    with s.bank_only():
+        for c in s.classes:
+            t = s.table[c.layers]
+            assert (t >= 0).all() and (t < c.owners.size).all()
+            assert torch.equal(t[table[c.layers] >= 0], table[c.layers][table[c.layers] >= 0])   # hits stay
+    assert torch.equal(s.table, table) and torch.equal(s.routes, routes)
+    with pytest.raises(RuntimeError), s.bank_only():
+        raise RuntimeError("inside")
+    assert torch.equal(s.table, table)
+
+
+def test_fit_scale_prices_the_timed_misses_at_what_they_cost():
+    priced_ms = [0.0, 0.5, 1.0, 2.0]
+    bank = [1.0, 1.1, 1.2, 1.4]
+    assert fit_scale([b + 2.5 * p for b, p in zip(bank, priced_ms)], bank, priced_ms) == pytest.approx(2.5)
+    assert fit_scale(bank, bank, [0.0] * 4) == 1.0                                    # nothing missed: the rates
+    assert fit_scale([b + 100 * p for b, p in zip(bank, priced_ms)], bank, priced_ms) == SCALE_BOUNDS[1]
+    assert fit_scale(bank, [b + 1 for b in bank], priced_ms) == SCALE_BOUNDS[0]       # noise: never below the floor
 
 
 def test_exact_mode_spec_equals_plain_with_the_pricing_on(micro_moe):

@@ -76,3 +76,16 @@ def test_every_applied_share_is_a_fraction():
     assert all(0.0 <= s <= 1.0 for s in r.applied)
     with pytest.raises(ValueError):
         ShareTuner(lambda s: None, 1.5)
+
+
+def test_skipped_rounds_give_no_periods():
+    """Rounds the tuner is told to skip (the cost table's timing) add no period, neither
+    their own nor the one from the round before them."""
+    r = Rounds(tiers(60e9, 50e9))
+    r.run(5)
+    kept = {k: list(v) for k, v in r.tuner._times.items()}
+    for _ in range(3):
+        r.tuner.skip()
+        r.t += 0.5                                  # slow rounds: a period of them would mislead it
+    r.tuner.before_round(1)                         # the next round starts a period, ends none
+    assert {k: list(v) for k, v in r.tuner._times.items()} == kept

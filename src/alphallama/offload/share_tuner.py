@@ -75,6 +75,12 @@ class ShareTuner:
             self._applied = share
         self._last = (share, W, now)
 
+    def skip(self) -> None:
+        """A round that is not the share's to judge (the cost table's timing, with the store
+        frozen: random rows, or every expert read from the bank) is about to launch: no period
+        is taken from the last round to it, nor from it to the next."""
+        self._last = None
+
     def _decide(self) -> None:
         if self._held > 0:
             return

@@ -287,6 +287,10 @@ class ExpertStore:
         return sum(m.file_bytes for m in self.mapped.values())
 
     # -- between rounds --------------------------------------------------------------
+    @property
+    def is_frozen(self) -> bool:
+        return self._frozen
+
     @contextmanager
     def frozen(self):
         """Rounds inside (the gate's cost table being timed, spec/gate.py) leave the bank, the
@@ -298,6 +302,26 @@ class ExpertStore:
             yield self
         finally:
             self._frozen = False
+
+    @contextmanager
+    def bank_only(self):
+        """Rounds inside read every expert from a bank slot: one without a slot points at a
+        slot of its layer's class (another expert's weights: for timing the bank's own cost,
+        values discarded, spec/gate.py), so no pair goes to PCIe or the CPU workers. The table
+        and `routes` (the picks of the last round before) are back as they were after, also on
+        an error; a class without slots keeps its misses."""
+        saved, routes = self.table.clone(), self.routes.clone()
+        e = torch.arange(self.E, device=self.table.device, dtype=self.table.dtype)       # [E]
+        for c in self.classes:
+            if c.owners.size:
+                rows = torch.tensor(c.layers, device=self.table.device)
+                t = self.table[rows]                                                       # [L_c, E]
+                self.table[rows] = torch.where(t < 0, e % c.owners.size, t)
+        try:
+            yield self
+        finally:
+            self.table.copy_(saved)
+            self.routes.copy_(routes)
 
     def before_round(self) -> None:
         """Learn from the last round's routing; hand finished admissions their slots."""

@@ -91,8 +91,8 @@ class StoreRounds:
         self.store.before_round()
         if self.cpu_link is not None:
             self.cpu_link.check()
-            if self.share_tuner is not None:
-                self.share_tuner.before_round(W)
+            if self.share_tuner is not None:   # (the cost table's timing rounds are not the share's)
+                self.share_tuner.skip() if self.store.is_frozen else self.share_tuner.before_round(W)
             if self.device.type == "cuda":   # (CPU tests: the runner's thread stays as it is)
                 self._keep_launch_thread_apart()
 

@@ -70,6 +70,9 @@ class CostTable:
     # a bank slot that the timed round of W rows read, W = 1..measured ([]: none): the host
     # tier's by its share, as the kernels split it (offload_costs.StoreTiming.missed)
     missed: list[list[float]] = field(default_factory=list)
+    # with an expert store: [W - 1] ms per round timed again with every missed expert read from a
+    # bank slot (store.bank_only): the rounds' own cost, misses apart ([]: not timed)
+    bank: list[float] = field(default_factory=list)
 
     def cost(self, width: int) -> float:
         return self.ms[min(width, len(self.ms)) - 1]
@@ -225,7 +228,8 @@ def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cach
     """The cached table for this model, device and engine version, or a freshly timed one
     (then written to the cache). experts: an expert store's timing (offload_costs.StoreTiming;
     None: experts resident): its kernels key the table, its bank stays as it is while the
-    rounds are timed, and the timed rounds' misses are kept with the table. cache: the
+    rounds are timed, and the timed rounds' misses are kept with the table, beside the same
+    rounds timed again with every expert read from the bank (`CostTable.bank`). cache: the
     device's (it keys the table) and, unless `room` is given, the one timed on; room: gives
     the cache to time on, asked only when the table is timed (engine_slots.timing_slot)."""
     key = table_key(model_path, cache.k.device, exact, getattr(model, "hybrid", False),
@@ -236,14 +240,19 @@ def load_or_measure(model, cache, model_path: str, vocab: int, exact: bool, cach
             d = json.loads(path.read_text())
             if d.get("key") == key and len(d.get("ms", [])) == MAX_WIDTH:
                 return CostTable(d["ms"], d["measured"], d["measure_s"], key, from_cache=True,
-                                 missed=d.get("missed", []))
+                                 missed=d.get("missed", []), bank=d.get("bank", []))
         except (OSError, ValueError, KeyError):
             pass                                    # unreadable: time it again and overwrite
     t0 = time.perf_counter()
+    bank: list[float] = []
     with experts.frozen() if experts is not None else nullcontext():
-        ms, measured = measure(model, room() if room is not None else cache, vocab, exact, budget_s)
+        on = room() if room is not None else cache
+        ms, measured = measure(model, on, vocab, exact, budget_s)
         missed = experts.missed(measured) if experts is not None else []
-    table = CostTable(ms, measured, time.perf_counter() - t0, key, missed=missed)
+        if experts is not None:             # the same rounds with no misses: what the misses cost is the difference
+            with experts.bank_only():
+                bank, _ = measure(model, on, vocab, exact, budget_s)
+    table = CostTable(ms, measured, time.perf_counter() - t0, key, missed=missed, bank=bank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

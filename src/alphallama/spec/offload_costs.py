@@ -19,9 +19,15 @@ kernels and the misses of the experts it adds:
   ever (gate.load_or_measure, inside KVCache.trial), with the store frozen (no admission,
   nothing learned) and the timed rounds' misses kept with it (`CostTable.missed`: bytes
   by tier of the distinct experts the timed round of W rows missed, counted exactly from
-  its routing); priced at the same rates, they come off: c_res(W) = c(W) - timed(W),
-  continued past the timed widths as the table is, never under RESIDENT_FLOOR x c(W)
-  (the rates are a model, not a measurement of this round) and never falling with W.
+  its routing), then timed again with every missed expert pointed at a bank slot
+  (`CostTable.bank`, store.bank_only): that is c_res(W), measured. The difference c(W) -
+  c_res(W) is what the timed misses cost on this host; the rates' price of the same bytes
+  is scaled to it (one factor, least squares over the timed widths: `rates_scale`), so
+  the misses are priced at what they cost here, not at the probe's streaming rates
+  (session 49: the timing's random rows miss most of a 25% bank and cost about twice
+  their price there; offload-v2.md). A table without `bank` (timed before it existed)
+  keeps the older rule: c_res(W) = c(W) - timed(W) at the plan's rates, never under
+  RESIDENT_FLOOR x c(W), never falling with W.
 
 The tiers, explicitly (`round_ms`, one function for the expected and the timed misses):
 a mapped layer's misses are the CPU workers', who read a missed expert once a round for
@@ -53,6 +59,7 @@ from ..offload.footprint import at_widths, missed_by_width, missed_split
 from .gate import CostTable, RoundCosts, extend_line
 
 RESIDENT_FLOOR = 0.1     # c_res(W) >= this x c(W): the timed misses' price is a model
+SCALE_BOUNDS = (0.25, 8.0)   # the fitted rates_scale is kept within these (a timing's noise)
 
 
 def _layer_bytes(store) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +83,10 @@ class StoreTiming:
         link = model.cpu_tier.link if model.cpu_tier is not None else None
         self.share = int(link.share.item()) if link is not None else 0                   # 0..256, as the kernels split
         # its kernels (and what `missed` holds: bytes by tier, the CPU workers reading an expert once a round)
-        self.key = "store, CPU workers by expert" if link is not None else "store, PCIe"
+        self.key = ("store, CPU workers by expert" if link is not None else "store, PCIe") + "; bank timed"
+
+    def bank_only(self):
+        return self.store.bank_only()
 
     def frozen(self):
         return self.store.frozen()
@@ -111,8 +121,13 @@ class OffloadCosts:
         nbytes, mapped = _layer_bytes(store)
         self.host_b, self.mapped_b = nbytes * ~mapped, nbytes * mapped                   # [L'] bytes of a missed expert
         timed = [float(round_ms(c, p, m, rates)) for c, p, m in base.missed[:base.measured]]
-        timed = extend_line(timed, len(base.ms)) if timed else [0.0] * len(base.ms)      # [MAX_WIDTH]
-        self.resident = list(accumulate((max(c - t, RESIDENT_FLOOR * c) for c, t in zip(base.ms, timed)), max))
+        self.rates_scale = 1.0                                                          # what a priced ms costs here
+        if base.bank:
+            self.resident = list(accumulate(base.bank, max))
+            self.rates_scale = fit_scale(base.ms[:len(timed)], base.bank[:len(timed)], timed)
+        else:
+            timed = extend_line(timed, len(base.ms)) if timed else [0.0] * len(base.ms)  # [MAX_WIDTH]
+            self.resident = list(accumulate((max(c - t, RESIDENT_FLOOR * c) for c, t in zip(base.ms, timed)), max))
         self._seen: tuple[object, int, float] | None = None                              # (footprint, version, share)
         self._miss_ms = np.zeros(0)
 
@@ -136,7 +151,7 @@ class OffloadCosts:
         footprint stands now (recomputed once per round it learned)."""
         fp = self.store.footprint
         if self._seen != (fp, fp.version, self.share):
-            self._miss_ms = round_ms(*self._by_tier(), self.rates)
+            self._miss_ms = self.rates_scale * round_ms(*self._by_tier(), self.rates)
             self._seen = (fp, fp.version, self.share)
         return self._miss_ms
 
@@ -150,11 +165,23 @@ class OffloadCosts:
     def to_dict(self) -> dict:
         """The prices by width, and (for the device run) the misses' had PCIe's been priced per pair."""
         widths = [w for w in (1, 2, 4, 8, 16) if w <= len(self.resident)]
-        pairs = round_ms(*self._by_tier(pcie_pairs=True), self.rates)
-        return {"resident_ms": {w: self.resident[w - 1] for w in widths},
+        pairs = self.rates_scale * round_ms(*self._by_tier(pcie_pairs=True), self.rates)
+        return {"resident_ms": {w: self.resident[w - 1] for w in widths}, "rates_scale": self.rates_scale,
+                "bank_timed": bool(self.base.bank),
                 "miss_ms": {w: float(self.miss_ms()[w - 1]) for w in widths},
                 "miss_ms_pcie_per_pair": {w: float(pairs[w - 1]) for w in widths}, "cpu_share": self.share,
                 "rates": self.rates.to_dict(), "footprint": self.store.footprint.to_dict()}
+
+
+def fit_scale(ms, bank, priced_ms) -> float:
+    """The factor that makes the rates' price of the timed misses what they cost: the least
+    squares k of (ms - bank) ~ k x priced over the widths where something was missed, within
+    SCALE_BOUNDS; 1 where nothing was (lists by width, ms)."""
+    cost = np.maximum(np.asarray(ms, dtype=np.float64) - np.asarray(bank, dtype=np.float64), 0.0)
+    p = np.asarray(priced_ms, dtype=np.float64)
+    if not (p > 0).any():
+        return 1.0
+    return float(np.clip((cost * p).sum() / (p * p).sum(), *SCALE_BOUNDS))
 
 
 def priced(table: CostTable, model) -> RoundCosts:
