@@ -5,7 +5,7 @@ this tree's, in the same run. The tree's threads claim a phase's units one at a 
 move on when they are all done; before 4bbae0e each thread had one fixed share and a barrier
 after each phase, so a post waited for the slowest share (baseline 4a8d267 for that pool).
 Session 49, the device's host (15 workers, H100 machine): the claims were 2% faster at W = 1
-quiet, 19% with a busy cpu, 13-20% at W = 4 (cpu_workers_busy-h100host-20261207-093038.json).
+quiet, 19% with a busy cpu, 13-25% at W = 4 (less time a post) (cpu_workers_busy-h100host-20261207-093038.json).
 
     PYTHONPATH=src python bench/cpu_workers_busy.py [--threads 2] [--posts 40] [--reps 4]
         [--widths 1 4] [--baseline REF] [--out bench/results]
