@@ -45,7 +45,8 @@ class SamplingParams:
         return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
                                             or self.frequency_penalty != 0.0)
 
-    def validate(self) -> None:
+    def validate(self, n_vocab: int | None = None) -> None:
+        """Every field's range; with n_vocab, logit_bias's ids too (validate_penalties)."""
         if not (self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -54,7 +55,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        self.validate_penalties()
+        self.validate_penalties(n_vocab)
 
     def validate_penalties(self, n_vocab: int | None = None) -> None:
         """The penalties' and logit_bias's ranges; with n_vocab, the biased ids too."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -22,3 +23,20 @@ def micro_moe(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("offload") / "micro-moe.gguf"
     write_synthetic(MICRO_MOE, path)
     return str(path)
+
+
+def in_a_thread(fn):
+    """fn() in a thread of its own (affinity is per thread: the runner's stays untouched)."""
+    out: dict = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as e:          # noqa: BLE001 (re-raised in the caller)
+            out["error"] = e
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 
 import pytest
 
 from alphallama.gguf.reader import GGUFFile
 from alphallama.runtime.gpu_model import GPUModel
 from alphallama.runtime.overrides import Overrides
+from tests.offload.conftest import in_a_thread
 
 CHEAP = Overrides(decode_gemv="f32", moe_gemv="f32", attention_tiles=(16, 4))
 
@@ -39,23 +39,6 @@ def _pinned(path: str) -> tuple[GPUModel, set[int], set[int]]:
     return model, before, os.sched_getaffinity(0)
 
 
-def _in_a_thread(fn):
-    """fn() in a thread of its own (affinity is per thread: the runner's stays untouched)."""
-    out: dict = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as e:          # noqa: BLE001 (re-raised in the caller)
-            out["error"] = e
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @needs_affinity
 def test_a_second_store_finds_the_cpus_the_first_found(micro_moe):
     def arms():
@@ -66,7 +49,7 @@ def test_a_second_store_finds_the_cpus_the_first_found(micro_moe):
         second = _store(micro_moe)
         return before, pinned, after, list(second.cpu_tier.experts.cpus), set(second.cpu_tier.launch_cpus)
 
-    before, pinned, after, workers, launch = _in_a_thread(arms)
+    before, pinned, after, workers, launch = in_a_thread(arms)
     assert pinned < before                              # pinned apart while the tier lived
     assert after == before                              # given back when it went
     assert workers and launch and launch.isdisjoint(workers) and launch | set(workers) <= before
@@ -79,5 +62,5 @@ def test_release_gives_the_cpus_back_while_the_tier_lives(micro_moe):
         model.cpu_tier.release_launch_threads()
         return before, pinned, os.sched_getaffinity(0)
 
-    before, pinned, released = _in_a_thread(pin_and_release)
+    before, pinned, released = in_a_thread(pin_and_release)
     assert pinned < before and released == before

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import types
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from alphallama.offload.native import probe
 from alphallama.offload.numa import Placement, nodes, on_cpus, parse_cpulist, pci_node, placement, sysfs_bus_id
 from alphallama.offload.plan import make_plan
 from alphallama.runtime.weights import BlockNames
+from tests.offload.conftest import in_a_thread
 
 GPU = "00000000:1B:00.0"          # CUDA's spelling; sysfs: 0000:1b:00.0
 UNKNOWN = "00000000:3D:00.0"      # numa_node -1
@@ -50,23 +50,6 @@ def two_nodes(tmp_path) -> Path:
 @pytest.fixture
 def one_node(tmp_path) -> Path:
     return fake_sysfs(tmp_path / "one", {0: "0-15"}, gpu_node="0")
-
-
-def _in_a_thread(fn):
-    """fn() in a thread of its own (affinity is per thread: the runner's stays untouched)."""
-    out: dict = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as e:          # noqa: BLE001 (re-raised in the caller)
-            out["error"] = e
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 # -- topology -----------------------------------------------------------------------
@@ -168,7 +151,7 @@ def test_on_cpus_sets_and_restores():
             untouched = os.sched_getaffinity(0)
         return before, one, inside, after, after_error, untouched
 
-    before, one, inside, after, after_error, untouched = _in_a_thread(run)
+    before, one, inside, after, after_error, untouched = in_a_thread(run)
     assert inside == one and after == before and after_error == before and untouched == before
 
 
@@ -199,7 +182,7 @@ def test_host_tier_allocated_on_the_node(micro_moe, monkeypatch):
         s = store_mod.ExpertStore(layers, 2, 6, 2, 2, "cpu", 4, progress=lambda m, n: messages.append(m))
         return before, node, s, messages, os.sched_getaffinity(0)
 
-    before, node, s, messages, after = _in_a_thread(build)
+    before, node, s, messages, after = in_a_thread(build)
     assert seen and all(cpus == set(node.cpus) for cpus in seen) and after == before
     assert s.placement == node and any("host tier pinned on node 1" in m for m in messages)
 

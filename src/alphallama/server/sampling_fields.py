@@ -34,8 +34,7 @@ def request_sampling(defaults: SamplingParams, body, engine: Engine, seed: int |
                             frequency_penalty=pick(body.frequency_penalty, defaults.frequency_penalty),
                             logit_bias=bias)
     try:
-        params.validate()
-        params.validate_penalties(n_vocab(engine))
+        params.validate(n_vocab(engine))
     except ValueError as e:
         raise APIError("invalid_request", str(e)) from None
     return params
