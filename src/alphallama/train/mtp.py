@@ -164,6 +164,10 @@ class MTPHead(nn.Module):
 
     def gguf_tensors(self, n_layers: int) -> dict[str, torch.Tensor]:
         """The sidecar's tensors (llama.cpp names, torch-order shapes), float32 on CPU."""
+        return {k: v.detach().float().cpu() for k, v in self.gguf_params(n_layers).items()}
+
+    def gguf_params(self, n_layers: int) -> dict[str, torch.Tensor]:
+        """{the sidecar's llama.cpp name: the parameter itself}."""
         p = f"blk.{n_layers}."
         named = {
             "nextn.enorm.weight": self.enorm, "nextn.hnorm.weight": self.hnorm,
@@ -179,7 +183,7 @@ class MTPHead(nn.Module):
             named |= {"attn_q.bias": self.wq.bias, "attn_k.bias": self.wk.bias, "attn_v.bias": self.wv.bias}
         if self.cfg.qk_norm:
             named |= {"attn_q_norm.weight": self.q_norm, "attn_k_norm.weight": self.k_norm}
-        return {p + k: v.detach().float().cpu() for k, v in named.items()}
+        return {p + k: v for k, v in named.items()}
 
 
 def mtp_losses(states: list[torch.Tensor], output: torch.Tensor, tokens: torch.Tensor, *, chunk: int = 0,

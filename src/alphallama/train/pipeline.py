@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import pickle
 import random
 import shlex
@@ -25,6 +26,7 @@ from .bpe import gguf_tokenizer_kv, train_bpe
 from .corpus import SourceFile, collect, default_roots, write_manifest
 from .data import rendered_examples, tokenize_docs
 from .export import export
+from .init_from import Start, read_start
 from .instruct import TEACHER_KIND, chat_template_text
 from .loop import Hyper, train
 from .model import MoEConfig, MoEModel
@@ -73,11 +75,14 @@ def data_key(args) -> dict:
     answers = getattr(args, "teacher_answers", None)
     key["teacher_answers_sha256"] = sha256_file(answers) if answers else None
     key["teacher_share"] = getattr(args, "teacher_share", None)
+    init = getattr(args, "init_from", None)
+    key["init_from_sha256"] = sha256_file(init) if init else None   # its tokenizer replaces the BPE's
     return key
 
 
-def build_data(args, work: Path, timings: dict) -> dict:
-    """Corpus, examples, tokenizer and token streams; cached in work/data.pt."""
+def build_data(args, work: Path, timings: dict, start: Start | None = None) -> dict:
+    """Corpus, examples, tokenizer (start's, else trained) and token streams; cached in
+    work/data.pt."""
     key = data_key(args)
     cache = work / "data.pt"
     d = load_data_cache(cache, key)
@@ -111,14 +116,18 @@ def build_data(args, work: Path, timings: dict) -> dict:
     rng = random.Random(args.seed)
     sample, size = [], 0
     for x in rng.sample(texts, len(texts)):
-        if size > args.tokenizer_sample_mb << 20:
+        if size > args.tokenizer_sample_mb << 20 or start is not None:
             break
         sample.append(x)
         size += len(x)
-    sample += [e for _, e in examples[:3000]]
-    hf = train_bpe(sample, args.vocab_size)
+    if start is not None:
+        hf = start.tokenizer
+        _log(f"tokenizer: {hf.get_vocab_size()} tokens, {start.path}'s")
+    else:
+        sample += [e for _, e in examples[:3000]]
+        hf = train_bpe(sample, args.vocab_size)
+        _log(f"tokenizer: {hf.get_vocab_size()} tokens from {size / 2**20:.0f} MiB")
     timings["bpe_s"] = time.time() - t
-    _log(f"tokenizer: {hf.get_vocab_size()} tokens from {size / 2**20:.0f} MiB")
     t = time.time()
     docs = texts + [e for _, e in examples]
     rng.shuffle(docs)
@@ -169,16 +178,24 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     timings: dict = {}
-    d = build_data(args, work, timings)
+    start = read_start(args.init_from) if args.init_from else None
+    d = build_data(args, work, timings, start)
     from tokenizers import Tokenizer as HFTokenizer
     hf = HFTokenizer.from_str(d["tokenizer"])
     torch.manual_seed(args.seed)
-    cfg = MoEConfig(vocab_size=hf.get_vocab_size(), d_model=args.d_model, n_layers=args.layers,
-                    n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                    n_experts=args.experts, n_experts_used=args.experts_used, d_ff_expert=args.expert_ffn,
-                    ctx_len=args.ctx)
+    if start is not None:   # the model's own shape; its weights, unless a checkpoint resumes below
+        cfg, mtp_ffn = start.cfg, start.mtp_d_ff
+        _log(f"model: continued from {start.path} (sha256 {start.sha256[:12]}); the shape flags are its")
+    else:
+        cfg = MoEConfig(vocab_size=hf.get_vocab_size(), d_model=args.d_model, n_layers=args.layers,
+                        n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                        n_experts=args.experts, n_experts_used=args.experts_used, d_ff_expert=args.expert_ffn,
+                        ctx_len=args.ctx)
+        mtp_ffn = args.mtp_ffn
     model = MoEModel(cfg)
-    head = MTPHead(MTPConfig.from_model(cfg.model_config(), args.mtp_ffn))
+    head = MTPHead(MTPConfig.from_model(cfg.model_config(), mtp_ffn))
+    if start is not None:
+        start.load_into(model, head)
     n_params = sum(p.numel() for p in model.parameters())
     _log(f"model: {n_params / 1e6:.1f}M params (+{sum(p.numel() for p in head.parameters()) / 1e6:.1f}M MTP) "
          f"on {device}")
@@ -206,6 +223,9 @@ def run(args) -> int:
             "alphallama.training.steps": st.step, "alphallama.training.tokens": st.tokens,
             "alphallama.training.seconds": round(st.trained_s, 1), "alphallama.training.device": gpu,
             "alphallama.training.commit": args.commit or "unknown"} | teacher_meta(d["corpus"].get("teacher"))
+    if start is not None:
+        meta |= {"alphallama.training.init_from": os.path.basename(start.path),
+                 "alphallama.training.init_from_sha256": start.sha256}
     from gguf import GGMLQuantizationType as QT
     main, side = export(out, args.stem, model.cpu().float(), head.cpu().float(),
                         gguf_tokenizer_kv(hf, chat_template_text()), meta, QT[args.quant])
@@ -219,8 +239,9 @@ def run(args) -> int:
             p.unlink()
     timings["export_s"] = time.time() - t
     report = {"date": date, "command": command, "commit": args.commit, "device": gpu,
-              "torch": torch.__version__, "config": asdict(cfg), "mtp_d_ff": args.mtp_ffn,
-              "params": n_params, "hyper": asdict(hp), "corpus": d["corpus"], "timings": timings,
+              "torch": torch.__version__, "config": asdict(cfg), "mtp_d_ff": mtp_ffn,
+              "params": n_params, "hyper": asdict(hp), "init_from": start.record() if start else None,
+              "corpus": d["corpus"], "timings": timings,
               "state": {"step": st.step, "trained_s": st.trained_s, "tokens": st.tokens},
               "teacher": d["corpus"].get("teacher"), "curves": st.curves, "files": sums}
     (out / "train.json").write_text(json.dumps(report, indent=1))
@@ -266,6 +287,9 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--teacher-share", type=_share, default=None,
       help="share of the code-writing examples answered by the teacher (default: every answer the file has, "
            "the rest from the corpus)")
+    a("--init-from", default=None, metavar="MODEL.gguf",
+      help="continue training a model this trainer made (its MTP sidecar beside it): its weights, shape and "
+           "tokenizer; the schedule starts afresh (give it a lower --lr)")
     a("--vocab-size", type=int, default=T.vocab_size)
     a("--ctx", type=int, default=T.ctx_len)
     a("--d-model", type=int, default=T.d_model)
