@@ -63,7 +63,25 @@ def store_delta(before: dict[str, float], after: dict[str, float]) -> dict:
     return {"lookups": looks, "hits": hits, "hit_rate": hits / looks if looks else None,
             "admissions": d("alphallama_expert_admissions_total"),
             "cpu_share": after.get("alphallama_expert_cpu_share"),
-            "tier_bytes": {t: after.get(f'alphallama_expert_tier_bytes{{tier="{t}"}}') for t in ("bank", "host", "mapped")}}
+            "tier_bytes": {t: after.get(f'alphallama_expert_tier_bytes{{tier="{t}"}}') for t in ("bank", "host", "mapped")},
+            "cpu_clock": {k: d(f"alphallama_expert_cpu_{k}") for k in CLOCK}}
+
+
+CLOCK = ("posts_total", "busy_seconds_total", "gap_seconds_total", "gaps_total", "pairs_total", "groups_total")
+
+
+def round_parts(store: dict | None, rounds: int) -> dict | None:
+    """The CPU workers' clock a decode round (pool.c): posts, pairs, distinct experts, the
+    workers' busy ms (a post seen to its results out) and the gaps' ms (results out to the
+    next post: the GPU's part between two posts); the rest of ms_per_round is before the
+    first post and after the last (attention, routing, bank experts, sampling)."""
+    c = (store or {}).get("cpu_clock") or {}
+    if not rounds or c.get("posts_total") is None:
+        return None
+    per = lambda k, s=1.0: c[k] * s / rounds   # noqa: E731
+    return {"posts": per("posts_total"), "pairs": per("pairs_total"), "groups": per("groups_total"),
+            "busy_ms": per("busy_seconds_total", 1e3), "gap_ms": per("gap_seconds_total", 1e3),
+            "gaps": per("gaps_total")}
 
 
 def summarize(reqs: list[dict]) -> dict:
@@ -97,6 +115,7 @@ def run_arm(name: str, cmd: list[str], root: str, log: Path, prompts: list[list[
                                                          "e2e_s", "prompt_tokens")})
             after = scrape(root) if name.startswith("ours") else {}
         res.update(requests=reqs, summary=summarize(reqs), store=store_delta(before, after) if after else None)
+        res["round_parts"] = round_parts(res["store"], sum(r.get("rounds") or 0 for r in reqs))
         errors = [r["error"] for r in reqs if r["error"]]
         if errors:
             res["error"] = f"{len(errors)} request(s) failed: {errors[0]}"
@@ -202,6 +221,11 @@ def main() -> int:
               f"{num(s.get('ms_per_round'), 8, 3)} {num(s.get('tokens_per_round'), 7, 2)} {num(st.get('hit_rate'), 5, 2)} "
               f"{num(st.get('cpu_share'), 5, 2)} {num(exp, 8)} {num(r.get('of_resident'), 6, 3)} "
               f"{num(r.get('over_llama_server'), 6, 2)}  {(r.get('error') or '').splitlines()[0][:50] if r.get('error') else ''}")
+    print("\nthe CPU workers a round (pool.c's clock): posts, groups, busy ms, gap ms")
+    for r in res["arms"]:
+        if r.get("round_parts"):
+            p = r["round_parts"]
+            print(f"{r['arm']:18} {p['posts']:6.2f} {p['groups']:7.2f} {p['busy_ms']:8.3f} {p['gap_ms']:8.3f}")
     print(f"wrote {name}")
     return 0 if all("error" not in r for r in res["arms"]) else 1
 

@@ -10,7 +10,7 @@ from conftest import ROOT
 from alphallama.server.metrics import Metrics
 
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_offload_serve import store_delta, summarize  # noqa: E402
+from gpu_offload_serve import round_parts, store_delta, summarize  # noqa: E402
 
 
 def _samples(store: dict | None) -> dict[str, float]:
@@ -26,6 +26,16 @@ def test_store_delta_is_the_timed_requests_own():
     assert (d["lookups"], d["hits"], d["admissions"]) == (200, 150, 3)
     assert d["hit_rate"] == pytest.approx(0.75)
     assert d["cpu_share"] == 0.25 and d["tier_bytes"] == {"bank": 7, "host": 9, "mapped": 0}
+
+
+def test_round_parts_are_the_clock_over_the_rounds():
+    clock = {"posts": 10, "busy_ns": 2_000_000, "gap_ns": 500_000, "gaps": 8, "pairs": 40, "groups": 30}
+    fig = {"lookups": 1, "hits": 1, "admissions": 0, "admitted_bytes": 0, "bank_bytes": 1, "host_bytes": 1,
+           "mapped_bytes": 0, "cpu_share": 0.5, "cpu_clock": clock}
+    later = fig | {"cpu_clock": {k: 3 * v for k, v in clock.items()}}
+    p = round_parts(store_delta(_samples(fig), _samples(later)), rounds=4)
+    assert p == pytest.approx({"posts": 5.0, "pairs": 20.0, "groups": 15.0, "busy_ms": 1.0, "gap_ms": 0.25, "gaps": 4.0})
+    assert round_parts(store_delta(_samples(None), _samples(None)), rounds=4) is None
 
 
 def test_no_store_no_figures():

@@ -156,6 +156,30 @@ def test_pool_through_mailbox():
     ce.stop()                                                            # twice is harmless
 
 
+def test_pool_clock_counts_its_posts():
+    """The clock's posts, pairs and groups are the posts' own; busy time is counted, and a
+    gap only between a DONE and a REQ less than 2 ms apart."""
+    D, F, E, k = 256, 256, 6, 2
+    mb = Mailbox.new(4, D, k)
+    ce = CpuExperts({0: expert_pair(T.Q8_0, T.Q8_0, D, F, E, seed=3)}, mb, n_layers=1, threads=1)
+    assert ce.clock() == dict.fromkeys(("posts", "busy_ns", "gap_ns", "gaps", "pairs", "groups"), 0)
+    g = torch.Generator().manual_seed(9)
+    pairs = groups = 0
+    with ce:
+        for req in range(1, 7):
+            W = 1 + req % 4
+            ids = torch.randint(0, E, (W, k), generator=g, dtype=torch.int32)
+            task = torch.randint(0, 2, (W, k), generator=g, dtype=torch.int32)
+            task[0, 0] = 1
+            pairs += int(task.sum())
+            groups += len(set(ids[task.bool()].tolist()))
+            post(mb, req, 0, activations(W, D, seed=req) * 0.01, ids, task)
+            wait_done(mb, req)
+        c = ce.clock()
+    assert (c["posts"], c["pairs"], c["groups"]) == (6, pairs, groups)
+    assert c["busy_ns"] > 0 and 0 <= c["gaps"] <= 5 and 0 <= c["gap_ns"] <= c["gaps"] * 2_000_000
+
+
 def test_probe_thread_count():
     r = probe(nbytes=16 << 20, cache=False)
     n = len(usable_cpus())

@@ -119,6 +119,13 @@ def _figures_are_the_stores(m: GPUModel, cpu_tier: bool) -> None:
     assert int(samples["alphallama_expert_admissions_total"]) == s.stats.admissions
     assert int(samples['alphallama_expert_tier_bytes{tier="bank"}']) == s.bank_bytes
     assert ("alphallama_expert_cpu_share" in samples) == cpu_tier
+    if cpu_tier:   # the workers' clock: they served the CPU's pairs of these rounds
+        c = fig["cpu_clock"]
+        assert c == m.cpu_experts.clock() and c["posts"] > 0 and c["pairs"] >= c["groups"] >= c["posts"]
+        assert int(samples["alphallama_expert_cpu_posts_total"]) == c["posts"]
+        assert float(samples["alphallama_expert_cpu_busy_seconds_total"]) == c["busy_ns"] / 1e9 > 0
+    else:
+        assert fig["cpu_clock"] is None and "alphallama_expert_cpu_posts_total" not in samples
 
 
 def test_admission_is_paced_and_waits_for_its_copy(micro_moe):

@@ -73,9 +73,10 @@ class StoreRounds:
             return None
         s = self.store.stats
         share = self.cpu_link.share_now if self.cpu_link is not None else None
+        clock = self.cpu_experts.clock() if self.cpu_experts is not None else None   # atomics: no sync
         return {"lookups": s.lookups, "hits": s.hits, "admissions": s.admissions, "admitted_bytes": s.admitted_bytes,
                 "bank_bytes": self.store.bank_bytes, "host_bytes": self.store.host_bytes,
-                "mapped_bytes": self.store.mapped_bytes, "cpu_share": share}
+                "mapped_bytes": self.store.mapped_bytes, "cpu_share": share, "cpu_clock": clock}
 
     def _keep_launch_thread_apart(self) -> None:
         """The round-launching thread off the CPU workers' cpus (offload/cpu_tier.CpuTier)."""

@@ -86,6 +86,18 @@ def _store_metrics(metric: Callable, s: dict) -> None:
     if s.get("cpu_share") is not None:
         metric("expert_cpu_share", "gauge", "The CPU workers' share of the host tier's missed experts.",
                one(s["cpu_share"]))
+    c = s.get("cpu_clock")
+    if c:   # the workers' clock (offload/native/pool.c): a round's parts from two scrapes
+        metric("expert_cpu_posts_total", "counter", "MoE layers' posts the CPU workers served.", one(c["posts"]))
+        metric("expert_cpu_busy_seconds_total", "counter", "Time from a post seen to its results out.",
+               one(c["busy_ns"] / 1e9))
+        metric("expert_cpu_gap_seconds_total", "counter",
+               "Time from the workers' results to the next post, when under 2 ms (the GPU's part between them).",
+               one(c["gap_ns"] / 1e9))
+        metric("expert_cpu_gaps_total", "counter", "Gaps counted in expert_cpu_gap_seconds_total.", one(c["gaps"]))
+        metric("expert_cpu_pairs_total", "counter", "(row, rank) pairs the workers computed.", one(c["pairs"]))
+        metric("expert_cpu_groups_total", "counter", "Distinct experts of those posts (each read from RAM once).",
+               one(c["groups"]))
 
 
 def _num(v: float) -> str:

@@ -142,6 +142,7 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         "aq_expert_ffn": (I, [P, I, P, P, P, P]),
         "aq_pool_start": (P, [I, P, P, P, P, P, P, P, P, I, I, I, P, I]),
         "aq_pool_stop": (None, [P]),
+        "aq_pool_stats": (None, [P, P]),
         "aq_probe_bandwidth": (ctypes.c_double, [P, ctypes.c_size_t, I, P, I]),
         "aq_slot_len": (I, [I]),
         "aq_current_cpu": (I, []),

@@ -45,6 +45,13 @@ typedef struct { pool *p; int id; } targ;
 
 #define MAXTASK 4096
 
+/* The pool's clock (aq_pool_stats), for the round's parts: posts served, ns from thread 0
+ * seeing REQ to DONE (the CPU's part of a post), ns from a DONE to the next REQ seen when
+ * under GAP_NS (the GPU's part between two posts of one round), the gaps counted, and the
+ * posts' pairs and groups (distinct experts: weight rows read once a group). */
+enum { ST_POSTS, ST_BUSY_NS, ST_GAP_NS, ST_GAPS, ST_PAIRS, ST_GROUPS, N_ST };
+#define GAP_NS 2000000L
+
 struct pool {
     int n;
     pthread_t th[MAXT];
@@ -70,6 +77,8 @@ struct pool {
     int32_t req;              /* the post's REQ: DONE's value once its last unit is done */
     uint64_t claim[4];        /* a phase's units: gen << 32 | units << 16 | next (post.c) */
     int done[4];              /* a phase's units done */
+    long t_open, t_done;      /* now_ns() as thread 0 opened the post / as the last DONE went out */
+    long st[N_ST];            /* the clock's sums (atomic adds) */
 };
 
 static long now_ns(void) {
@@ -145,6 +154,12 @@ static void *worker(void *arg) {
             int32_t req = __atomic_load_n(&p->ctl[REQ], __ATOMIC_ACQUIRE);
             if (req != last) {
                 last = req;
+                long t = now_ns(), since = t - __atomic_load_n(&p->t_done, __ATOMIC_ACQUIRE);
+                if (since < GAP_NS) {
+                    __atomic_add_fetch(&p->st[ST_GAP_NS], since, __ATOMIC_RELAXED);
+                    __atomic_add_fetch(&p->st[ST_GAPS], 1, __ATOMIC_RELAXED);
+                }
+                p->t_open = t;                 /* published to the other threads with gen */
                 if (read_post(p)) {            /* DONE comes from the thread that finishes its last unit */
                     int g = p->gen + 1;
                     open_post(p, g, req);
@@ -203,6 +218,11 @@ static void free_pool(pool *p) {
     for (int i = 0; i < MAXT; i++) free_scratch(&p->ts[i]);
     free_xset(&p->rowx); free_xset(&p->taskx);
     free(p->gu); free(p->aq); free(p->adx); free(p->axs); free(p->gof); free(p);
+}
+
+/* The clock's sums into out[N_ST] (posts, busy ns, gap ns, gaps, pairs, groups). */
+void aq_pool_stats(pool *p, long *out) {
+    for (int i = 0; i < N_ST; i++) out[i] = p ? __atomic_load_n(&p->st[i], __ATOMIC_RELAXED) : 0;
 }
 
 /* Start n threads pinned to cpus (-1: not pinned) serving the mailbox. NULL on failure. */

@@ -143,8 +143,15 @@ static int take(pool *p, int k, int g, int *units) {
 
 /* A unit of phase k done; the post's last one publishes DONE (every unit's outputs with it). */
 static void finish(pool *p, int k, int units) {
-    if (__atomic_add_fetch(&p->done[k], 1, __ATOMIC_ACQ_REL) == units && k == 3)
+    if (__atomic_add_fetch(&p->done[k], 1, __ATOMIC_ACQ_REL) == units && k == 3) {
+        long t = now_ns();                     /* the clock (pool.c) before DONE: the next REQ sees it */
+        __atomic_add_fetch(&p->st[ST_BUSY_NS], t - p->t_open, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&p->st[ST_POSTS], 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&p->st[ST_PAIRS], p->ntask, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&p->st[ST_GROUPS], p->ngroup, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->t_done, t, __ATOMIC_RELEASE);
         __atomic_store_n(&p->ctl[DONE], p->req, __ATOMIC_RELEASE);
+    }
 }
 
 /* Wait until phase k of post g is done: 1, or 0 if the post is over (a newer one is out). */

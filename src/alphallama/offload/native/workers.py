@@ -29,6 +29,9 @@ from .kernels import LayerDesc, bias_plane, qmat
 from .probe import worker_cpus
 
 
+CLOCK = ("posts", "busy_ns", "gap_ns", "gaps", "pairs", "groups")   # pool.c's ST_* order
+
+
 def _stop(handle: list) -> None:
     """Stop the pool behind handle[0] (finalizer: must not reference the CpuExperts)."""
     if handle and handle[0]:
@@ -113,6 +116,15 @@ class CpuExperts:
 
     def stop(self) -> None:
         _stop(self._handle)
+
+    def clock(self) -> dict[str, int]:
+        """The pool's sums since it started (pool.c's clock): posts served, busy_ns (thread 0
+        seeing REQ to DONE: the CPU's part of a post), gap_ns over gaps (a DONE to the next
+        REQ within 2 ms: the GPU's part between two posts of a round), pairs and groups
+        (distinct experts, each streamed from RAM once a post). Zeros when not running."""
+        out = (ctypes.c_long * len(CLOCK))()
+        lib().aq_pool_stats(self._handle[0], out)
+        return dict(zip(CLOCK, out))
 
     def __enter__(self) -> "CpuExperts":
         return self.start()
