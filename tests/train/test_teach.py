@@ -164,7 +164,7 @@ def test_teacher_answers_go_into_the_students_examples(texts):
 def _args(root: Path, answers: Path | None, **kw) -> argparse.Namespace:
     a = dict(corpus_mb=2, instruct_examples=26, write_function_weight=6, vocab_size=400, seed=0,
              root=[f"lib={root}"], tokenizer_sample_mb=1, workers=1, teacher_answers=answers and str(answers),
-             teacher_share=None)
+             teacher_share=None, teacher_repeat=1)
     return argparse.Namespace(**(a | kw))
 
 
@@ -187,9 +187,15 @@ def test_data_builder_records_the_answers_and_keys_the_cache(root, texts, tmp_pa
     assert load_data_cache(work / "data.pt", data_key(args)) is not None      # cached under its key ...
     other = tmp_path / "other.jsonl.gz"
     write_answers(other, _answers(texts, 2))
-    for changed in (_args(root, other), _args(root, None), _args(root, ans, teacher_share=0.5)):
+    for changed in (_args(root, other), _args(root, None), _args(root, ans, teacher_share=0.5),
+                    _args(root, ans, teacher_repeat=2)):
         assert data_key(changed) != data_key(args)                             # ... which the answers change
         assert load_data_cache(work / "data.pt", data_key(changed)) is None
+    (tmp_path / "work2").mkdir()
+    twice = build_data(_args(root, ans, teacher_repeat=2), tmp_path / "work2", {})   # each answer twice
+    rec2 = twice["corpus"]["teacher"]
+    assert (rec2["answers"], rec2["used"], rec2["repeat"]) == (3, 6, 2) == (3, twice["corpus"]["examples"][TEACHER_KIND], 2)
+    assert teacher_meta(rec2)["alphallama.training.teacher_repeat"] == 2
 
 
 def test_device_script_runs_teach_with_flags_that_exist():

@@ -46,6 +46,13 @@ def _share(text: str) -> float:
     return x
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a count of at least 1, not {text}")
+    return n
+
+
 def _roots(args) -> list[tuple[str, Path]]:
     if not args.root:
         return default_roots()
@@ -75,6 +82,7 @@ def data_key(args) -> dict:
     answers = getattr(args, "teacher_answers", None)
     key["teacher_answers_sha256"] = sha256_file(answers) if answers else None
     key["teacher_share"] = getattr(args, "teacher_share", None)
+    key["teacher_repeat"] = getattr(args, "teacher_repeat", 1)
     init = getattr(args, "init_from", None)
     key["init_from_sha256"] = sha256_file(init) if init else None   # its tokenizer replaces the BPE's
     return key
@@ -103,11 +111,14 @@ def build_data(args, work: Path, timings: dict, start: Start | None = None) -> d
     t = time.time()
     texts = [f.text for f in train_f]
     answers = read_answers(args.teacher_answers) if args.teacher_answers else []
+    n_answers = len(answers)
+    answers = answers * args.teacher_repeat         # each answer that many examples (its own system prompt draw)
     examples = rendered_examples(example_texts(texts), args.instruct_examples, args.seed, workers=args.workers,
                                  weights={"write_function": args.write_function_weight},
                                  teacher=answers, teacher_share=args.teacher_share)
     kinds = dict(Counter(k for k, _ in examples))
-    teacher = (answers_record(args.teacher_answers, len(answers), kinds.get(TEACHER_KIND, 0), args.teacher_share)
+    teacher = (answers_record(args.teacher_answers, n_answers, kinds.get(TEACHER_KIND, 0), args.teacher_share,
+                              args.teacher_repeat)
                if args.teacher_answers else None)
     timings["examples_s"] = time.time() - t
     _log(f"examples: {len(examples)} ({kinds})" + (f"; teacher answers {teacher['used']} of {len(answers)} "
@@ -263,6 +274,8 @@ def teacher_meta(rec: dict | None) -> dict:
             "alphallama.training.teacher_answers_sha256": rec["sha256"]}
     if rec.get("share") is not None:
         meta["alphallama.training.teacher_share"] = float(rec["share"])
+    if rec.get("repeat", 1) != 1:
+        meta["alphallama.training.teacher_repeat"] = int(rec["repeat"])
     for k in ("teacher", "teacher_sha256"):
         if isinstance(rec.get(k), str):
             meta[f"alphallama.training.{k.replace('teacher', 'teacher_model')}"] = rec[k]
@@ -290,6 +303,8 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--init-from", default=None, metavar="MODEL.gguf",
       help="continue training a model this trainer made (its MTP sidecar beside it): its weights, shape and "
            "tokenizer; the schedule starts afresh (give it a lower --lr)")
+    a("--teacher-repeat", type=_positive, default=1,
+      help="examples per teacher answer (a few thousand answers, e.g. written on a CPU, weigh more)")
     a("--vocab-size", type=int, default=T.vocab_size)
     a("--ctx", type=int, default=T.ctx_len)
     a("--d-model", type=int, default=T.d_model)

@@ -125,12 +125,12 @@ def summary_path(path: str | Path) -> Path:
     return p.with_name(stem + ".summary.json")
 
 
-def answers_record(path: str | Path, n_answers: int, used: int, share: float | None) -> dict:
+def answers_record(path: str | Path, n_answers: int, used: int, share: float | None, repeat: int = 1) -> dict:
     """What the trainer records of the answers it took: the file's name and sha256, how
-    many it holds and how many went in, and the teacher model's name and sha256 when
-    teach's summary lies beside the file."""
+    many it holds, how many examples went in (`repeat` an answer at most), and the teacher
+    model's name and sha256 when teach's summary lies beside the file."""
     rec = {"file": Path(path).name, "sha256": sha256_file(Path(path)), "answers": n_answers, "used": used,
-           "share": share}
+           "share": share, "repeat": repeat}
     s = summary_path(path)
     if s.is_file():
         try:
