@@ -121,8 +121,8 @@ def build_data(args, work: Path, timings: dict, start: Start | None = None) -> d
                               args.teacher_repeat)
                if args.teacher_answers else None)
     timings["examples_s"] = time.time() - t
-    _log(f"examples: {len(examples)} ({kinds})" + (f"; teacher answers {teacher['used']} of {len(answers)} "
-                                                     f"({teacher['file']})" if teacher else ""))
+    _log(f"examples: {len(examples)} ({kinds})" + (f"; teacher examples {teacher['used']} of {n_answers} answers "
+                                                     f"x {args.teacher_repeat} ({teacher['file']})" if teacher else ""))
     t = time.time()
     rng = random.Random(args.seed)
     sample, size = [], 0
