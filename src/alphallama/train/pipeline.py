@@ -125,19 +125,11 @@ def build_data(args, work: Path, timings: dict, start: Start | None = None) -> d
                                                      f"x {args.teacher_repeat} ({teacher['file']})" if teacher else ""))
     t = time.time()
     rng = random.Random(args.seed)
-    sample, size = [], 0
-    for x in rng.sample(texts, len(texts)):
-        if size > args.tokenizer_sample_mb << 20 or start is not None:
-            break
-        sample.append(x)
-        size += len(x)
     if start is not None:
         hf = start.tokenizer
         _log(f"tokenizer: {hf.get_vocab_size()} tokens, {start.path}'s")
     else:
-        sample += [e for _, e in examples[:3000]]
-        hf = train_bpe(sample, args.vocab_size)
-        _log(f"tokenizer: {hf.get_vocab_size()} tokens from {size / 2**20:.0f} MiB")
+        hf = trained_tokenizer(args, texts, examples, rng)
     timings["bpe_s"] = time.time() - t
     t = time.time()
     docs = texts + [e for _, e in examples]
@@ -156,6 +148,19 @@ def build_data(args, work: Path, timings: dict, start: Start | None = None) -> d
                     "tokens_train": int(len(train_ids)), "tokens_val": int(len(val_ids))}}
     save_data_cache(d, cache)
     return d
+
+
+def trained_tokenizer(args, texts: list[str], examples: list[tuple[str, str]], rng: random.Random):
+    """A BPE trained on --tokenizer-sample-mb of the texts in rng's order and 3,000 examples."""
+    sample, size = [], 0
+    for x in rng.sample(texts, len(texts)):
+        if size > args.tokenizer_sample_mb << 20:
+            break
+        sample.append(x)
+        size += len(x)
+    hf = train_bpe(sample + [e for _, e in examples[:3000]], args.vocab_size)
+    _log(f"tokenizer: {hf.get_vocab_size()} tokens from {size / 2**20:.0f} MiB")
+    return hf
 
 
 def save_data_cache(d: dict, cache: Path) -> None:
