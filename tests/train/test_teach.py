@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
+import signal
 import random
 import shutil
 import sysconfig
@@ -133,6 +135,15 @@ def test_teach_end_to_end_with_a_stand_in_teacher(root, tmp_path, monkeypatch):
     s = _teach(root, out2, "--requests", "4", "--batch", "1", "--deadline-s", "600")
     _check_file(out2, s)
     assert s["answered"] == 1 and s["unreached"] == 3 and s["stopped_by_deadline"]
+
+    # SIGTERM finishes the batch and writes what was answered (a cut CPU run keeps its work)
+    monkeypatch.setattr(time, "monotonic", real)
+    monkeypatch.setattr(teach, "log", lambda msg: msg.startswith("generate:") and os.kill(os.getpid(), signal.SIGTERM))
+    out3 = tmp_path / "signalled.jsonl.gz"
+    s = _teach(root, out3, "--requests", "4", "--batch", "1")
+    _check_file(out3, s)
+    assert s["answered"] == 1 and s["unreached"] == 3 and s["stopped_by_signal"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # the handler is gone after generation
 
 
 def _answers(texts: list[str], k: int) -> list[tuple[str, str]]:

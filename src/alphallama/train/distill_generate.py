@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,10 +55,12 @@ def generate_batch(teacher: Teacher, prompts: Sequence[Sequence[int]], max_new: 
 
 def generate_all(teacher: Teacher, prompts: Sequence[Sequence[int]], max_new: int,
                  stop_ids: Sequence[int], deadline: float, max_batch: int = 128,
-                 batch_tokens: int = 1 << 18, seed: int = 0, log=print) -> list[list[int] | None]:
-    """Answers for as many prompts as the deadline (time.monotonic()) allows; None for
-    prompts not reached. Batches hold prompts of similar length (little padding) and
-    run in a shuffled order, so a deadline does not favour short requests."""
+                 batch_tokens: int = 1 << 18, seed: int = 0, log=print,
+                 stop: Callable[[], bool] | None = None) -> list[list[int] | None]:
+    """Answers for as many prompts as the deadline (time.monotonic()) allows, or until
+    stop() says so between batches; None for prompts not reached. Batches hold prompts of
+    similar length (little padding) and run in a shuffled order, so a deadline does not
+    favour short requests."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches, i = [], 0
     while i < len(order):
@@ -70,7 +72,7 @@ def generate_all(teacher: Teacher, prompts: Sequence[Sequence[int]], max_new: in
     out: list[list[int] | None] = [None] * len(prompts)
     n_req, n_tok, t0 = 0, 0, time.monotonic()
     for idx in batches:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (stop is not None and stop()):
             break
         for j, ans in zip(idx, generate_batch(teacher, [prompts[j] for j in idx], max_new, stop_ids)):
             out[j] = ans

@@ -23,9 +23,12 @@ import json
 import os
 import random
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -72,6 +75,23 @@ def make_requests(texts: list[str], n: int, seed: int, workers: int = 0) -> list
     return list(out)
 
 
+@contextmanager
+def _stop_on_signals(event: threading.Event):
+    """SIGTERM and SIGINT set `event` while inside (the main thread only; elsewhere as is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    def handler(signum, frame):
+        log(f"signal {signum}: stopping after this batch")
+        event.set()
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def answer(args, requests: list[str], deadline: float) -> tuple[list[tuple[str, bool] | None], dict]:
     """(the teacher's answer text, whether it is whole) for each request (None: not reached
     by the deadline), and generation statistics. An answer cut at --max-new is whole when
@@ -91,8 +111,10 @@ def answer(args, requests: list[str], deadline: float) -> tuple[list[tuple[str, 
         f"{len(fits)} of {len(prompts)} prompts fit {args.max_prompt} tokens")
     stops = set(enc.tok.stop_ids) | {enc.end_id}
     t = time.monotonic()
-    gen = generate_all(teacher, [prompts[i] for i in fits], args.max_new, sorted(stops), deadline,
-                       max_batch=args.batch, seed=args.seed, log=log)
+    asked_to_stop = threading.Event()    # SIGTERM / SIGINT: finish the batch, then write what was answered
+    with _stop_on_signals(asked_to_stop):
+        gen = generate_all(teacher, [prompts[i] for i in fits], args.max_new, sorted(stops), deadline,
+                           max_batch=args.batch, seed=args.seed, log=log, stop=asked_to_stop.is_set)
     gen_s = time.monotonic() - t
     texts: list[tuple[str, bool] | None] = [None] * len(requests)
     stats = Counter(answered=0, unreached=0, tokens=0)
@@ -105,7 +127,8 @@ def answer(args, requests: list[str], deadline: float) -> tuple[list[tuple[str, 
         ended = bool(ids) and ids[-1] in stops
         text = enc.tok.decode(ids[:-1] if ended else ids, special=False)
         texts[i] = (text, ended or closed_fence(text))
-    return texts, {**stats, "too_long_prompts": len(prompts) - len(fits), "device": str(dev),
+    return texts, {**stats, "stopped_by_signal": asked_to_stop.is_set(),
+                   "too_long_prompts": len(prompts) - len(fits), "device": str(dev),
                    "load_s": round(load_s, 1), "generate_s": round(gen_s, 1),
                    "tok_s": round(stats["tokens"] / max(gen_s, 1e-9), 1)}
 
