@@ -23,6 +23,7 @@ from .ce import linear_ce
 from .data import get_batch, val_batch
 from .model import MoEModel
 from .mtp import MTPHead, mtp_losses
+from .unlikely import LoopTerm, Unlikely
 
 D = DEFAULTS.train
 
@@ -46,6 +47,7 @@ class Hyper:
     ce_chunk: int = D.ce_chunk        # rows per chunk of the cross-entropies (0: the plain [B,T,V] form)
     mtp_frac: float = D.mtp_frac      # share of positions the MTP losses score each step
     max_steps: int | None = None     # tests: stop after this many steps whatever the time
+    unlikely: Unlikely = field(default_factory=Unlikely)   # the loops' unlikelihood term (weight 0: off)
 
 
 @dataclass
@@ -142,11 +144,14 @@ def schedule_budget(hp: Hyper, st: State, deadline: float | None, now: float, co
 
 def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens: torch.Tensor,
           hp: Hyper, device: str, ckpt: Path | None, deadline: float | None = None,
-          log=print, continue_later: bool = False) -> State:
+          log=print, continue_later: bool = False, eot: int | None = None,
+          stop_ids: tuple[int, ...] = ()) -> State:
     """Train until the state's trained seconds reach hp.time_budget_s, the wall clock
     reaches `deadline` (time.time()), or hp.max_steps; checkpoint along the way.
     continue_later: a later call resumes from the checkpoint, so the schedule spans the
-    whole time budget and the deadline only stops this call."""
+    whole time budget and the deadline only stops this call. hp.unlikely.weight > 0 adds
+    the unlikelihood of the model's own loops (unlikely.py; eot separates the documents,
+    stop_ids end a rollout's text)."""
     model.to(device).train()
     head.to(device).train()
     opt = _optimizer(model, head, hp, device)
@@ -157,6 +162,12 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
     budget = schedule_budget(hp, st, deadline, time.time(), continue_later)
     last_ck = last_val = time.time()
     t_log, tok_log = time.time(), st.tokens
+    term = None
+    if hp.unlikely.weight > 0:
+        if eot is None:
+            raise ValueError("the unlikelihood term needs the documents' separator (eot)")
+        term = LoopTerm(hp.unlikely, train_tokens, eot, stop_ids, hp.seed)
+    ul, ul_share = None, None
 
     def done() -> bool:
         return (st.trained_s >= hp.time_budget_s or (deadline is not None and time.time() >= deadline)
@@ -171,6 +182,9 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
         main, mtp, aux, _ = losses(model, head, x, hp.mtp_depths, device, chunk=hp.ce_chunk,
                                    mtp_frac=hp.mtp_frac, generator=g)
         loss = main + hp.mtp_weight * sum(mtp) / len(mtp) + hp.aux_weight * aux
+        if term is not None and term.due(st.step):
+            ul, ul_share = term(model, st.step, device)
+            loss = loss + hp.unlikely.weight * ul
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_([p for m in (model, head) for p in m.parameters()], 1.0)
@@ -181,10 +195,13 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
             row = {"step": st.step, "s": round(st.trained_s, 1), "tokens": st.tokens, "lr": lr,
                    "loss": main.item(), "mtp": [m.item() for m in mtp], "aux": aux.item(),
                    "gnorm": gnorm.item(), "tok_s": (st.tokens - tok_log) / max(time.time() - t_log, 1e-9)}
+            if ul is not None:   # the last term's: its loss and the share of rollout tokens in a loop
+                row |= {"ul": ul.item(), "loop_share": ul_share}
             t_log, tok_log = time.time(), st.tokens
             st.curves["train"].append(row)
             log(f"step {st.step:5d} {st.trained_s:6.0f}s lr {lr:.2e} loss {row['loss']:.3f} mtp "
-                + " ".join(f"{m:.3f}" for m in row["mtp"]) + f" aux {row['aux']:.3f} {row['tok_s'] / 1e3:.0f}k tok/s")
+                + " ".join(f"{m:.3f}" for m in row["mtp"]) + f" aux {row['aux']:.3f} {row['tok_s'] / 1e3:.0f}k tok/s"
+                + (f" ul {row['ul']:.4f} loops {row['loop_share']:.3f}" if "ul" in row else ""))
         st.trained_s += time.time() - t0
         if time.time() - last_val >= hp.val_every_s:
             st.curves["val"].append({"step": st.step, "s": round(st.trained_s, 1), "tokens": st.tokens,

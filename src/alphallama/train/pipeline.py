@@ -33,6 +33,7 @@ from .model import MoEConfig, MoEModel
 from .mtp import MTPConfig, MTPHead
 from .parts import sha256_file, split_file
 from .teach_answers import answers_record, read_answers
+from .unlikely import Unlikely
 
 
 def _log(msg: str) -> None:
@@ -218,12 +219,15 @@ def run(args) -> int:
     hp = Hyper(batch_size=args.batch_size, ctx_len=args.ctx, lr=args.lr, warmup_steps=args.warmup_steps,
                time_budget_s=args.time_budget_s, mtp_depths=args.mtp_depths, mtp_weight=args.mtp_weight,
                aux_weight=args.aux_weight, checkpoint_every_s=args.checkpoint_every_s, seed=args.seed,
-               max_steps=args.max_steps, log_every=args.log_every, ce_chunk=args.ce_chunk, mtp_frac=args.mtp_frac)
+               max_steps=args.max_steps, log_every=args.log_every, ce_chunk=args.ce_chunk, mtp_frac=args.mtp_frac,
+               unlikely=Unlikely(weight=args.unlikelihood, every=args.unlikelihood_every,
+                                 batch=args.unlikelihood_batch, ngram=args.unlikelihood_ngram))
+    stops = tuple(i for i in (hf.token_to_id(t) for t in ("<|endoftext|>", "<|im_end|>")) if i is not None)
     t = time.time()
     try:
         st = train(model, head, torch.from_numpy(d["train"].astype(np.int32)),
                    torch.from_numpy(d["val"].astype(np.int32)), hp, device, work / "ckpt.pt", deadline, _log,
-                   continue_later=args.continue_later)
+                   continue_later=args.continue_later, eot=hf.token_to_id("<|endoftext|>"), stop_ids=stops)
     except (RuntimeError, torch.cuda.OutOfMemoryError) as e:   # export what the checkpoint holds
         _log(f"training failed: {type(e).__name__}: {e}")
         from .loop import State, load
@@ -326,6 +330,13 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--aux-weight", type=float, default=T.aux_weight)
     a("--ce-chunk", type=int, default=T.ce_chunk, help="rows a chunk of the cross-entropies (0: plain [B,T,V] logits)")
     a("--mtp-frac", type=float, default=T.mtp_frac, help="share of positions each MTP depth's loss scores a step")
+    a("--unlikelihood", type=float, default=0.0, metavar="WEIGHT",
+      help="add WEIGHT x the unlikelihood of the model's own loops (greedy rollouts' repeated n-grams; "
+           "train/unlikely.py); 0: off")
+    a("--unlikelihood-every", type=_positive, default=Unlikely.every, help="steps between unlikelihood terms")
+    a("--unlikelihood-batch", type=_positive, default=Unlikely.batch, help="greedy rollouts a term")
+    a("--unlikelihood-ngram", type=_positive, default=Unlikely.ngram,
+      help="tokens of an n-gram whose repeat marks a loop")
     a("--batch-size", type=int, default=T.batch_size)
     a("--lr", type=float, default=T.lr)
     a("--warmup-steps", type=int, default=T.warmup_steps)
