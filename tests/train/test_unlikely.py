@@ -5,6 +5,7 @@ steps of the term lowering what it measures."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,17 @@ EMBEDDED = Path(__file__).resolve().parents[2] / "src/alphallama/data/alphallama
 
 def _reference_mask(row: list[int], start: int, n: int, stops: tuple[int, ...]) -> list[bool]:
     """Token by token: a position is marked when it lies in an n-gram of the continuation
-    (the tokens from start on) seen earlier in the continuation, before the row's first stop."""
+    (the tokens from start on) that the continuation already wrote at least max(1, p) times,
+    p the n-gram's count in the prefix, before the row's first stop."""
     mask = [False] * len(row)
-    seen: set[tuple[int, ...]] = set()
+    prefix = Counter(tuple(row[i:i + n]) for i in range(0, start - n + 1))
+    written: Counter = Counter()
     for first in range(start, len(row) - n + 1):
         gram = tuple(row[first:first + n])
-        if gram in seen:
+        if written[gram] >= max(1, prefix[gram]):
             for p in range(first, first + n):
                 mask[p] = True
-        seen.add(gram)
+        written[gram] += 1
     first_stop = next((i for i in range(start, len(row)) if row[i] in stops), len(row))
     return [m and i < first_stop for i, m in enumerate(mask)]
 
@@ -58,6 +61,9 @@ def test_repeated_leaves_a_fresh_continuation_and_a_copy_of_the_prefix_alone():
     assert not repeated(seq, 10, 4).any()
     copy = torch.cat([torch.arange(20), torch.arange(20)])[None, :]       # the prefix copied once
     assert not repeated(copy, 20, 4).any()
+    log = torch.tensor([1, 2, 3, 4, 9] * 8)[None, :]                       # 3 lines of a log, copied
+    assert not repeated(log, 15, 4)[0, :27].any()     # as often as the prefix holds them (27-29: a gram into line 4)
+    assert repeated(log, 15, 4)[0, 30:].all()                              # and again: a loop
     twice = torch.cat([torch.arange(20), torch.arange(20), torch.arange(20)])[None, :]
     assert repeated(twice, 20, 4)[0, 40:].all()                           # the continuation repeats itself
 
@@ -148,3 +154,18 @@ def test_train_logs_the_term(tmp_path):
     assert len(rows) == 4 and all("ul" in r and 0.0 <= r["loop_share"] <= 1.0 for r in rows)
     with pytest.raises(ValueError, match="eot"):
         train(model, head, tokens, tokens[:500], hp, "cpu", None, log=lambda m: None)
+
+
+def test_cached_steps_equal_the_full_forward():
+    """The rollout's (k, v) cache: hidden states of one-token steps after a prompt equal
+    the full forward's at the same positions (float64)."""
+    torch.manual_seed(2)
+    model = MoEModel(CFG).double().eval()
+    seq = torch.randint(0, CFG.vocab_size, (3, 20))
+    with torch.no_grad():
+        full, _ = model(seq)                                                  # [B, 20, D]
+        cache: list = []
+        steps = [model(seq[:, :12], cache)[0]]
+        steps += [model(seq[:, t:t + 1], cache)[0] for t in range(12, 20)]
+    assert len(cache) == CFG.n_layers and cache[0][0].shape[2] == 20
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-10)

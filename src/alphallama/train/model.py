@@ -66,7 +66,10 @@ class Block(nn.Module):
         self.gate, self.up = normal(E, Fe, D), normal(E, Fe, D)          # [E, F, D]
         self.down = normal(E, D, Fe, sd=out_std)                          # [E, D, F]
 
-    def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  past: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """(output [B, T, D], this layer's (k, v) [B, n_kv, T_past + T, hd]); `past`: the
+        earlier positions' (k, v), then T must be 1 (a decode step: nothing to mask)."""
         c = self.c
         B, T, _ = x.shape
         h = rms(x, self.attn_norm, c.norm_eps)
@@ -75,10 +78,14 @@ class Block(nn.Module):
         v = F.linear(h, self.wv).view(B, T, c.n_kv_heads, c.head_dim)           # [B, T, n_kv, hd]
         q = apply_rope(q, cos, sin, True).to(v.dtype).transpose(1, 2)           # [B, H, T, hd]
         k = apply_rope(k, cos, sin, True).to(v.dtype).transpose(1, 2)           # [B, n_kv, T, hd]
+        v = v.transpose(1, 2)
+        if past is not None:
+            assert T == 1, "a step after cached positions takes one token"
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         g = c.n_heads // c.n_kv_heads
-        k, v = k.repeat_interleave(g, dim=1), v.transpose(1, 2).repeat_interleave(g, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)             # [B, H, T, hd]
-        return F.linear(a.transpose(1, 2).reshape(B, T, -1), self.wo)          # [B, T, D]
+        a = F.scaled_dot_product_attention(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1),
+                                           is_causal=past is None)             # [B, H, T, hd]
+        return F.linear(a.transpose(1, 2).reshape(B, T, -1), self.wo), (k, v)  # [B, T, D]
 
     def moe(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routed experts over the rows of x [N, D]: softmax over all experts, top-k,
@@ -104,11 +111,12 @@ class Block(nn.Module):
         aux = c.n_experts * (counts.float() / flat.numel() * probs.mean(0)).sum()
         return out, aux
 
-    def forward(self, x, cos, sin):
-        x = x + self.attention(x, cos, sin)
+    def forward(self, x, cos, sin, past=None):
+        a, kv = self.attention(x, cos, sin, past)
+        x = x + a
         B, T, D = x.shape
         f, aux = self.moe(rms(x, self.ffn_norm, self.c.norm_eps).reshape(B * T, D))
-        return x + f.view(B, T, D), aux
+        return x + f.view(B, T, D), aux, kv
 
 
 class MoEModel(nn.Module):
@@ -120,15 +128,22 @@ class MoEModel(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, std, out_std) for _ in range(cfg.n_layers))
         self.out_norm = nn.Parameter(torch.ones(cfg.d_model))
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [B, T] -> (hidden [B, T, D], aux). `cache`: a list of each layer's (k, v),
+        filled by a call with an empty list (the prompt) and extended by each later call of
+        one token a row (greedy rollouts, unlikely.py); None for training."""
         c = self.cfg
         T = tokens.shape[1]
-        cos, sin = (t.to(tokens.device) for t in rope_tables(T, c.head_dim, c.rope_base))  # [T, hd/2]
+        cached = bool(cache)
+        pos = cache[0][0].shape[2] if cached else 0
+        cos, sin = (t[pos:].to(tokens.device) for t in rope_tables(pos + T, c.head_dim, c.rope_base))  # [T, hd/2]
         x = F.embedding(tokens, self.embed)                                   # [B, T, D]
         aux = x.new_zeros(())
-        for b in self.blocks:
-            x, a = b(x, cos, sin)
+        for i, b in enumerate(self.blocks):
+            x, a, kv = b(x, cos, sin, cache[i] if cached else None)
             aux = aux + a
+            if cache is not None:
+                cache[i:i + 1] = [kv]
         return x, aux / c.n_layers
 
     def normed(self, hidden: torch.Tensor) -> torch.Tensor:

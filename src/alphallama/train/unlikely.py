@@ -1,7 +1,7 @@
 """Sequence-level unlikelihood (Welleck et al., 2019, "Neural text degeneration with
 unlikelihood training"): the model continues prefixes greedily, as a user's plain
 `alphallama run` does; the tokens of its continuation inside an n-gram it already wrote in
-that continuation are where it loops, and -log(1 - p(token)) at each of them is the loss. Added
+that continuation (more often than the prefix holds it) are where it loops, and -log(1 - p(token)) at each of them is the loss. Added
 to the usual cross-entropy it unlearns the loop without a penalty at decode time.
 
     cfg = Unlikely(weight=..., every=..., batch=..., prefix=..., new=..., ngram=...)
@@ -52,34 +52,40 @@ def prefixes(tokens: torch.Tensor, doc_starts: torch.Tensor, batch: int, P: int,
 
 @torch.no_grad()
 def rollout(model: MoEModel, prefix: torch.Tensor, new: int, device: str) -> torch.Tensor:
-    """Greedy continuation of each row, `new` tokens, recomputed in full each step (the
-    training module has no cache; a 30M model's 200-token rows make that cheap)."""
+    """Greedy continuation of each row, `new` tokens, one token a step on the module's
+    (k, v) cache."""
     was = model.training
     model.eval()
     seq = prefix.to(device)                                                          # [B, P]
+    cache: list = []
     with _autocast(device):
-        for _ in range(new):
-            hidden, _ = model(seq)                                                   # [B, L, D]
+        hidden, _ = model(seq, cache)                                                # [B, P, D]
+        for i in range(new):
             nxt = model.logits(hidden[:, -1:]).argmax(-1)                             # [B, 1]
             seq = torch.cat([seq, nxt], dim=1)
+            if i + 1 < new:
+                hidden, _ = model(nxt, cache)                                        # [B, 1, D]
     model.train(was)
     return seq                                                                       # [B, P + new]
 
 
 def repeated(seq: torch.Tensor, start: int, n: int, stop_ids: tuple[int, ...] = ()) -> torch.Tensor:
-    """[B, L] bool: continuation tokens (positions >= start) inside an n-gram of the
-    continuation that occurred earlier in the continuation, up to the row's first stop token
-    (what follows it is not text a user sees). Repeats of the prefix are not marked: copying
-    from the context is what an edit or a call to a function defined above does; a loop is
-    the model repeating itself."""
+    """[B, L] bool: continuation tokens (positions >= start) inside a loop's n-gram, up to
+    the row's first stop token (what follows it is not text a user sees). An n-gram of the
+    continuation is a loop's when the continuation already wrote it at least max(1, p) times,
+    p its count in the prefix: copying from the context is what an edit or a call to a
+    function defined above does, and a log or CSV copied line by line repeats its lines as
+    often as the prefix does; a loop is the model repeating itself beyond that."""
     B, L = seq.shape
     grams = seq.unfold(1, n, 1)                                                      # [B, G, n], G = L-n+1
     G = grams.shape[1]
     same = (grams[:, :, None, :] == grams[:, None, :, :]).all(-1)                   # [B, G, G]
-    first = torch.arange(G, device=seq.device)                                       # first position of gram i
+    first = torch.arange(G, device=seq.device)                                       # first position of gram j
     earlier = torch.ones(G, G, dtype=torch.bool, device=seq.device).tril(-1)          # [i, j]: j < i
     earlier &= (first >= start)[None, :]                                             # gram j in the continuation
-    again = (same & earlier).any(-1)                                                 # [B, G] gram i seen before
+    written = (same & earlier).sum(-1)                                               # [B, G] times i was written before
+    in_prefix = (same & (first + n <= start)[None, :]).sum(-1)                       # [B, G] times i is in the prefix
+    again = written >= in_prefix.clamp(min=1)
     mask = torch.zeros(B, L, dtype=torch.bool, device=seq.device)
     for k in range(n):                                                               # every token of a repeated gram
         mask[:, k:k + G] |= again
