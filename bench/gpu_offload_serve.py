@@ -50,9 +50,20 @@ EMBEDDED = Path(__file__).resolve().parents[1] / "src/alphallama/data/alphallama
 
 
 def scrape(root: str) -> dict[str, float]:
-    """GET /metrics as {sample name: value}."""
-    text = httpx.get(root + "/metrics", timeout=10.0).text
-    return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))}
+    """GET /metrics as {sample name: value}; {} where the server has none (llama-server
+    answers 501 without --metrics)."""
+    r = httpx.get(root + "/metrics", timeout=10.0)
+    if r.status_code != 200:
+        return {}
+    out = {}
+    for ln in r.text.splitlines():
+        k, _, v = ln.rpartition(" ")
+        if ln and not ln.startswith("#") and k:
+            try:
+                out[k] = float(v)
+            except ValueError:
+                continue
+    return out
 
 
 def store_delta(before: dict[str, float], after: dict[str, float]) -> dict:

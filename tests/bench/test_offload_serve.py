@@ -10,7 +10,8 @@ from conftest import ROOT
 from alphallama.server.metrics import Metrics
 
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_offload_serve import round_parts, store_delta, summarize  # noqa: E402
+import gpu_offload_serve  # noqa: E402
+from gpu_offload_serve import round_parts, scrape, store_delta, summarize  # noqa: E402
 
 
 def _samples(store: dict | None) -> dict[str, float]:
@@ -49,3 +50,17 @@ def test_summarize_means_and_totals():
     s = summarize(reqs)
     assert s["client_tps"] == 150.0 and s["ms_per_round"] == 3.0 and s["ttft_s"] == 0.1
     assert s["tokens"] == 22 and s["ok"] and s["server_tps_reported"] is None
+
+
+def test_scrape_reads_ours_and_tolerates_a_server_without_metrics(monkeypatch):
+    """llama-server answers /metrics with 501 and a JSON error unless started with --metrics:
+    that arm has no figures, it does not stop the run (session 51's call stopped there)."""
+    import httpx
+    ours = Metrics().render(0, 0, True, None)
+    answers = {"ours": httpx.Response(200, text=ours + "odd_line not_a_number\n"),
+               "llama": httpx.Response(501, text='{"error":{"message":"This server does not support metrics '
+                                                 'endpoint. Start it with `--metrics`"}}')}
+    monkeypatch.setattr(gpu_offload_serve.httpx, "get", lambda url, timeout: answers[url.split("/")[2]])
+    got = scrape("http://ours")
+    assert got and got == _samples(None)
+    assert scrape("http://llama") == {}
