@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import pickle
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from ..config import DEFAULTS
 from .ce import linear_ce
 from .data import get_batch, val_batch
-from .model import MoEModel
+from .model import MoEModel, autocast
 from .mtp import MTPHead, mtp_losses
 from .unlikely import LoopTerm, Unlikely
 
@@ -66,10 +65,6 @@ def lr_at(hp: Hyper, st: State, budget_s: float) -> float:
     return hp.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _autocast(device: str):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
-
-
 def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device: str, with_acc: bool = False,
            chunk: int = 0, mtp_frac: float = 1.0, generator: torch.Generator | None = None):
     """(main CE, [MTP CE per depth], aux, [MTP top-1 accuracy per depth] if with_acc) on
@@ -77,7 +72,7 @@ def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device:
     [B, T, V] float32 logits); mtp_frac < 1: each MTP depth scored on a random share of
     its positions drawn from `generator` (an unbiased estimate of its mean)."""
     inp, tgt = x[:, :-1], x[:, 1:]                                            # [B, T]
-    with _autocast(device):
+    with autocast(device):
         hidden, aux = model(inp)                                              # [B, T, D]
         main = linear_ce(model.normed(hidden).flatten(0, 1), model.embed, tgt.flatten(), chunk)
         states = head(hidden.detach(), inp, model.embed, depths)

@@ -11,6 +11,7 @@ same function as alphallama.model.Transformer computes from the exported GGUF.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,11 @@ from ..gguf.arch import ModelConfig
 from ..gguf.arch_variants import RopeScaling, Variant
 from ..model.layers import apply_rope, rope_tables
 from .mtp import rms
+
+
+def autocast(device: str):
+    """bf16 autocast on CUDA (training and rollouts); nothing on the CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Sequence-level unlikelihood (Welleck et al., 2019, "Neural text degeneration with
 unlikelihood training"): the model continues prefixes greedily, as a user's plain
 `alphallama run` does; the tokens of its continuation inside an n-gram it already wrote in
-that continuation (more often than the prefix holds it) are where it loops, and -log(1 - p(token)) at each of them is the loss. Added
-to the usual cross-entropy it unlearns the loop without a penalty at decode time.
+that continuation (more often than the prefix holds it) are where it loops, and
+-log(1 - p(token)) at each of them is the loss. Added to the usual cross-entropy it unlearns
+the loop without a penalty at decode time.
 
     cfg = Unlikely(weight=..., every=..., batch=..., prefix=..., new=..., ngram=...)
     pre = prefixes(tokens, doc_starts, cfg.batch, cfg.prefix, g)       # [B, P]
@@ -16,13 +17,12 @@ The n-gram is in tokens and long (8) on purpose: code repeats short spans legiti
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .model import MoEModel
+from .model import MoEModel, autocast
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,6 @@ class Unlikely:
     prefix: int = 64        # tokens of each rollout's prefix
     new: int = 128          # greedy tokens each rollout adds
     ngram: int = 8          # a continuation token is a loop's when it completes a repeated n-gram
-
-
-def _autocast(device: str):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
 
 
 def prefixes(tokens: torch.Tensor, doc_starts: torch.Tensor, batch: int, P: int,
@@ -58,7 +54,7 @@ def rollout(model: MoEModel, prefix: torch.Tensor, new: int, device: str) -> tor
     model.eval()
     seq = prefix.to(device)                                                          # [B, P]
     cache: list = []
-    with _autocast(device):
+    with autocast(device):
         hidden, _ = model(seq, cache)                                                # [B, P, D]
         for i in range(new):
             nxt = model.logits(hidden[:, -1:]).argmax(-1)                             # [B, 1]
@@ -107,7 +103,7 @@ def unlikelihood_loss(model: MoEModel, seq: torch.Tensor, mask: torch.Tensor, de
     tgt_mask = mask[:, 1:]                                                           # [B, L-1] target t+1
     if not bool(tgt_mask.any()):
         return seq.new_zeros((), dtype=torch.float32), 0.0
-    with _autocast(device):
+    with autocast(device):
         hidden, _ = model(seq[:, :-1])                                               # [B, L-1, D]
         h = model.normed(hidden[tgt_mask])                                           # [M, D]
         logp = F.log_softmax(F.linear(h, model.embed).float(), dim=-1)               # [M, V]
