@@ -148,8 +148,10 @@ class MoEModel(nn.Module):
         for i, b in enumerate(self.blocks):
             x, a, kv = b(x, cos, sin, cache[i] if cached else None)
             aux = aux + a
-            if cache is not None:
-                cache[i:i + 1] = [kv]
+            if cached:
+                cache[i] = kv
+            elif cache is not None:
+                cache.append(kv)
         return x, aux / c.n_layers
 
     def normed(self, hidden: torch.Tensor) -> torch.Tensor:

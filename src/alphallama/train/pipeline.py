@@ -222,12 +222,13 @@ def run(args) -> int:
                max_steps=args.max_steps, log_every=args.log_every, ce_chunk=args.ce_chunk, mtp_frac=args.mtp_frac,
                unlikely=Unlikely(weight=args.unlikelihood, every=args.unlikelihood_every,
                                  batch=args.unlikelihood_batch, ngram=args.unlikelihood_ngram))
-    stops = tuple(i for i in (hf.token_to_id(t) for t in ("<|endoftext|>", "<|im_end|>")) if i is not None)
+    eot = hf.token_to_id("<|endoftext|>")
+    stops = tuple(i for i in (eot, hf.token_to_id("<|im_end|>")) if i is not None)
     t = time.time()
     try:
         st = train(model, head, torch.from_numpy(d["train"].astype(np.int32)),
                    torch.from_numpy(d["val"].astype(np.int32)), hp, device, work / "ckpt.pt", deadline, _log,
-                   continue_later=args.continue_later, eot=hf.token_to_id("<|endoftext|>"), stop_ids=stops)
+                   continue_later=args.continue_later, eot=eot, stop_ids=stops)
     except (RuntimeError, torch.cuda.OutOfMemoryError) as e:   # export what the checkpoint holds
         _log(f"training failed: {type(e).__name__}: {e}")
         from .loop import State, load

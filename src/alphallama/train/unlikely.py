@@ -83,9 +83,8 @@ def repeated(seq: torch.Tensor, start: int, n: int, stop_ids: tuple[int, ...] = 
     in_prefix = (same & (first + n <= start)[None, :]).sum(-1)                       # [B, G] times i is in the prefix
     again = written >= in_prefix.clamp(min=1)
     mask = torch.zeros(B, L, dtype=torch.bool, device=seq.device)
-    for k in range(n):                                                               # every token of a repeated gram
+    for k in range(n):      # every token of a repeated gram (gram i > gram j >= start: no prefix token)
         mask[:, k:k + G] |= again
-    mask[:, :start] = False
     if stop_ids:
         stop = torch.isin(seq, torch.tensor(stop_ids, device=seq.device))
         stop[:, :start] = False
