@@ -96,7 +96,7 @@ def time_steps(device: str, shape: dict, steps: int, chunk: int, frac: float) ->
     for i in range(steps + 1):
         t0 = time.perf_counter()
         g = torch.Generator().manual_seed(i)
-        main, mtp, aux, _ = losses(model, head, x, 3, device, chunk=chunk, mtp_frac=frac, generator=g)
+        main, mtp, aux, _, _ = losses(model, head, x, 3, device, chunk=chunk, mtp_frac=frac, generator=g)
         loss = main + 0.3 * sum(mtp) / 3 + 0.01 * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from alphallama.train.ce import linear_ce, subset_rows
+from alphallama.train.ce import linear_ce, linear_kl, subset_rows
 from alphallama.train.loop import losses
 from alphallama.train.model import MoEConfig, MoEModel
 from alphallama.train.mtp import MTPConfig, MTPHead, mtp_losses
@@ -110,7 +110,7 @@ def test_training_losses_chunked_equal_plain():
     params = [p for m in (model, head) for p in m.parameters()]
 
     def run(chunk):
-        main, mtp, aux, _ = losses(model, head, x, 3, "cpu", chunk=chunk)
+        main, mtp, aux, _, _ = losses(model, head, x, 3, "cpu", chunk=chunk)
         loss = main + 0.3 * sum(mtp) / 3 + 0.01 * aux
         return [main.item()] + [m.item() for m in mtp], torch.autograd.grad(loss, params)
     (v0, g0), (v1, g1) = run(0), run(7)
@@ -135,3 +135,30 @@ def test_mtp_subset_losses_average_to_the_full_ones():
     # per draw the estimate spreads (a quarter of ~140 rows); its mean over 400 draws is near the full
     assert (draws.std(0) > 0).all()
     assert torch.allclose(draws.mean(0), full, atol=4 * draws.std(0).max().item() / 20)
+
+
+def _kl_data(n=23, d=8, v=40, seed=1):
+    h, w, _ = _data(n=n, d=d, v=v, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    return h, w, torch.randn(n, d + 3, generator=g, dtype=torch.float64), torch.randn(v, d + 3, generator=g,
+                                                                                   dtype=torch.float64)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 6, 23, 1000])
+def test_kl_matches_float64_reference(chunk):
+    """The anchor's KL against torch's kl_div on full float64 logits, value and gradients."""
+    h, w, ha, wa = _kl_data()
+    ref = _grads(lambda: F.kl_div(F.log_softmax(h @ w.T, -1), F.log_softmax(ha @ wa.T, -1),
+                                  log_target=True, reduction="batchmean"), h, w)
+    got = _grads(lambda: linear_kl(h, w, ha, wa, chunk), h, w)
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_kl_gradcheck_and_zero_at_the_anchor():
+    h, w, ha, wa = _kl_data(n=7, d=3, v=6)
+    assert torch.autograd.gradcheck(lambda a, b: linear_kl(a, b, ha, wa, chunk=3), (h, w))
+    same = linear_kl(h, w, h.detach(), w.detach(), 4)
+    assert abs(same.item()) < 1e-12
+    same.backward()
+    assert h.grad.abs().max() < 1e-12 and w.grad.abs().max() < 1e-12

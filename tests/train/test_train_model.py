@@ -79,7 +79,7 @@ def test_a_few_steps_lower_the_loss(tok_kv, chunk, frac):
     first = None
     g = torch.Generator().manual_seed(0)
     for _ in range(12):
-        main, mtp, aux, _ = losses(model, head, x, 3, "cpu", chunk=chunk, mtp_frac=frac, generator=g)
+        main, mtp, aux, _, _ = losses(model, head, x, 3, "cpu", chunk=chunk, mtp_frac=frac, generator=g)
         loss = main + 0.3 * sum(mtp) / 3 + 0.01 * aux
         first = first if first is not None else (main.item(), [m.item() for m in mtp])
         opt.zero_grad()

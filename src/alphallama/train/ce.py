@@ -11,6 +11,7 @@ logit (bench/train_step_cost.py counts them), and one chunk of logits held at a 
 instead of four [N, V] float32 log-softmaxes kept for backward (~13 GB at the real shape).
 
     loss = linear_ce(h, W, t, chunk=8192)   # == F.cross_entropy(F.linear(h, W).float(), t)
+    kl = linear_kl(h, W, ha, Wa, chunk)      # mean KL(softmax(ha @ Wa.T) || softmax(h @ W.T))
     rows = subset_rows(n, frac, generator)  # a uniform random subset of round(frac * n) rows
 
 Under autocast the matrix products run in the autocast dtype (as F.linear's would), the
@@ -30,28 +31,40 @@ def _mm_dtype(h: torch.Tensor) -> torch.dtype:
 
 
 class _LinearCE(torch.autograd.Function):
-    """Sum over rows of CE(h @ W.T, t), gradients made chunk by chunk in forward."""
+    """Sum over rows of CE(h @ W.T, target), gradients made chunk by chunk in forward. The
+    target is a token t [N], or (t None) the softmax q of the frozen ha @ Wa.T: then the sum
+    is of KL(q || softmax(h @ W.T)), whose gradient w.r.t. the logits is softmax - q, as a
+    token's is softmax - onehot."""
 
     @staticmethod
-    def forward(ctx, h, w, t, chunk: int, dt: torch.dtype, grads: bool):
+    def forward(ctx, h, w, t, ha, wa, chunk: int, dt: torch.dtype, grads: bool):
         n = h.shape[0]
         want_h, want_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
         acc = torch.promote_types(dt, torch.float32)                           # softmax and sums
         wd = w.to(dt)                                                          # [V, D]
+        wad = None if t is not None else wa.to(dt)                             # [V, Da]
         total = torch.zeros((), device=h.device, dtype=acc)
         gh = torch.empty_like(h) if want_h else None                           # [N, D]
         gw = torch.zeros(w.shape, device=w.device, dtype=acc) if want_w else None   # [V, D]
         with torch.autocast(h.device.type, enabled=False):
             for lo in range(0, n, chunk):
                 hc = h[lo:lo + chunk].to(dt)                                   # [c, D]
-                tc = t[lo:lo + chunk, None]                                    # [c, 1]
                 logp = F.log_softmax(hc @ wd.T, dim=-1, dtype=acc)   # [c, V]
-                total -= logp.gather(1, tc).sum()
+                if t is not None:
+                    tc = t[lo:lo + chunk, None]                                # [c, 1]
+                    total -= logp.gather(1, tc).sum()
+                else:
+                    logq = F.log_softmax(ha[lo:lo + chunk].to(dt) @ wad.T, dim=-1, dtype=acc)   # [c, V]
+                    q = logq.exp()
+                    total += (q * (logq - logp)).sum()
                 if not (want_h or want_w):
                     continue
                 g = logp.exp_()                                                # softmax
-                g.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=g.device, dtype=g.dtype))
-                g = g.to(dt)                                                   # dCE/dlogits
+                if t is not None:
+                    g.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=g.device, dtype=g.dtype))
+                else:
+                    g -= q
+                g = g.to(dt)                                                   # dloss/dlogits
                 if want_h:
                     gh[lo:lo + chunk] = (g @ wd).to(h.dtype)
                 if want_w:
@@ -64,7 +77,7 @@ class _LinearCE(torch.autograd.Function):
     def backward(ctx, grad):
         gh, gw = ctx.saved_tensors
         return (None if gh is None else gh * grad.to(gh.dtype),
-                None if gw is None else (gw * grad).to(ctx.w_dtype), None, None, None, None)
+                None if gw is None else (gw * grad).to(ctx.w_dtype), None, None, None, None, None, None)
 
 
 def linear_ce(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, chunk: int = 0) -> torch.Tensor:
@@ -74,7 +87,18 @@ def linear_ce(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, chunk: int = 0)
         return F.cross_entropy(F.linear(h, w).float(), t)
     if h.shape[0] == 0:
         raise ValueError("no rows to score")
-    return _LinearCE.apply(h, w, t, chunk, _mm_dtype(h), torch.is_grad_enabled()) / h.shape[0]
+    return _LinearCE.apply(h, w, t, None, None, chunk, _mm_dtype(h), torch.is_grad_enabled()) / h.shape[0]
+
+
+def linear_kl(h: torch.Tensor, w: torch.Tensor, ha: torch.Tensor, wa: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """Mean over rows of KL(softmax(ha @ wa.T) || softmax(h @ w.T)): the distance of a model
+    ([N, D] rows, head w [V, D]) from a frozen one (ha, wa: no gradient reaches them), rows
+    `chunk` at a time (0: all at once)."""
+    if h.shape[0] == 0:
+        raise ValueError("no rows to score")
+    ha, wa = ha.detach(), wa.detach()
+    return _LinearCE.apply(h, w, None, ha, wa, chunk if chunk > 0 else h.shape[0], _mm_dtype(h),
+                           torch.is_grad_enabled()) / h.shape[0]
 
 
 def subset_rows(n: int, frac: float, generator: torch.Generator | None = None,

@@ -8,17 +8,19 @@ so that a later call resumes, and the loss curves.
 """
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..config import DEFAULTS
-from .ce import linear_ce
+from .ce import linear_ce, linear_kl
 from .data import get_batch, val_batch
 from .model import MoEModel, autocast
 from .mtp import MTPHead, mtp_losses
@@ -47,6 +49,7 @@ class Hyper:
     mtp_frac: float = D.mtp_frac      # share of positions the MTP losses score each step
     max_steps: int | None = None     # tests: stop after this many steps whatever the time
     unlikely: Unlikely = field(default_factory=Unlikely)   # the loops' unlikelihood term (weight 0: off)
+    anchor: float = 0.0              # + anchor x KL(start model || model) on the windows (0: off)
 
 
 @dataclass
@@ -65,25 +68,48 @@ def lr_at(hp: Hyper, st: State, budget_s: float) -> float:
     return hp.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+class Losses(NamedTuple):
+    main: torch.Tensor           # the model's cross-entropy
+    mtp: list                    # the MTP head's, one a depth
+    aux: torch.Tensor            # the router's balance loss
+    acc: list                    # MTP top-1 accuracy a depth (with_acc), else []
+    kl: torch.Tensor | None      # KL(anchor || model) a position (anchor given), else None
+
+
 def losses(model: MoEModel, head: MTPHead, x: torch.Tensor, depths: int, device: str, with_acc: bool = False,
-           chunk: int = 0, mtp_frac: float = 1.0, generator: torch.Generator | None = None):
-    """(main CE, [MTP CE per depth], aux, [MTP top-1 accuracy per depth] if with_acc) on
-    windows x [B, T+1]. chunk > 0: the cross-entropies in row chunks (ce.linear_ce, no
-    [B, T, V] float32 logits); mtp_frac < 1: each MTP depth scored on a random share of
-    its positions drawn from `generator` (an unbiased estimate of its mean)."""
+           chunk: int = 0, mtp_frac: float = 1.0, generator: torch.Generator | None = None,
+           anchor: MoEModel | None = None) -> Losses:
+    """The losses on windows x [B, T+1]. chunk > 0: the cross-entropies in row chunks
+    (ce.linear_ce, no [B, T, V] float32 logits); mtp_frac < 1: each MTP depth scored on a
+    random share of its positions drawn from `generator` (an unbiased estimate of its mean);
+    anchor: a frozen model whose next-token distribution the model is kept near."""
     inp, tgt = x[:, :-1], x[:, 1:]                                            # [B, T]
+    kl = None
     with autocast(device):
         hidden, aux = model(inp)                                              # [B, T, D]
-        main = linear_ce(model.normed(hidden).flatten(0, 1), model.embed, tgt.flatten(), chunk)
+        rows = model.normed(hidden).flatten(0, 1)                             # [B*T, D]
+        main = linear_ce(rows, model.embed, tgt.flatten(), chunk)
+        if anchor is not None:
+            with torch.no_grad():
+                ha = anchor.normed(anchor(inp)[0]).flatten(0, 1)              # [B*T, D]
+            kl = linear_kl(rows, model.embed, ha, anchor.embed, chunk)
         states = head(hidden.detach(), inp, model.embed, depths)
         mtp = mtp_losses(states, model.embed, inp, chunk=chunk, frac=mtp_frac, generator=generator)
     if not with_acc:
-        return main, mtp, aux, []
+        return Losses(main, mtp, aux, [], kl)
     with torch.no_grad():
         T = inp.shape[1]
         acc = [(F.linear(s[:, k:T - 1].float(), model.embed).argmax(-1) == inp[:, k + 1:]).float().mean()
                for k, s in enumerate(states, start=1)]
-    return main, mtp, aux, acc
+    return Losses(main, mtp, aux, acc, kl)
+
+
+def frozen_copy(model: MoEModel) -> MoEModel:
+    """The start model as the anchor: its own weights, no gradient, eval mode."""
+    anchor = copy.deepcopy(model).eval()
+    for p in anchor.parameters():
+        p.requires_grad_(False)
+    return anchor
 
 
 def _optimizer(model, head, hp: Hyper, device: str) -> torch.optim.Optimizer:
@@ -122,7 +148,7 @@ def load(path: Path, model, head, opt) -> State | None:
 def evaluate(model, head, val: torch.Tensor, hp: Hyper, device: str) -> dict:
     model.eval()
     head.eval()
-    main, mtp, _, acc = losses(model, head, val, hp.mtp_depths, device, with_acc=True, chunk=hp.ce_chunk)
+    main, mtp, _, acc, _ = losses(model, head, val, hp.mtp_depths, device, with_acc=True, chunk=hp.ce_chunk)
     model.train()
     head.train()
     return {"loss": main.item(), "mtp": [m.item() for m in mtp], "mtp_top1": [a.item() for a in acc]}
@@ -146,9 +172,11 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
     continue_later: a later call resumes from the checkpoint, so the schedule spans the
     whole time budget and the deadline only stops this call. hp.unlikely.weight > 0 adds
     the unlikelihood of the model's own loops (unlikely.py; eot separates the documents,
-    stop_ids end a rollout's text)."""
+    stop_ids end a rollout's text); hp.anchor > 0 adds the KL from the model as it comes in
+    (before a checkpoint is resumed: the anchor is the run's start, not the call's)."""
     model.to(device).train()
     head.to(device).train()
+    anchor = frozen_copy(model) if hp.anchor > 0 else None
     opt = _optimizer(model, head, hp, device)
     st = (load(ckpt, model, head, opt) if ckpt else None) or State()
     if st.step:
@@ -174,9 +202,11 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
             g["lr"] = lr = lr_at(hp, st, budget)
         x = get_batch(train_tokens, hp.batch_size, hp.ctx_len, hp.seed, st.step, device)
         g = torch.Generator().manual_seed(hp.seed * 1_000_003 + st.step + 1)   # the MTP rows of this step
-        main, mtp, aux, _ = losses(model, head, x, hp.mtp_depths, device, chunk=hp.ce_chunk,
-                                   mtp_frac=hp.mtp_frac, generator=g)
+        main, mtp, aux, _, kl = losses(model, head, x, hp.mtp_depths, device, chunk=hp.ce_chunk,
+                                       mtp_frac=hp.mtp_frac, generator=g, anchor=anchor)
         loss = main + hp.mtp_weight * sum(mtp) / len(mtp) + hp.aux_weight * aux
+        if kl is not None:
+            loss = loss + hp.anchor * kl
         if term is not None and term.due(st.step):
             ul, ul_share = term(model, st.step, device)
             loss = loss + hp.unlikely.weight * ul
@@ -192,11 +222,14 @@ def train(model: MoEModel, head: MTPHead, train_tokens: torch.Tensor, val_tokens
                    "gnorm": gnorm.item(), "tok_s": (st.tokens - tok_log) / max(time.time() - t_log, 1e-9)}
             if ul is not None:   # the last term's: its loss and the share of rollout tokens in a loop
                 row |= {"ul": ul.item(), "loop_share": ul_share}
+            if kl is not None:
+                row["kl"] = kl.item()
             t_log, tok_log = time.time(), st.tokens
             st.curves["train"].append(row)
             log(f"step {st.step:5d} {st.trained_s:6.0f}s lr {lr:.2e} loss {row['loss']:.3f} mtp "
                 + " ".join(f"{m:.3f}" for m in row["mtp"]) + f" aux {row['aux']:.3f} {row['tok_s'] / 1e3:.0f}k tok/s"
-                + (f" ul {row['ul']:.4f} loops {row['loop_share']:.3f}" if "ul" in row else ""))
+                + (f" ul {row['ul']:.4f} loops {row['loop_share']:.3f}" if "ul" in row else "")
+                + (f" kl {row['kl']:.4f}" if "kl" in row else ""))
         st.trained_s += time.time() - t0
         if time.time() - last_val >= hp.val_every_s:
             st.curves["val"].append({"step": st.step, "s": round(st.trained_s, 1), "tokens": st.tokens,

@@ -221,7 +221,8 @@ def run(args) -> int:
                aux_weight=args.aux_weight, checkpoint_every_s=args.checkpoint_every_s, seed=args.seed,
                max_steps=args.max_steps, log_every=args.log_every, ce_chunk=args.ce_chunk, mtp_frac=args.mtp_frac,
                unlikely=Unlikely(weight=args.unlikelihood, every=args.unlikelihood_every,
-                                 batch=args.unlikelihood_batch, ngram=args.unlikelihood_ngram))
+                                 batch=args.unlikelihood_batch, ngram=args.unlikelihood_ngram),
+               anchor=args.anchor)
     eot = hf.token_to_id("<|endoftext|>")
     stops = tuple(i for i in (eot, hf.token_to_id("<|im_end|>")) if i is not None)
     t = time.time()
@@ -338,6 +339,9 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--unlikelihood-batch", type=_positive, default=Unlikely.batch, help="greedy rollouts a term")
     a("--unlikelihood-ngram", type=_positive, default=Unlikely.ngram,
       help="tokens of an n-gram whose repeat marks a loop")
+    a("--anchor", type=float, default=0.0, metavar="WEIGHT",
+      help="add WEIGHT x KL(start model || model) on the training windows: a run from --init-from "
+           "changes what its other terms ask and keeps the rest of the start's distribution; 0: off")
     a("--batch-size", type=int, default=T.batch_size)
     a("--lr", type=float, default=T.lr)
     a("--warmup-steps", type=int, default=T.warmup_steps)
