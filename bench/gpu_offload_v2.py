@@ -28,7 +28,10 @@ Arms (each from the store's start layout, the same prompt, plain greedy unless n
     then read from the disk the first time the decode needs it; the share of their pages in
     RAM before and after the timing in the row),
 and every store arm's tokens against the first store arm's (a token's bits may not depend
-on where an expert lived). Writes $OUT/gpu_offload_v2-*.json after every arm.
+on where an expert lived). --timeline-tokens N: after an arm's timing, N more tokens under the
+profiler, the GPU's kernels a round by kind (alphallama/bench/timeline.py: the combine's spin is
+the GPU waiting for the CPU workers; idle is launches and gaps) in the row's "timeline".
+Writes $OUT/gpu_offload_v2-*.json after every arm.
 
     python bench/gpu_offload_v2.py [--layers 12] [--tokens 64] [--tune-tokens 256]
     TRITON_INTERPRET=1 python bench/gpu_offload_v2.py --device cpu --preset tiny-qwen3moe --quant Q4_K_M \\
@@ -48,6 +51,7 @@ from pathlib import Path
 import torch
 
 from alphallama.bench.hostinfo import host_state
+from alphallama.bench.timeline import kernel_trace, summarize
 from alphallama.gguf.writer import PRESETS, write_synthetic
 from alphallama.offload.host_probe import Bandwidths, measure, resident_share
 from alphallama.offload.plan import make_plan
@@ -130,6 +134,8 @@ def main() -> int:
     ap.add_argument("--tune-tokens", type=int, default=256,
                     help="tokens decoded before each store arm's timed run: the bank warms, the CPU share is tuned (0: none)")
     ap.add_argument("--no-control", action="store_true", help="skip the resident control (time)")
+    ap.add_argument("--timeline-tokens", type=int, default=0,
+                    help="tokens decoded under the profiler after each arm's timing (0: none)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
     path = "/tmp/offload-v2-synth.gguf"
@@ -161,6 +167,14 @@ def main() -> int:
         (out_dir / name).write_text(json.dumps({**res, "rows": rows}, indent=1, default=str))
 
     bw = Bandwidths(**{k: v for k, v in res["bandwidths"].items() if k != "source"})
+
+    def timeline(eng, ids: list[int], spec: SpecConfig | None = None) -> dict | None:
+        """The GPU's kernels over --timeline-tokens more tokens, a round by kind."""
+        if not args.timeline_tokens:
+            return None
+        with kernel_trace() as trace:
+            out = _decode(eng, ids, args.timeline_tokens, spec)
+        return summarize(trace.kernels, out["rounds"]) | {"tok_s_profiled": out["tok_s"]}
 
     def run_arm(config: str, frac: float, host_bytes: int | None = None, spec: SpecConfig | None = None,
                 cold: bool = False, ids: list[int] = prompt, key: str = "plain", workers: bool = True,
@@ -200,6 +214,7 @@ def main() -> int:
                        **{("store_" + k if k == "rounds" else k): v for k, v in st.stats.to_dict().items()},
                        readahead_hints=st.readahead.hints if st.readahead else 0,
                        tokens_equal_first_store_arm=out["tokens"] == first.setdefault(key, out["tokens"]))
+            row["timeline"] = timeline(eng, ids, spec)
             if prefill:   # after the decode's figures: the prompt's routing moves the bank
                 row["prefill_ms"] = prefill_ms(eng, long_prompt, args.prefill_chunks)
             del eng, st
@@ -217,6 +232,7 @@ def main() -> int:
         out = _decode(eng, prompt, args.tokens)
         if args.prefill_chunks:
             out["prefill_ms"] = prefill_ms(eng, long_prompt, args.prefill_chunks)
+        out["timeline"] = timeline(eng, prompt)
         rows.append({"config": "resident (no store)", "load_s": load_s, "capture_s": cap_s,
                      "expected": make_plan(path, ctx=args.ctx, gpu_mem=1 << 50, bandwidths=bw).estimate.to_dict(),
                      **{k: v for k, v in out.items() if k != "tokens"}})
