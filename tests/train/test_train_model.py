@@ -16,7 +16,7 @@ from alphallama.gguf.arch import expected_tensors, load_config
 from alphallama.gguf.reader import GGUFFile
 from alphallama.model.loader import load_model
 from alphallama.train.bpe import gguf_tokenizer_kv, train_bpe
-from alphallama.train.export import export
+from alphallama.train.export import FILE_TYPES, export
 from alphallama.train.instruct import chat_template_text
 from alphallama.train.loop import losses
 from alphallama.train.model import MoEConfig, MoEModel
@@ -48,7 +48,7 @@ def _model(seed=0):
     return m, MTPHead(MTPConfig.from_model(CFG.model_config(), 96))
 
 
-@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0, QT.Q5_1, QT.Q5_0])
 def test_export_loads_and_matches_the_training_model(tmp_path, tok_kv, qtype):
     hf, kv = tok_kv
     model, head = _model()
@@ -56,6 +56,8 @@ def test_export_loads_and_matches_the_training_model(tmp_path, tok_kv, qtype):
     f = GGUFFile(str(main))
     cfg = load_config(f)
     assert cfg == CFG.model_config()
+    assert f.metadata["general.file_type"] == int(FILE_TYPES[qtype])
+    assert {f.tensors[n].qtype for n in f.tensors if n.endswith("attn_q.weight")} == {qtype}
     assert set(f.tensors) == set(expected_tensors(cfg))          # only what llama.cpp loads
     assert f.metadata["alphallama.training.steps"] == 3
     ref = load_model(f, 64)
@@ -167,6 +169,12 @@ def test_tiny_pipeline_run(tmp_path):
         assert probe not in stream
     assert main(args[:-2] + ["--max-steps", "5"]) == 0          # a second call resumes
     assert json.loads((out / "train.json").read_text())["state"]["step"] == 5
+
+
+def test_export_refuses_a_type_it_cannot_write(tmp_path, tok_kv):
+    model, head = _model()
+    with pytest.raises(ValueError, match="Q4_K"):
+        export(tmp_path, "m", model, head, tok_kv[1], {}, QT.Q4_K)
 
 
 def test_inspect_shows_provenance(tmp_path, tok_kv):

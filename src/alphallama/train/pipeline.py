@@ -354,7 +354,8 @@ def add_arguments(p: argparse.ArgumentParser, T) -> None:
     a("--checkpoint-every-s", type=float, default=T.checkpoint_every_s)
     a("--max-steps", type=int, default=None)
     a("--log-every", type=int, default=T.log_every)
-    a("--quant", default="Q8_0", choices=["Q8_0", "F16", "F32"])
+    a("--quant", default="Q8_0", choices=["Q8_0", "Q5_1", "Q5_0", "F16", "F32"],
+      help="the matrices' type in the exported GGUF (norms and router stay F32)")
     a("--split-mib", type=float, default=15.5,
       help="split each exported GGUF bigger than this into NAME.partNN of this size + NAME.sha256 (0: never)")
     a("--device", default="auto")
