@@ -73,14 +73,16 @@ def kernels_of_chrome_trace(doc: dict) -> list[Kernel]:
 
 @contextmanager
 def kernel_trace():
-    """Profile the block's CUDA kernels; trace.kernels is filled as the block exits."""
+    """Profile the block's CUDA kernels; trace.kernels is filled as the block exits (and
+    stays empty without a GPU: nothing is profiled there)."""
     import torch
     trace = Trace()
-    acts = [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else []
-    with torch.profiler.profile(activities=acts or [torch.profiler.ProfilerActivity.CPU]) as prof:
+    if not torch.cuda.is_available():
         yield trace
-        if acts:
-            torch.cuda.synchronize()
+        return
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        yield trace
+        torch.cuda.synchronize()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:

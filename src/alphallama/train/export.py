@@ -16,8 +16,7 @@ from .mtp import MTPHead, add_gguf_tensor, add_metadata, write_sidecar
 
 PROVENANCE = "alphallama.training."   # .command .date .corpus_manifest_sha256 .steps .tokens ...
 # the matrices' types the export writes (gguf.quants quantizes them; not the k-quants) -> the
-# file's general.file_type. Q5_1 / Q5_0 cost the shipped model +0.2% / +0.35% held-out bits a
-# byte against Q8_0 at 0.72 / 0.66 of its size (embedded_bits_ladder-cpu-20261207.json).
+# file's general.file_type (what each costs the shipped model: decisions/embedded-model.md)
 FILE_TYPES = {QT.F32: LlamaFileType.ALL_F32, QT.F16: LlamaFileType.MOSTLY_F16, QT.Q8_0: LlamaFileType.MOSTLY_Q8_0,
               QT.Q5_1: LlamaFileType.MOSTLY_Q5_1, QT.Q5_0: LlamaFileType.MOSTLY_Q5_0}
 
@@ -32,7 +31,6 @@ def write_model(path: str | Path, model: MoEModel, tokenizer_kv: list[tuple],
     """The main model GGUF; matrices in qtype (default Q8_0; a type of FILE_TYPES: those the
     `gguf` package quantizes), norms and router F32."""
     from gguf import GGML_QUANT_VERSION, GGUFWriter
-    from gguf import GGMLQuantizationType as QT
     qtype = QT.Q8_0 if qtype is None else qtype
     if qtype not in FILE_TYPES:
         raise ValueError(f"the export writes {', '.join(t.name for t in FILE_TYPES)}, not {QT(qtype).name}")
