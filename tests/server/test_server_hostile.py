@@ -100,13 +100,12 @@ def test_huge_max_tokens_stop_at_the_context(server, max_tokens):
 
 @pytest.mark.parametrize("kw", VALID_SAMPLING, ids=str)
 def test_every_valid_sampling_value_is_served(server, kw):
-    # seeded: at temperature 1.7e308 every one of the 512 tokens is as likely, the end token too
+    # seeded: at temperature 1.7e308 every one of the 512 tokens is as likely, the end token too,
+    # and an unseeded draw ended at once about 1 time in 250 (session 51's CI)
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2, "temperature": 0.8, "seed": 11} | kw
     r = httpx.post(server.url + "/completions", json=body, headers=server.headers, timeout=60)
     assert r.status_code == 200, r.text
-    done = r.json()
-    finish, n = done["choices"][0]["finish_reason"], done["usage"]["completion_tokens"]
-    assert (finish, n) == ("length", 2) or (finish == "stop" and n < 2), done
+    assert r.json()["usage"]["completion_tokens"] == 2
 
 
 @pytest.mark.parametrize("kw", INVALID_SAMPLING, ids=str)
