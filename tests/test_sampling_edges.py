@@ -50,3 +50,19 @@ def test_sampling_at_the_edges_draws_the_top_token():
     for kw in (dict(top_p=1e-46), dict(temperature=1e-300), dict(min_p=1.0)):
         s = Sampler(SamplingParams(seed=1, **{"temperature": 0.8, **kw}))
         assert all(s.sample(LOGITS) == 0 for _ in range(5))
+
+
+MASKED = torch.tensor([2.0, float("-inf"), 0.5, float("-inf"), -1.0, -3.0])   # a grammar's mask
+
+
+@pytest.mark.parametrize("t", [1e-9, 0.8, 1e38, 7.7e305, 1.7e308])
+@pytest.mark.parametrize("top_k", [0, 2, 5, 6])
+def test_masked_tokens_are_never_kept(t, top_k):
+    """-inf logits (a grammar's mask, logit_bias false) stay at probability 0 at every
+    temperature: once kept, a temperature over float32's range made them -inf / inf = NaN
+    (a 500 on a strict tool call with temperature 7.7e305, found by schemathesis)."""
+    d = dist(MASKED, temperature=t, top_k=top_k)
+    assert d[1] == 0 and d[3] == 0
+    kept = min(top_k or 4, 4)
+    if t > 1e30:    # uniform over what the filters kept
+        torch.testing.assert_close(d[d > 0], torch.full((kept,), 1 / kept))

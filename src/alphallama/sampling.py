@@ -86,7 +86,8 @@ class Sampler:
         """logits [V] -> probabilities [V] (float32) after every filter; zero outside the kept set."""
         p = self.params
         logits = logits.float()
-        keep = torch.ones_like(logits, dtype=torch.bool)
+        keep = logits > float("-inf")   # a -inf logit (a grammar's mask, a false logit_bias) is never drawn:
+        #                                kept, a huge temperature would make it -inf / inf = NaN
         if p.top_k > 0 and p.top_k < logits.numel():
             kth = logits.topk(p.top_k).values[-1]
             keep &= logits >= kth

@@ -190,6 +190,7 @@ async def detokenize(body: DetokenizeRequest, request: Request):
 @router.post("/apply-template", summary="Chat messages -> the prompt text the model's template makes",
              response_model=AppliedTemplate, responses=error_responses(400, 401, 413, 503))
 async def apply_template(body: ChatRequest, request: Request):   # llama-server parses the chat body
+    body.check_supported()     # the body's rules as its schema states them (n, top_logprobs)
     engine = app_state(request).ready_engine()
     tmpl = engine.chat_template or ChatTemplate.from_gguf_metadata(engine.gguf.metadata)
     try:

@@ -8,13 +8,13 @@ message in `check_supported`, never silently dropped when they would change the 
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Annotated, Union
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from ..config import DEFAULTS
 from .errors import APIError
-from .schemas import MAX_TOP_LOGPROBS, PenaltyFields, StopText, Text, _Body
+from .schemas import MAX_TOP_LOGPROBS, STOP_COUNT, PenaltyFields, StopText, Text, _Body
 
 # A prompt as llama-server's tokenize_mixed takes it: text, or token ids mixed with texts.
 MixedPrompt = Union[Text, list[Union[int, Text]]]
@@ -33,6 +33,9 @@ class DetokenizeRequest(_Body):
 
 class NativeCompletionRequest(PenaltyFields):
     """POST /completion: llama-server's native body (the penalties and logit_bias: PenaltyFields)."""
+    model_config = ConfigDict(json_schema_extra={   # grammar or json_schema, not both
+        "not": {"required": ["grammar", "json_schema"],
+                "properties": {"grammar": {"type": "string", "minLength": 1}, "json_schema": {"type": "object"}}}})
     prompt: MixedPrompt
     n_predict: int | None = Field(None, ge=-1)    # -1: until EOS or a full context; 0: only evaluate the prompt
     max_tokens: int | None = Field(None, ge=-1)   # llama-server reads it when n_predict is absent
@@ -41,16 +44,16 @@ class NativeCompletionRequest(PenaltyFields):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=-1, lt=2**64)   # -1: a random seed, as llama-server
-    stop: Union[StopText, list[StopText], None] = None
+    stop: Union[StopText, list[StopText], None] = Field(None, json_schema_extra=STOP_COUNT)
     stream: bool = False
     return_tokens: bool = False
     n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     cache_prompt: bool = True          # the prefix is always re-used here
-    id_slot: int = -1
+    id_slot: int = Field(-1, json_schema_extra={"minimum": -1, "maximum": 0})   # one slot (checked below)
     ignore_eos: bool = False
     grammar: str | None = None
     json_schema: dict | None = None
-    n_cmpl: int = Field(1, ge=1)
+    n_cmpl: int = Field(1, ge=1, json_schema_extra={"maximum": 1})
     response_fields: list[str] | None = None
 
     def check_supported(self) -> None:
@@ -85,16 +88,22 @@ class NativeCompletionRequest(PenaltyFields):
 
 
 # An embeddings input: one text, one token list, or a list of either.
-EmbeddingInput = Union[Text, list[int], list[Union[Text, list[int]]]]
+# The schema states what inputs() refuses: an empty one, more than the limit in a list.
+_OneText = Annotated[Text, Field(json_schema_extra={"minLength": 1})]
+_OneIds = Annotated[list[int], Field(json_schema_extra={"minItems": 1})]
+EmbeddingInput = Union[_OneText, _OneIds, Annotated[list[Union[_OneText, _OneIds]], Field(json_schema_extra={
+    "minItems": 1, "maxItems": DEFAULTS.server.max_embedding_inputs})]]
 
 
 class EmbeddingsRequest(_Body):
     """POST /v1/embeddings (OpenAI's body, plus llama-server's embd_normalize), and
     /embeddings, /embedding (llama-server's `content` instead of `input`)."""
+    model_config = ConfigDict(json_schema_extra={"anyOf": [   # one of them, not null (inputs())
+        {"required": [k], "properties": {k: {"not": {"type": "null"}}}} for k in ("input", "content")]})
     input: EmbeddingInput | None = None
     content: EmbeddingInput | None = None
     model: str | None = None
-    encoding_format: str = "float"
+    encoding_format: str = Field("float", json_schema_extra={"enum": ["float", "base64"]})
     dimensions: int | None = Field(None, ge=1)
     embd_normalize: int = Field(2, ge=-1)   # -1 none, 0 max-abs (int16 range), 1 taxicab, 2 Euclidean, p > 2
 

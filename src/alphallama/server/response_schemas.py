@@ -140,9 +140,15 @@ def error_responses(*statuses: int) -> dict[int | str, dict]:
     return {s: {"model": ErrorBody, "description": _ERRORS[s]} for s in statuses}
 
 
+# One server-sent event, as SSE readers (and schemathesis) parse it: its data is a JSON chunk,
+# or `[DONE]` last on the OpenAI routes.
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
+
+
 def streamed(description: str) -> dict[int | str, dict]:
-    """A 200 that is JSON, or with "stream": true an SSE stream of chunks."""
-    return {200: {"description": description, "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+    """A 200 that is JSON, or with "stream": true an SSE stream of chunks (the schema is an event's)."""
+    return {200: {"description": description, "content": {"text/event-stream": {"schema": SSE_EVENT}}}}
 
 
 _ERROR_REF = "#/components/schemas/ErrorBody"

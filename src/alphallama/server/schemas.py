@@ -16,7 +16,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from ..config import DEFAULTS
 from ..sampling import MAX_REPEAT_PENALTY, MIN_REPEAT_PENALTY
@@ -44,6 +44,10 @@ def _stop_text(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_scrub)]
 StopText = Annotated[str, AfterValidator(_stop_text)]
+# The rules below are checked by the server itself, with its own message (check_supported,
+# stop_list); `json_schema_extra` states them in the OpenAPI schema too, without validating,
+# so a schema-driven client or fuzzer knows what is refused.
+STOP_COUNT = {"maxItems": DEFAULTS.server.max_stop_strings}
 
 
 class _Body(BaseModel):
@@ -52,8 +56,9 @@ class _Body(BaseModel):
 
 class ContentPart(_Body):
     """A content part: {"type": "text", "text": ...} is understood, others are refused
-    (in ChatMessage.text) with a message saying so."""
-    model_config = ConfigDict(strict=True, extra="allow")
+    (in ChatMessage.text) with a message saying so; the schema states the one it takes."""
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra={
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]})
     type: str
 
 
@@ -155,6 +160,14 @@ def _bias_pairs(value: Union[dict, list, None]) -> tuple[tuple[Union[int, str], 
     return tuple(out)
 
 
+_BIAS = {"anyOf": [{"type": "number", "minimum": -100, "maximum": 100}, {"const": False}]}
+LOGIT_BIAS = {"anyOf": [   # what _bias_pairs takes
+    {"type": "object", "additionalProperties": _BIAS},
+    {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                                "prefixItems": [{"anyOf": [{"type": "integer"}, {"type": "string"}]}, _BIAS]}},
+    {"type": "null"}]}
+
+
 class PenaltyFields(_Body):
     """OpenAI's presence_penalty, frequency_penalty and logit_bias, llama-server's
     repeat_penalty and repeat_last_n (every completion route; penalties.py has the math).
@@ -165,7 +178,8 @@ class PenaltyFields(_Body):
     repeat_last_n: int | None = Field(None, ge=-1)         # 0: no penalties, -1: the whole context
     # {"token id": bias} (OpenAI), or llama-server's [[token id or text, bias], ...]; a text key
     # stands for its tokens (llama-server's); ids outside the vocabulary are a 400 (sampling_fields.py)
-    logit_bias: Annotated[Union[dict[str, Any], list[Any], None], AfterValidator(_bias_pairs)] = None
+    logit_bias: Annotated[Union[dict[str, Any], list[Any], None], AfterValidator(_bias_pairs),
+                          WithJsonSchema(LOGIT_BIAS)] = None
 
 
 class _Common(PenaltyFields):
@@ -177,10 +191,10 @@ class _Common(PenaltyFields):
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)   # what torch's generator takes
-    stop: Union[StopText, list[StopText], None] = None
+    stop: Union[StopText, list[StopText], None] = Field(None, json_schema_extra=STOP_COUNT)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, json_schema_extra={"maximum": 1})
     ignore_eos: bool = False     # llama-server's extension: end-of-generation tokens do not end the answer
 
     def stop_list(self) -> list[str]:
@@ -196,12 +210,18 @@ class _Common(PenaltyFields):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def check_common(self) -> None:
+        self.stop_list()   # refuses too many
         if self.n != 1:
             raise APIError("invalid_request", f"n={self.n} is not supported: this server generates one "
                            "choice per request (n must be 1)", param="n")
 
 
 class ChatRequest(_Common):
+    model_config = ConfigDict(json_schema_extra={"allOf": [   # checked in check_supported, ChatOutput
+        {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},   # needs logprobs
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+        {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
+         "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}]})   # needs tools
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -258,9 +278,9 @@ def _arguments(text: str):
 class CompletionRequest(_Common):
     prompt: Union[Text, list[Text], list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    best_of: int | None = Field(None, ge=1)
-    suffix: str | None = None
+    echo: bool = Field(False, json_schema_extra={"const": False})
+    best_of: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1})
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
     response_format: ResponseFormat | None = None   # as vLLM's completions take it
     grammar: Text | None = None          # llama-server's: GBNF
     json_schema: dict | None = None      # llama-server's
