@@ -20,7 +20,8 @@ step() {   # step NAME CMD...: run CMD in the clone with the venv active, print 
     local name=$1; shift
     echo "\$ $*"
     local t0=$SECONDS
-    (cd "$CLONE" && source "$VENV/bin/activate" && env -u ALPHA_SHARED -u PYTHONPATH bash -c "$*")
+    # ALPHA_MODELS: a new user has no real models in ~/.cache (this machine's .ci/run fetched them)
+    (cd "$CLONE" && source "$VENV/bin/activate" && env -u ALPHA_SHARED -u PYTHONPATH ALPHA_MODELS="$VENV/no-models" bash -c "$*")
     local rc=$?
     echo "== $name: exit $rc in $(( SECONDS - t0 )) s"
     return $rc
