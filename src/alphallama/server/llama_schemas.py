@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 
 from ..config import DEFAULTS
 from .errors import APIError
-from .schemas import MAX_TOP_LOGPROBS, STOP_COUNT, PenaltyFields, StopText, Text, _Body
+from .schemas import MAX_TOP_LOGPROBS, STOP_COUNT, PenaltyFields, StopText, Text, _Body, stop_strings
 
 # A prompt as llama-server's tokenize_mixed takes it: text, or token ids mixed with texts.
 MixedPrompt = Union[Text, list[Union[int, Text]]]
@@ -71,12 +71,7 @@ class NativeCompletionRequest(PenaltyFields):
                            "per request", param="n_cmpl")
 
     def stop_list(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        limit = DEFAULTS.server.max_stop_strings
-        if len(stops) > limit:
-            raise APIError("invalid_request", f"at most {limit} stop strings are allowed, got {len(stops)}",
-                           param="stop")
-        return stops
+        return stop_strings(self.stop)
 
     @property
     def token_limit(self) -> int | None:

@@ -50,6 +50,15 @@ StopText = Annotated[str, AfterValidator(_stop_text)]
 STOP_COUNT = {"maxItems": DEFAULTS.server.max_stop_strings}
 
 
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    """A body's `stop` as a list; more than the server's limit is a 400 (every completion route)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    limit = DEFAULTS.server.max_stop_strings
+    if len(stops) > limit:
+        raise APIError("invalid_request", f"at most {limit} stop strings are allowed, got {len(stops)}", param="stop")
+    return stops
+
+
 class _Body(BaseModel):
     model_config = _STRICT
 
@@ -198,12 +207,7 @@ class _Common(PenaltyFields):
     ignore_eos: bool = False     # llama-server's extension: end-of-generation tokens do not end the answer
 
     def stop_list(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        limit = DEFAULTS.server.max_stop_strings
-        if len(stops) > limit:
-            raise APIError("invalid_request", f"at most {limit} stop strings are allowed, got {len(stops)}",
-                           param="stop")
-        return stops
+        return stop_strings(self.stop)
 
     @property
     def include_usage(self) -> bool:
